@@ -1,0 +1,59 @@
+"""ckptinspect: inspect, compare and operate on TensorFlow and Keras checkpoints.
+
+>>> import ckptinspect
+>>> ckpt = ckptinspect.open("runs/ckpts")          # any supported format
+>>> [v.name for v in ckpt.filter(role="model")]
+>>> ckpt.read("encoder/enc_dense/kernel")           # one numpy array
+
+Importing this package does not import TensorFlow; only reading values of TF checkpoints
+(and commands that need a model) does.
+"""
+
+from __future__ import annotations
+
+from .errors import (
+    CheckpointNotFoundError,
+    CkptError,
+    CorruptCheckpointError,
+    NotACheckpointError,
+    OutputExistsError,
+    UnsafeFileError,
+    UsageError,
+)
+from .model import ROLES, Checkpoint, RetainedCheckpoint, SliceInfo, Variable
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "open",
+    "Checkpoint",
+    "Variable",
+    "SliceInfo",
+    "RetainedCheckpoint",
+    "ROLES",
+    "CkptError",
+    "CheckpointNotFoundError",
+    "NotACheckpointError",
+    "CorruptCheckpointError",
+    "UnsafeFileError",
+    "OutputExistsError",
+    "UsageError",
+]
+
+
+def open(path: str) -> Checkpoint:  # noqa: A001 - the natural name, as h5py.File / safe_open
+    """Open a checkpoint of any supported format.
+
+    Args:
+        path: A TF checkpoint prefix or ``.index`` file, a checkpoint or SavedModel
+            directory, or a Keras ``.h5`` / ``.weights.h5`` / ``.keras`` file.
+
+    Returns:
+        The :class:`Checkpoint`: metadata now, values on ``read()``.
+
+    Raises:
+        CkptError: A subclass naming the file and the problem.
+    """
+    from .formats import open_checkpoint  # noqa: PLC0415
+
+    return open_checkpoint(path)

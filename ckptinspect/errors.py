@@ -1,0 +1,48 @@
+"""The errors ckptinspect raises.
+
+Every error derives from :class:`CkptError`, so a caller can catch one type. The specific
+errors also derive from the builtin a caller would already catch (``FileNotFoundError``,
+``ValueError``, ``FileExistsError``), as orbax does with ``StepNotFoundError``.
+
+Messages name the file and the problem on one line; the CLI prints them as ``Error: ...``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CkptError",
+    "CheckpointNotFoundError",
+    "NotACheckpointError",
+    "CorruptCheckpointError",
+    "UnsafeFileError",
+    "OutputExistsError",
+    "UsageError",
+]
+
+
+class CkptError(Exception):
+    """Base class of every error raised by ckptinspect."""
+
+
+class CheckpointNotFoundError(CkptError, FileNotFoundError):
+    """A path, a checkpoint, one of its shards, or a variable does not exist."""
+
+
+class NotACheckpointError(CkptError, ValueError):
+    """The path exists but is not a checkpoint (or is a part of one, such as a data shard)."""
+
+
+class CorruptCheckpointError(CkptError, ValueError):
+    """The file looks like a checkpoint but its bytes are damaged or truncated."""
+
+
+class UnsafeFileError(CkptError, ValueError):
+    """A file asks for something unsafe to follow (external links, zip bombs, path traversal)."""
+
+
+class OutputExistsError(CkptError, FileExistsError):
+    """A write would overwrite an existing output and ``force`` was not given."""
+
+
+class UsageError(CkptError, ValueError):
+    """The arguments of a call do not fit together."""

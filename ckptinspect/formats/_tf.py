@@ -1,0 +1,58 @@
+"""The one place that imports TensorFlow for reading values.
+
+TensorFlow's C++ logging is quietened before the import, and its errors are turned into
+ckptinspect's own, naming the file.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..errors import CheckpointNotFoundError, CorruptCheckpointError
+
+
+def import_tf():
+    """Import TensorFlow with its start-up chatter turned down."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf  # noqa: PLC0415
+
+    return tf
+
+
+def load_checkpoint(prefix: str):
+    """A ``CheckpointReader`` for exactly this prefix or V1 file.
+
+    ``tf.train.load_checkpoint`` resolves a directory argument through its state file, so a
+    prefix whose basename is empty (``dir/``, as ``saver.save(sess, "dir/")`` writes) would
+    silently open another checkpoint; such prefixes go straight to the reader.
+    """
+    tf = import_tf()
+    try:
+        if os.path.basename(prefix) == "" or tf.io.gfile.isdir(prefix):
+            from tensorflow.python.training import py_checkpoint_reader  # noqa: PLC0415
+
+            return py_checkpoint_reader.NewCheckpointReader(prefix)
+        return tf.train.load_checkpoint(prefix)
+    except tf.errors.NotFoundError as e:
+        raise CheckpointNotFoundError(f"{prefix}: {_first_line(e)}") from None
+    except (tf.errors.OpError, ValueError) as e:
+        raise CorruptCheckpointError(f"{prefix}: TensorFlow cannot open it: {_first_line(e)}") from None
+
+
+def get_tensor(reader, prefix: str, key: str) -> np.ndarray:
+    """One tensor's value, with TensorFlow's errors turned into ours."""
+    tf = import_tf()
+    try:
+        value = reader.get_tensor(key)
+    except tf.errors.NotFoundError as e:
+        raise CheckpointNotFoundError(f"{prefix}: {key!r}: {_first_line(e)}") from None
+    except (tf.errors.OpError, ValueError, RuntimeError) as e:
+        raise CorruptCheckpointError(f"{prefix}: cannot read {key!r}: {_first_line(e)}") from None
+    return np.asarray(value)
+
+
+def _first_line(e: BaseException) -> str:
+    text = getattr(e, "message", None) or str(e)
+    return text.strip().splitlines()[0] if text.strip() else type(e).__name__

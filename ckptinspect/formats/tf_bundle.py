@@ -1,0 +1,593 @@
+"""TF bundle checkpoints: ``PREFIX.index`` + ``PREFIX.data-0000k-of-0000N``.
+
+Listing reads only the ``.index`` file (an SSTable of ``BundleEntryProto`` records keyed by
+tensor name; the empty key holds the ``BundleHeaderProto``) and, for TF2 object-based
+checkpoints, the object graph (``_CHECKPOINTABLE_OBJECT_GRAPH``, a ``TrackableObjectGraph``
+stored as a string tensor). TensorFlow is not imported for that. Values come from
+``tf.train.load_checkpoint``, one tensor at a time.
+
+Field numbers used here (tensorflow/core/protobuf/tensor_bundle.proto,
+trackable_object_graph.proto, tensor_shape.proto, tensor_slice.proto):
+
+* BundleHeaderProto: num_shards=1, endianness=2, version=3.
+* BundleEntryProto: dtype=1, shape=2, shard_id=3, offset=4, size=5, crc32c=6, slices=7.
+* TensorShapeProto: dim=2 (Dim: size=1, name=2), unknown_rank=3.
+* TensorSliceProto: extent=1 (Extent: start=1, length=2).
+* TrackableObjectGraph: nodes=1. TrackableObject: children=1 (ObjectReference: node_id=1,
+  local_name=2), attributes=2 (SerializedTensor: name=1, full_name=2, checkpoint_key=3),
+  slot_variables=3 (SlotVariableReference: original_variable_node_id=1, slot_name=2,
+  slot_variable_node_id=3).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+import struct
+from typing import Iterable
+
+import numpy as np
+
+from .. import model as m
+from ..errors import CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError
+from . import _fs
+from ._sstable import iter_table
+from ._wire import MalformedError, first, parse_message, read_varint, to_signed64
+
+__all__ = [
+    "INDEX_SUFFIX",
+    "OBJECT_GRAPH_KEY",
+    "IndexEntry",
+    "BundleIndex",
+    "parse_index",
+    "read_index",
+    "data_path",
+    "open_bundle",
+    "TFReaderSource",
+    "step_from_name",
+]
+
+INDEX_SUFFIX = ".index"
+OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
+ATTRIBUTES_MARK = "/.ATTRIBUTES/"
+VARIABLE_VALUE = "VARIABLE_VALUE"
+OPTIMIZER_SLOT_MARK = "/.OPTIMIZER_SLOT/"
+DATA_FILE_RE = re.compile(r"^(?P<prefix>.*)\.data-(?P<shard>\d{5})-of-(?P<num>\d{5})$")
+STEP_SUFFIX_RE = re.compile(r"[-_](\d+)$")
+
+# tensorflow/core/framework/types.proto: DataType -> numpy-style name.
+DTYPE_NAMES = {
+    1: "float32", 2: "float64", 3: "int32", 4: "uint8", 5: "int16", 6: "int8", 7: "string",
+    8: "complex64", 9: "int64", 10: "bool", 11: "qint8", 12: "quint8", 13: "qint32",
+    14: "bfloat16", 15: "qint16", 16: "quint16", 17: "uint16", 18: "complex128",
+    19: "float16", 20: "resource", 21: "variant", 22: "uint32", 23: "uint64",
+    24: "float8_e5m2", 25: "float8_e4m3fn", 29: "int4", 30: "uint4",
+}
+ITEMSIZE = {
+    "float32": 4, "float64": 8, "int32": 4, "uint8": 1, "int16": 2, "int8": 1,
+    "complex64": 8, "int64": 8, "bool": 1, "qint8": 1, "quint8": 1, "qint32": 4,
+    "bfloat16": 2, "qint16": 2, "quint16": 2, "uint16": 2, "complex128": 16, "float16": 2,
+    "uint32": 4, "uint64": 8, "float8_e5m2": 1, "float8_e4m3fn": 1,
+}
+INTEGER_DTYPES = {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"}
+
+# Children that only an optimizer has (Keras 2 OptimizerV2, Keras 3, TF1 optimizers in eager).
+OPTIMIZER_CHILD_MARKS = {"iter", "_iterations", "beta1_power", "beta2_power", "_learning_rate"}
+# Names of step / counter variables (metadata).
+STEP_NAMES = ("global_step", "step")
+METADATA_LOCAL_NAMES = {"save_counter", "global_step", "step", "epoch", "epochs"}
+# TF1 name-based optimizer slot suffixes and variables.
+TF1_SLOT_RE = re.compile(
+    r"/(Adam|Adam_\d+|Momentum|Ftrl|Ftrl_\d+|RMSProp|RMSProp_\d+|Adagrad|AdagradDA|Adadelta|"
+    r"Adadelta_\d+|Adamax|Adamax_\d+|Nadam|Nadam_\d+|ProximalAdagrad|LazyAdam|LazyAdam_\d+|"
+    r"accumulator|linear|gradient_accumulator|gradient_squared_accumulator|m|v|vhat|"
+    r"momentum|velocity|rms|mg|ms)$"
+)
+TF1_OPTIMIZER_NAMES = re.compile(r"(^|/)(beta1_power|beta2_power)(_\d+)?$|^training/|^(Adam|SGD|RMSprop|Adagrad|Ftrl|Nadam|Adamax|Adadelta|optimizer)(_\d+)?/")
+GENERIC_NAME_RE = re.compile(r"^(Variable|ResourceVariable)(_\d+)?(:\d+)?$")
+
+
+@dataclasses.dataclass(frozen=True)
+class IndexEntry:
+    """One ``BundleEntryProto`` record."""
+
+    key: str
+    dtype: str
+    shape: tuple[int, ...]
+    shard_id: int
+    offset: int
+    size: int
+    crc32c: int | None
+    slices: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class BundleIndex:
+    """A parsed ``.index`` file.
+
+    Attributes:
+        num_shards: From the header.
+        entries: Every named tensor, in key order (sliced ones have ``slices`` and no data).
+        slice_entries: For each sliced tensor name, its stored slices.
+        compressed: True when any block was snappy-compressed.
+    """
+
+    num_shards: int
+    entries: tuple[IndexEntry, ...]
+    slice_entries: dict[str, tuple[tuple[tuple[int, ...], tuple[int, ...], IndexEntry], ...]]
+
+
+def _parse_shape(buf: bytes) -> tuple[int, ...]:
+    fields = parse_message(buf)
+    if first(fields, 3, 0):
+        return ()
+    dims = []
+    for dim in fields.get(2, []):
+        d = parse_message(dim)
+        size = to_signed64(first(d, 1, 0))
+        if size < 0:
+            raise MalformedError(f"negative dimension {size}")
+        dims.append(size)
+    return tuple(dims)
+
+
+def _parse_slice(buf: bytes) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    starts, lengths = [], []
+    for extent in parse_message(buf).get(1, []):
+        e = parse_message(extent)
+        starts.append(to_signed64(first(e, 1, 0)))
+        lengths.append(to_signed64(first(e, 2, -1 & ((1 << 64) - 1))))
+    return tuple(starts), tuple(lengths)
+
+
+def _parse_entry(key: str, value: bytes) -> IndexEntry:
+    f = parse_message(value)
+    dtype_enum = first(f, 1, 0)
+    dtype = DTYPE_NAMES.get(dtype_enum, f"dtype{dtype_enum}")
+    shape_buf = first(f, 2, b"")
+    return IndexEntry(
+        key=key,
+        dtype=dtype,
+        shape=_parse_shape(shape_buf) if isinstance(shape_buf, bytes) else (),
+        shard_id=first(f, 3, 0),
+        offset=first(f, 4, 0),
+        size=first(f, 5, 0),
+        crc32c=first(f, 6, None),
+        slices=tuple(_parse_slice(s) for s in f.get(7, [])),
+    )
+
+
+# -- OrderedCode, used for the keys of stored slices (tensorflow/core/util/saved_tensor_slice_util)
+def _oc_read_num(buf: bytes, pos: int) -> tuple[int, int]:
+    if pos >= len(buf):
+        raise MalformedError("truncated ordered-code number")
+    n = buf[pos]
+    if pos + 1 + n > len(buf):
+        raise MalformedError("truncated ordered-code number")
+    return int.from_bytes(buf[pos + 1 : pos + 1 + n], "big"), pos + 1 + n
+
+
+def _oc_read_string(buf: bytes, pos: int) -> tuple[bytes, int]:
+    out = bytearray()
+    while pos < len(buf):
+        c = buf[pos]
+        if c == 0x00:
+            if pos + 1 >= len(buf):
+                break
+            nxt = buf[pos + 1]
+            if nxt == 0x01:
+                return bytes(out), pos + 2
+            if nxt == 0xFF:
+                out.append(0)
+                pos += 2
+                continue
+            raise MalformedError("bad ordered-code escape")
+        if c == 0xFF:
+            if pos + 1 >= len(buf) or buf[pos + 1] != 0x00:
+                raise MalformedError("bad ordered-code escape")
+            out.append(0xFF)
+            pos += 2
+            continue
+        out.append(c)
+        pos += 1
+    raise MalformedError("unterminated ordered-code string")
+
+
+def _decode_slice_key(key: bytes) -> str:
+    """The tensor name of a stored-slice key (``EncodeTensorNameSlice``)."""
+    _, pos = _oc_read_num(key, 0)
+    name, _ = _oc_read_string(key, pos)
+    return name.decode("utf-8", "replace")
+
+
+def parse_index(data: bytes) -> BundleIndex:
+    """Parse the bytes of a ``.index`` file.
+
+    Raises:
+        MalformedError: The bytes are not a valid bundle index.
+    """
+    num_shards = None
+    entries: list[IndexEntry] = []
+    slices: dict[str, list] = collections.defaultdict(list)
+    for raw_key, value in iter_table(data):
+        if raw_key == b"":
+            header = parse_message(value)
+            if 1 not in header or isinstance(first(header, 1), bytes):
+                raise MalformedError("the header entry is not a BundleHeaderProto (a V1 checkpoint?)")
+            num_shards = first(header, 1, 1)
+            if first(header, 2, 0) != 0:
+                raise MalformedError("big-endian bundles are not supported")
+            continue
+        if raw_key[:1] == b"\x00":
+            name = _decode_slice_key(raw_key)
+            entry = _parse_entry(name, value)
+            slices[name].append(entry)
+            continue
+        entries.append(_parse_entry(raw_key.decode("utf-8", "replace"), value))
+    if num_shards is None:
+        raise MalformedError("no header entry")
+    if num_shards < 1 or num_shards > 1_000_000:
+        raise MalformedError(f"header declares {num_shards} shards")
+    for e in entries:
+        if e.shard_id >= num_shards:
+            raise MalformedError(f"entry {e.key!r} is in shard {e.shard_id} of {num_shards}")
+    slice_map = {}
+    for e in entries:
+        if e.slices:
+            stored = slices.get(e.key, [])
+            # Stored slices are keyed in slice order; pair them with the declared ones.
+            slice_map[e.key] = tuple(
+                (st, ln, se) for (st, ln), se in zip(e.slices, stored)
+            )
+    return BundleIndex(num_shards=num_shards, entries=tuple(entries), slice_entries=slice_map)
+
+
+def data_path(prefix: str, shard: int, num_shards: int) -> str:
+    """The file holding data shard ``shard``."""
+    return f"{prefix}.data-{shard:05d}-of-{num_shards:05d}"
+
+
+def read_index(prefix: str) -> BundleIndex:
+    """Read and parse ``PREFIX.index``.
+
+    Raises:
+        CheckpointNotFoundError: No index file.
+        CorruptCheckpointError: The index does not parse.
+    """
+    path = prefix + INDEX_SUFFIX
+    data = _fs.read_bytes(path)
+    try:
+        return parse_index(data)
+    except MalformedError as e:
+        raise CorruptCheckpointError(f"{path}: not a valid checkpoint index: {e}") from None
+
+
+# -- raw reads of small tensors (no TensorFlow) ------------------------------------------
+def _read_raw(prefix: str, index: BundleIndex, entry: IndexEntry) -> bytes:
+    path = data_path(prefix, entry.shard_id, index.num_shards)
+    if not _fs.exists(path):
+        raise CheckpointNotFoundError(f"{path}: data shard is missing (named by {prefix}{INDEX_SUFFIX})")
+    raw = _fs.read_range(path, entry.offset, entry.size)
+    if len(raw) != entry.size:
+        raise CorruptCheckpointError(
+            f"{path}: truncated: {entry.key!r} needs bytes {entry.offset}..{entry.offset + entry.size},"
+            f" the file has {_fs.getsize(path)}"
+        )
+    return raw
+
+
+def decode_string_scalar(raw: bytes) -> bytes:
+    """The value of a scalar string tensor as stored in a bundle (varint length, crc, bytes)."""
+    length, pos = read_varint(raw, 0)
+    pos += 4  # masked crc32c of the lengths
+    if pos + length > len(raw):
+        raise MalformedError("string tensor shorter than its declared length")
+    return raw[pos : pos + length]
+
+
+def _read_int_scalar(prefix: str, index: BundleIndex, entry: IndexEntry) -> int | None:
+    if entry.shape != () or entry.slices:
+        return None
+    fmt = {"int64": "<q", "int32": "<i", "uint64": "<Q", "uint32": "<I", "float32": "<f", "float64": "<d"}.get(entry.dtype)
+    if fmt is None or entry.size != struct.calcsize(fmt):
+        return None
+    value = struct.unpack(fmt, _read_raw(prefix, index, entry))[0]
+    return int(value) if value == value else None
+
+
+# -- object graph ------------------------------------------------------------------------
+@dataclasses.dataclass
+class _Node:
+    children: list[tuple[int, str]]
+    attributes: list[tuple[str, str, str]]
+    slots: list[tuple[int, str, int]]
+
+
+def parse_object_graph(blob: bytes) -> list[_Node]:
+    """Decode a serialized ``TrackableObjectGraph``."""
+    nodes = []
+    for raw in parse_message(blob).get(1, []):
+        f = parse_message(raw)
+        children = []
+        for c in f.get(1, []):
+            cf = parse_message(c)
+            children.append((first(cf, 1, 0), first(cf, 2, b"").decode("utf-8", "replace")))
+        attributes = []
+        for a in f.get(2, []):
+            af = parse_message(a)
+            attributes.append(tuple(first(af, i, b"").decode("utf-8", "replace") for i in (1, 2, 3)))
+        slots = []
+        for s in f.get(3, []):
+            sf = parse_message(s)
+            slots.append((first(sf, 1, 0), first(sf, 2, b"").decode("utf-8", "replace"), first(sf, 3, 0)))
+        nodes.append(_Node(children, attributes, slots))
+    n = len(nodes)
+    for node in nodes:
+        for cid, _ in node.children:
+            if cid >= n:
+                raise MalformedError(f"object graph child {cid} out of range ({n} nodes)")
+        for orig, _, slot in node.slots:
+            if orig >= n or slot >= n:
+                raise MalformedError("object graph slot variable out of range")
+    return nodes
+
+
+def _is_optimizer(node: _Node) -> bool:
+    if node.slots:
+        return True
+    names = {name for _, name in node.children}
+    return bool(names & OPTIMIZER_CHILD_MARKS) or {"_variables", "_iterations"} <= names
+
+
+@dataclasses.dataclass(frozen=True)
+class _KeyFacts:
+    name: str | None
+    role: str
+    graph_path: str | None
+    local_name: str | None
+
+
+def analyse_object_graph(nodes: list[_Node]) -> dict[str, _KeyFacts]:
+    """Readable names, roles and model paths for every checkpoint key of a TF2 graph.
+
+    A variable is a model variable when the root reaches it without passing through an
+    optimizer; one reached only through an optimizer (slots, iterations, learning rates) is
+    optimizer state; save counters and step counters are metadata.
+    """
+    if not nodes:
+        return {}
+    optimizer_nodes = {i for i, n in enumerate(nodes) if _is_optimizer(n)}
+    slot_nodes = {slot for n in nodes for _, _, slot in n.slots}
+
+    def bfs(skip_optimizers: bool) -> dict[int, tuple[str, ...]]:
+        paths: dict[int, tuple[str, ...]] = {0: ()}
+        queue = collections.deque([0])
+        while queue:
+            i = queue.popleft()
+            if skip_optimizers and i in optimizer_nodes:
+                continue
+            for cid, name in nodes[i].children:
+                if cid not in paths:
+                    paths[cid] = (*paths[i], name)
+                    queue.append(cid)
+        return paths
+
+    model_paths = {i: p for i, p in bfs(True).items() if i not in optimizer_nodes}
+    all_paths = bfs(False)
+    root_children = {cid for cid, _ in nodes[0].children}
+
+    facts: dict[str, _KeyFacts] = {}
+    for i, node in enumerate(nodes):
+        for attr_name, full_name, key in node.attributes:
+            if not key:
+                continue
+            path = model_paths.get(i)
+            local = (all_paths.get(i) or ("",))[-1] if all_paths.get(i) else None
+            if attr_name != VARIABLE_VALUE:
+                role = m.ROLE_METADATA
+            elif i in slot_nodes or (path is None and i in all_paths):
+                role = m.ROLE_OPTIMIZER
+            elif path is not None and (local in METADATA_LOCAL_NAMES and i in root_children or local == "save_counter"):
+                role = m.ROLE_METADATA
+            elif path is None:
+                role = m.ROLE_METADATA
+            else:
+                role = m.ROLE_MODEL
+            name = full_name if full_name and not GENERIC_NAME_RE.match(full_name) else None
+            facts[key] = _KeyFacts(
+                name=name,
+                role=role,
+                graph_path="/".join(path) if path is not None and role == m.ROLE_MODEL else None,
+                local_name=local,
+            )
+    return facts
+
+
+def _key_name(key: str) -> str:
+    """A readable name derived from a key: ``a/b/.ATTRIBUTES/VARIABLE_VALUE`` -> ``a/b``."""
+    if key.endswith(ATTRIBUTES_MARK + VARIABLE_VALUE):
+        return key[: -len(ATTRIBUTES_MARK + VARIABLE_VALUE)]
+    return key.replace(ATTRIBUTES_MARK, "/")
+
+
+def _tf1_role(key: str, entry: IndexEntry) -> str:
+    base = key.rsplit("/", 1)[-1]
+    if base in STEP_NAMES and entry.shape == ():
+        return m.ROLE_METADATA
+    if TF1_OPTIMIZER_NAMES.search(key) or TF1_SLOT_RE.search(key):
+        return m.ROLE_OPTIMIZER
+    return m.ROLE_MODEL
+
+
+def step_from_name(prefix: str) -> int | None:
+    """The number at the end of a prefix's file name (``ckpt-10``, ``model.ckpt-100``, ``ckpt_1``)."""
+    match = STEP_SUFFIX_RE.search(_fs.basename(prefix))
+    return int(match.group(1)) if match else None
+
+
+def _entry_shards(index: BundleIndex, entry: IndexEntry) -> tuple[tuple[int, ...], int, tuple[m.SliceInfo, ...]]:
+    if not entry.slices:
+        return (entry.shard_id,), entry.size, ()
+    infos = tuple(
+        m.SliceInfo(starts=st, lengths=ln, shard=se.shard_id, nbytes=se.size)
+        for st, ln, se in index.slice_entries.get(entry.key, ())
+    )
+    return tuple(sorted({s.shard for s in infos})), sum(s.nbytes for s in infos), infos
+
+
+def _nbytes(entry: IndexEntry, stored: int) -> int:
+    item = ITEMSIZE.get(entry.dtype)
+    if item is None:
+        return stored
+    n = item
+    for d in entry.shape:
+        n *= d
+    return n
+
+
+def build_variables(prefix: str, index: BundleIndex) -> tuple[list[m.Variable], dict[str, object]]:
+    """The variables of a bundle, with names and roles, and header facts.
+
+    Returns:
+        (variables in key order, info dict with ``object_graph`` and step candidates).
+    """
+    info: dict[str, object] = {}
+    facts: dict[str, _KeyFacts] = {}
+    graph_entry = next((e for e in index.entries if e.key == OBJECT_GRAPH_KEY), None)
+    if graph_entry is not None:
+        try:
+            nodes = parse_object_graph(decode_string_scalar(_read_raw(prefix, index, graph_entry)))
+        except MalformedError as e:
+            raise CorruptCheckpointError(
+                f"{data_path(prefix, graph_entry.shard_id, index.num_shards)}: the object graph does not parse: {e}"
+            ) from None
+        facts = analyse_object_graph(nodes)
+        info["object_graph_nodes"] = len(nodes)
+        info["kind"] = "tf2-object"
+    else:
+        info["kind"] = "tf1-name"
+
+    variables = []
+    names_seen: collections.Counter[str] = collections.Counter()
+    pending = []
+    for entry in index.entries:
+        if entry.key == OBJECT_GRAPH_KEY:
+            continue
+        fact = facts.get(entry.key)
+        if graph_entry is not None:
+            role = fact.role if fact else (m.ROLE_OPTIMIZER if OPTIMIZER_SLOT_MARK in entry.key else m.ROLE_METADATA)
+            name = (fact.name if fact else None) or _key_name(entry.key)
+        else:
+            role = _tf1_role(entry.key, entry)
+            name = entry.key
+        names_seen[name] += 1
+        pending.append((entry, fact, role, name))
+    for entry, fact, role, name in pending:
+        if names_seen[name] > 1:
+            name = _key_name(entry.key)
+        shards, stored, slices = _entry_shards(index, entry)
+        variables.append(
+            m.Variable(
+                key=entry.key,
+                name=name,
+                shape=entry.shape,
+                dtype=entry.dtype,
+                nbytes=_nbytes(entry, stored),
+                shards=shards,
+                role=role,
+                slices=slices,
+                graph_path=fact.graph_path if fact else None,
+                offset=None if entry.slices else entry.offset,
+                crc32c=None if entry.slices else entry.crc32c,
+            )
+        )
+    return variables, info
+
+
+def _step_candidates(prefix: str, index: BundleIndex, variables: Iterable[m.Variable]) -> dict[str, int]:
+    """Every step-like number of a checkpoint, best first."""
+    by_key = {e.key: e for e in index.entries}
+    found: dict[str, int] = {}
+    counters: dict[str, int] = {}
+    for v in variables:
+        if v.shape != () or v.sliced:
+            continue
+        base = _key_name(v.key).rsplit("/", 1)[-1]
+        label = None
+        if v.role == m.ROLE_METADATA and base in STEP_NAMES:
+            label, target = f"variable:{_key_name(v.key)}", found
+        elif v.role == m.ROLE_OPTIMIZER and base in ("iter", "_iterations", "iterations", "iteration"):
+            label, target = f"optimizer:{_key_name(v.key)}", counters
+        elif base == "save_counter":
+            label, target = "save_counter", counters
+        if label is not None:
+            value = _read_int_scalar(prefix, index, by_key[v.key])
+            if value is not None:
+                target[label] = value
+    out = dict(found)
+    from_name = step_from_name(prefix)
+    if from_name is not None:
+        out["filename"] = from_name
+    out.update(counters)
+    return out
+
+
+class TFReaderSource:
+    """Reads values through ``tf.train.load_checkpoint``, opened on first use."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+        self._reader = None
+
+    def _open(self):
+        if self._reader is None:
+            from ._tf import load_checkpoint  # noqa: PLC0415 - TensorFlow only for values
+
+            self._reader = load_checkpoint(self.prefix)
+        return self._reader
+
+    def read(self, variable: m.Variable) -> np.ndarray:
+        from ._tf import get_tensor  # noqa: PLC0415
+
+        return get_tensor(self._open(), self.prefix, variable.key)
+
+    def close(self) -> None:
+        self._reader = None
+
+
+def open_bundle(
+    prefix: str,
+    *,
+    format: str = m.FORMAT_TF_BUNDLE,
+    checkpoints: tuple[m.RetainedCheckpoint, ...] = (),
+    extra_info: dict | None = None,
+) -> m.Checkpoint:
+    """Open a TF bundle checkpoint by prefix (index only; values on demand).
+
+    Raises:
+        CheckpointNotFoundError: No ``PREFIX.index``.
+        CorruptCheckpointError: The index or object graph does not parse.
+    """
+    if _fs.isdir(prefix + INDEX_SUFFIX):
+        raise NotACheckpointError(f"{prefix}{INDEX_SUFFIX}: is a directory, not an index file")
+    index = read_index(prefix)
+    variables, info = build_variables(prefix, index)
+    candidates = _step_candidates(prefix, index, variables)
+    source = next(iter(candidates), None)
+    step = candidates[source] if source else None
+    if candidates:
+        info["step_candidates"] = candidates
+    if extra_info:
+        info.update(extra_info)
+    return m.Checkpoint(
+        path=prefix,
+        format=format,
+        variables=tuple(variables),
+        step=step,
+        step_source=source,
+        num_shards=index.num_shards,
+        checkpoints=checkpoints,
+        info=info,
+        source=TFReaderSource(prefix),
+    )

@@ -1,0 +1,91 @@
+"""TF V1 checkpoints: one SSTable of ``SavedTensorSlices`` (TensorSliceWriter), no ``.index``.
+
+Written by the TF1 ``Saver`` with ``write_version=V1`` (``export-00000-of-00001`` files).
+The empty key holds ``SavedTensorSlices.meta``: a ``SavedTensorSliceMeta`` listing every
+tensor's name, shape, dtype and slices. Field numbers (saved_tensor_slice.proto):
+SavedTensorSlices: meta=1, data=2. SavedTensorSliceMeta: tensor=1. SavedSliceMeta: name=1,
+shape=2, type=3, slice=4.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import model as m
+from ..errors import CorruptCheckpointError
+from . import _fs
+from ._sstable import iter_table
+from ._wire import MalformedError, first, parse_message
+from .tf_bundle import DTYPE_NAMES, ITEMSIZE, _parse_shape, _tf1_role, IndexEntry
+
+__all__ = ["is_v1_table", "open_v1"]
+
+
+def is_v1_table(data: bytes) -> bool:
+    """True when a table's empty key holds ``SavedTensorSlices`` with a meta message."""
+    try:
+        for key, value in iter_table(data):
+            if key == b"":
+                fields = parse_message(value)
+                return isinstance(first(fields, 1), bytes)
+            return False
+    except MalformedError:
+        return False
+    return False
+
+
+class _V1Source:
+    def __init__(self, path: str):
+        self.path = path
+        self._reader = None
+
+    def read(self, variable: m.Variable) -> np.ndarray:
+        from ._tf import get_tensor, load_checkpoint  # noqa: PLC0415
+
+        if self._reader is None:
+            self._reader = load_checkpoint(self.path)
+        return get_tensor(self._reader, self.path, variable.key)
+
+    def close(self) -> None:
+        self._reader = None
+
+
+def open_v1(path: str, *, checkpoints: tuple[m.RetainedCheckpoint, ...] = ()) -> m.Checkpoint:
+    """Open a V1 checkpoint file.
+
+    Raises:
+        CorruptCheckpointError: The table or its meta entry does not parse.
+    """
+    data = _fs.read_bytes(path)
+    try:
+        meta = None
+        for key, value in iter_table(data):
+            if key == b"":
+                meta = first(parse_message(value), 1)
+                break
+        if not isinstance(meta, bytes):
+            raise MalformedError("no SavedTensorSliceMeta entry")
+        variables = []
+        for raw in parse_message(meta).get(1, []):
+            f = parse_message(raw)
+            name = first(f, 1, b"").decode("utf-8", "replace")
+            shape = _parse_shape(first(f, 2, b""))
+            dtype = DTYPE_NAMES.get(first(f, 3, 0), "unknown")
+            n = ITEMSIZE.get(dtype, 0)
+            for d in shape:
+                n *= d
+            entry = IndexEntry(name, dtype, shape, 0, 0, n, None)
+            variables.append(
+                m.Variable(key=name, name=name, shape=shape, dtype=dtype, nbytes=n, shards=(0,), role=_tf1_role(name, entry))
+            )
+    except MalformedError as e:
+        raise CorruptCheckpointError(f"{path}: not a valid V1 checkpoint: {e}") from None
+    return m.Checkpoint(
+        path=path,
+        format=m.FORMAT_TF_V1,
+        variables=tuple(sorted(variables, key=lambda v: v.key)),
+        num_shards=1,
+        checkpoints=checkpoints,
+        info={"kind": "tf1-name"},
+        source=_V1Source(path),
+    )

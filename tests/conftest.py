@@ -1,0 +1,29 @@
+"""Shared test fixtures.
+
+Checkpoints are written by real TensorFlow / Keras, once per session, into a temporary
+directory. ``REALWORLD`` points at ``../shared/realworld`` (the corpus of checkpoints from
+other people's projects); tests that use it skip cleanly where it is absent.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "fixtures"
+REALWORLD = pathlib.Path(
+    os.environ.get("CKPTINSPECT_REALWORLD", ROOT.parent / "shared" / "realworld")
+)
+
+
+@pytest.fixture(scope="session")
+def realworld() -> pathlib.Path:
+    """The real-world corpus folder; skips the test when it is absent."""
+    if not (REALWORLD / "MANIFEST.md").is_file():
+        pytest.skip(f"real-world corpus not found at {REALWORLD}")
+    return REALWORLD
