@@ -6,18 +6,40 @@ ckptinspect's own, naming the file.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 
 import numpy as np
 
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError
 
 
-def import_tf():
-    """Import TensorFlow with its start-up chatter turned down."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tensorflow as tf  # noqa: PLC0415
+@contextlib.contextmanager
+def _silenced_stderr():
+    """Send file descriptor 2 to /dev/null: TensorFlow's C++ start-up lines bypass Python."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
+
+def import_tf():
+    """Import TensorFlow with its start-up chatter silenced (set CKPTINSPECT_TF_LOGS=1 to see it)."""
+    if "tensorflow" in sys.modules:
+        return sys.modules["tensorflow"]
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if os.environ.get("CKPTINSPECT_TF_LOGS"):
+        import tensorflow as tf  # noqa: PLC0415
+    else:
+        with _silenced_stderr():
+            import tensorflow as tf  # noqa: PLC0415
     return tf
 
 

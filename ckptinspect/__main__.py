@@ -1,0 +1,5 @@
+"""``python -m ckptinspect``."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,140 @@
+"""The ``ckptinspect`` command line: parse, call the library, render, map errors to exit codes.
+
+Exit codes (shared/INTERFACE.md): 0 success; 1 ``diff`` found differences / ``verify``
+found damage; 2 error, with one ``Error: ...`` line on stderr (a traceback only with
+``--debug``).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from typing import Callable, Optional
+
+import typer
+
+from . import errors
+from .render import OutputFormat
+
+EXIT_OK = 0
+EXIT_DIFFERENT = 1
+EXIT_ERROR = 2
+
+app = typer.Typer(
+    name="ckptinspect",
+    help="Inspect, compare and operate on TensorFlow and Keras checkpoints.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+_state = {"debug": False}
+
+FormatOption = typer.Option(OutputFormat.table, "--format", "-f", help="Output format.", case_sensitive=False)
+
+
+@app.callback()
+def _main(
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors."),
+) -> None:
+    """Inspect, compare and operate on TensorFlow and Keras checkpoints."""
+    _state["debug"] = debug
+
+
+def fail(message: str) -> None:
+    """Print one ``Error:`` line and exit 2."""
+    typer.echo(f"Error: {message}", err=True)
+    raise typer.Exit(EXIT_ERROR)
+
+
+def handle_errors(fn: Callable) -> Callable:
+    """Turn library errors (and anything unexpected) into one ``Error:`` line and exit 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (typer.Exit, typer.Abort, SystemExit):
+            raise
+        except KeyboardInterrupt:
+            typer.echo("Error: interrupted", err=True)
+            raise typer.Exit(130) from None
+        except errors.CkptError as e:
+            if _state["debug"]:
+                raise
+            fail(str(e))
+        except Exception as e:  # noqa: BLE001 - the CLI promises no traceback without --debug
+            if _state["debug"]:
+                raise
+            fail(f"unexpected {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+                 " (run with --debug for the traceback)")
+
+    return wrapper
+
+
+class Progress:
+    """A one-line progress indicator on stderr, only when stderr is a terminal and the work is long."""
+
+    def __init__(self, label: str, min_seconds: float = 0.5):
+        self.label = label
+        self.enabled = sys.stderr.isatty()
+        self.start = time.monotonic()
+        self.min_seconds = min_seconds
+        self.shown = False
+
+    def __call__(self, done: int, total: int, item=None) -> None:
+        if not self.enabled or time.monotonic() - self.start < self.min_seconds:
+            return
+        width = 30
+        filled = int(width * done / max(total, 1))
+        name = getattr(item, "name", "") or ""
+        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} {name[:40]:<40}")
+        sys.stderr.flush()
+        self.shown = True
+
+    def close(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r" + " " * 100 + "\r")
+            sys.stderr.flush()
+
+
+def emit(text: str) -> None:
+    """Write a rendered result to stdout."""
+    sys.stdout.write(text)
+
+
+@app.command("ls")
+@handle_errors
+def ls_command(
+    path: str = typer.Argument(..., help="Checkpoint prefix, .index file, directory, SavedModel, or Keras file."),
+    filter: Optional[str] = typer.Option(None, "--filter", "-k", help="Regex searched in names and keys."),
+    role: Optional[str] = typer.Option(None, "--role", help="Only variables of this role: model, optimizer or metadata."),
+    stats: bool = typer.Option(False, "--stats", help="Add min/max/mean/std/NaN/Inf (reads every tensor, one at a time)."),
+    tree: bool = typer.Option(False, "--tree", help="Group variables by layer path."),
+    format: OutputFormat = FormatOption,
+) -> None:
+    """List the variables of a checkpoint: shapes, dtypes, sizes, shards and roles."""
+    from . import open as open_checkpoint  # noqa: PLC0415
+    from .ops.listing import list_variables  # noqa: PLC0415
+    from .render import ls_view  # noqa: PLC0415
+
+    ckpt = open_checkpoint(path)
+    progress = Progress("stats") if stats else None
+    try:
+        listing = list_variables(ckpt, pattern=filter, role=role, stats=stats, progress=progress)
+    finally:
+        if progress:
+            progress.close()
+        ckpt.close()
+    emit(ls_view(listing, format, tree=tree))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

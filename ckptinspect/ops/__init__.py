@@ -1,0 +1,1 @@
+"""Operations over checkpoints of any format: pure functions returning reports, no printing."""

@@ -1,0 +1,65 @@
+"""``ls``: the variables of a checkpoint, filtered, optionally with value statistics."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ..errors import UsageError
+from ..model import ROLES, Checkpoint, Variable
+from .stats import Progress, Stats, compute_stats
+
+__all__ = ["Listing", "list_variables"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Listing:
+    """What ``ls`` shows: the checkpoint, the chosen variables and (with stats) their statistics."""
+
+    checkpoint: Checkpoint
+    variables: tuple[Variable, ...]
+    stats: dict[str, Stats | None] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``ls --format json`` document (see shared/INTERFACE.md)."""
+        doc = self.checkpoint.to_dict()
+        doc["variables"] = []
+        for v in self.variables:
+            item = v.to_dict()
+            if self.stats is not None:
+                s = self.stats.get(v.key)
+                item["stats"] = s.to_dict() if s is not None else None
+            doc["variables"].append(item)
+        return doc
+
+
+def list_variables(
+    ckpt: Checkpoint,
+    *,
+    pattern: str | None = None,
+    role: str | None = None,
+    stats: bool = False,
+    progress: Progress | None = None,
+) -> Listing:
+    """Choose variables by regex and role, and compute statistics when asked.
+
+    Args:
+        ckpt: An open checkpoint.
+        pattern: Regex searched in each name and key.
+        role: ``model``, ``optimizer`` or ``metadata``.
+        stats: Read every chosen tensor (one at a time) for min/max/mean/std/NaN/Inf.
+        progress: Called after each tensor when ``stats`` is set.
+
+    Raises:
+        UsageError: Bad role or regex.
+    """
+    if role is not None and role not in ROLES:
+        raise UsageError(f"unknown role {role!r}; expected one of {', '.join(ROLES)}")
+    import re  # noqa: PLC0415
+
+    try:
+        chosen = tuple(ckpt.filter(pattern, role))
+    except re.error as e:
+        raise UsageError(f"bad --filter regex {pattern!r}: {e}") from None
+    values = compute_stats(ckpt, chosen, progress) if stats else None
+    return Listing(checkpoint=ckpt, variables=chosen, stats=values)

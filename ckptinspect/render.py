@@ -1,0 +1,232 @@
+"""The only formatting code: rows to table / JSON / CSV, sizes and shapes for people.
+
+Every listing command builds one JSON document and one list of row dicts, and calls
+:func:`render` with the chosen :class:`OutputFormat`.
+"""
+
+from __future__ import annotations
+
+import csv
+import enum
+import io
+import json
+import math
+from typing import Any, Iterable, Sequence
+
+from tabulate import tabulate
+
+__all__ = ["OutputFormat", "render", "human_bytes", "fmt_shape", "fmt_float", "Column"]
+
+
+class OutputFormat(str, enum.Enum):
+    """``--format`` of every listing command."""
+
+    table = "table"
+    json = "json"
+    csv = "csv"
+
+
+Column = tuple[str, str]  # (row key, table header)
+
+
+def human_bytes(n: int | None) -> str:
+    """``1536`` -> ``1.5 KiB``."""
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def fmt_shape(shape: Sequence[int]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def fmt_float(x: float | None, digits: int = 4) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
+        return str(x)
+    return f"{x:.{digits}g}"
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "to_dict"):
+        return obj.to_dict()
+    if hasattr(obj, "item"):
+        return obj.item()
+    if isinstance(obj, (set, tuple)):
+        return list(obj)
+    if isinstance(obj, bytes):
+        return obj.decode("utf-8", "replace")
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def _clean(obj: Any) -> Any:
+    """Non-finite floats become strings so the document is strict JSON."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def to_json(doc: dict[str, Any]) -> str:
+    return json.dumps(_clean(doc), indent=2, default=_json_default, allow_nan=False)
+
+
+def render(
+    fmt: OutputFormat,
+    *,
+    doc: dict[str, Any],
+    rows: Iterable[dict[str, Any]],
+    columns: Sequence[Column],
+    header: Sequence[str] = (),
+    footer: Sequence[str] = (),
+    csv_columns: Sequence[str] | None = None,
+) -> str:
+    """Render one listing.
+
+    Args:
+        fmt: table, json or csv.
+        doc: The whole JSON document (used for ``json``).
+        rows: One dict per row (used for ``table`` and ``csv``).
+        columns: (row key, header) pairs of the table.
+        header: Lines printed above the table.
+        footer: Lines printed below the table.
+        csv_columns: Row keys for CSV (default: the table's keys).
+
+    Returns:
+        The text, ending with a newline.
+    """
+    if fmt == OutputFormat.json:
+        return to_json(doc) + "\n"
+    rows = list(rows)
+    if fmt == OutputFormat.csv:
+        keys = list(csv_columns or [k for k, _ in columns])
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=keys, extrasaction="ignore", lineterminator="\n")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: _csv_cell(row.get(k)) for k in keys})
+        return buf.getvalue()
+    parts = list(header)
+    if rows:
+        table = tabulate(
+            [[row.get(k, "") for k, _ in columns] for row in rows],
+            headers=[h for _, h in columns],
+            tablefmt="simple",
+            disable_numparse=True,
+            preserve_whitespace=True,
+        )
+        parts += ["", table] if header else [table]
+    parts += list(footer)
+    return "\n".join(parts) + "\n"
+
+
+def _csv_cell(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return " ".join(str(v) for v in value)
+    return "" if value is None else value
+
+
+# -- views: one per command ---------------------------------------------------------------
+def ls_view(listing, fmt: OutputFormat, tree: bool = False) -> str:
+    """Render an :class:`~ckptinspect.ops.listing.Listing`."""
+    ckpt = listing.checkpoint
+    stats = listing.stats
+    step = "-" if ckpt.step is None else f"{ckpt.step} (from {ckpt.step_source})"
+    totals = ckpt.totals()
+    header = [
+        f"path:    {ckpt.path}",
+        f"format:  {ckpt.format}" + (f" ({ckpt.info['kind']})" if ckpt.info.get("kind") else ""),
+        f"step:    {step}",
+        f"shards:  {ckpt.num_shards}",
+        "totals:  "
+        + ", ".join(
+            f"{r} {totals[r]['count']} ({human_bytes(totals[r]['nbytes'])})"
+            for r in ("model", "optimizer", "metadata", "all")
+        ),
+    ]
+    for key in ("model_class", "keras_version", "backend", "saved_at"):
+        if ckpt.info.get(key):
+            header.append(f"{key + ':':<9}{ckpt.info[key]}")
+    if ckpt.checkpoints:
+        header += ["", "checkpoints:"]
+        header += tabulate(
+            [
+                [
+                    "*" if c.latest else "",
+                    c.path,
+                    "-" if c.step is None else c.step,
+                    _fmt_time(c.timestamp),
+                    "yes" if c.exists else "MISSING",
+                    "yes" if c.in_state_file else "no",
+                ]
+                for c in ckpt.checkpoints
+            ],
+            headers=["", "prefix", "step", "saved", "exists", "in state file"],
+            tablefmt="simple",
+            disable_numparse=True,
+        ).splitlines()
+    if len(listing.variables) != len(ckpt.variables):
+        header.append(f"\nshowing {len(listing.variables)} of {len(ckpt.variables)} variables")
+    columns: list[Column] = [("name", "name"), ("shape", "shape"), ("dtype", "dtype"), ("size", "size"),
+                             ("shards", "shard"), ("role", "role")]
+    if stats is not None:
+        columns += [("min", "min"), ("max", "max"), ("mean", "mean"), ("std", "std"), ("nan", "nan"), ("inf", "inf")]
+    rows = []
+    for v in (sorted(listing.variables, key=lambda v: v.name) if tree else listing.variables):
+        row = {
+            "key": v.key,
+            "name": v.name,
+            "shape": fmt_shape(v.shape),
+            "dtype": v.dtype,
+            "size": human_bytes(v.nbytes),
+            "nbytes": v.nbytes,
+            "shards": ",".join(str(s) for s in v.shards) or "-",
+            "role": v.role,
+        }
+        if stats is not None:
+            s = stats.get(v.key)
+            for f in ("min", "max", "mean", "std"):
+                row[f] = fmt_float(getattr(s, f)) if s else "-"
+            row["nan"] = s.nan if s else "-"
+            row["inf"] = s.inf if s else "-"
+        rows.append(row)
+    if tree and fmt == OutputFormat.table:
+        rows = _tree_rows(rows)
+    csv_cols = ["key", "name", "shape", "dtype", "nbytes", "shards", "role"]
+    if stats is not None:
+        csv_cols += ["min", "max", "mean", "std", "nan", "inf"]
+    return render(fmt, doc=listing.to_dict(), rows=rows, columns=columns, header=header, csv_columns=csv_cols)
+
+
+def _tree_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Group rows by layer path: a subtotal row per group, leaves indented under it."""
+    out: list[dict[str, Any]] = []
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        parent, _, leaf = row["name"].rpartition("/")
+        groups.setdefault(parent, []).append({**row, "name": "  " + leaf if parent else leaf})
+    for parent, members in groups.items():
+        if parent:
+            total = sum(r["nbytes"] for r in members)
+            out.append({"name": parent + "/", "size": human_bytes(total), "role": members[0]["role"]
+                        if len({r["role"] for r in members}) == 1 else "mixed",
+                        "shape": f"{len(members)} vars"})
+        out.extend(members)
+    return out
+
+
+def _fmt_time(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    import datetime  # noqa: PLC0415
+
+    return datetime.datetime.fromtimestamp(ts, tz=datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
