@@ -131,6 +131,9 @@ def ls_command(
     emit(ls_view(listing, format, tree=tree))
 
 
+# -- each operation's command is defined above this line, in the style of `ls` ---------------
+
+
 def main() -> None:
     """Console-script entry point."""
     app()

@@ -346,6 +346,7 @@ class _KeyFacts:
     role: str
     graph_path: str | None
     local_name: str | None
+    root_child: bool = False
 
 
 def analyse_object_graph(nodes: list[_Node]) -> dict[str, _KeyFacts]:
@@ -400,6 +401,7 @@ def analyse_object_graph(nodes: list[_Node]) -> dict[str, _KeyFacts]:
                 role=role,
                 graph_path="/".join(path) if path is not None and role == m.ROLE_MODEL else None,
                 local_name=local,
+                root_child=i in root_children,
             )
     return facts
 
@@ -477,6 +479,8 @@ def build_variables(prefix: str, index: BundleIndex) -> tuple[list[m.Variable], 
         fact = facts.get(entry.key)
         if graph_entry is not None:
             role = fact.role if fact else (m.ROLE_OPTIMIZER if OPTIMIZER_SLOT_MARK in entry.key else m.ROLE_METADATA)
+            if role == m.ROLE_MODEL and fact.root_child and entry.shape == () and entry.dtype in INTEGER_DTYPES:
+                role = m.ROLE_METADATA  # a counter tracked by the root (episode_counter, epoch...)
             name = (fact.name if fact else None) or _key_name(entry.key)
         else:
             role = _tf1_role(entry.key, entry)
