@@ -80,9 +80,10 @@ def detect(path: str) -> tuple[Kind, str]:
 
     name = _fs.basename(path)
     data_match = DATA_FILE_RE.match(name)
+    if name and _fs.exists(path + INDEX_SUFFIX) and (_fs.is_remote(path) or not _fs.isdir(path)):
+        # A prefix. (Remote file systems such as ram:// report prefixes as directories.)
+        return Kind.TF_BUNDLE, path
     if not _fs.exists(path):
-        if _fs.exists(path + INDEX_SUFFIX):
-            return Kind.TF_BUNDLE, path
         if data_match:
             raise CheckpointNotFoundError(f"{path}: no such file (and data shards are not checkpoints)")
         raise CheckpointNotFoundError(f"{path}: no such file, directory or checkpoint prefix")

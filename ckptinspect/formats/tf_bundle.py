@@ -465,7 +465,7 @@ def build_variables(prefix: str, index: BundleIndex) -> tuple[list[m.Variable], 
                 f"{data_path(prefix, graph_entry.shard_id, index.num_shards)}: the object graph does not parse: {e}"
             ) from None
         facts = analyse_object_graph(nodes)
-        info["object_graph_nodes"] = len(nodes)
+        info["object_graph"] = {"nodes": len(nodes), "shard": graph_entry.shard_id, "nbytes": graph_entry.size}
         info["kind"] = "tf2-object"
     else:
         info["kind"] = "tf1-name"
