@@ -131,6 +131,31 @@ def ls_command(
     emit(ls_view(listing, format, tree=tree))
 
 
+@app.command("train")
+@handle_errors
+def train_command(
+    out: str = typer.Argument(..., help="Directory to write the CheckpointManager run into."),
+    steps: int = typer.Option(6, "--steps", help="Training steps."),
+    save_every: int = typer.Option(2, "--save-every", help="Save a checkpoint every N steps (and after the last)."),
+    replicas: int = typer.Option(2, "--replicas", help="Logical CPU devices (MirroredStrategy replicas)."),
+    max_to_keep: int = typer.Option(3, "--max-to-keep", help="Checkpoints to retain (0 keeps all)."),
+    max_shard_bytes: Optional[int] = typer.Option(None, "--max-shard-bytes", help="Save multi-shard with MaxShardSizePolicy of this many bytes."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the initial weights and the synthetic data."),
+    keras: bool = typer.Option(False, "--keras/--no-keras", help="Also write model.weights.h5, model.keras, model.h5 (and the Keras 2 files where tf_keras is installed)."),
+    force: bool = typer.Option(False, "--force", help="Replace a non-empty OUT."),
+) -> None:
+    """Train the small fixture model under MirroredStrategy and save real checkpoints into OUT."""
+    from . import trainer  # noqa: PLC0415
+
+    trainer.configure_devices(replicas)  # first: logical devices must exist before TF initialises
+    result = trainer.train(
+        out, steps=steps, save_every=save_every, replicas=replicas, max_to_keep=max_to_keep or None,
+        max_shard_bytes=max_shard_bytes, seed=seed, keras_formats=keras, force=force,
+    )
+    extra = trainer.write_keras2_files(out, seed=seed) if keras and trainer.keras2_available() else []
+    typer.echo(result.summary() + (f", {len(extra)} Keras 2 file(s)" if extra else ""), err=True)
+
+
 # -- each operation's command is defined above this line, in the style of `ls` ---------------
 
 
