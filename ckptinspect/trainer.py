@@ -420,7 +420,9 @@ def _train_into(
         model = build_model(seed)
         optimizer = keras.optimizers.Adam(learning_rate=learning_rate, name=OPTIMIZER_NAME)
         optimizer.build(model.trainable_variables)
-        model.compile(optimizer=optimizer, loss="mse")  # so model.keras / model.h5 carry it
+        # Compiled only so that model.keras / model.h5 carry the optimizer; the loop computes its own
+        # loss. A loss object, not "mse": Keras 3 cannot load a legacy .h5 compiled with the string.
+        model.compile(optimizer=optimizer, loss=keras.losses.MeanSquaredError())
         step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
 
     x, y = _synthetic_data(seed)
