@@ -1,0 +1,804 @@
+"""Keras HDF5 files: legacy ``.h5`` (full model or weights only), ``.weights.h5``, sharded weights.
+
+Everything is read through h5py; TensorFlow and Keras are never imported. Listing reads only
+HDF5 metadata (links, attributes, dataset shapes and types), never tensor bytes; values are
+read one dataset at a time by :class:`H5Source`.
+
+Layouts, as Keras writes them (keras/src/legacy/saving/legacy_h5_format.py,
+keras/src/saving/saving_lib.py, tf_keras/src/saving/legacy/hdf5_format.py):
+
+* Legacy full model (``model.save('m.h5')``): root attributes ``model_config``,
+  ``training_config``, ``keras_version``, ``backend``; group ``model_weights`` with attribute
+  ``layer_names``; one group per layer with attribute ``weight_names``, each weight stored at
+  ``model_weights/<layer>/<weight name>`` (Keras 2: ``dense/dense/kernel:0``; Keras 3:
+  ``dense/sequential/dense/kernel``); ``model_weights/top_level_model_weights`` for a model's
+  own weights; ``optimizer_weights`` (attribute ``weight_names``) when the optimizer was saved.
+  Long attributes are split into ``layer_names0``, ``layer_names1``...
+* Legacy weights only (Keras 2 ``save_weights('w.h5')``): the same, with ``layer_names`` at the
+  root and the layer groups directly under it.
+* Keras 3 ``.weights.h5``: positional datasets ``<object path>/vars/<i>``, e.g.
+  ``layers/sequential/layers/dense/vars/0``; each ``vars`` group has a ``name`` attribute with
+  the layer's name (``enc_dense``); optimizer variables under ``optimizer/vars``; the model's
+  own variables under the root ``vars``. tf.keras 2.13/2.14 on Windows wrote paths with
+  backslashes (``dec\\_layer_checkpoint_dependencies\\dense/vars/0``).
+* Sharded Keras 3 weights (``save_weights('w.weights.json', max_shard_size=...)``): a JSON
+  index ``{"metadata": {...}, "weight_map": {"/layers/dense/vars": ["w_00000.weights.h5"]}}``
+  and the shard files it names, each laid out as a ``.weights.h5`` file.
+
+Untrusted files: soft and external links, external and virtual datasets, and datasets that
+declare absurd sizes are refused with :class:`~ckptinspect.errors.UnsafeFileError` when the
+file is opened, before anything is read (and checked again when a value is read).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import math
+import re
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .. import model as m
+from ..errors import (
+    CheckpointNotFoundError,
+    CkptError,
+    CorruptCheckpointError,
+    NotACheckpointError,
+    UnsafeFileError,
+)
+from . import _fs
+
+__all__ = [
+    "HDF5_SIGNATURE",
+    "MAX_DECLARED_BYTES",
+    "open_h5",
+    "open_sharded",
+    "list_h5_file",
+    "H5Listing",
+    "H5Source",
+    "VarNamer",
+]
+
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+HDF5_USERBLOCK_OFFSETS = (0, 512, 1024, 2048)
+
+# Legacy layout names.
+MODEL_WEIGHTS = "model_weights"
+OPTIMIZER_WEIGHTS = "optimizer_weights"
+TOP_LEVEL_MODEL_WEIGHTS = "top_level_model_weights"
+LAYER_NAMES_ATTR = "layer_names"
+WEIGHT_NAMES_ATTR = "weight_names"
+MODEL_CONFIG_ATTR = "model_config"
+TRAINING_CONFIG_ATTR = "training_config"
+KERAS_VERSION_ATTR = "keras_version"
+BACKEND_ATTR = "backend"
+
+# Keras 3 layout names.
+VARS_GROUP = "vars"
+OPTIMIZER_GROUP = "optimizer"
+NAME_ATTR = "name"
+DTYPE_ATTR = "dtype"
+# Path components that only hold other objects (Keras 3 ``layers``, tf.keras 2.13+
+# ``_layer_checkpoint_dependencies``); readable names skip them.
+CONTAINER_GROUPS = frozenset({"layers", "_layer_checkpoint_dependencies"})
+WEIGHT_MAP = "weight_map"
+
+# Readable names drop the ``:0`` output index of TF variable names.
+OUTPUT_INDEX_RE = re.compile(r":\d+$")
+
+# Safety limits. A dataset may declare at most MAX_DECLARED_BYTES (1 TiB); above
+# BOMB_FLOOR_BYTES (4 GiB) it must also store at least 1/BOMB_MAX_EXPANSION of its declared
+# size (the rule Keras's own loader applies to shape/decompression bombs).
+MAX_DECLARED_BYTES = 1 << 40
+BOMB_FLOOR_BYTES = 1 << 32
+BOMB_MAX_EXPANSION = 1000
+MAX_INDEX_JSON_BYTES = 64 << 20
+
+# (path components, number of stored vars) -> variable names, or None for vars/N.
+VarNamer = Callable[[tuple[str, ...], int], "Sequence[str] | None"]
+
+
+def _h5py():
+    import h5py  # noqa: PLC0415 - keep `import ckptinspect` light
+
+    return h5py
+
+
+# -- small helpers -------------------------------------------------------------------------
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, np.ndarray) and value.shape == ():
+        return _text(value[()])
+    return str(value)
+
+
+def _split_attr(obj: Any, name: str) -> list[str]:
+    """A list attribute as Keras stores it: whole, or split into ``name0``, ``name1``..."""
+    attrs = obj.attrs
+    if name in attrs:
+        chunks = [attrs[name]]
+    else:
+        chunks = []
+        while f"{name}{len(chunks)}" in attrs:
+            chunks.append(attrs[f"{name}{len(chunks)}"])
+    out: list[str] = []
+    for chunk in chunks:
+        arr = np.asarray(chunk)
+        if arr.size == 0:
+            continue
+        out.extend(_text(x) for x in arr.reshape(-1))
+    return out
+
+
+def _has_split_attr(obj: Any, name: str) -> bool:
+    return name in obj.attrs or f"{name}0" in obj.attrs
+
+
+def _strip_index(name: str) -> str:
+    return OUTPUT_INDEX_RE.sub("", name)
+
+
+def _dtype_name(dtype: np.dtype, attr_dtype: str | None) -> str:
+    if attr_dtype == "bfloat16" and dtype.itemsize == 2:
+        return "bfloat16"
+    if dtype.kind in "SUO":
+        return "string"
+    if dtype.kind == "b":
+        return "bool"
+    return dtype.name
+
+
+def _is_hdf5_head(head: bytes) -> bool:
+    return any(head[o : o + 8] == HDF5_SIGNATURE for o in HDF5_USERBLOCK_OFFSETS)
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+# -- the safety walk -----------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class _Dataset:
+    key: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+
+
+def _check_dataset(ds: Any, key: str, label: str) -> None:
+    """Refuse external, virtual and absurdly sized datasets (metadata only)."""
+    if ds.external:
+        raise UnsafeFileError(
+            f"{label}: dataset {key!r} keeps its data in external file(s) "
+            f"{[_text(e[0]) for e in ds.external]}; refusing to follow"
+        )
+    if ds.is_virtual:
+        raise UnsafeFileError(f"{label}: dataset {key!r} is a virtual dataset; refusing to follow")
+    shape = ds.shape or ()
+    declared = math.prod(shape) * ds.dtype.itemsize
+    if declared > MAX_DECLARED_BYTES:
+        raise UnsafeFileError(
+            f"{label}: dataset {key!r} declares shape {shape} ({declared} bytes, more than the"
+            f" {MAX_DECLARED_BYTES}-byte limit); refusing a possible shape bomb"
+        )
+    if declared > BOMB_FLOOR_BYTES:
+        stored = ds.id.get_storage_size()
+        if declared > BOMB_MAX_EXPANSION * stored:
+            raise UnsafeFileError(
+                f"{label}: dataset {key!r} declares {declared} bytes but stores only {stored};"
+                " refusing a possible shape/decompression bomb"
+            )
+
+
+def _describe(ds: Any, key: str) -> _Dataset:
+    dtype = ds.dtype
+    attr_dtype = None
+    if dtype.kind == "V" and DTYPE_ATTR in ds.attrs:
+        attr_dtype = _text(ds.attrs[DTYPE_ATTR])
+    shape = tuple(int(d) for d in (ds.shape or ()))
+    name = _dtype_name(dtype, attr_dtype)
+    if dtype.kind == "O" or (dtype.kind in "SU" and dtype.itemsize == 0):
+        nbytes = int(ds.id.get_storage_size())
+    else:
+        nbytes = math.prod(shape) * dtype.itemsize
+    return _Dataset(key=key, shape=shape, dtype=name, nbytes=nbytes)
+
+
+@dataclasses.dataclass
+class _Walk:
+    """Every hard-linked dataset (in link order) and the ``name`` of every ``vars`` group."""
+
+    datasets: dict[str, _Dataset]
+    groups: set[str]
+    vars_names: dict[str, str]
+
+
+def _walk(h5: Any, label: str) -> _Walk:
+    """Visit every link once; refuse soft/external links and unsafe datasets.
+
+    Raises:
+        UnsafeFileError: A soft, external or user-defined link, or an unsafe dataset.
+    """
+    h5py = _h5py()
+    datasets: dict[str, _Dataset] = {}
+    groups: set[str] = set()
+    vars_names: dict[str, str] = {}
+
+    def visit(name: str, link: Any) -> None:
+        if isinstance(link, h5py.SoftLink):
+            raise UnsafeFileError(f"{label}: soft link {name!r} -> {link.path!r}; refusing to follow links")
+        if isinstance(link, h5py.ExternalLink):
+            raise UnsafeFileError(
+                f"{label}: external link {name!r} -> {link.filename}:{link.path}; refusing to follow links"
+            )
+        if not isinstance(link, h5py.HardLink):
+            raise UnsafeFileError(f"{label}: link {name!r} of unknown type; refusing to follow")
+        obj = h5[name]
+        if isinstance(obj, h5py.Dataset):
+            _check_dataset(obj, name, label)
+            datasets[name] = _describe(obj, name)
+        elif isinstance(obj, h5py.Group):
+            groups.add(name)
+            if name.rsplit("/", 1)[-1] == VARS_GROUP and NAME_ATTR in obj.attrs:
+                vars_names[name] = _text(obj.attrs[NAME_ATTR])
+
+    try:
+        h5.visititems_links(visit)
+    except KeyError as e:
+        # h5py raises KeyError for user-defined link classes it cannot represent.
+        raise UnsafeFileError(f"{label}: unsupported link ({_one_line(e)}); refusing to follow") from None
+    return _Walk(datasets, groups, vars_names)
+
+
+def _safe_dataset(h5: Any, key: str, label: str) -> Any:
+    """Open dataset ``key`` through hard links only, checking it again before a read."""
+    h5py = _h5py()
+    node = h5
+    parts = key.split("/")
+    for i, part in enumerate(parts):
+        if not part or not isinstance(node, h5py.Group):
+            break
+        link = node.get(part, getlink=True)
+        if link is None:
+            raise CheckpointNotFoundError(f"{label}: no dataset {key!r} (the file changed since it was listed?)")
+        if not isinstance(link, h5py.HardLink):
+            raise UnsafeFileError(f"{label}: {'/'.join(parts[: i + 1])!r} is a {type(link).__name__}; refusing to follow links")
+        node = node[part]
+    if not isinstance(node, h5py.Dataset):
+        raise CheckpointNotFoundError(f"{label}: {key!r} is not a dataset")
+    _check_dataset(node, key, label)
+    return node
+
+
+def _read_dataset(ds: Any, variable: m.Variable, label: str) -> np.ndarray:
+    h5py = _h5py()
+    if ds.shape is None:
+        raise CorruptCheckpointError(f"{label}: dataset {variable.key!r} has no dataspace (an empty HDF5 dataset)")
+    try:
+        value = np.asarray(ds[()])
+    except (OSError, RuntimeError, ValueError, TypeError) as e:
+        raise CorruptCheckpointError(f"{label}: cannot read dataset {variable.key!r}: {_one_line(e)}") from None
+    if variable.dtype == "bfloat16" and value.dtype.kind == "V":
+        import ml_dtypes  # noqa: PLC0415 - only for bfloat16 values
+
+        value = value.view(ml_dtypes.bfloat16)
+    if isinstance(value, h5py.Empty):  # pragma: no cover - guarded above
+        raise CorruptCheckpointError(f"{label}: dataset {variable.key!r} is empty")
+    return value
+
+
+# -- layouts -------------------------------------------------------------------------------
+LAYOUT_LEGACY_FULL = "legacy-full"
+LAYOUT_LEGACY_WEIGHTS = "legacy-weights"
+LAYOUT_KERAS3 = "keras3"
+
+
+def _layout(h5: Any, walk: _Walk) -> str | None:
+    h5py = _h5py()
+    mw = h5.get(MODEL_WEIGHTS) if MODEL_WEIGHTS in walk.groups else None
+    if isinstance(mw, h5py.Group) and _has_split_attr(mw, LAYER_NAMES_ATTR):
+        return LAYOUT_LEGACY_FULL
+    if _has_split_attr(h5, LAYER_NAMES_ATTR):
+        return LAYOUT_LEGACY_WEIGHTS
+    if walk.vars_names or any(g == VARS_GROUP or g.endswith("/" + VARS_GROUP) for g in walk.groups):
+        return LAYOUT_KERAS3
+    return None
+
+
+def _legacy_model_name(layer: str, weight_name: str) -> str:
+    """``dense`` + ``dense/kernel:0`` -> ``dense/kernel``; ``sequential/dense/kernel`` -> ``dense/kernel``."""
+    wn = _strip_index(weight_name)
+    if layer == TOP_LEVEL_MODEL_WEIGHTS:
+        return wn
+    parts = wn.split("/")
+    if layer in parts:
+        return "/".join(parts[parts.index(layer) :])
+    return f"{layer}/{wn}"
+
+
+def _join(*parts: str) -> str:
+    return "/".join(p for p in parts if p)
+
+
+def _legacy_variables(h5: Any, walk: _Walk, base: str, label: str) -> list[m.Variable]:
+    group = h5[base] if base else h5
+    layer_names = _split_attr(group, LAYER_NAMES_ATTR)
+    if TOP_LEVEL_MODEL_WEIGHTS not in layer_names and _join(base, TOP_LEVEL_MODEL_WEIGHTS) in walk.groups:
+        layer_names.append(TOP_LEVEL_MODEL_WEIGHTS)
+    out: list[tuple[str, str, str]] = []  # (key, name, role)
+    claimed: set[str] = set()
+
+    def claim(key: str, name: str, role: str, owner: str) -> None:
+        if key not in walk.datasets:
+            raise CorruptCheckpointError(f"{label}: {owner} names weight {key!r} but the file has no such dataset")
+        if key in claimed:
+            raise CorruptCheckpointError(f"{label}: weight {key!r} is named twice in {owner}")
+        claimed.add(key)
+        out.append((key, name, role))
+
+    for layer in layer_names:
+        layer_path = _join(base, layer)
+        if layer_path not in walk.groups:
+            raise CorruptCheckpointError(
+                f"{label}: {LAYER_NAMES_ATTR} lists layer {layer!r} but the file has no group {layer_path!r}"
+            )
+        for wn in _split_attr(h5[layer_path], WEIGHT_NAMES_ATTR):
+            claim(_join(layer_path, wn), _legacy_model_name(layer, wn), m.ROLE_MODEL, f"layer {layer!r}")
+
+    if base and OPTIMIZER_WEIGHTS in walk.groups:
+        for wn in _split_attr(h5[OPTIMIZER_WEIGHTS], WEIGHT_NAMES_ATTR):
+            claim(_join(OPTIMIZER_WEIGHTS, wn), "optimizer/" + _strip_index(wn), m.ROLE_OPTIMIZER, OPTIMIZER_WEIGHTS)
+
+    # Datasets no attribute names: optimizer ones stay optimizer state; anything else is
+    # listed as metadata (Keras would not load it into the model).
+    for key in walk.datasets:
+        if key in claimed:
+            continue
+        if base and key.startswith(OPTIMIZER_WEIGHTS + "/"):
+            out.append((key, "optimizer/" + _strip_index(key[len(OPTIMIZER_WEIGHTS) + 1 :]), m.ROLE_OPTIMIZER))
+        else:
+            out.append((key, _strip_index(key), m.ROLE_METADATA))
+    return _make_variables(out, walk)
+
+
+def _natural_key(key: str) -> tuple:
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", key))
+
+
+def _split_component(component: str) -> list[str]:
+    """A path component, split at the backslashes of Windows-written files, containers dropped."""
+    return [p for p in component.split("\\") if p and p not in CONTAINER_GROUPS]
+
+
+def _keras3_variables(
+    walks: Sequence[_Walk], namer: VarNamer | None, shard_of: dict[str, int] | None = None
+) -> list[m.Variable]:
+    vars_names: dict[str, str] = {}
+    for w in walks:
+        for g, n in w.vars_names.items():
+            vars_names.setdefault(g, n)
+    datasets: dict[str, _Dataset] = {}
+    for w in walks:
+        for key, ds in w.datasets.items():
+            datasets.setdefault(key, ds)
+
+    # Group the datasets of each vars group, groups in first-seen order, vars by index.
+    by_group: dict[str, list[str]] = {}
+    loose: list[str] = []
+    for key in datasets:
+        parent, _, leaf = key.rpartition("/")
+        if parent.rpartition("/")[2] == VARS_GROUP or parent == VARS_GROUP:
+            by_group.setdefault(parent, []).append(key)
+        else:
+            loose.append(key)
+
+    out: list[tuple[str, str, str]] = []
+    for vars_group in sorted(by_group, key=_natural_key):
+        keys = by_group[vars_group]
+        keys.sort(key=_natural_key)
+        owner = vars_group[: -len(VARS_GROUP)].rstrip("/")
+        components = owner.split("/") if owner else []
+        if components and _split_component(components[0])[:1] == [OPTIMIZER_GROUP]:
+            role = m.ROLE_OPTIMIZER
+            path = [p for c in components for p in _split_component(c)]
+        else:
+            role = m.ROLE_MODEL
+            path = []
+            for i, component in enumerate(components):
+                named = vars_names.get("/".join(components[: i + 1]) + "/" + VARS_GROUP)
+                if named is not None and "\\" not in component:
+                    path.append(named)
+                else:
+                    path.extend(_split_component(component))
+        indices = [k.rpartition("/")[2] for k in keys]
+        names = None
+        if namer is not None and role == m.ROLE_MODEL and indices == [str(i) for i in range(len(keys))]:
+            names = namer(tuple(path), len(keys))
+            if names is not None and len(names) != len(keys):
+                names = None
+        for j, key in enumerate(keys):
+            leaf = names[j] if names else f"{VARS_GROUP}/{indices[j]}"
+            out.append((key, _join(*path, leaf), role))
+    for key in loose:
+        out.append((key, "/".join(p for c in key.split("/") for p in _split_component(c)), m.ROLE_METADATA))
+    return _make_variables(out, None, datasets=datasets, shard_of=shard_of)
+
+
+def _make_variables(
+    rows: list[tuple[str, str, str]],
+    walk: _Walk | None,
+    *,
+    datasets: dict[str, _Dataset] | None = None,
+    shard_of: dict[str, int] | None = None,
+) -> list[m.Variable]:
+    datasets = datasets if datasets is not None else walk.datasets  # type: ignore[union-attr]
+    counts: dict[str, int] = {}
+    for _, name, _ in rows:
+        counts[name] = counts.get(name, 0) + 1
+    variables = []
+    for key, name, role in rows:
+        if counts[name] > 1:
+            name = _strip_index(key)
+        ds = datasets[key]
+        variables.append(
+            m.Variable(
+                key=key,
+                name=name,
+                shape=ds.shape,
+                dtype=ds.dtype,
+                nbytes=ds.nbytes,
+                shards=(shard_of[key],) if shard_of is not None else (),
+                role=role,
+            )
+        )
+    return variables
+
+
+# -- header facts --------------------------------------------------------------------------
+def _json_attr(h5: Any, name: str) -> dict | list | None:
+    if name not in h5.attrs:
+        return None
+    try:
+        return json.loads(_text(h5.attrs[name]))
+    except (ValueError, TypeError):
+        return None
+
+
+def summarize_model_config(config: Any) -> dict[str, Any]:
+    """Model class, name and layer count from a Keras model config (legacy or Keras 3)."""
+    out: dict[str, Any] = {}
+    if not isinstance(config, dict):
+        return out
+    if "class_name" in config:
+        out["model_class"] = config["class_name"]
+    inner = config.get("config")
+    layers = None
+    if isinstance(inner, list):  # Keras <= 2.1 Sequential: the config is the layer list
+        layers = inner
+    elif isinstance(inner, dict):
+        if isinstance(inner.get("name"), str):
+            out["model_name"] = inner["name"]
+        if isinstance(inner.get("layers"), list):
+            layers = inner["layers"]
+    if layers is not None:
+        out["layer_count"] = len(layers)
+    return out
+
+
+def _legacy_info(h5: Any, layout: str) -> dict[str, Any]:
+    info: dict[str, Any] = {"layout": layout}
+    src = h5 if KERAS_VERSION_ATTR in h5.attrs else h5.get(MODEL_WEIGHTS, h5)
+    for attr in (KERAS_VERSION_ATTR, BACKEND_ATTR):
+        if attr in src.attrs:
+            info[attr] = _text(src.attrs[attr])
+    model_config = _json_attr(h5, MODEL_CONFIG_ATTR)
+    if model_config is not None:
+        info.update(summarize_model_config(model_config))
+    elif MODEL_CONFIG_ATTR in h5.attrs:
+        info["model_config_error"] = "model_config is not valid JSON"
+    base = h5[MODEL_WEIGHTS] if layout == LAYOUT_LEGACY_FULL else h5
+    names = _split_attr(base, LAYER_NAMES_ATTR)
+    info.setdefault("layer_count", len(names))
+    training = _json_attr(h5, TRAINING_CONFIG_ATTR)
+    if isinstance(training, dict):
+        opt = training.get("optimizer_config")
+        if isinstance(opt, dict) and "class_name" in opt:
+            info["optimizer_class"] = opt["class_name"]
+        if isinstance(training.get("loss"), (str, dict)):
+            loss = training["loss"]
+            info["loss"] = loss if isinstance(loss, str) else loss.get("class_name")
+    return info
+
+
+def _keras3_info(walks: Sequence[_Walk]) -> dict[str, Any]:
+    info: dict[str, Any] = {"layout": LAYOUT_KERAS3}
+    for w in walks:
+        if VARS_GROUP in w.vars_names:
+            info.setdefault("model_name", w.vars_names[VARS_GROUP])
+        opt = w.vars_names.get(f"{OPTIMIZER_GROUP}/{VARS_GROUP}")
+        if opt is not None:
+            info.setdefault("optimizer_name", opt)
+    return info
+
+
+# -- opening -------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class H5Listing:
+    """What :func:`list_h5_file` found in one open HDF5 file."""
+
+    format: str
+    variables: tuple[m.Variable, ...]
+    info: dict[str, Any]
+
+
+def list_h5_file(h5: Any, label: str, namer: VarNamer | None = None) -> H5Listing:
+    """List the variables of an open Keras HDF5 file (metadata only).
+
+    Args:
+        h5: An open ``h5py.File``.
+        label: How messages name the file (its path, or ``archive.keras/model.weights.h5``).
+        namer: For Keras 3 layouts, gives variable names (``kernel``...) for a layer path.
+
+    Returns:
+        The format (``keras-h5`` or ``keras-weights-h5``), the variables and header facts.
+
+    Raises:
+        UnsafeFileError: Links, external/virtual datasets, shape bombs.
+        NotACheckpointError: An HDF5 file that is not a Keras weights file.
+        CorruptCheckpointError: The attributes name datasets the file does not have.
+    """
+    walk = _walk(h5, label)
+    layout = _layout(h5, walk)
+    if layout == LAYOUT_LEGACY_FULL:
+        return H5Listing(m.FORMAT_KERAS_H5, tuple(_legacy_variables(h5, walk, MODEL_WEIGHTS, label)), _legacy_info(h5, layout))
+    if layout == LAYOUT_LEGACY_WEIGHTS:
+        return H5Listing(m.FORMAT_KERAS_H5, tuple(_legacy_variables(h5, walk, "", label)), _legacy_info(h5, layout))
+    if layout == LAYOUT_KERAS3:
+        return H5Listing(m.FORMAT_KERAS_WEIGHTS_H5, tuple(_keras3_variables([walk], namer)), _keras3_info([walk]))
+    raise NotACheckpointError(
+        f"{label}: an HDF5 file but not Keras weights (no {MODEL_WEIGHTS} group, no"
+        f" {LAYER_NAMES_ATTR} attribute, no {VARS_GROUP} groups)"
+    )
+
+
+def _open_file(path: str, label: str | None = None) -> Any:
+    """``h5py.File`` for a local or remote path, with h5py's errors turned into ours."""
+    label = label or path
+    if _fs.is_remote(path):
+        data = _fs.read_bytes(path)
+        if not _is_hdf5_head(data[: 2048 + 8]):
+            raise NotACheckpointError(f"{label}: not an HDF5 file (no HDF5 signature)")
+        return _open_h5py(io.BytesIO(data), label)
+    if not _fs.exists(path):
+        raise CheckpointNotFoundError(f"{label}: no such file")
+    if _fs.isdir(path):
+        raise NotACheckpointError(f"{label}: is a directory, not an HDF5 file")
+    if not _is_hdf5_head(_fs.read_head(path, 2048 + 8)):
+        raise NotACheckpointError(f"{label}: not an HDF5 file (no HDF5 signature)")
+    return _open_h5py(path, label)
+
+
+_OWNING_FILE_CLASS: list[type] = []
+
+
+def _owning_file_class() -> type:
+    """An ``h5py.File`` that also closes the file object it was opened on."""
+    if not _OWNING_FILE_CLASS:
+        h5py = _h5py()
+
+        class OwningFile(h5py.File):
+            _owned: Any = None
+
+            def close(self) -> None:
+                try:
+                    super().close()
+                finally:
+                    if self._owned is not None:
+                        self._owned.close()
+                        self._owned = None
+
+        _OWNING_FILE_CLASS.append(OwningFile)
+    return _OWNING_FILE_CLASS[0]
+
+
+def _open_h5py(target: Any, label: str, owned: Any = None) -> Any:
+    """``h5py.File(target)`` read-only, h5py's errors turned into ours.
+
+    Args:
+        target: A local path or a seekable file object.
+        label: How messages name the file.
+        owned: A file object to close together with the returned file (or on failure).
+    """
+    h5py = _h5py()
+    try:
+        if owned is None:
+            return h5py.File(target, "r")
+        h5 = _owning_file_class()(target, "r")
+        h5._owned = owned
+        return h5
+    except FileNotFoundError:
+        raise CheckpointNotFoundError(f"{label}: no such file") from None
+    except PermissionError:
+        raise CheckpointNotFoundError(f"{label}: permission denied") from None
+    except (OSError, RuntimeError, ValueError) as e:
+        size = ""
+        if isinstance(target, str) and _fs.exists(target):
+            size = f" ({_fs.getsize(target)} bytes)"
+        raise CorruptCheckpointError(
+            f"{label}: not a readable HDF5 file{size}, truncated or damaged: {_one_line(e)}"
+        ) from None
+    finally:
+        if owned is not None and "h5" not in locals():
+            owned.close()
+
+
+def _guard(label: str, fn: Callable[[], Any]) -> Any:
+    """Run ``fn``; h5py / HDF5 errors from a damaged file become CorruptCheckpointError."""
+    try:
+        return fn()
+    except CkptError:
+        raise
+    except (OSError, RuntimeError, KeyError, ValueError, TypeError) as e:
+        raise CorruptCheckpointError(f"{label}: damaged HDF5 metadata: {_one_line(e)}") from None
+
+
+class H5Source:
+    """Reads one dataset at a time from one or more HDF5 files, opened on first use.
+
+    Args:
+        openers: For each shard, a function returning an open ``h5py.File``.
+        labels: For each shard, how messages name it.
+    """
+
+    def __init__(self, openers: Sequence[Callable[[], Any]], labels: Sequence[str]):
+        self._openers = list(openers)
+        self._labels = list(labels)
+        self._files: dict[int, Any] = {}
+
+    def _file(self, shard: int) -> Any:
+        if shard not in self._files:
+            self._files[shard] = self._openers[shard]()
+        return self._files[shard]
+
+    def read(self, variable: m.Variable) -> np.ndarray:
+        """The value of ``variable`` as a numpy array."""
+        shard = variable.shards[0] if variable.shards else 0
+        label = self._labels[shard]
+
+        def go() -> np.ndarray:
+            ds = _safe_dataset(self._file(shard), variable.key, label)
+            return _read_dataset(ds, variable, label)
+
+        return _guard(label, go)
+
+    def close(self) -> None:
+        files, self._files = self._files, {}
+        for f in files.values():
+            try:
+                f.close()
+            except Exception:  # noqa: BLE001 - closing a damaged file must not raise
+                pass
+
+
+def open_h5(path: str) -> m.Checkpoint:
+    """Open a Keras HDF5 file: legacy ``.h5`` (full model or weights) or ``.weights.h5``.
+
+    Args:
+        path: The file (any suffix; a ``.keras`` file that is really HDF5 works too).
+
+    Returns:
+        The :class:`~ckptinspect.model.Checkpoint` (format ``keras-h5`` for the legacy layout,
+        ``keras-weights-h5`` for Keras 3 weights). Values are read on demand.
+
+    Raises:
+        CheckpointNotFoundError: No such file.
+        NotACheckpointError: Not HDF5, or HDF5 without Keras weights.
+        CorruptCheckpointError: Truncated or damaged.
+        UnsafeFileError: Links, external/virtual datasets or shape bombs.
+    """
+    path = str(path)
+    h5 = _open_file(path)
+    try:
+        listing = _guard(path, lambda: list_h5_file(h5, path))
+    finally:
+        h5.close()
+    return m.Checkpoint(
+        path=path,
+        format=listing.format,
+        variables=listing.variables,
+        num_shards=1,
+        info=listing.info,
+        source=H5Source([lambda: _open_file(path)], [path]),
+    )
+
+
+def _shard_names(index_path: str, weight_map: Any) -> list[str]:
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CorruptCheckpointError(f"{index_path}: no '{WEIGHT_MAP}' in the sharded weights index")
+    names: set[str] = set()
+    for entry, files in weight_map.items():
+        files = [files] if isinstance(files, str) else files
+        if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+            raise CorruptCheckpointError(f"{index_path}: '{WEIGHT_MAP}' entry {entry!r} is not a file name or list of them")
+        for name in files:
+            if (
+                not name
+                or name in (".", "..")
+                or "/" in name
+                or "\\" in name
+                or ":" in name
+                or "\x00" in name
+            ):
+                raise UnsafeFileError(
+                    f"{index_path}: shard file name {name!r} is not a plain file name in the index's"
+                    " directory; refusing path traversal"
+                )
+            names.add(name)
+    return sorted(names)
+
+
+def open_sharded(path: str) -> m.Checkpoint:
+    """Open sharded Keras 3 weights by their ``.weights.json`` index.
+
+    Args:
+        path: The JSON index written by ``save_weights(..., max_shard_size=...)``.
+
+    Returns:
+        The :class:`~ckptinspect.model.Checkpoint`; ``Variable.shards`` holds the index of
+        the shard file in ``info["shard_files"]`` (sorted); ``num_shards`` their number.
+
+    Raises:
+        CheckpointNotFoundError: The index or a shard it names is missing.
+        CorruptCheckpointError: The index is not valid JSON or a shard is damaged.
+        UnsafeFileError: A shard name leaves the index's directory, or a shard is unsafe.
+    """
+    path = str(path)
+    raw = _fs.read_bytes(path)
+    if len(raw) > MAX_INDEX_JSON_BYTES:
+        raise UnsafeFileError(f"{path}: sharded weights index is {len(raw)} bytes (limit {MAX_INDEX_JSON_BYTES})")
+    try:
+        index = json.loads(raw)
+    except ValueError as e:
+        raise CorruptCheckpointError(f"{path}: not a valid sharded weights index (JSON): {_one_line(e)}") from None
+    if not isinstance(index, dict):
+        raise CorruptCheckpointError(f"{path}: not a sharded weights index (expected a JSON object)")
+    shard_files = _shard_names(path, index.get(WEIGHT_MAP))
+    directory = _fs.dirname(path)
+    shard_paths = [_fs.join(directory, n) if directory else n for n in shard_files]
+    walks: list[_Walk] = []
+    shard_of: dict[str, int] = {}
+    for i, shard_path in enumerate(shard_paths):
+        if not _fs.exists(shard_path):
+            raise CheckpointNotFoundError(f"{shard_path}: shard {i} named by {path} is missing")
+        h5 = _open_file(shard_path)
+        try:
+            walk = _guard(shard_path, lambda: _walk(h5, shard_path))
+            if _guard(shard_path, lambda: _layout(h5, walk)) not in (LAYOUT_KERAS3, None):
+                raise NotACheckpointError(f"{shard_path}: shard named by {path} is not Keras 3 weights")
+        finally:
+            h5.close()
+        for key in walk.datasets:
+            if key in shard_of:
+                raise CorruptCheckpointError(
+                    f"{path}: dataset {key!r} is in shard {shard_files[shard_of[key]]} and in {shard_files[i]}"
+                )
+            shard_of[key] = i
+        walks.append(walk)
+    variables = _keras3_variables(walks, None, shard_of)
+    info = _keras3_info(walks)
+    info["shard_files"] = shard_files
+    metadata = index.get("metadata")
+    if isinstance(metadata, dict) and isinstance(metadata.get("total_size"), (int, float)):
+        info["total_size"] = int(metadata["total_size"])
+    return m.Checkpoint(
+        path=path,
+        format=m.FORMAT_KERAS_WEIGHTS_H5,
+        variables=tuple(variables),
+        num_shards=len(shard_files),
+        info=info,
+        source=H5Source([(lambda p=p: _open_file(p)) for p in shard_paths], shard_paths),
+    )
