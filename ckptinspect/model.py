@@ -10,11 +10,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from typing import Any, Iterator, Mapping, Protocol
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Protocol
 
 from .errors import CheckpointNotFoundError
+
+if TYPE_CHECKING:  # numpy is imported only where values are read
+    import numpy as np
 
 __all__ = [
     "ROLES",

@@ -79,10 +79,56 @@ def iter_fields(buf: bytes | memoryview) -> Iterator[tuple[int, int, int | bytes
 
 
 def parse_message(buf: bytes | memoryview) -> dict[int, list[int | bytes]]:
-    """All fields of a message, grouped by field number (repeated fields keep order)."""
+    """All fields of a message, grouped by field number (repeated fields keep order).
+
+    The hot path of listing (one call per index entry and object-graph node), so one-byte
+    tags and varints are decoded inline.
+    """
     out: dict[int, list[int | bytes]] = {}
-    for field, _wire, value in iter_fields(buf):
-        out.setdefault(field, []).append(value)
+    pos = 0
+    n = len(buf)
+    while pos < n:
+        tag = buf[pos]
+        if tag < 0x80:
+            pos += 1
+        else:
+            tag, pos = read_varint(buf, pos)
+        field, wire = tag >> 3, tag & 7
+        if field == 0:
+            raise MalformedError("protobuf field number 0")
+        if wire == WIRE_VARINT:
+            if pos < n and buf[pos] < 0x80:
+                value = buf[pos]
+                pos += 1
+            else:
+                value, pos = read_varint(buf, pos)
+        elif wire == WIRE_LEN:
+            if pos < n and buf[pos] < 0x80:
+                size = buf[pos]
+                pos += 1
+            else:
+                size, pos = read_varint(buf, pos)
+            if pos + size > n:
+                raise MalformedError(f"length-delimited field {field} runs past the end")
+            value = bytes(buf[pos : pos + size])
+            pos += size
+        elif wire == WIRE_FIXED32:
+            if pos + 4 > n:
+                raise MalformedError("truncated fixed32")
+            value = int.from_bytes(buf[pos : pos + 4], "little")
+            pos += 4
+        elif wire == WIRE_FIXED64:
+            if pos + 8 > n:
+                raise MalformedError("truncated fixed64")
+            value = int.from_bytes(buf[pos : pos + 8], "little")
+            pos += 8
+        else:
+            raise MalformedError(f"unsupported protobuf wire type {wire}")
+        values = out.get(field)
+        if values is None:
+            out[field] = [value]
+        else:
+            values.append(value)
     return out
 
 

@@ -25,15 +25,16 @@ import collections
 import dataclasses
 import re
 import struct
-from typing import Iterable
-
-import numpy as np
+from typing import TYPE_CHECKING, Iterable
 
 from .. import model as m
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError
 from . import _fs
 from ._sstable import iter_table
 from ._wire import MalformedError, first, parse_message, read_varint, to_signed64
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "INDEX_SUFFIX",

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..model import ROLES, Checkpoint, Variable
-from .stats import Progress, Stats, compute_stats
+from .stats import Progress, Stats
 
 __all__ = ["Listing", "list_variables"]
 
@@ -61,5 +61,9 @@ def list_variables(
         chosen = tuple(ckpt.filter(pattern, role))
     except re.error as e:
         raise UsageError(f"bad --filter regex {pattern!r}: {e}") from None
-    values = compute_stats(ckpt, chosen, progress) if stats else None
+    values = None
+    if stats:
+        from .stats import compute_stats  # noqa: PLC0415 - numpy only when values are read
+
+        values = compute_stats(ckpt, chosen, progress)
     return Listing(checkpoint=ckpt, variables=chosen, stats=values)

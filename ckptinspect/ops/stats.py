@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Iterable
-
-import numpy as np
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from ..model import Checkpoint, Variable
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["Stats", "tensor_stats", "compute_stats"]
 
@@ -31,6 +32,8 @@ class Stats:
 
 def as_numeric(value: np.ndarray) -> np.ndarray | None:
     """A view or copy of ``value`` numpy can do arithmetic on, or None (strings, objects)."""
+    import numpy as np  # noqa: PLC0415
+
     if value.dtype.kind in "fiub":
         return value if value.dtype.kind != "b" else value.astype(np.uint8)
     if value.dtype.kind == "c":
@@ -45,6 +48,8 @@ def as_numeric(value: np.ndarray) -> np.ndarray | None:
 
 def tensor_stats(value: np.ndarray) -> Stats | None:
     """Statistics of one array; None for non-numeric values."""
+    import numpy as np  # noqa: PLC0415
+
     a = as_numeric(np.asarray(value))
     if a is None:
         return None
