@@ -26,6 +26,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "open",
+    "verify",
     "Checkpoint",
     "Variable",
     "SliceInfo",
@@ -57,3 +58,26 @@ def open(path: str) -> Checkpoint:  # noqa: A001 - the natural name, as h5py.Fil
     from .formats import open_checkpoint  # noqa: PLC0415
 
     return open_checkpoint(path)
+
+
+def verify(path: str, progress=None):
+    """Check that a checkpoint (or every checkpoint of a directory) is whole.
+
+    TF bundles: the index parses, every shard exists and is long enough, every tensor's
+    stored crc32c matches its bytes (streamed, no TensorFlow). Keras files: the file opens
+    and every dataset reads.
+
+    Args:
+        path: Any path :func:`open` accepts.
+        progress: Optional ``progress(done, total, item)`` callback, once per tensor.
+
+    Returns:
+        A :class:`ckptinspect.ops.verify.VerifyReport` (``.intact``, ``.damaged``,
+        ``.newest_intact``, ``.to_dict()``). Damage is reported, not raised.
+
+    Raises:
+        CkptError: The path is missing, not a checkpoint, or unsafe to read.
+    """
+    from .ops.verify import verify as _verify  # noqa: PLC0415
+
+    return _verify(path, progress=progress)

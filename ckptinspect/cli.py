@@ -156,6 +156,26 @@ def train_command(
     typer.echo(result.summary() + (f", {len(extra)} Keras 2 file(s)" if extra else ""), err=True)
 
 
+@app.command("verify")
+@handle_errors
+def verify_command(
+    path: str = typer.Argument(..., help="Checkpoint prefix, .index file, directory, SavedModel, or Keras file."),
+    format: OutputFormat = FormatOption,
+) -> None:
+    """Check that a checkpoint is whole: index, shards and every tensor's checksum (exit 1 if damaged)."""
+    from .ops.verify import verify  # noqa: PLC0415
+    from .render import verify_view  # noqa: PLC0415
+
+    progress = Progress("verify")
+    try:
+        report = verify(path, progress=progress)
+    finally:
+        progress.close()
+    emit(verify_view(report, format))
+    if not report.intact:
+        raise typer.Exit(EXIT_DIFFERENT)
+
+
 # -- each operation's command is defined above this line, in the style of `ls` ---------------
 
 

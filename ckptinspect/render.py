@@ -230,3 +230,61 @@ def _fmt_time(ts: float | None) -> str:
     import datetime  # noqa: PLC0415
 
     return datetime.datetime.fromtimestamp(ts, tz=datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def verify_view(report, fmt: OutputFormat) -> str:
+    """Render a :class:`~ckptinspect.ops.verify.VerifyReport`: verdict, checkpoints, damage."""
+    summary = report.summary()
+    newest = report.newest_intact
+    n = summary["checkpoints"]
+    if report.intact:
+        verdict = (f"INTACT: {n} of {n} checkpoint{'s' if n != 1 else ''} whole, {summary['tensors']} tensors"
+                   f" ({human_bytes(summary['bytes'])}) checked")
+    else:
+        word = "DAMAGED" if summary["damaged"] else "INCOMPLETE"
+        verdict = (f"{word}: {summary['damaged']} damaged, {summary['missing']} missing of {n} checkpoint"
+                   f"{'s' if n != 1 else ''}; {summary['damaged_tensors']} damaged tensors")
+    header = [f"path:    {report.path}", f"format:  {report.format}", f"verdict: {verdict}"]
+    first = report.first_damaged
+    if first is not None:
+        _, d = first
+        header.append(f"first:   {d.name}{d.slice or ''} in {d.file}: {d.problem}")
+    if report.directory or not report.intact:
+        header.append(f"newest intact: {newest.path if newest else 'none'}")
+
+    def problem_cell(c) -> str:
+        if not c.problems:
+            return "-"
+        text = c.problems[0].removeprefix(c.path + ": ")
+        return text + (f" (+{len(c.problems) - 1} more)" if len(c.problems) > 1 else "")
+
+    header += ["", "checkpoints:"]
+    header += tabulate(
+        [
+            ["*" if c.latest else "", c.path, "-" if c.step is None else c.step, c.status, c.tensors,
+             human_bytes(c.nbytes), len(c.damaged), problem_cell(c)]
+            for c in report.checkpoints
+        ],
+        headers=["", "checkpoint", "step", "status", "tensors", "checked", "damaged", "problem"],
+        tablefmt="simple",
+        disable_numparse=True,
+    ).splitlines()
+    rows = []
+    for c in report.checkpoints:
+        for problem in c.problems:
+            rows.append({"checkpoint": c.path, "status": c.status, "kind": "checkpoint", "problem": problem,
+                         "key": "", "name": "", "slice": "", "file": problem.split(": ", 1)[0]})
+        for d in c.damaged:
+            rows.append({"checkpoint": c.path, "status": c.status, **d.to_dict(), "slice": d.slice or ""})
+    columns: list[Column] = [("name", "name"), ("slice", "slice"), ("file", "file"), ("kind", "kind"), ("problem", "problem")]
+    if report.directory:
+        columns.insert(0, ("checkpoint", "checkpoint"))
+    csv_cols = ["checkpoint", "status", "key", "name", "slice", "file", "shard", "offset", "size", "kind", "problem",
+                "stored_crc32c", "actual_crc32c"]
+    if fmt != OutputFormat.table:
+        return render(fmt, doc=report.to_dict(), rows=rows, columns=columns, csv_columns=csv_cols)
+    text = "\n".join(header) + "\n"
+    tensor_rows = [r for r in rows if r["kind"] != "checkpoint"]
+    if tensor_rows:
+        text += "\ndamaged tensors:\n" + render(fmt, doc={}, rows=tensor_rows, columns=columns)
+    return text
