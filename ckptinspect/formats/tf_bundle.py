@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Iterable
 
 from .. import model as m
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError
-from . import _fs
+from . import _fs, _protos
 from ._sstable import iter_table
-from ._wire import MalformedError, first, parse_message, read_varint, to_signed64
+from ._wire import MalformedError, read_varint
 
 if TYPE_CHECKING:
     import numpy as np
@@ -119,43 +119,48 @@ class BundleIndex:
     slice_entries: dict[str, tuple[tuple[tuple[int, ...], tuple[int, ...], IndexEntry], ...]]
 
 
-def _parse_shape(buf: bytes) -> tuple[int, ...]:
-    fields = parse_message(buf)
-    if first(fields, 3, 0):
+def _shape_of(shape) -> tuple[int, ...]:
+    if shape.unknown_rank:
         return ()
-    dims = []
-    for dim in fields.get(2, []):
-        d = parse_message(dim)
-        size = to_signed64(first(d, 1, 0))
-        if size < 0:
-            raise MalformedError(f"negative dimension {size}")
-        dims.append(size)
-    return tuple(dims)
+    dims = tuple(d.size for d in shape.dim)
+    if any(d < 0 for d in dims):
+        raise MalformedError(f"negative dimension in shape {dims}")
+    return dims
 
 
-def _parse_slice(buf: bytes) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    starts, lengths = [], []
-    for extent in parse_message(buf).get(1, []):
-        e = parse_message(extent)
-        starts.append(to_signed64(first(e, 1, 0)))
-        lengths.append(to_signed64(first(e, 2, -1 & ((1 << 64) - 1))))
-    return tuple(starts), tuple(lengths)
+def _parse_shape(buf: bytes) -> tuple[int, ...]:
+    """A serialized ``TensorShapeProto`` as a tuple."""
+    shape = _protos.TensorShapeProto()
+    try:
+        shape.ParseFromString(buf)
+    except _protos.DecodeError as e:
+        raise MalformedError(f"bad TensorShapeProto: {e}") from None
+    return _shape_of(shape)
 
 
 def _parse_entry(key: str, value: bytes) -> IndexEntry:
-    f = parse_message(value)
-    dtype_enum = first(f, 1, 0)
-    dtype = DTYPE_NAMES.get(dtype_enum, f"dtype{dtype_enum}")
-    shape_buf = first(f, 2, b"")
+    entry = _protos.BundleEntryProto()
+    try:
+        entry.ParseFromString(value)
+    except _protos.DecodeError as e:
+        raise MalformedError(f"entry {key!r} is not a BundleEntryProto: {e}") from None
+    if entry.offset < 0 or entry.size < 0 or entry.shard_id < 0:
+        raise MalformedError(f"entry {key!r} has a negative offset, size or shard")
     return IndexEntry(
         key=key,
-        dtype=dtype,
-        shape=_parse_shape(shape_buf) if isinstance(shape_buf, bytes) else (),
-        shard_id=first(f, 3, 0),
-        offset=first(f, 4, 0),
-        size=first(f, 5, 0),
-        crc32c=first(f, 6, None),
-        slices=tuple(_parse_slice(s) for s in f.get(7, [])),
+        dtype=DTYPE_NAMES.get(entry.dtype, f"dtype{entry.dtype}"),
+        shape=_shape_of(entry.shape),
+        shard_id=entry.shard_id,
+        offset=entry.offset,
+        size=entry.size,
+        crc32c=entry.crc32c if entry.HasField("crc32c") else None,
+        slices=tuple(
+            (
+                tuple(e.start for e in sl.extent),
+                tuple(e.length if e.HasField("length") else -1 for e in sl.extent),
+            )
+            for sl in entry.slices
+        ),
     )
 
 
@@ -213,11 +218,13 @@ def parse_index(data: bytes) -> BundleIndex:
     slices: dict[str, list] = collections.defaultdict(list)
     for raw_key, value in iter_table(data):
         if raw_key == b"":
-            header = parse_message(value)
-            if 1 not in header or isinstance(first(header, 1), bytes):
-                raise MalformedError("the header entry is not a BundleHeaderProto (a V1 checkpoint?)")
-            num_shards = first(header, 1, 1)
-            if first(header, 2, 0) != 0:
+            header = _protos.BundleHeaderProto()
+            try:
+                header.ParseFromString(value)
+            except _protos.DecodeError:
+                raise MalformedError("the header entry is not a BundleHeaderProto (a V1 checkpoint?)") from None
+            num_shards = header.num_shards
+            if header.endianness != 0:
                 raise MalformedError("big-endian bundles are not supported")
             continue
         if raw_key[:1] == b"\x00":
@@ -307,29 +314,30 @@ class _Node:
 
 def parse_object_graph(blob: bytes) -> list[_Node]:
     """Decode a serialized ``TrackableObjectGraph``."""
-    nodes = []
-    for raw in parse_message(blob).get(1, []):
-        f = parse_message(raw)
-        children = []
-        for c in f.get(1, []):
-            cf = parse_message(c)
-            children.append((first(cf, 1, 0), first(cf, 2, b"").decode("utf-8", "replace")))
-        attributes = []
-        for a in f.get(2, []):
-            af = parse_message(a)
-            attributes.append(tuple(first(af, i, b"").decode("utf-8", "replace") for i in (1, 2, 3)))
-        slots = []
-        for s in f.get(3, []):
-            sf = parse_message(s)
-            slots.append((first(sf, 1, 0), first(sf, 2, b"").decode("utf-8", "replace"), first(sf, 3, 0)))
-        nodes.append(_Node(children, attributes, slots))
+    graph = _protos.TrackableObjectGraph()
+    try:
+        graph.ParseFromString(blob)
+    except _protos.DecodeError as e:
+        raise MalformedError(f"bad TrackableObjectGraph: {e}") from None
+
+    def text(b: bytes) -> str:
+        return b.decode("utf-8", "replace")
+
+    nodes = [
+        _Node(
+            children=[(c.node_id, text(c.local_name)) for c in node.children],
+            attributes=[(text(a.name), text(a.full_name), text(a.checkpoint_key)) for a in node.attributes],
+            slots=[(s.original_variable_node_id, text(s.slot_name), s.slot_variable_node_id) for s in node.slot_variables],
+        )
+        for node in graph.nodes
+    ]
     n = len(nodes)
     for node in nodes:
         for cid, _ in node.children:
-            if cid >= n:
+            if not 0 <= cid < n:
                 raise MalformedError(f"object graph child {cid} out of range ({n} nodes)")
         for orig, _, slot in node.slots:
-            if orig >= n or slot >= n:
+            if not (0 <= orig < n and 0 <= slot < n):
                 raise MalformedError("object graph slot variable out of range")
     return nodes
 
