@@ -228,7 +228,7 @@ def _walk(h5: Any, label: str) -> _Walk:
     groups: set[str] = set()
     vars_names: dict[str, str] = {}
 
-    def visit(name: str, link: Any) -> None:
+    def check(name: str, link: Any) -> None:
         if isinstance(link, h5py.SoftLink):
             raise UnsafeFileError(f"{label}: soft link {name!r} -> {link.path!r}; refusing to follow links")
         if isinstance(link, h5py.ExternalLink):
@@ -246,11 +246,29 @@ def _walk(h5: Any, label: str) -> _Walk:
             if name.rsplit("/", 1)[-1] == VARS_GROUP and NAME_ATTR in obj.attrs:
                 vars_names[name] = _text(obj.attrs[NAME_ATTR])
 
-    try:
-        h5.visititems_links(visit)
-    except KeyError as e:
-        # h5py raises KeyError for user-defined link classes it cannot represent.
-        raise UnsafeFileError(f"{label}: unsupported link ({_one_line(e)}); refusing to follow") from None
+    # An exception raised inside HDF5's visit callback does not propagate cleanly through
+    # h5py; stop the visit by returning a value and raise afterwards.
+    failure: list[BaseException] = []
+
+    def visit(raw: bytes) -> bool | None:
+        try:
+            try:
+                name = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise CorruptCheckpointError(f"{label}: link name {raw!r} is not UTF-8") from None
+            check(name, h5.get(name, getlink=True))
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            failure.append(e)
+            return True
+        return None
+
+    h5.id.links.visit(visit)
+    if failure:
+        e = failure[0]
+        if isinstance(e, KeyError):
+            # h5py raises KeyError/TypeError for user-defined link classes it cannot represent.
+            raise UnsafeFileError(f"{label}: unsupported link ({_one_line(e)}); refusing to follow") from None
+        raise e
     return _Walk(datasets, groups, vars_names)
 
 
@@ -485,6 +503,9 @@ def summarize_model_config(config: Any) -> dict[str, Any]:
         if isinstance(inner.get("layers"), list):
             layers = inner["layers"]
     if layers is not None:
+        # As len(model.layers): a Sequential model does not count its InputLayer.
+        if out.get("model_class") == "Sequential":
+            layers = [x for x in layers if not (isinstance(x, dict) and x.get("class_name") == "InputLayer")]
         out["layer_count"] = len(layers)
     return out
 
