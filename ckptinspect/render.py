@@ -117,16 +117,24 @@ def render(
         return buf.getvalue()
     parts = list(header)
     if rows:
-        table = tabulate(
-            [[row.get(k, "") for k, _ in columns] for row in rows],
-            headers=[h for _, h in columns],
-            tablefmt="simple",
-            disable_numparse=True,
-            preserve_whitespace=True,
-        )
+        table = simple_table([h for _, h in columns], [[row.get(k, "") for k, _ in columns] for row in rows])
         parts += ["", table] if header else [table]
     parts += list(footer)
     return "\n".join(parts) + "\n"
+
+
+def simple_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """The layout of tabulate's ``simple`` format (cells as strings, left-aligned), built in
+    one pass: listings have thousands of rows and tabulate costs ~25 us a row."""
+    cells = [["" if c is None else str(c) for c in row] for row in rows]
+    widths = [len(h) + 2 for h in headers]
+    for row in cells:
+        for i, c in enumerate(row):
+            if len(c) > widths[i]:
+                widths[i] = len(c)
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip(), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    return "\n".join(lines)
 
 
 def _csv_cell(value: Any) -> Any:

@@ -169,3 +169,14 @@ def test_every_command_has_help():
         assert command.help, f"{name} has no help text"
         result = invoke(name, "--help")
         assert result.exit_code == 0, name
+
+
+def test_simple_table_matches_tabulate():
+    from tabulate import tabulate
+
+    from ckptinspect.render import simple_table
+
+    headers = ["name", "shape", "r"]
+    rows = [["a", "[1,2]", ""], ["bbbbbbbbbb", "x", "yy"], ["  indented", "", "model"]]
+    expected = tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True, preserve_whitespace=True)
+    assert simple_table(headers, rows) == expected
