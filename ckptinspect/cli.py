@@ -176,6 +176,31 @@ def verify_command(
         raise typer.Exit(EXIT_DIFFERENT)
 
 
+@app.command("diff")
+@handle_errors
+def diff_command(
+    a: str = typer.Argument(..., help="Checkpoint A: TF prefix, .index, directory, SavedModel or Keras file."),
+    b: str = typer.Argument(..., help="Checkpoint B, of the same or another format."),
+    atol: float = typer.Option(0.0, "--atol", help="Absolute tolerance (numpy isclose semantics; 0 = exact)."),
+    rtol: float = typer.Option(0.0, "--rtol", help="Relative tolerance, of B's magnitude (0 = exact)."),
+    role: Optional[str] = typer.Option(None, "--role", help="Compare only model, optimizer or metadata variables."),
+    maps: list[str] = typer.Option([], "--map", help="'REGEX=REPLACEMENT' applied to A's names before aligning (repeatable)."),
+    format: OutputFormat = FormatOption,
+) -> None:
+    """Compare two checkpoints, also across formats (exit 0 equal within tolerance, 1 different)."""
+    from .ops.diff import diff  # noqa: PLC0415
+    from .render import diff_view  # noqa: PLC0415
+
+    progress = Progress("diff")
+    try:
+        report = diff(a, b, atol=atol, rtol=rtol, role=role, mapping=maps, progress=progress)
+    finally:
+        progress.close()
+    emit(diff_view(report, format))
+    if not report.identical:
+        raise typer.Exit(EXIT_DIFFERENT)
+
+
 # -- each operation's command is defined above this line, in the style of `ls` ---------------
 
 

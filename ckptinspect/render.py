@@ -144,6 +144,64 @@ def _csv_cell(value: Any) -> Any:
 
 
 # -- views: one per command ---------------------------------------------------------------
+def diff_view(report, fmt: OutputFormat) -> str:
+    """Render a :class:`~ckptinspect.ops.diff.DiffReport`: variables by movement, layers, verdict."""
+    def pair(x, y, show=str) -> str:
+        if x is None or y is None:
+            return show(x if y is None else y) if (x, y) != (None, None) else "-"
+        return show(x) if x == y else f"{show(x)} -> {show(y)}"
+
+    def counts(x, y) -> str:
+        return "-" if x is None else f"{x}/{y}"
+
+    rows = []
+    for v in report.variables:
+        size = 1
+        for d in v.shape_a or v.shape_b or ():
+            size *= d
+        rows.append({
+            **v.to_dict(),
+            "shape": pair(v.shape_a, v.shape_b, fmt_shape),
+            "dtype": pair(v.dtype_a, v.dtype_b),
+            "max_abs": fmt_float(v.max_abs_diff),
+            "rel": fmt_float(v.rel_l2),
+            "cos": fmt_float(v.cosine, 6),
+            "diff_elems": "-" if v.num_different is None else f"{v.num_different}/{size}",
+            "nan": counts(v.nan_a, v.nan_b),
+            "inf": counts(v.inf_a, v.inf_b),
+        })
+    if fmt != OutputFormat.table:
+        csv_cols = ["name", "status", "key_a", "key_b", "role", "shape_a", "shape_b", "dtype_a", "dtype_b",
+                    "max_abs_diff", "rel_l2", "cosine", "num_different", "nan_a", "inf_a", "nan_b", "inf_b"]
+        return render(fmt, doc=report.to_dict(), rows=rows, columns=[(c, c) for c in csv_cols])
+    header = [
+        f"a: {report.a} ({report.format_a})",
+        f"b: {report.b} ({report.format_b})",
+        f"aligned by {report.alignment}" + (f", role {report.role}" if report.role else "")
+        + (f", --map {' '.join(report.mapping)}" if report.mapping else ""),
+    ]
+    header += [f"note: {n}" for n in report.notes]
+    columns: list[Column] = [("name", "name"), ("status", "status"), ("shape", "shape"), ("dtype", "dtype"),
+                             ("max_abs", "max abs diff"), ("rel", "rel l2"), ("cos", "cosine"),
+                             ("diff_elems", "differing"), ("nan", "nan a/b"), ("inf", "inf a/b")]
+    layers = report.layers
+    moved = [s for s in layers if s.changed]
+    footer = ["", "layers:"]
+    if moved:
+        footer += tabulate(
+            [[s.layer or "(top level)", f"{s.changed}/{s.variables}", fmt_float(s.max_rel_l2), fmt_float(s.max_abs_diff)]
+             for s in moved],
+            headers=["layer", "differ", "max rel l2", "max abs diff"],
+            tablefmt="simple",
+            disable_numparse=True,
+        ).splitlines()
+    unchanged = len(layers) - len(moved)
+    footer.append(f"{unchanged} layer{'s' if unchanged != 1 else ''} unchanged" if moved else
+                  f"all {len(layers)} layer{'s' if len(layers) != 1 else ''} unchanged")
+    footer += ["", report.verdict]
+    return render(fmt, doc={}, rows=rows, columns=columns, header=header, footer=footer)
+
+
 def ls_view(listing, fmt: OutputFormat, tree: bool = False) -> str:
     """Render an :class:`~ckptinspect.ops.listing.Listing`."""
     ckpt = listing.checkpoint
