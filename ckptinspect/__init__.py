@@ -26,6 +26,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "open",
+    "diff",
     "verify",
     "Checkpoint",
     "Variable",
@@ -58,6 +59,31 @@ def open(path: str) -> Checkpoint:  # noqa: A001 - the natural name, as h5py.Fil
     from .formats import open_checkpoint  # noqa: PLC0415
 
     return open_checkpoint(path)
+
+
+def diff(a, b, *, atol=0.0, rtol=0.0, role=None, mapping=None, progress=None):
+    """Compare two checkpoints, of the same or of different formats, one tensor pair at a time.
+
+    Args:
+        a: Checkpoint A: any path :func:`open` accepts, or an open :class:`Checkpoint`.
+        b: Checkpoint B, likewise.
+        atol: Absolute tolerance (numpy ``isclose`` semantics, NaN equal to NaN; 0 = exact).
+        rtol: Relative tolerance, of B's magnitude (0 = exact).
+        role: Compare only ``model``, ``optimizer`` or ``metadata`` variables.
+        mapping: ``"REGEX=REPLACEMENT"`` rules (or a dict) rewriting A's names before aligning.
+        progress: Optional ``progress(done, total, item)`` callback, once per variable.
+
+    Returns:
+        A :class:`ckptinspect.ops.diff.DiffReport` (``.identical``, ``.variables``,
+        ``.layers``, ``.verdict``, ``.to_dict()``).
+
+    Raises:
+        UsageError: Bad tolerance, role or mapping.
+        CkptError: A checkpoint cannot be opened or read.
+    """
+    from .ops.diff import diff as _diff  # noqa: PLC0415
+
+    return _diff(a, b, atol=atol, rtol=rtol, role=role, mapping=mapping, progress=progress)
 
 
 def verify(path: str, progress=None):
