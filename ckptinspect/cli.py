@@ -113,6 +113,7 @@ def ls_command(
     role: Optional[str] = typer.Option(None, "--role", help="Only variables of this role: model, optimizer or metadata."),
     stats: bool = typer.Option(False, "--stats", help="Add min/max/mean/std/NaN/Inf (reads every tensor, one at a time)."),
     tree: bool = typer.Option(False, "--tree", help="Group variables by layer path."),
+    sort: str = typer.Option("role", "--sort", help="Order: role (model, optimizer, metadata), name, size or file."),
     format: OutputFormat = FormatOption,
 ) -> None:
     """List the variables of a checkpoint: shapes, dtypes, sizes, shards and roles."""
@@ -123,7 +124,7 @@ def ls_command(
     ckpt = open_checkpoint(path)
     progress = Progress("stats") if stats else None
     try:
-        listing = list_variables(ckpt, pattern=filter, role=role, stats=stats, progress=progress)
+        listing = list_variables(ckpt, pattern=filter, role=role, sort=sort, stats=stats, progress=progress)
     finally:
         if progress:
             progress.close()

@@ -180,3 +180,20 @@ def test_simple_table_matches_tabulate():
     rows = [["a", "[1,2]", ""], ["bbbbbbbbbb", "x", "yy"], ["  indented", "", "model"]]
     expected = tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True, preserve_whitespace=True)
     assert simple_table(headers, rows) == expected
+
+
+def test_sort_orders(ckpt_dir):
+    def names(*extra):
+        result = invoke("ls", str(ckpt_dir), "-f", "json", *extra)
+        assert result.exit_code == 0, result.output
+        return [(v["name"], v["role"], v["nbytes"]) for v in json.loads(result.output)["variables"]]
+
+    by_role = names()
+    assert [r for _, r, _ in by_role] == ["model", "model", "metadata", "metadata"]
+    assert [n for n, _, _ in names("--sort", "name")] == sorted(n for n, _, _ in by_role)
+    sizes = [b for _, _, b in names("--sort", "size")]
+    assert sizes == sorted(sizes, reverse=True)
+    reader_order = [k for k in tf.train.load_checkpoint(str(ckpt_dir)).get_variable_to_shape_map()]
+    file_keys = [v["key"] for v in json.loads(invoke("ls", str(ckpt_dir), "-f", "json", "--sort", "file").output)["variables"]]
+    assert file_keys == sorted(k for k in reader_order if k != "_CHECKPOINTABLE_OBJECT_GRAPH")
+    assert invoke("ls", str(ckpt_dir), "--sort", "bogus").exit_code == 2

@@ -33,11 +33,26 @@ class Listing:
         return doc
 
 
+SORT_KEYS = ("role", "name", "size", "file")
+
+
+def _sorted(variables: tuple[Variable, ...], sort: str) -> tuple[Variable, ...]:
+    if sort == "file":
+        return variables
+    if sort == "name":
+        return tuple(sorted(variables, key=lambda v: v.name))
+    if sort == "size":
+        return tuple(sorted(variables, key=lambda v: (-v.nbytes, v.name)))
+    order = {r: i for i, r in enumerate(ROLES)}
+    return tuple(sorted(variables, key=lambda v: (order.get(v.role, len(order)), v.name)))
+
+
 def list_variables(
     ckpt: Checkpoint,
     *,
     pattern: str | None = None,
     role: str | None = None,
+    sort: str = "role",
     stats: bool = False,
     progress: Progress | None = None,
 ) -> Listing:
@@ -47,6 +62,8 @@ def list_variables(
         ckpt: An open checkpoint.
         pattern: Regex searched in each name and key.
         role: ``model``, ``optimizer`` or ``metadata``.
+        sort: ``role`` (model, optimizer, metadata; by name within each), ``name``,
+            ``size`` (largest first) or ``file`` (the order in the file).
         stats: Read every chosen tensor (one at a time) for min/max/mean/std/NaN/Inf.
         progress: Called after each tensor when ``stats`` is set.
 
@@ -57,8 +74,10 @@ def list_variables(
         raise UsageError(f"unknown role {role!r}; expected one of {', '.join(ROLES)}")
     import re  # noqa: PLC0415
 
+    if sort not in SORT_KEYS:
+        raise UsageError(f"unknown sort {sort!r}; expected one of {', '.join(SORT_KEYS)}")
     try:
-        chosen = tuple(ckpt.filter(pattern, role))
+        chosen = _sorted(tuple(ckpt.filter(pattern, role)), sort)
     except re.error as e:
         raise UsageError(f"bad --filter regex {pattern!r}: {e}") from None
     values = None
