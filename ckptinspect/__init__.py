@@ -28,6 +28,7 @@ __all__ = [
     "open",
     "diff",
     "verify",
+    "transplant",
     "Checkpoint",
     "Variable",
     "SliceInfo",
@@ -107,3 +108,37 @@ def verify(path: str, progress=None):
     from .ops.verify import verify as _verify  # noqa: PLC0415
 
     return _verify(path, progress=progress)
+
+
+def transplant(source, model, *, mapping=None, strategy=None, strict=True, skip_mismatch=False,
+               dry_run=False, by_order=False):
+    """Put a checkpoint's model weights into a built model, inside the model's tf.distribute strategy.
+
+    Pairs variables by object-graph path (same architecture), then readable names, then
+    ``mapping`` rules, then (``by_order=True``) order and shape; assigns in the model's
+    strategy so every replica receives the value, and checks every replica afterwards.
+    Optimizer state is not transplanted. Never prints.
+
+    Args:
+        source: Any path :func:`open` accepts, or an open :class:`Checkpoint`.
+        model: A built Keras 3 model or a ``tf.Module`` with its variables.
+        mapping: ``{regex: replacement}`` applied to source names.
+        strategy: The strategy to assign in (default: the model's own).
+        strict: Raise one error listing every problem (default) instead of transplanting what matches.
+        skip_mismatch: With ``strict``, leave shape/dtype mismatches at init instead of failing.
+        dry_run: Return the plan without assigning.
+        by_order: Pair what is left by order and shape.
+
+    Returns:
+        A :class:`ckptinspect.ops.transplant.TransplantReport` (assigned, mismatches,
+        left at init, unused source variables, ``.to_dict()``).
+
+    Raises:
+        UsageError: Unbuilt model, unsupported strategy (ParameterServerStrategy), bad rule.
+        ckptinspect.ops.transplant.TransplantError: Strict problems, or a replica that
+            did not receive its value.
+    """
+    from .ops.transplant import transplant as _transplant  # noqa: PLC0415
+
+    return _transplant(source, model, mapping=mapping, strategy=strategy, strict=strict,
+                       skip_mismatch=skip_mismatch, dry_run=dry_run, by_order=by_order)

@@ -177,6 +177,44 @@ def verify_command(
         raise typer.Exit(EXIT_DIFFERENT)
 
 
+@app.command("transplant")
+@handle_errors
+def transplant_command(
+    src: str = typer.Argument(..., help="Source checkpoint: TF prefix or directory, Keras .h5/.weights.h5/.keras."),
+    dst: str = typer.Argument(..., help="Output: a TF checkpoint prefix, or a .weights.h5 / .keras file (by suffix)."),
+    builder: str = typer.Option(..., "--builder", help="pkg.module:function returning the model (called inside the strategy scope)."),
+    strategy: str = typer.Option("default", "--strategy", help="default, mirrored or multi-worker (reads TF_CONFIG)."),
+    replicas: Optional[int] = typer.Option(None, "--replicas", help="Logical CPU devices for --strategy mirrored (default 2)."),
+    maps: list[str] = typer.Option([], "--map", help="'REGEX=REPL' applied to source names (repeatable; first match wins)."),
+    skip_mismatch: bool = typer.Option(False, "--skip-mismatch", help="Leave variables whose shape/dtype differ at init instead of failing."),
+    strict: bool = typer.Option(True, "--strict/--no-strict", help="Fail on any problem (default), or transplant what matches."),
+    by_order: bool = typer.Option(False, "--by-order", help="Pair what is still unpaired by order and shape."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Show the plan; assign and write nothing."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing DST."),
+    format: OutputFormat = FormatOption,
+) -> None:
+    """Load a checkpoint's weights into a freshly built model inside a tf.distribute strategy and write it."""
+    from . import _atomic  # noqa: PLC0415
+    from . import open as open_checkpoint  # noqa: PLC0415
+    from .ops import transplant as tp  # noqa: PLC0415
+    from .render import transplant_view  # noqa: PLC0415
+
+    kind = tp.output_kind(dst)
+    tp.parse_mapping(maps)  # bad rules fail before any work
+    ckpt = open_checkpoint(src)
+    try:
+        protected = [src, ckpt.path]
+        _atomic.check_output(dst, force=force, prefix=kind == tp.OUTPUT_TF, protected=protected)
+        strat = tp.make_strategy(strategy, replicas)  # first TensorFlow work: devices are set up here
+        model = tp.build_in_scope(builder, strat)
+        report = tp.transplant(ckpt, model, mapping=maps, strategy=strat, strict=strict,
+                               skip_mismatch=skip_mismatch, dry_run=dry_run, by_order=by_order)
+    finally:
+        ckpt.close()
+    output = None if dry_run else tp.write_model(model, dst, force=force, protected=protected, strategy=strat)
+    emit(transplant_view(report, format, output=output))
+
+
 @app.command("diff")
 @handle_errors
 def diff_command(

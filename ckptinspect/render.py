@@ -202,6 +202,56 @@ def diff_view(report, fmt: OutputFormat) -> str:
     return render(fmt, doc={}, rows=rows, columns=columns, header=header, footer=footer)
 
 
+def transplant_view(report, fmt: OutputFormat, output=None) -> str:
+    """Render a :class:`~ckptinspect.ops.transplant.TransplantReport` (and the written output)."""
+    doc = report.to_dict()
+    doc["output"] = output.to_dict() if output is not None else None
+    s = report.summary()
+    plural = "s" if report.replicas != 1 else ""
+    header = [
+        f"source:   {report.source} ({report.source_format})",
+        f"model:    {report.model} ({report.model_class})",
+        f"strategy: {report.strategy}, {report.replicas} replica{plural} ({report.local_replicas} in this process)",
+        f"{'plan' if report.dry_run else 'result'}:   {'would assign' if report.dry_run else 'assigned'} "
+        f"{s['assigned']}, shape mismatches {s['shape_mismatch']}, dtype mismatches {s['dtype_mismatch']}, "
+        f"left at init {s['left_at_init']}, unused source variables {s['unused']}",
+    ]
+    if report.dry_run:
+        problems = report.problems
+        header.append("check:    dry run: nothing assigned or written"
+                      + (f"; strict would refuse it ({len(problems)} problem{'s' if len(problems) != 1 else ''})"
+                         if report.strict and problems else ""))
+    else:
+        header.append(f"check:    every assigned value equal to the source on {report.local_replicas} local "
+                      f"replica{'s' if report.local_replicas != 1 else ''}" if report.verified else "check:    not verified")
+    if output is not None:
+        if output.written:
+            header.append(f"output:   {output.path} ({output.format}), read back: {output.checked} variables equal")
+        else:
+            header.append(f"output:   {output.path} ({output.format}): written by the chief, not by this worker")
+    header += [f"note:     {n}" for n in report.notes]
+    rows: list[dict[str, Any]] = []
+    for a in report.assigned:
+        rows.append({"target": a.target, "shape": fmt_shape(a.shape), "dtype": a.dtype, "source": a.source,
+                     "key": a.key, "matched_by": a.matched_by,
+                     "status": "would assign" if report.dry_run else "assigned"})
+    for x in report.mismatches:
+        status = (f"shape mismatch: source {fmt_shape(x.source_shape)}" if x.kind == "shape"
+                  else f"dtype mismatch: source {x.source_dtype}")
+        rows.append({"target": x.target, "shape": fmt_shape(x.target_shape), "dtype": x.target_dtype,
+                     "source": x.source, "key": x.key, "matched_by": x.matched_by, "status": status})
+    for t in report.left_at_init:
+        rows.append({"target": t.target, "shape": fmt_shape(t.shape), "dtype": t.dtype, "source": "-", "key": "",
+                     "matched_by": "-", "status": "left at init"})
+    for u in report.unused:
+        rows.append({"target": "-", "shape": fmt_shape(u.shape), "dtype": u.dtype, "source": u.source, "key": u.key,
+                     "matched_by": "-", "status": "unused source"})
+    columns: list[Column] = [("target", "model variable"), ("shape", "shape"), ("dtype", "dtype"),
+                             ("source", "source variable"), ("matched_by", "matched by"), ("status", "status")]
+    return render(fmt, doc=doc, rows=rows, columns=columns, header=header,
+                  csv_columns=["target", "shape", "dtype", "source", "key", "matched_by", "status"])
+
+
 def ls_view(listing, fmt: OutputFormat, tree: bool = False) -> str:
     """Render an :class:`~ckptinspect.ops.listing.Listing`."""
     ckpt = listing.checkpoint

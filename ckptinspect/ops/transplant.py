@@ -59,6 +59,7 @@ __all__ = [
     "transplant",
     "make_strategy",
     "load_builder",
+    "build_in_scope",
     "output_kind",
     "write_model",
     "parse_mapping",
@@ -922,11 +923,14 @@ def make_strategy(name: str, replicas: int | None = None) -> Any:
 
     tf = import_tf()
     if name == STRATEGY_DEFAULT:
+        with _quiet_devices():
+            tf.config.list_logical_devices()
         return tf.distribute.get_strategy()
     if name == STRATEGY_MIRRORED:
         from ..trainer import configure_devices  # noqa: PLC0415
 
-        devices = configure_devices(2 if replicas is None else replicas)
+        with _quiet_devices():
+            devices = configure_devices(2 if replicas is None else replicas)
         return tf.distribute.MirroredStrategy(devices)
     if not os.environ.get("TF_CONFIG"):
         raise UsageError(
@@ -937,6 +941,19 @@ def make_strategy(name: str, replicas: int | None = None) -> Any:
         return tf.distribute.MultiWorkerMirroredStrategy()
     except (ValueError, KeyError, TypeError) as e:
         raise UsageError(f"TF_CONFIG: cannot start MultiWorkerMirroredStrategy: {e}") from None
+
+
+def _quiet_devices():
+    """Silence TensorFlow's C++ device start-up lines (``cuInit`` on CPU-only machines), as
+    :func:`~ckptinspect.formats._tf.import_tf` does for the import (``CKPTINSPECT_TF_LOGS=1``
+    shows them)."""
+    import contextlib  # noqa: PLC0415
+
+    if os.environ.get("CKPTINSPECT_TF_LOGS"):
+        return contextlib.nullcontext()
+    from ..formats._tf import _silenced_stderr  # noqa: PLC0415
+
+    return _silenced_stderr()
 
 
 def load_builder(spec: str) -> Callable[[], Any]:
@@ -963,6 +980,23 @@ def load_builder(spec: str) -> Callable[[], Any]:
     if not callable(fn):
         raise UsageError(f"--builder {spec}: {attr!r} is not callable")
     return fn
+
+
+def build_in_scope(spec: str, strategy: Any) -> Any:
+    """Import the builder ``pkg.module:function`` and call it inside ``strategy.scope()``.
+
+    Raises:
+        UsageError: The builder cannot be imported or raises.
+    """
+    builder = load_builder(spec)
+    try:
+        with strategy.scope():
+            return builder()
+    except CkptError:
+        raise
+    except Exception as e:  # noqa: BLE001 - user code: one line naming the builder
+        text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise UsageError(f"--builder {spec}: the builder raised {type(e).__name__}: {text}") from e
 
 
 def output_kind(dest: str) -> str:
