@@ -1,0 +1,335 @@
+"""Writing TF bundle checkpoints with TensorFlow's own writer, and pruning TF2 object graphs.
+
+The ``.index`` and ``.data-*`` files are written by TensorFlow itself: tensors go out in
+groups through ``tf.raw_ops.SaveV2`` (the kernel every ``tf.train.Checkpoint`` and
+``tf.compat.v1.train.Saver`` save runs), and the groups are joined into one checkpoint by
+``tf.raw_ops.MergeV2Checkpoints`` (what TF does for multi-device saves). SaveV2 needs all the
+tensors of its call in memory, so a group holds at most ``max_shard_bytes`` (or one tensor, if
+bigger) and each group becomes one data shard: memory stays about one shard, not the model.
+
+:func:`prune_object_graph` takes a serialized ``TrackableObjectGraph`` and keeps the part a
+model restore needs: the objects the root reaches without passing through an optimizer, and,
+among the root's children, only those that still hold a kept value. Every kept value is
+re-keyed by its path in the pruned graph (``model/<path>/.ATTRIBUTES/VARIABLE_VALUE``), which is
+the key TensorFlow itself gives it when it saves that structure.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+from typing import Callable, Collection, Iterable, Iterator
+
+import numpy as np
+
+from .. import model as m
+from ..errors import CorruptCheckpointError, UsageError
+from ._tf import import_tf
+from .tf_bundle import OBJECT_GRAPH_KEY, VARIABLE_VALUE, _is_optimizer, parse_object_graph
+
+__all__ = [
+    "DEFAULT_MAX_SHARD_BYTES",
+    "BundleTensor",
+    "PrunedGraph",
+    "prune_object_graph",
+    "write_bundle",
+    "slice_spec",
+    "object_graph_tensor",
+]
+
+DEFAULT_MAX_SHARD_BYTES = 256 * 1024 * 1024
+ATTRIBUTES_NAME = ".ATTRIBUTES"
+ESCAPE_CHAR = "."
+TEMP_PARTS_DIR = "_temp_parts"
+
+
+# -- object graph --------------------------------------------------------------------------
+def escape_local_name(name: str) -> str:
+    """TensorFlow's escaping of one path element (``trackable_utils.escape_local_name``)."""
+    return name.replace(ESCAPE_CHAR, ESCAPE_CHAR * 2).replace("/", ESCAPE_CHAR + "S")
+
+
+@dataclasses.dataclass(frozen=True)
+class PrunedGraph:
+    """The result of :func:`prune_object_graph`.
+
+    Attributes:
+        blob: The serialized pruned ``TrackableObjectGraph``.
+        key_map: Old checkpoint key -> new key, for every attribute the pruned graph keeps.
+        paths: Old checkpoint key -> object path of its object in the pruned graph
+            (local names joined with ``/``, unescaped: comparable with ``Variable.graph_path``).
+        num_nodes: Nodes in the pruned graph.
+        source_nodes: Nodes in the source graph.
+        root_children: Local names of the root's children that were kept.
+    """
+
+    blob: bytes
+    key_map: dict[str, str]
+    paths: dict[str, str]
+    num_nodes: int
+    source_nodes: int
+    root_children: tuple[str, ...]
+
+
+def _object_prefix(key: str) -> int:
+    """Index where the attribute part (``/.ATTRIBUTES/...``) of a checkpoint key starts."""
+    mark = "/" + ATTRIBUTES_NAME + "/"
+    pos = key.find(mark)
+    if pos < 0:
+        if key.startswith(ATTRIBUTES_NAME + "/"):
+            return 0
+        raise CorruptCheckpointError(f"object-graph attribute key {key!r} has no /{ATTRIBUTES_NAME}/ part")
+    return pos
+
+
+def prune_object_graph(blob: bytes, keep_keys: Collection[str], *, keep_object_state: bool = True) -> PrunedGraph:
+    """Prune a TF2 object graph to the model's part and re-key what it keeps.
+
+    Args:
+        blob: The serialized ``TrackableObjectGraph`` (the ``_CHECKPOINTABLE_OBJECT_GRAPH`` value).
+        keep_keys: Checkpoint keys of the values to keep (the model's variables, by role).
+        keep_object_state: Also keep the non-variable attributes (lookup tables, Python state)
+            of objects inside the kept part, below the root: they belong to those objects.
+
+    Returns:
+        The :class:`PrunedGraph`.
+
+    Raises:
+        CorruptCheckpointError: The graph does not parse, or a kept key is not reachable
+            without passing through an optimizer.
+        UsageError: A kept object uses a registered saver (not supported).
+    """
+    tf = import_tf()  # noqa: F841 - the protobuf module below ships with TensorFlow
+    from tensorflow.core.protobuf import trackable_object_graph_pb2  # noqa: PLC0415
+
+    from ._wire import MalformedError  # noqa: PLC0415
+
+    source = trackable_object_graph_pb2.TrackableObjectGraph()
+    try:
+        source.ParseFromString(blob)
+        ours = parse_object_graph(blob)
+    except (MalformedError, Exception) as e:  # noqa: BLE001 - protobuf's DecodeError has no stable home
+        raise CorruptCheckpointError(f"the object graph does not parse: {e}") from None
+    nodes = source.nodes
+    if not nodes:
+        raise CorruptCheckpointError("the object graph has no nodes")
+    optimizer = {i for i, n in enumerate(ours) if _is_optimizer(n)}
+    keep_keys = set(keep_keys)
+
+    # 1. Objects the root reaches without entering an optimizer.
+    reach: dict[int, tuple[str, ...]] = {0: ()}
+    queue = collections.deque([0])
+    while queue:
+        i = queue.popleft()
+        for ref in nodes[i].children:
+            if ref.node_id in optimizer or ref.node_id in reach:
+                continue
+            reach[ref.node_id] = (*reach[i], ref.local_name)
+            queue.append(ref.node_id)
+
+    def kept_attrs(i: int) -> list:
+        return [
+            a
+            for a in nodes[i].attributes
+            if a.checkpoint_key in keep_keys or (keep_object_state and i != 0 and a.name != VARIABLE_VALUE)
+        ]
+
+    # 2. Among the root's children, only those whose part holds a kept value.
+    holds: dict[int, bool] = {}
+
+    def subtree_holds(start: int) -> bool:
+        seen, stack = {start}, [start]
+        while stack:
+            i = stack.pop()
+            if kept_attrs(i):
+                return True
+            for ref in nodes[i].children:
+                if ref.node_id in reach and ref.node_id not in seen and ref.node_id != 0:
+                    seen.add(ref.node_id)
+                    stack.append(ref.node_id)
+        return False
+
+    root_refs = [ref for ref in nodes[0].children if ref.node_id in reach and ref.node_id != 0]
+    for ref in root_refs:
+        holds[ref.node_id] = holds.get(ref.node_id) or subtree_holds(ref.node_id)
+    kept_root_refs = [ref for ref in root_refs if holds[ref.node_id]]
+
+    # 3. Breadth-first from the root over the kept part: new ids and TensorFlow's paths.
+    new_id: dict[int, int] = {0: 0}
+    order = [0]
+    path: dict[int, tuple[str, ...]] = {0: ()}
+    queue = collections.deque([0])
+    while queue:
+        i = queue.popleft()
+        refs = kept_root_refs if i == 0 else [r for r in nodes[i].children if r.node_id in reach]
+        for ref in refs:
+            if ref.node_id not in new_id:
+                new_id[ref.node_id] = len(order)
+                order.append(ref.node_id)
+                path[ref.node_id] = (*path[i], ref.local_name)
+                queue.append(ref.node_id)
+
+    out = trackable_object_graph_pb2.TrackableObjectGraph()
+    key_map: dict[str, str] = {}
+    paths: dict[str, str] = {}
+    for old in order:
+        src = nodes[old]
+        node = out.nodes.add()
+        if src.HasField("registered_saver") and src.registered_saver.name:
+            raise UsageError(
+                f"object {'/'.join(path[old]) or '(root)'} is saved by the registered saver "
+                f"{src.registered_saver.name!r}; extracting such checkpoints is not supported"
+            )
+        refs = kept_root_refs if old == 0 else [r for r in src.children if r.node_id in new_id]
+        for ref in refs:
+            child = node.children.add()
+            child.CopyFrom(ref)
+            child.node_id = new_id[ref.node_id]
+        prefix = "/".join(escape_local_name(p) for p in path[old])
+        for attr in kept_attrs(old):
+            new_attr = node.attributes.add()
+            new_attr.CopyFrom(attr)
+            new_attr.checkpoint_key = prefix + attr.checkpoint_key[_object_prefix(attr.checkpoint_key):]
+            key_map[attr.checkpoint_key] = new_attr.checkpoint_key
+            paths[attr.checkpoint_key] = "/".join(path[old])
+
+    # has_checkpoint_values: the node or something below it holds a value.
+    has_values = [bool(n.attributes) for n in out.nodes]
+    changed = True
+    while changed:
+        changed = False
+        for i, n in enumerate(out.nodes):
+            if not has_values[i] and any(has_values[c.node_id] for c in n.children):
+                has_values[i] = changed = True
+    for i, n in enumerate(out.nodes):
+        n.has_checkpoint_values.value = has_values[i]
+
+    missing = sorted(keep_keys - set(key_map))
+    if missing:
+        raise CorruptCheckpointError(
+            f"{len(missing)} kept value(s) are reachable only through an optimizer or not at all "
+            f"in the object graph, e.g. {missing[0]!r}"
+        )
+    return PrunedGraph(
+        blob=out.SerializeToString(),
+        key_map=key_map,
+        paths=paths,
+        num_nodes=len(out.nodes),
+        source_nodes=len(nodes),
+        root_children=tuple(r.local_name for r in kept_root_refs),
+    )
+
+
+# -- bundle writing ------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class BundleTensor:
+    """One tensor to write.
+
+    Attributes:
+        key: Its key in the written bundle.
+        read: Returns the full value; called once, when its group is written.
+        nbytes: Its size, for grouping.
+        slices: Write it as these slices of its full shape (a partitioned variable);
+            empty for a whole tensor.
+    """
+
+    key: str
+    read: Callable[[], np.ndarray]
+    nbytes: int
+    slices: tuple[m.SliceInfo, ...] = ()
+
+
+def slice_spec(shape: tuple[int, ...], info: m.SliceInfo) -> str:
+    """The ``shape_and_slices`` string of SaveV2 for one slice: ``"10 5 0,5:-"``."""
+    extents = ":".join("-" if length < 0 else f"{start},{length}" for start, length in zip(info.starts, info.lengths))
+    return " ".join(str(d) for d in shape) + " " + extents
+
+
+def _slice_of(value: np.ndarray, info: m.SliceInfo) -> np.ndarray:
+    index = tuple(slice(None) if ln < 0 else slice(st, st + ln) for st, ln in zip(info.starts, info.lengths))
+    return value[index]
+
+
+def _groups(tensors: Iterable[BundleTensor], max_shard_bytes: int) -> Iterator[list[BundleTensor]]:
+    group: list[BundleTensor] = []
+    size = 0
+    for t in tensors:
+        if group and size + t.nbytes > max_shard_bytes:
+            yield group
+            group, size = [], 0
+        group.append(t)
+        size += t.nbytes
+    if group:
+        yield group
+
+
+def write_bundle(
+    prefix: str,
+    tensors: Iterable[BundleTensor],
+    *,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    on_value: Callable[[BundleTensor, np.ndarray], None] | None = None,
+) -> int:
+    """Write a TF bundle at ``prefix`` with TensorFlow's SaveV2 and MergeV2Checkpoints.
+
+    Args:
+        prefix: Output prefix (``prefix.index``, ``prefix.data-*``); its directory must exist.
+            Write into a temporary location and move it into place (see ``_atomic``).
+        tensors: What to write, in order. Values are read one group at a time.
+        max_shard_bytes: Bytes per data shard (and about the peak memory); a bigger tensor
+            gets a shard of its own. ``0`` writes one tensor per shard.
+        on_value: Called with each tensor's full value while it is in memory (for checksums).
+
+    Returns:
+        The number of data shards written.
+
+    Raises:
+        UsageError: Nothing to write.
+        CorruptCheckpointError: TensorFlow refused to write (the message names the prefix).
+    """
+    tf = import_tf()
+    parts_dir = prefix + TEMP_PARTS_DIR
+    os.makedirs(parts_dir, exist_ok=True)
+    parts: list[str] = []
+    try:
+        for group in _groups(tensors, max_shard_bytes):
+            names, specs, values = [], [], []
+            for t in group:
+                value = np.asarray(t.read())
+                if on_value is not None:
+                    on_value(t, value)
+                if t.slices:
+                    for info in t.slices:
+                        names.append(t.key)
+                        specs.append(slice_spec(value.shape, info))
+                        values.append(tf.constant(_slice_of(value, info)))
+                else:
+                    names.append(t.key)
+                    specs.append("")
+                    values.append(tf.constant(value))
+                del value
+            part = os.path.join(parts_dir, f"part-{len(parts):05d}")
+            with tf.device("/cpu:0"):
+                tf.raw_ops.SaveV2(prefix=part, tensor_names=names, shape_and_slices=specs, tensors=values)
+            del names, specs, values
+            parts.append(part)
+        if not parts:
+            raise UsageError(f"{prefix}: nothing to write")
+        with tf.device("/cpu:0"):
+            tf.raw_ops.MergeV2Checkpoints(
+                checkpoint_prefixes=parts, destination_prefix=prefix, delete_old_dirs=True
+            )
+    except tf.errors.OpError as e:
+        raise CorruptCheckpointError(f"{prefix}: TensorFlow could not write the checkpoint: {e.message.splitlines()[0]}") from None
+    finally:
+        if os.path.isdir(parts_dir):
+            import shutil  # noqa: PLC0415
+
+            shutil.rmtree(parts_dir, ignore_errors=True)
+    return len(parts)
+
+
+def object_graph_tensor(blob: bytes) -> BundleTensor:
+    """The ``_CHECKPOINTABLE_OBJECT_GRAPH`` entry holding ``blob``."""
+    return BundleTensor(key=OBJECT_GRAPH_KEY, read=lambda: np.array(blob, dtype=object), nbytes=len(blob))
