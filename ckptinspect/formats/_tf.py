@@ -70,6 +70,11 @@ def get_tensor(reader, prefix: str, key: str) -> np.ndarray:
         value = reader.get_tensor(key)
     except tf.errors.NotFoundError as e:
         raise CheckpointNotFoundError(f"{prefix}: {key!r}: {_first_line(e)}") from None
+    except IndexError as e:  # TF's reader raises IndexError("Read less bytes than requested")
+        raise CorruptCheckpointError(
+            f"{prefix}: cannot read {key!r}: {_first_line(e)} (a data shard is shorter than the index"
+            " says; `ckptinspect verify` names it)"
+        ) from None
     except (tf.errors.OpError, ValueError, RuntimeError) as e:
         raise CorruptCheckpointError(f"{prefix}: cannot read {key!r}: {_first_line(e)}") from None
     return np.asarray(value)

@@ -563,7 +563,13 @@ class TFReaderSource:
     def read(self, variable: m.Variable) -> np.ndarray:
         from ._tf import get_tensor  # noqa: PLC0415
 
-        return get_tensor(self._open(), self.prefix, variable.key)
+        try:
+            return get_tensor(self._open(), self.prefix, variable.key)
+        except Exception:
+            # TF's BundleReader keeps the status of a failed sliced read and aborts the whole
+            # process (a C++ CHECK) on its next lookup: never reuse a reader after a failure.
+            self._reader = None
+            raise
 
     def close(self) -> None:
         self._reader = None
