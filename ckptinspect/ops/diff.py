@@ -581,7 +581,16 @@ def _align_by_key(a: Sequence[Variable], b: Sequence[Variable]) -> Alignment:
     ka = {v.key for v in a}
     pairs: list[tuple[str, Variable | None, Variable | None]] = [(v.name, v, kb.get(v.key)) for v in a]
     pairs += [(v.name, None, v) for v in b if v.key not in ka]
-    return Alignment(pairs=tuple(pairs), method=ALIGN_KEY)
+    only_a = sorted(v.key for v in a if v.key not in kb)
+    only_b = sorted(v.key for v in b if v.key not in ka)
+    notes = ()
+    if only_a and only_b:
+        notes = (
+            f"{len(only_a)} key(s) of A are not in B and {len(only_b)} of B not in A (e.g. A '{only_a[0]}',"
+            f" B '{only_b[0]}'); they are listed as removed/added: if they are the same variables, rename"
+            " A's names with --map 'REGEX=REPLACEMENT'",
+        )
+    return Alignment(pairs=tuple(pairs), method=ALIGN_KEY, notes=notes)
 
 
 def align(
