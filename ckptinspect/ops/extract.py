@@ -366,12 +366,16 @@ def _write_tf(
             "nodes": pruned.num_nodes,
             "root_children": list(pruned.root_children),
         }
-        if pruned.root_children:
-            names = ", ".join(f"{n}=model" for n in pruned.root_children)
+        if len(pruned.root_children) == 1:
             notes.append(
-                f"restore with tf.train.Checkpoint({names}).read(OUT).assert_consumed() "
-                "(for a root that is itself the model, as Keras 2 save_weights and SavedModels "
-                "write it, use model.load_weights(OUT) or tf.train.Checkpoint(model).read(OUT))"
+                f"restore with tf.train.Checkpoint({pruned.root_children[0]}=model).read(OUT).assert_consumed()"
+            )
+        else:
+            shown = ", ".join(pruned.root_children[:4]) + (", ..." if len(pruned.root_children) > 4 else "")
+            notes.append(
+                f"the root is the saved object itself (children {shown}): restore into the same kind of "
+                "root, e.g. model.load_weights(OUT) for Keras 2 save_weights, or "
+                "tf.train.Checkpoint(root=obj).read(OUT)"
             )
     else:
         blob = None
