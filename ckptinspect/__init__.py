@@ -28,6 +28,7 @@ __all__ = [
     "open",
     "diff",
     "verify",
+    "extract",
     "transplant",
     "Checkpoint",
     "Variable",
@@ -85,6 +86,36 @@ def diff(a, b, *, atol=0.0, rtol=0.0, role=None, mapping=None, progress=None):
     from .ops.diff import diff as _diff  # noqa: PLC0415
 
     return _diff(a, b, atol=atol, rtol=rtol, role=role, mapping=mapping, progress=progress)
+
+
+def extract(src, out, *, format=None, force=False, keep=("model",), builder=None, max_shard_bytes=None,  # noqa: A002
+            progress=None):
+    """Write the model's weights of a checkpoint alone, optimizer state stripped, still restorable.
+
+    Args:
+        src: Any path :func:`open` accepts.
+        out: A TF prefix, or a ``.weights.h5`` / ``.h5`` / ``.npz`` file (the format follows the
+            suffix unless ``format`` is ``tf``, ``weights-h5``, ``h5`` or ``npz``).
+        format: The output format, overriding the suffix.
+        force: Replace an existing output (the source is never overwritten).
+        keep: Roles to keep: ``("model",)`` or ``("model", "metadata")``.
+        builder: ``.weights.h5`` from a TF2 checkpoint: a function (or ``"module:function"``)
+            returning the built Keras 3 model.
+        max_shard_bytes: TF output: bytes per data shard, bounding memory (default 256 MiB).
+        progress: Optional ``progress(done, total, variable)`` callback, once per kept tensor.
+
+    Returns:
+        A :class:`ckptinspect.ops.extract.ExtractReport` (``.kept``, ``.dropped``, ``.saving``,
+        ``.to_dict()``).
+
+    Raises:
+        CkptError: A subclass naming the file and the problem (``OutputExistsError`` without
+            ``force``, ``UsageError`` for a format that does not fit the source).
+    """
+    from .ops.extract import extract as _extract  # noqa: PLC0415
+
+    return _extract(src, out, format=format, force=force, keep=keep, builder=builder,
+                    max_shard_bytes=max_shard_bytes, progress=progress)
 
 
 def verify(path: str, progress=None):

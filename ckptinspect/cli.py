@@ -240,6 +240,46 @@ def diff_command(
         raise typer.Exit(EXIT_DIFFERENT)
 
 
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": 1024**2, "mb": 1000**2, "mib": 1024**2,
+               "g": 1024**3, "gb": 1000**3, "gib": 1024**3}
+
+
+def parse_size(text: str) -> int:
+    """``256MiB`` / ``64M`` / ``1000000`` -> bytes (K, M, G are binary; KB, MB, GB decimal)."""
+    import re  # noqa: PLC0415
+
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).lower() not in _SIZE_UNITS:
+        raise errors.UsageError(f"bad size {text!r}; expected bytes or a number with K/M/G/KiB/MiB/GiB/KB/MB/GB")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+
+
+@app.command("extract")
+@handle_errors
+def extract_command(
+    src: str = typer.Argument(..., help="Source checkpoint: TF prefix or directory, SavedModel, Keras .h5/.weights.h5/.keras."),
+    output: str = typer.Option(..., "--output", "-o", help="Output: a TF prefix, or a .weights.h5 / .h5 / .npz file."),
+    format: Optional[str] = typer.Option(None, "--format", help="Output format: tf, weights-h5, h5 or npz (default: from the output's suffix)."),
+    builder: Optional[str] = typer.Option(None, "--builder", help="pkg.module:function building the model (needed for .weights.h5 from a TF checkpoint)."),
+    keep_metadata: bool = typer.Option(False, "--keep-metadata", help="Also keep step counters, save_counter, TF1 global_step."),
+    max_shard_size: str = typer.Option("256MiB", "--max-shard-size", help="TF output: bytes per data shard, which bounds memory (0: one tensor per shard)."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing output."),
+    report_format: OutputFormat = typer.Option(OutputFormat.table, "--report", help="Report as table, json or csv (one row per variable).", case_sensitive=False),
+) -> None:
+    """Write the model's weights alone (optimizer state stripped), still restorable, and check them."""
+    from .ops.extract import extract  # noqa: PLC0415
+    from .render import extract_view  # noqa: PLC0415
+
+    progress = Progress("extract")
+    try:
+        report = extract(src, output, format=format, force=force, builder=builder,
+                         keep=("model", "metadata") if keep_metadata else ("model",),
+                         max_shard_bytes=parse_size(max_shard_size), progress=progress)
+    finally:
+        progress.close()
+    emit(extract_view(report, report_format))
+
+
 # -- each operation's command is defined above this line, in the style of `ls` ---------------
 
 

@@ -404,3 +404,48 @@ def verify_view(report, fmt: OutputFormat) -> str:
     if tensor_rows:
         text += "\ndamaged tensors:\n" + render(fmt, doc={}, rows=tensor_rows, columns=columns)
     return text
+
+
+def extract_view(report, fmt: OutputFormat) -> str:
+    """Render an :class:`~ckptinspect.ops.extract.ExtractReport`: a per-role kept/dropped table
+    (table), one row per source variable (csv), or the whole report (json)."""
+    kept, dropped = report.kept, report.dropped
+    shards = f", {report.num_shards} data shard{'s' if report.num_shards != 1 else ''}" if report.output_format == "tf" else ""
+    header = [
+        f"source:   {report.source} ({report.source_format})",
+        f"output:   {report.output} ({report.output_format}{shards})",
+        f"files:    {', '.join(report.files)}",
+        f"check:    {report.verified} kept tensor{'s' if report.verified != 1 else ''} read back bit-identical",
+    ]
+    if report.object_graph:
+        g = report.object_graph
+        header.append(f"graph:    {g['source_nodes']} -> {g['nodes']} objects, root keeps: {', '.join(g['root_children'])}")
+    saving = report.saving
+    footer = [
+        "",
+        f"on disk:  {human_bytes(report.source_file_bytes)} -> {human_bytes(report.output_file_bytes)}"
+        + (f" ({saving * 100:.1f}% smaller)" if saving >= 0 else f" ({-saving * 100:.1f}% larger)"),
+    ]
+    footer += [f"note:     {n}" for n in report.notes]
+    if fmt == OutputFormat.table:
+        rows = [
+            {
+                "role": r,
+                "kept": kept[r]["count"],
+                "kept_bytes": human_bytes(kept[r]["nbytes"]),
+                "dropped": dropped[r]["count"],
+                "dropped_bytes": human_bytes(dropped[r]["nbytes"]),
+            }
+            for r in ("model", "optimizer", "metadata", "all")
+        ]
+        columns: list[Column] = [("role", "role"), ("kept", "kept"), ("kept_bytes", "kept size"),
+                                 ("dropped", "dropped"), ("dropped_bytes", "dropped size")]
+        return render(fmt, doc={}, rows=rows, columns=columns, header=header, footer=footer)
+    rows = [
+        {"name": v.name, "key": v.key, "output_key": v.output_key or "", "role": v.role,
+         "shape": fmt_shape(v.shape), "dtype": v.dtype, "nbytes": v.nbytes, "kept": "yes" if v.kept else "no"}
+        for v in report.variables
+    ]
+    columns = [("name", "name"), ("key", "key"), ("output_key", "output key"), ("role", "role"),
+               ("shape", "shape"), ("dtype", "dtype"), ("nbytes", "bytes"), ("kept", "kept")]
+    return render(fmt, doc=report.to_dict(), rows=rows, columns=columns)
