@@ -241,10 +241,18 @@ def _synthetic_data(seed: int) -> tuple[Any, Any]:
 
 
 def _check_output_dir(path: pathlib.Path, force: bool) -> None:
+    """Refuse a non-empty ``path`` without ``force``, and with it anything the trainer did not write."""
     if path.exists() and not path.is_dir():
         raise OutputExistsError(f"{path}: exists and is not a directory")
-    if path.is_dir() and any(path.iterdir()) and not force:
+    if not path.is_dir() or not any(path.iterdir()):
+        return
+    if not force:
         raise OutputExistsError(f"{path}: directory is not empty (pass force=True / --force to replace it)")
+    if not (path / METADATA_FILE).is_file():
+        raise OutputExistsError(
+            f"{path}: not empty and has no {METADATA_FILE}, so it is not a trainer output; "
+            "refusing to replace it even with force"
+        )
 
 
 def _check_output_files(directory: pathlib.Path, names: Sequence[str], force: bool) -> None:
@@ -332,7 +340,8 @@ def train(
 
     Args:
         out_dir: The CheckpointManager directory to create. Must be missing or empty, unless
-            ``force`` (which replaces it).
+            ``force``, which replaces an earlier output of the trainer (a directory holding a
+            ``metadata.json``); other non-empty directories are never replaced.
         steps: Training steps (>= 1).
         save_every: Save interval in steps (>= 1).
         replicas: Logical CPU devices (MirroredStrategy replicas) to train on.
@@ -352,7 +361,8 @@ def train(
 
     Raises:
         UsageError: Bad arguments, or TensorFlow already initialised with too few devices.
-        OutputExistsError: ``out_dir`` is not empty (or a Keras file exists) and not ``force``.
+        OutputExistsError: ``out_dir`` is not empty (or a Keras file exists) and not ``force``;
+            or ``out_dir`` is not empty and not a trainer output.
     """
     for label, value in (("steps", steps), ("save_every", save_every), ("batch_per_replica", batch_per_replica)):
         if value < 1:

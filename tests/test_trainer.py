@@ -61,6 +61,9 @@ LIBRARY_SCRIPT = textwrap.dedent(
     except UsageError as e:
         out["more_error"] = str(e)
     out["more_exists"] = (root / "more").exists()
+    trainer.train(root / "forced", steps=1, save_every=1, replicas=2)
+    (root / "forced" / "stale.txt").write_text("from the first run")
+    trainer.train(root / "forced", steps=2, save_every=1, replicas=2, max_to_keep=1, force=True)
 
     from typer.testing import CliRunner
     from ckptinspect.cli import app
@@ -214,6 +217,18 @@ def test_library_refuses_non_empty_out_before_touching_tensorflow(tmp_path):
     with pytest.raises(OutputExistsError, match="directory is not empty"):
         trainer.train(tmp_path)
     assert (tmp_path / "keep.txt").read_text() == "x"
+    with pytest.raises(OutputExistsError, match="not a trainer output; refusing to replace it even with force"):
+        trainer.train(tmp_path, force=True)
+    assert (tmp_path / "keep.txt").read_text() == "x"
+
+
+def test_force_replaces_an_earlier_run(runs):
+    forced = runs["root"] / "forced"
+    assert sorted(p.name for p in forced.iterdir()) == [
+        "checkpoint", "ckpt-2.data-00000-of-00001", "ckpt-2.index", trainer.METADATA_FILE
+    ]
+    assert state_steps(forced) == [2]
+    assert json.loads((forced / trainer.METADATA_FILE).read_text())["saved_steps"] == [1, 2]
 
 
 @pytest.mark.parametrize(
