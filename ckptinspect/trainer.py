@@ -45,7 +45,9 @@ __all__ = [
     "configure_devices",
     "build_model",
     "train",
+    "write_keras3_files",
     "write_keras2_files",
+    "keras2_available",
     "regenerate_fixtures",
     "main",
 ]
