@@ -212,7 +212,7 @@ def transplant_view(report, fmt: OutputFormat, output=None) -> str:
         f"source:   {report.source} ({report.source_format})",
         f"model:    {report.model} ({report.model_class})",
         f"strategy: {report.strategy}, {report.replicas} replica{plural} ({report.local_replicas} in this process)",
-        f"{'plan' if report.dry_run else 'result'}:   {'would assign' if report.dry_run else 'assigned'} "
+        f"{('plan' if report.dry_run else 'result') + ':':<10}{'would assign' if report.dry_run else 'assigned'} "
         f"{s['assigned']}, shape mismatches {s['shape_mismatch']}, dtype mismatches {s['dtype_mismatch']}, "
         f"left at init {s['left_at_init']}, unused source variables {s['unused']}",
     ]

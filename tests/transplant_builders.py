@@ -26,23 +26,47 @@ def fixture_model() -> Any:
     return model
 
 
-def changed_model() -> Any:
-    """The fixture architecture with one extra layer (``extra``) and a resized ``frozen`` layer."""
+def _architecture(*, encoder: str, enc_dense: str, frozen: str, bn: str, head: str,
+                  frozen_units: int | None = None, extra: str | None = None) -> Any:
+    """The fixture architecture with other layer names, a resized ``frozen`` or an extra layer."""
     import keras
 
     from ckptinspect import trainer as t
 
     inputs = keras.Input(shape=(t.INPUT_DIM,), name="features")
-    encoder = keras.Sequential([keras.layers.Dense(t.HIDDEN_DIM, activation="relu", name=t.ENC_DENSE_NAME)],
-                               name=t.ENCODER_NAME)
-    h = encoder(inputs)
-    h = keras.layers.Dense(RESIZED_UNITS, name=t.FROZEN_NAME)(h)
-    h = keras.layers.Dense(t.HIDDEN_DIM, name=EXTRA_NAME)(h)
-    h = keras.layers.BatchNormalization(name=t.BN_NAME)(h)
-    outputs = keras.layers.Dense(t.OUTPUT_DIM, name=t.HEAD_NAME)(h)
+    h = keras.Sequential([keras.layers.Dense(t.HIDDEN_DIM, activation="relu", name=enc_dense)], name=encoder)(inputs)
+    h = keras.layers.Dense(frozen_units or t.HIDDEN_DIM, name=frozen)(h)
+    if extra:
+        h = keras.layers.Dense(t.HIDDEN_DIM, name=extra)(h)
+    h = keras.layers.BatchNormalization(name=bn)(h)
+    outputs = keras.layers.Dense(t.OUTPUT_DIM, name=head)(h)
     model = keras.Model(inputs, outputs, name=t.MODEL_NAME)
     BUILT.append(model)
     return model
+
+
+FIXTURE_NAMES = {"encoder": "encoder", "enc_dense": "enc_dense", "frozen": "frozen", "bn": "bn", "head": "head"}
+RENAMED_HEAD = "classifier"
+
+
+def changed_model() -> Any:
+    """The fixture architecture with one extra layer (``extra``) and a resized ``frozen`` layer."""
+    return _architecture(**FIXTURE_NAMES, frozen_units=RESIZED_UNITS, extra=EXTRA_NAME)
+
+
+def resized_model() -> Any:
+    """The fixture architecture with ``frozen`` resized (so ``bn`` and ``head`` change too)."""
+    return _architecture(**FIXTURE_NAMES, frozen_units=RESIZED_UNITS)
+
+
+def renamed_head_model() -> Any:
+    """The fixture architecture with ``head`` named ``classifier``."""
+    return _architecture(**{**FIXTURE_NAMES, "head": RENAMED_HEAD})
+
+
+def anonymous_model() -> Any:
+    """The fixture architecture with none of its layer names (only order and shapes tell)."""
+    return _architecture(**{k: f"layer{i}" for i, k in enumerate(FIXTURE_NAMES)})
 
 
 def unbuilt_model() -> Any:

@@ -390,7 +390,12 @@ def _keras_positional_aliases(model: Any) -> dict[int, str]:
 
 
 def _graph_paths(tf: Any, model: Any) -> dict[int, str]:
-    """Object-graph path of each trackable below ``model``, as ``tf.train.Checkpoint(model=model)`` sees it."""
+    """Object-graph path of each trackable below ``model``, as ``tf.train.Checkpoint(model=model)`` sees it.
+
+    Raises:
+        UsageError: The graph holds a ShardedVariable (or another parameter-server variable),
+            which ``model.variables`` would have shown only as its pieces.
+    """
     try:
         from tensorflow.python.checkpoint import graph_view, util  # noqa: PLC0415
 
@@ -401,6 +406,8 @@ def _graph_paths(tf: Any, model: Any) -> dict[int, str]:
     out: dict[int, str] = {}
     for obj, path in node_paths.items():
         names = [ref.name for ref in path]
+        if type(obj).__name__ in UNSUPPORTED_VARIABLE_CLASSES:
+            raise UsageError(f"{NOT_SUPPORTED}. Received: {'/'.join(names[1:])} is a {type(obj).__name__}")
         if len(names) > 1 and names[0] == CHECKPOINT_MODEL_CHILD:
             out[id(obj)] = "/".join(names[1:])
     return out
