@@ -255,7 +255,7 @@ def _groups(tensors: Iterable[BundleTensor], max_shard_bytes: int) -> Iterator[l
     group: list[BundleTensor] = []
     size = 0
     for t in tensors:
-        if group and size + t.nbytes > max_shard_bytes:
+        if size > 0 and size + t.nbytes > max_shard_bytes:
             yield group
             group, size = [], 0
         group.append(t)
@@ -331,5 +331,6 @@ def write_bundle(
 
 
 def object_graph_tensor(blob: bytes) -> BundleTensor:
-    """The ``_CHECKPOINTABLE_OBJECT_GRAPH`` entry holding ``blob``."""
-    return BundleTensor(key=OBJECT_GRAPH_KEY, read=lambda: np.array(blob, dtype=object), nbytes=len(blob))
+    """The ``_CHECKPOINTABLE_OBJECT_GRAPH`` entry holding ``blob`` (counted as 0 bytes, so it
+    shares the first data shard instead of taking one of its own)."""
+    return BundleTensor(key=OBJECT_GRAPH_KEY, read=lambda: np.array(blob, dtype=object), nbytes=0)

@@ -1,0 +1,418 @@
+"""`ckptinspect extract`: model-only outputs restored into fresh models, bit for bit.
+
+Sources are real: the trainer's Keras 3 + Adam checkpoints saved under MirroredStrategy with
+tf.train.CheckpointManager (the committed ``fixtures/run`` and ``fixtures/sharded``, copied to
+a temporary directory), Keras 2 (``tf_keras``) files (``fixtures/keras``), and a TF1
+``tf.compat.v1.train.Saver`` checkpoint with Adam slots and a partitioned variable, plus a
+SavedModel, both written here. Ground truth comes from TensorFlow and Keras: every output is
+restored into a freshly built model (or a fresh TF1 graph) and compared value by value with the
+source as TensorFlow / Keras / h5py read it, never with ckptinspect's reader.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import ckptinspect
+from ckptinspect import _atomic
+from ckptinspect.cli import app
+from ckptinspect.errors import CkptError, OutputExistsError, UsageError
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+h5py = pytest.importorskip("h5py")
+
+from ckptinspect import trainer  # noqa: E402
+
+FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures"
+GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
+runner = CliRunner()
+
+
+# -- helpers -------------------------------------------------------------------------------
+def tree_hash(path: pathlib.Path) -> dict[str, str]:
+    """sha256 of every file under ``path`` (or of ``path`` itself)."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+
+
+def same_bits(a, b) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def tf_keys(prefix) -> set[str]:
+    return set(tf.train.load_checkpoint(str(prefix)).get_variable_to_shape_map()) - {GRAPH_KEY}
+
+
+def object_graph(prefix):
+    from tensorflow.core.protobuf import trackable_object_graph_pb2  # noqa: PLC0415
+
+    g = trackable_object_graph_pb2.TrackableObjectGraph()
+    g.ParseFromString(tf.train.load_checkpoint(str(prefix)).get_tensor(GRAPH_KEY))
+    return g
+
+
+def restored_reference(src) -> keras.Model:
+    """The trainer's model restored from ``src`` by TensorFlow itself (the ground truth)."""
+    ref = trainer.build_model(seed=7)
+    tf.train.Checkpoint(model=ref).read(str(src)).expect_partial()
+    return ref
+
+
+def assert_weights_equal(model, ref) -> None:
+    assert len(model.weights) == len(ref.weights) > 0
+    for w, r in zip(model.weights, ref.weights):
+        assert same_bits(w.numpy(), r.numpy()), w.path
+
+
+# -- sources -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def src(tmp_path_factory) -> dict[str, pathlib.Path]:
+    """Copies of the committed trainer fixtures (Keras 3 + Adam under MirroredStrategy, Keras 2 files)."""
+    root = tmp_path_factory.mktemp("src")
+    for name in ("run", "sharded", "keras"):
+        shutil.copytree(FIXTURES / name, root / name)
+    return {
+        "run": root / "run",
+        "run_prefix": root / "run" / "ckpt-8",
+        "sharded": root / "sharded" / "ckpt-4",
+        "k2_tf": root / "keras" / "keras2_tf" / "ckpt",
+        "k2_h5": root / "keras" / "keras2_model.h5",
+        "k3_keras": root / "keras" / "model.keras",
+        "root": root,
+    }
+
+
+@pytest.fixture(scope="module")
+def tf1(tmp_path_factory) -> dict:
+    """A TF1 name-based Saver checkpoint: dense layer, a partitioned embedding, Adam, global_step."""
+    directory = tmp_path_factory.mktemp("tf1")
+    v1 = tf.compat.v1
+
+    def model_vars():
+        with v1.variable_scope("dense"):
+            w = v1.get_variable("kernel", [4, 6], initializer=v1.glorot_uniform_initializer(seed=1))
+            b = v1.get_variable("bias", [6], initializer=v1.constant_initializer(0.5))
+        with v1.variable_scope("emb"):
+            e = v1.get_variable("table", [10, 3], partitioner=v1.fixed_size_partitioner(2),
+                                initializer=v1.random_normal_initializer(seed=2))
+        return w, b, e
+
+    with tf.Graph().as_default():
+        w, b, e = model_vars()
+        x = v1.placeholder(tf.float32, [None, 4])
+        step = v1.train.get_or_create_global_step()
+        loss = tf.reduce_sum(tf.square(tf.matmul(x, w) + b)) + tf.reduce_sum(tf.nn.embedding_lookup(e, [1, 7]))
+        train = v1.train.AdamOptimizer(0.01).minimize(loss, global_step=step)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            sess.run(train, {x: np.ones((2, 4), np.float32)})
+            prefix = v1.train.Saver().save(sess, str(directory / "model.ckpt"), global_step=step)
+    return {"prefix": prefix, "model_vars": model_vars}
+
+
+class Net(tf.Module):
+    def __init__(self, seed: int):
+        rng = np.random.default_rng(seed)
+        self.w = tf.Variable(rng.normal(size=(3, 2)).astype(np.float32), name="w")
+        self.b = tf.Variable(rng.normal(size=(2,)).astype(np.float32), name="b")
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32)])
+    def __call__(self, x):
+        return tf.matmul(x, self.w) + self.b
+
+
+@pytest.fixture(scope="module")
+def savedmodel(tmp_path_factory) -> pathlib.Path:
+    """A SavedModel whose root tracks a Keras 3 Adam optimizer with slots."""
+    directory = tmp_path_factory.mktemp("sm") / "export"
+    net = Net(0)
+    net.opt = keras.optimizers.Adam(0.1)
+    net.opt.build([net.w, net.b])
+    net.opt.apply_gradients([(tf.ones_like(net.w), net.w), (tf.ones_like(net.b), net.b)])
+    tf.saved_model.save(net, str(directory))
+    return directory
+
+
+# -- TF2: Keras 3 under MirroredStrategy ---------------------------------------------------
+@pytest.fixture(scope="module")
+def run_tf(src, tmp_path_factory):
+    out = tmp_path_factory.mktemp("out") / "model"
+    before = tree_hash(src["run"])
+    report = ckptinspect.extract(str(src["run"]), str(out))
+    return {"out": out, "report": report, "before": before, "after": tree_hash(src["run"])}
+
+
+def test_tf2_output_restores_fresh_model_assert_consumed_bit_identical(src, run_tf):
+    fresh = trainer.build_model(seed=3)
+    tf.train.Checkpoint(model=fresh).read(str(run_tf["out"])).assert_consumed()
+    assert_weights_equal(fresh, restored_reference(src["run_prefix"]))
+
+
+def test_tf2_output_keys_are_the_ones_tensorflow_writes_for_the_model(run_tf, tmp_path):
+    written = tf.train.Checkpoint(model=trainer.build_model()).write(str(tmp_path / "tf"))
+    assert tf_keys(run_tf["out"]) == tf_keys(written)
+    # Keras 3 keeps its weights under optimizer/_trainable_variables in the source: kept, re-keyed.
+    report = run_tf["report"]
+    moved = [v for v in report.variables if v.kept and v.key.startswith("optimizer/_trainable_variables/")]
+    assert len(moved) == len(trainer.build_model().trainable_weights) == 6
+    assert all(v.output_key.startswith("model/") for v in moved)
+
+
+def test_tf2_output_has_no_optimizer_state_and_source_untouched(src, run_tf):
+    keys = tf_keys(run_tf["out"])
+    assert not any(k.startswith(("optimizer/", "save_counter", "step")) or "OPTIMIZER_SLOT" in k for k in keys)
+    graph = object_graph(run_tf["out"])
+    names = {c.local_name for n in graph.nodes for c in n.children}
+    assert not names & {"optimizer", "_iterations", "_momentums", "_velocities", "save_counter"}
+    assert all(not n.slot_variables for n in graph.nodes)
+    assert run_tf["before"] == run_tf["after"]
+    assert _atomic.leftover_temporaries(str(run_tf["out"].parent)) == []
+
+
+def test_tf2_report_counts_bytes_and_saving(src, run_tf):
+    reader = tf.train.load_checkpoint(str(src["run_prefix"]))
+    shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
+    total = sum(int(np.prod(shapes[k], dtype=np.int64)) * dtypes[k].size for k in shapes if k != GRAPH_KEY)
+    r = run_tf["report"]
+    assert r.kept["model"]["count"] == len(trainer.build_model().weights) == len(tf_keys(run_tf["out"]))
+    assert r.kept["optimizer"]["count"] == 0 and r.dropped["model"]["count"] == 0
+    assert r.dropped["optimizer"]["count"] > r.kept["model"]["count"]
+    assert r.kept["all"]["nbytes"] + r.dropped["all"]["nbytes"] == total
+    assert r.verified == r.kept["all"]["count"]
+    on_disk = sum(os.path.getsize(f) for f in r.files)
+    assert r.output_file_bytes == on_disk and 0 < r.saving < 1
+    assert r.output_format == "tf" and r.object_graph["root_children"] == ["model"]
+
+
+def test_sharded_sliced_source_one_tensor_per_shard(src, tmp_path):
+    out = tmp_path / "m"
+    report = ckptinspect.extract(str(src["sharded"]), str(out), max_shard_bytes=0)
+    kept = report.kept["all"]["count"]
+    assert report.num_shards == kept
+    assert len(list(tmp_path.glob("m.data-*"))) == kept
+    fresh = trainer.build_model(seed=4)
+    tf.train.Checkpoint(model=fresh).read(str(out)).assert_consumed()
+    assert_weights_equal(fresh, restored_reference(src["sharded"]))
+
+
+def test_keep_metadata_keeps_step(src, tmp_path):
+    out = tmp_path / "m"
+    ckptinspect.extract(str(src["run_prefix"]), str(out), keep=("model", "metadata"))
+    reader = tf.train.load_checkpoint(str(out))
+    assert reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == 8
+    step = tf.Variable(0, dtype=tf.int64)
+    fresh = trainer.build_model(seed=5)
+    tf.train.Checkpoint(model=fresh, step=step).read(str(out)).assert_existing_objects_matched()
+    assert int(step.numpy()) == 8
+
+
+# -- TF2: Keras 2 save_weights (the root is the model) ------------------------------------
+def test_keras2_tf_save_weights_output_loads_with_assert_consumed(src, tmp_path):
+    tf_keras = pytest.importorskip("tf_keras")
+    out = tmp_path / "k2"
+    report = ckptinspect.extract(str(src["k2_tf"]), str(out))
+    assert report.dropped["optimizer"]["count"] > 0
+    fresh = trainer._build_keras2_model(tf_keras, seed=1)
+    fresh.load_weights(str(out)).assert_consumed()
+    ref = trainer._build_keras2_model(tf_keras, seed=2)
+    ref.load_weights(str(src["k2_tf"])).expect_partial()
+    assert_weights_equal(fresh, ref)
+    assert not any("optimizer" in k or "OPTIMIZER_SLOT" in k for k in tf_keys(out))
+
+
+# -- TF1 name-based ------------------------------------------------------------------------
+def test_tf1_saver_output_restores_in_fresh_graph_without_slots(tf1, tmp_path):
+    out = tmp_path / "tf1"
+    report = ckptinspect.extract(tf1["prefix"], str(out))
+    keys = tf_keys(out)
+    assert keys == {"dense/kernel", "dense/bias", "emb/table"}
+    assert report.dropped["optimizer"]["count"] >= 6 and report.dropped["metadata"]["count"] == 1  # global_step
+    source = tf.train.load_checkpoint(tf1["prefix"])
+    v1 = tf.compat.v1
+    with tf.Graph().as_default():
+        w, b, e = tf1["model_vars"]()
+        saver = v1.train.Saver()
+        with v1.Session() as sess:
+            saver.restore(sess, str(out))
+            got_w, got_b, got_e = sess.run([w, b, list(e)])
+    assert same_bits(got_w, source.get_tensor("dense/kernel"))
+    assert same_bits(got_b, source.get_tensor("dense/bias"))
+    assert same_bits(np.concatenate(got_e), source.get_tensor("emb/table"))
+    # The partitioned variable keeps its two slices.
+    from tensorflow.python.training import py_checkpoint_reader  # noqa: PLC0415
+
+    assert py_checkpoint_reader.NewCheckpointReader(str(out)).has_tensor("emb/table")
+    assert len(ckptinspect.open(str(out))["emb/table"].slices) == 2
+
+
+# -- SavedModel ----------------------------------------------------------------------------
+def test_savedmodel_source_gives_checkpoint_of_its_variables(savedmodel, tmp_path):
+    out = tmp_path / "sm"
+    before = tree_hash(savedmodel)
+    report = ckptinspect.extract(str(savedmodel), str(out))
+    assert report.kept["model"]["count"] == 2 and report.dropped["optimizer"]["count"] >= 4
+    fresh = Net(1)
+    tf.train.Checkpoint(root=fresh).read(str(out)).assert_consumed()
+    loaded = tf.saved_model.load(str(savedmodel))
+    assert same_bits(fresh.w.numpy(), loaded.w.numpy()) and same_bits(fresh.b.numpy(), loaded.b.numpy())
+    assert tree_hash(savedmodel) == before
+
+
+# -- Keras files ---------------------------------------------------------------------------
+def test_weights_h5_from_tf2_with_builder_loads_in_keras3(src, tmp_path):
+    out = tmp_path / "model.weights.h5"
+    report = ckptinspect.extract(str(src["run_prefix"]), str(out), builder="ckptinspect.trainer:build_model")
+    assert report.output_format == "weights-h5" and report.verified == report.kept["model"]["count"] == 10
+    fresh = trainer.build_model(seed=9)
+    fresh.load_weights(str(out))
+    assert_weights_equal(fresh, restored_reference(src["run_prefix"]))
+    with h5py.File(out, "r") as f:
+        assert "optimizer" not in f
+
+
+def test_weights_h5_from_keras_archive_drops_optimizer_group(src, tmp_path):
+    out = tmp_path / "m.weights.h5"
+    report = ckptinspect.extract(str(src["k3_keras"]), str(out))
+    assert report.dropped["optimizer"]["count"] > 0
+    fresh = trainer.build_model(seed=9)
+    fresh.load_weights(str(out))
+    assert_weights_equal(fresh, keras.models.load_model(str(src["k3_keras"]), compile=False))
+
+
+def test_legacy_h5_keeps_model_config_drops_optimizer_weights(src, tmp_path):
+    tf_keras = pytest.importorskip("tf_keras")
+    out = tmp_path / "model.h5"
+    before = tree_hash(src["k2_h5"])
+    report = ckptinspect.extract(str(src["k2_h5"]), str(out))
+    assert report.output_format == "h5" and report.dropped["optimizer"]["count"] > 0
+    with h5py.File(src["k2_h5"], "r") as s, h5py.File(out, "r") as o:
+        assert "optimizer_weights" in s and "optimizer_weights" not in o
+        assert o.attrs["model_config"] == s.attrs["model_config"]
+        assert set(o.attrs) == set(s.attrs)
+    got = tf_keras.models.load_model(str(out), compile=False)
+    ref = tf_keras.models.load_model(str(src["k2_h5"]), compile=False)
+    assert_weights_equal(got, ref)
+    assert tree_hash(src["k2_h5"]) == before
+
+
+def test_npz_holds_model_variables_by_readable_name(src, tmp_path):
+    out = tmp_path / "m.npz"
+    ckptinspect.extract(str(src["run_prefix"]), str(out))
+    ref = restored_reference(src["run_prefix"])
+    with np.load(out) as npz:
+        assert set(npz.files) == {w.path for w in ref.weights}
+        for w in ref.weights:
+            assert same_bits(npz[w.path], w.numpy())
+
+
+# -- writing rules -------------------------------------------------------------------------
+def test_existing_output_refused_then_replaced_with_force(src, tmp_path):
+    out = tmp_path / "m"
+    ckptinspect.extract(str(src["run_prefix"]), str(out), max_shard_bytes=0)
+    first = tree_hash(tmp_path)
+    with pytest.raises(OutputExistsError, match="output exists; pass --force"):
+        ckptinspect.extract(str(src["run_prefix"]), str(out))
+    assert tree_hash(tmp_path) == first
+    report = ckptinspect.extract(str(src["run_prefix"]), str(out), force=True)
+    assert report.num_shards == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.data-00000-of-00001", "m.index"]  # stale shards gone
+    tf.train.Checkpoint(model=trainer.build_model()).read(str(out)).assert_consumed()
+
+
+def test_source_is_never_an_output_even_with_force(src):
+    before = tree_hash(src["run"])
+    with pytest.raises(UsageError, match="refusing to overwrite an input"):
+        ckptinspect.extract(str(src["run_prefix"]), str(src["run_prefix"]), force=True)
+    assert tree_hash(src["run"]) == before
+
+
+def test_interrupted_write_leaves_nothing(src, tmp_path):
+    def interrupt(done, total, variable):
+        if done == 3:
+            raise KeyboardInterrupt
+
+    for out in (tmp_path / "m", tmp_path / "m.npz"):
+        with pytest.raises(KeyboardInterrupt):
+            ckptinspect.extract(str(src["run_prefix"]), str(out), progress=interrupt)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("out", "kwargs", "message"),
+    [
+        ("m.h5", {}, "legacy .h5 output needs a legacy Keras .h5 source"),
+        ("m.weights.h5", {}, "needs --builder"),
+        ("m.keras", {}, "does not write .keras"),
+        ("m", {"format": "onnx"}, "unknown output format"),
+        ("m", {"keep": ("model", "optimizer")}, "strips optimizer state"),
+        ("m.weights.h5", {"builder": "nosuchmodule_xyz:build"}, "cannot import"),
+    ],
+)
+def test_bad_requests_are_usage_errors(src, tmp_path, out, kwargs, message):
+    with pytest.raises(UsageError, match=message):
+        ckptinspect.extract(str(src["run_prefix"]), str(tmp_path / out), **kwargs)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_builder_of_another_architecture_is_refused(src, tmp_path):
+    with pytest.raises(UsageError, match="architecture does not match"):
+        ckptinspect.extract(str(src["k2_tf"]), str(tmp_path / "m.weights.h5"), builder=trainer.build_model)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_prune_keeps_every_model_variable_reachable_only_via_model(src):
+    """The pruned paths agree with the reader's graph_path for every model variable."""
+    from ckptinspect.formats.tf_writer import prune_object_graph  # noqa: PLC0415
+
+    with ckptinspect.open(str(src["run_prefix"])) as ckpt:
+        blob = tf.train.load_checkpoint(ckpt.path).get_tensor(GRAPH_KEY)
+        model_vars = [v for v in ckpt.variables if v.role == "model"]
+        pruned = prune_object_graph(blob, {v.key for v in model_vars})
+    for v in model_vars:
+        assert pruned.paths[v.key] == v.graph_path
+        assert pruned.key_map[v.key] == v.graph_path + "/.ATTRIBUTES/VARIABLE_VALUE"
+    with pytest.raises(CkptError, match="reachable only through an optimizer"):
+        prune_object_graph(blob, {"optimizer/_variables/2/.ATTRIBUTES/VARIABLE_VALUE"})
+
+
+# -- CLI -----------------------------------------------------------------------------------
+def test_cli_extract_table_json_and_exit_codes(src, tmp_path):
+    out = tmp_path / "m"
+    result = runner.invoke(app, ["extract", str(src["run"]), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"source:   {src['run_prefix']} (tf-bundle)"
+    assert any(line.split()[:2] == ["model", "10"] for line in lines)
+    assert "read back bit-identical" in result.stdout and "smaller" in result.stdout
+
+    again = runner.invoke(app, ["extract", str(src["run"]), "-o", str(out)])
+    assert again.exit_code == 2
+    assert again.stderr.startswith("Error: ") and "output exists" in again.stderr and len(again.stderr.splitlines()) == 1
+
+    forced = runner.invoke(app, ["extract", str(src["run"]), "-o", str(out), "--force", "--report", "json"])
+    assert forced.exit_code == 0, forced.output
+    doc = json.loads(forced.stdout)
+    assert doc["kept"]["model"]["count"] == 10 and doc["dropped"]["model"]["count"] == 0
+    assert doc["verified"] == 10 and doc["output_format"] == "tf"
+
+
+def test_cli_format_option_and_bad_sizes(src, tmp_path):
+    out = tmp_path / "weights"
+    result = runner.invoke(app, ["extract", str(src["run_prefix"]), "-o", str(out), "--format", "npz"])
+    assert result.exit_code == 0, result.output
+    with np.load(out) as npz:
+        assert len(npz.files) == 10
+    bad = runner.invoke(app, ["extract", str(src["run_prefix"]), "-o", str(tmp_path / "x"), "--max-shard-size", "12Q"])
+    assert bad.exit_code == 2 and bad.stderr.startswith("Error: bad size '12Q'")
+    missing = runner.invoke(app, ["extract", str(tmp_path / "nope"), "-o", str(tmp_path / "y")])
+    assert missing.exit_code == 2 and missing.stderr.startswith("Error: ") and "nope" in missing.stderr
