@@ -221,6 +221,49 @@ def test_by_order_pairs_anonymous_layers_by_order_and_shape(keras2_layers):
             np.testing.assert_array_equal(a, b, err_msg=mine)
 
 
+def test_realworld_keras_2_0_6_h5_that_keras3_cannot_load(realworld):
+    """A Keras 2.0.6 full-model .h5 from a public repository, which Keras 3's load_model rejects,
+    transplanted into a Keras 3 rebuild with the same layer names; expected values read with h5py."""
+    import h5py
+
+    path = realworld / "keras2-h5-full-k206" / "model.h5"
+    model = builders.k206_driving_model()
+    report = transplant(str(path), model)
+    assert len(report.assigned) == 12 and report.ok and report.optimizer_skipped == 25
+    with h5py.File(path, "r") as f:
+        group = f["model_weights"]
+        for layer in ("conv2d_1", "conv2d_2", "conv2d_3", "dense_1", "dense_2", "dense_3"):
+            stored = [group[layer][n.decode() if isinstance(n, bytes) else n][()] for n in group[layer].attrs["weight_names"]]
+            got = model.get_layer(layer).get_weights()
+            assert len(got) == len(stored) == 2
+            for a, b in zip(got, stored):
+                np.testing.assert_array_equal(a, b, err_msg=layer)
+
+
+def test_realworld_tf_keras_tf_format_weights_with_a_mapping_rule(realworld):
+    """tf.keras ``save_weights`` (TF format) from a public repository into Keras 3, whose LSTM keeps
+    its weights one level deeper (``lstm/lstm_cell/kernel``): a mapping rule bridges the names."""
+    prefix = str(realworld / "tf2-textgen-keras-weights" / "training_checkpoints" / "ckpt_1")
+    model = builders.textgen_model()
+    with pytest.raises(TransplantError, match="left at init: lstm/lstm_cell/kernel .*unused source variable: lstm/kernel"):
+        transplant(prefix, model)
+    report = transplant(prefix, model, mapping={"^lstm/": "lstm/lstm_cell/"})
+    assert report.ok and len(report.assigned) == 6
+    assert {a.target: a.matched_by for a in report.assigned}["lstm/lstm_cell/recurrent_kernel"] == MATCH_MAPPING
+    reader = tf.train.load_checkpoint(prefix)
+    keys = {
+        "embedding/embeddings": "layer_with_weights-0/embeddings",
+        "lstm/lstm_cell/kernel": "layer_with_weights-1/cell/kernel",
+        "lstm/lstm_cell/recurrent_kernel": "layer_with_weights-1/cell/recurrent_kernel",
+        "lstm/lstm_cell/bias": "layer_with_weights-1/cell/bias",
+        "dense/kernel": "layer_with_weights-2/kernel",
+        "dense/bias": "layer_with_weights-2/bias",
+    }
+    got = weights(model)
+    for path, key in keys.items():
+        np.testing.assert_array_equal(got[path], reader.get_tensor(key + "/.ATTRIBUTES/VARIABLE_VALUE"), err_msg=path)
+
+
 def test_tf_module_target(tmp_path):
     class Net(tf.Module):
         def __init__(self, seed):

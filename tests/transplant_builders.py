@@ -79,3 +79,44 @@ def unbuilt_model() -> Any:
 def failing_model() -> Any:
     """A builder that raises."""
     raise RuntimeError("no GPU here")
+
+
+def k206_driving_model() -> Any:
+    """Keras 3 rebuild of the real-world Keras 2.0.6 ``keras2-h5-full-k206/model.h5`` (a behavioural
+    cloning CNN): same layer names, the ``Lambda`` normalisation replaced by ``Rescaling``."""
+    import keras
+
+    layers = keras.layers
+    model = keras.Sequential(
+        [
+            keras.Input(shape=(64, 64, 3)),
+            layers.Rescaling(1 / 255.0, offset=-0.5, name="lambda_1"),
+            layers.Conv2D(24, 5, strides=2, activation="relu", name="conv2d_1"),
+            layers.Dropout(0.4, name="dropout_1"),
+            layers.Conv2D(36, 5, strides=2, activation="relu", name="conv2d_2"),
+            layers.Dropout(0.4, name="dropout_2"),
+            layers.Conv2D(48, 3, strides=2, activation="relu", name="conv2d_3"),
+            layers.Flatten(name="flatten_1"),
+            layers.Dense(60, name="dense_1"),
+            layers.Dropout(0.4, name="dropout_3"),
+            layers.Dense(10, name="dense_2"),
+            layers.Dropout(0.4, name="dropout_4"),
+            layers.Dense(1, name="dense_3"),
+        ],
+        name="sequential_1",
+    )
+    BUILT.append(model)
+    return model
+
+
+def textgen_model() -> Any:
+    """Keras 3 rebuild of the real-world ``tf2-textgen-keras-weights`` model (a tf.keras
+    ``save_weights`` TF-format checkpoint, which Keras 3 cannot read): Embedding, LSTM, Dense."""
+    import keras
+
+    inputs = keras.Input(shape=(None,), dtype="int32")
+    h = keras.layers.Embedding(127, 16, name="embedding")(inputs)
+    h = keras.layers.LSTM(32, return_sequences=True, name="lstm")(h)
+    model = keras.Model(inputs, keras.layers.Dense(127, name="dense")(h), name="textgen")
+    BUILT.append(model)
+    return model
