@@ -521,3 +521,14 @@ def test_value_read_rechecks_links(k3, tmp_path):
     with pytest.raises(UnsafeFileError, match="SoftLink"):
         ckpt.read(var)
     ckpt.close()
+
+
+def test_hard_link_cycle_walked_once(tmp_path):
+    path = tmp_path / "cycle.weights.h5"
+    with h5py.File(path, "w") as h5:
+        g = _keras3_like(h5)
+        h5["layers/dense/again"] = h5["layers/dense"]  # a group containing itself
+        g["1"] = np.zeros(2, "float32")
+    ckpt = ckptinspect.open(path)
+    assert sorted(v.key for v in ckpt) == ["layers/dense/vars/0", "layers/dense/vars/1"]
+    assert [v.name for v in ckpt] == ["dense/vars/0", "dense/vars/1"]

@@ -142,14 +142,18 @@ def _strip_index(name: str) -> str:
     return OUTPUT_INDEX_RE.sub("", name)
 
 
+_DTYPE_NAMES: dict[np.dtype, str] = {}
+
+
 def _dtype_name(dtype: np.dtype, attr_dtype: str | None) -> str:
     if attr_dtype == "bfloat16" and dtype.itemsize == 2:
         return "bfloat16"
-    if dtype.kind in "SUO":
-        return "string"
-    if dtype.kind == "b":
-        return "bool"
-    return dtype.name
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = "string" if dtype.kind in "SUO" else "bool" if dtype.kind == "b" else dtype.name
+        if dtype.kind != "O":  # object dtypes carry h5py metadata; do not keep them
+            _DTYPE_NAMES[dtype] = name
+    return name
 
 
 def _is_hdf5_head(head: bytes) -> bool:
@@ -169,24 +173,30 @@ class _Dataset:
     nbytes: int
 
 
-def _check_dataset(ds: Any, key: str, label: str) -> None:
-    """Refuse external, virtual and absurdly sized datasets (metadata only)."""
-    if ds.external:
-        raise UnsafeFileError(
-            f"{label}: dataset {key!r} keeps its data in external file(s) "
-            f"{[_text(e[0]) for e in ds.external]}; refusing to follow"
-        )
-    if ds.is_virtual:
-        raise UnsafeFileError(f"{label}: dataset {key!r} is a virtual dataset; refusing to follow")
-    shape = ds.shape or ()
-    declared = math.prod(shape) * ds.dtype.itemsize
+def _check_dataset(dsid: Any, key: str, label: str) -> None:
+    """Refuse external, virtual and absurdly sized datasets (metadata only).
+
+    Args:
+        dsid: The low-level ``h5py.h5d.DatasetID``.
+    """
+    h5py = _h5py()
+    shape = dsid.shape or ()
+    declared = math.prod(shape) * dsid.dtype.itemsize
     if declared > MAX_DECLARED_BYTES:
         raise UnsafeFileError(
             f"{label}: dataset {key!r} declares shape {shape} ({declared} bytes, more than the"
             f" {MAX_DECLARED_BYTES}-byte limit); refusing a possible shape bomb"
         )
+    if dsid.get_offset() is not None:
+        return  # contiguous storage allocated inside this file: neither external nor virtual
+    dcpl = dsid.get_create_plist()
+    if dcpl.get_external_count() > 0:
+        files = [_text(dcpl.get_external(i)[0]) for i in range(dcpl.get_external_count())]
+        raise UnsafeFileError(f"{label}: dataset {key!r} keeps its data in external file(s) {files}; refusing to follow")
+    if dcpl.get_layout() == h5py.h5d.VIRTUAL:
+        raise UnsafeFileError(f"{label}: dataset {key!r} is a virtual dataset; refusing to follow")
     if declared > BOMB_FLOOR_BYTES:
-        stored = ds.id.get_storage_size()
+        stored = dsid.get_storage_size()
         if declared > BOMB_MAX_EXPANSION * stored:
             raise UnsafeFileError(
                 f"{label}: dataset {key!r} declares {declared} bytes but stores only {stored};"
@@ -194,15 +204,26 @@ def _check_dataset(ds: Any, key: str, label: str) -> None:
             )
 
 
-def _describe(ds: Any, key: str) -> _Dataset:
-    dtype = ds.dtype
-    attr_dtype = None
-    if dtype.kind == "V" and DTYPE_ATTR in ds.attrs:
-        attr_dtype = _text(ds.attrs[DTYPE_ATTR])
-    shape = tuple(int(d) for d in (ds.shape or ()))
+def _attr_text(oid: Any, name: bytes) -> str | None:
+    """A string attribute of a low-level object, or None when it has none (or is not text)."""
+    h5py = _h5py()
+    if not h5py.h5a.exists(oid, name):
+        return None
+    aid = h5py.h5a.open(oid, name)
+    if aid.dtype.kind not in "OSU" or aid.shape not in ((), (1,)):
+        return None
+    value = np.empty(aid.shape, aid.dtype)
+    aid.read(value)
+    return _text(value.reshape(-1)[0])
+
+
+def _describe(dsid: Any, key: str) -> _Dataset:
+    dtype = dsid.dtype
+    attr_dtype = _attr_text(dsid, DTYPE_ATTR.encode()) if dtype.kind == "V" else None
+    shape = tuple(int(d) for d in (dsid.shape or ()))
     name = _dtype_name(dtype, attr_dtype)
     if dtype.kind == "O" or (dtype.kind in "SU" and dtype.itemsize == 0):
-        nbytes = int(ds.id.get_storage_size())
+        nbytes = int(dsid.get_storage_size())
     else:
         nbytes = math.prod(shape) * dtype.itemsize
     return _Dataset(key=key, shape=shape, dtype=name, nbytes=nbytes)
@@ -218,57 +239,63 @@ class _Walk:
 
 
 def _walk(h5: Any, label: str) -> _Walk:
-    """Visit every link once; refuse soft/external links and unsafe datasets.
+    """Every object of the file, through h5py's low-level API, refusing anything unsafe.
+
+    Two traversals run inside HDF5: a link visit checks that every link is a hard link (no
+    object is opened for a soft or external one), then an object visit lists each object once
+    (a group reached twice through hard links is visited once), depth first in name order.
+    Only datasets and ``vars`` groups are then opened, for their shape, type and ``name``.
 
     Raises:
         UnsafeFileError: A soft, external or user-defined link, or an unsafe dataset.
+        CorruptCheckpointError: A link name that is not UTF-8.
     """
     h5py = _h5py()
+    h5l, h5o = h5py.h5l, h5py.h5o
+    root = h5["/"].id
+
+    def name_of(raw: bytes) -> str:
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise CorruptCheckpointError(f"{label}: link name {raw!r} is not UTF-8") from None
+
+    # Stopping a visit: return a true value from the callback (an exception raised inside
+    # HDF5's callback does not propagate cleanly through h5py).
+    bad: list[tuple[bytes, int]] = []
+    root.links.visit(lambda raw, info: bad.append((raw, info.type)) if info.type != h5l.TYPE_HARD else None, info=True)
+    if bad:
+        raw, link_type = bad[0]
+        name = name_of(raw)
+        if link_type == h5l.TYPE_SOFT:
+            target = _text(root.links.get_val(raw))
+            raise UnsafeFileError(f"{label}: soft link {name!r} -> {target!r}; refusing to follow links")
+        if link_type == h5l.TYPE_EXTERNAL:
+            filename, path = (_text(x) for x in root.links.get_val(raw))
+            raise UnsafeFileError(f"{label}: external link {name!r} -> {filename}:{path}; refusing to follow links")
+        raise UnsafeFileError(f"{label}: link {name!r} of unknown type {link_type}; refusing to follow")
+
+    objects: list[tuple[bytes, int]] = []
+    h5o.visit(root, lambda raw, info: objects.append((raw, info.type)), info=True)
     datasets: dict[str, _Dataset] = {}
     groups: set[str] = set()
     vars_names: dict[str, str] = {}
-
-    def check(name: str, link: Any) -> None:
-        if isinstance(link, h5py.SoftLink):
-            raise UnsafeFileError(f"{label}: soft link {name!r} -> {link.path!r}; refusing to follow links")
-        if isinstance(link, h5py.ExternalLink):
-            raise UnsafeFileError(
-                f"{label}: external link {name!r} -> {link.filename}:{link.path}; refusing to follow links"
-            )
-        if not isinstance(link, h5py.HardLink):
-            raise UnsafeFileError(f"{label}: link {name!r} of unknown type; refusing to follow")
-        obj = h5[name]
-        if isinstance(obj, h5py.Dataset):
-            _check_dataset(obj, name, label)
-            datasets[name] = _describe(obj, name)
-        elif isinstance(obj, h5py.Group):
+    vars_leaf = b"/" + VARS_GROUP.encode()
+    name_attr = NAME_ATTR.encode()
+    for raw, obj_type in objects:
+        if raw == b".":
+            continue
+        name = name_of(raw)
+        if obj_type == h5o.TYPE_DATASET:
+            dsid = h5o.open(root, raw)
+            _check_dataset(dsid, name, label)
+            datasets[name] = _describe(dsid, name)
+        elif obj_type == h5o.TYPE_GROUP:
             groups.add(name)
-            if name.rsplit("/", 1)[-1] == VARS_GROUP and NAME_ATTR in obj.attrs:
-                vars_names[name] = _text(obj.attrs[NAME_ATTR])
-
-    # An exception raised inside HDF5's visit callback does not propagate cleanly through
-    # h5py; stop the visit by returning a value and raise afterwards.
-    failure: list[BaseException] = []
-
-    def visit(raw: bytes) -> bool | None:
-        try:
-            try:
-                name = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise CorruptCheckpointError(f"{label}: link name {raw!r} is not UTF-8") from None
-            check(name, h5.get(name, getlink=True))
-        except BaseException as e:  # noqa: BLE001 - re-raised below
-            failure.append(e)
-            return True
-        return None
-
-    h5.id.links.visit(visit)
-    if failure:
-        e = failure[0]
-        if isinstance(e, KeyError):
-            # h5py raises KeyError/TypeError for user-defined link classes it cannot represent.
-            raise UnsafeFileError(f"{label}: unsupported link ({_one_line(e)}); refusing to follow") from None
-        raise e
+            if raw == vars_leaf[1:] or raw.endswith(vars_leaf):
+                named = _attr_text(h5o.open(root, raw), name_attr)
+                if named is not None:
+                    vars_names[name] = named
     return _Walk(datasets, groups, vars_names)
 
 
@@ -288,7 +315,7 @@ def _safe_dataset(h5: Any, key: str, label: str) -> Any:
         node = node[part]
     if not isinstance(node, h5py.Dataset):
         raise CheckpointNotFoundError(f"{label}: {key!r} is not a dataset")
-    _check_dataset(node, key, label)
+    _check_dataset(node.id, key, label)
     return node
 
 
