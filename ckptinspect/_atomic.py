@@ -111,6 +111,19 @@ def check_output(dest: str, *, force: bool = False, prefix: bool = False, protec
     return existing
 
 
+def _make_directory(dest: str) -> str:
+    directory = os.path.dirname(dest) or "."
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except FileExistsError:
+        raise UsageError(f"{dest}: cannot write there: {directory} exists and is not a directory") from None
+    except OSError as e:
+        raise UsageError(f"{dest}: cannot create the output directory {directory}: {e.strerror or e}") from None
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise UsageError(f"{dest}: cannot write there: {directory} is not writable")
+    return directory
+
+
 def _remove(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         if os.path.isdir(path) and not os.path.islink(path):
@@ -137,8 +150,7 @@ def atomic_file(dest: str, *, force: bool = False, protected: Iterable[str] = ()
     """
     dest = os.fspath(dest)
     check_output(dest, force=force, protected=protected)
-    directory = os.path.dirname(dest) or "."
-    os.makedirs(directory, exist_ok=True)
+    directory = _make_directory(dest)
     tmp = os.path.join(directory, f"{TMP_MARK}{uuid.uuid4().hex[:12]}.{os.path.basename(dest)}")
     try:
         yield tmp
@@ -172,8 +184,7 @@ def atomic_prefix(dest: str, *, force: bool = False, protected: Iterable[str] = 
     """
     dest = os.fspath(dest)
     check_output(dest, force=force, prefix=True, protected=protected)
-    directory = os.path.dirname(dest) or "."
-    os.makedirs(directory, exist_ok=True)
+    directory = _make_directory(dest)
     tmp_dir = os.path.join(directory, f"{TMP_MARK}{uuid.uuid4().hex[:12]}")
     os.mkdir(tmp_dir)
     tmp_prefix = os.path.join(tmp_dir, os.path.basename(dest))
