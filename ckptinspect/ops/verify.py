@@ -600,7 +600,7 @@ def _verify_directory(directory: str, progress: Progress | None) -> VerifyReport
     from ..formats.tf_state import STATE_FILE, list_checkpoints  # noqa: PLC0415
 
     retained, latest = list_checkpoints(directory)
-    if latest is None:
+    if latest is None and not retained:
         # No TF bundle at all: a directory of V1 files, or nothing (open() says which).
         from ..formats import open_checkpoint  # noqa: PLC0415
 
