@@ -176,11 +176,14 @@ class VariableDiff:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (``variables`` items of ``diff --format json``)."""
-        out = dataclasses.asdict(self)
+        out = {f.name: getattr(self, f.name) for f in _VARIABLE_DIFF_FIELDS}
         for k in ("shape_a", "shape_b"):
             if out[k] is not None:
                 out[k] = list(out[k])
         return out
+
+
+_VARIABLE_DIFF_FIELDS = dataclasses.fields(VariableDiff)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -651,7 +654,34 @@ def _mask_crc(crc: int) -> int:
     return (((crc >> 15) | (crc << 17)) + CRC_MASK_DELTA) & 0xFFFFFFFF
 
 
-def _raw_location(ckpt: Checkpoint, var: Variable) -> tuple[str, np.dtype] | None:
+class _DataFiles:
+    """TF bundle data files opened once for a whole diff: sizes and positioned reads."""
+
+    def __init__(self) -> None:
+        self._fds: dict[str, int] = {}
+        self._sizes: dict[str, int | None] = {}
+
+    def size(self, path: str) -> int | None:
+        if path not in self._sizes:
+            try:
+                self._sizes[path] = os.path.getsize(path)
+            except OSError:
+                self._sizes[path] = None
+        return self._sizes[path]
+
+    def pread(self, path: str, size: int, offset: int) -> bytes:
+        fd = self._fds.get(path)
+        if fd is None:
+            fd = self._fds[path] = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        return os.pread(fd, size, offset)
+
+    def close(self) -> None:
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
+
+
+def _raw_location(ckpt: Checkpoint, var: Variable, files: _DataFiles) -> tuple[str, np.dtype] | None:
     """Data file and dtype when ``var``'s bytes can be read directly (local unsliced TF bundle
     tensor of a plain numeric dtype with a stored checksum), else None."""
     if ckpt.format not in BUNDLE_FORMATS or var.sliced or var.offset is None or var.crc32c is None:
@@ -665,30 +695,29 @@ def _raw_location(ckpt: Checkpoint, var: Variable) -> tuple[str, np.dtype] | Non
     from ..formats.tf_bundle import data_path  # noqa: PLC0415
 
     path = data_path(prefix, var.shards[0], ckpt.num_shards)
-    try:
-        if os.path.getsize(path) < var.offset + var.nbytes:
-            return None  # let the TensorFlow reader report the truncation
-    except OSError:
-        return None
+    size = files.size(path)
+    if size is None or size < var.offset + var.nbytes:
+        return None  # let the TensorFlow reader report the missing or truncated shard
     return path, dtype
 
 
-def _raw_blocks(path: str, var: Variable, dtype: np.dtype, block_elements: int) -> Iterator[np.ndarray]:
+def _raw_blocks(path: str, var: Variable, dtype: np.dtype, block_elements: int, files: _DataFiles) -> Iterator[np.ndarray]:
+    """Blocks of a tensor read straight from its data file, its crc32c checked at the end."""
     import google_crc32c  # noqa: PLC0415
 
     total = var.size
     crc = google_crc32c.Checksum()
-    with open(path, "rb") as f:
-        f.seek(var.offset)
-        done = 0
-        while done < total:
-            n = min(block_elements, total - done)
-            data = f.read(n * dtype.itemsize)
-            if len(data) != n * dtype.itemsize:
-                raise CorruptCheckpointError(f"{path}: truncated: {var.key!r} ends past the end of the file")
-            crc.update(data)
-            done += n
-            yield np.frombuffer(data, dtype=dtype)
+    done = 0
+    offset = var.offset
+    while done < total:
+        n = min(block_elements, total - done)
+        data = files.pread(path, n * dtype.itemsize, offset)
+        if len(data) != n * dtype.itemsize:
+            raise CorruptCheckpointError(f"{path}: truncated: {var.key!r} ends past the end of the file")
+        crc.update(data)
+        done += n
+        offset += len(data)
+        yield np.frombuffer(data, dtype=dtype)
     actual = _mask_crc(int.from_bytes(crc.digest(), "big"))
     if actual != var.crc32c:
         raise CorruptCheckpointError(
@@ -696,11 +725,11 @@ def _raw_blocks(path: str, var: Variable, dtype: np.dtype, block_elements: int) 
         )
 
 
-def _value_blocks(ckpt: Checkpoint, var: Variable, block_elements: int) -> Iterator[np.ndarray]:
+def _value_blocks(ckpt: Checkpoint, var: Variable, block_elements: int, files: _DataFiles) -> Iterator[np.ndarray]:
     """The flattened value of ``var`` in blocks of ``block_elements`` elements."""
-    raw = _raw_location(ckpt, var)
+    raw = _raw_location(ckpt, var, files)
     if raw is not None:
-        yield from _raw_blocks(raw[0], var, raw[1], block_elements)
+        yield from _raw_blocks(raw[0], var, raw[1], block_elements, files)
         return
     value = np.ascontiguousarray(ckpt.read(var)).reshape(-1)
     for i in range(0, value.size, block_elements):
@@ -823,21 +852,62 @@ def _bits_view(block: np.ndarray) -> np.ndarray:
     return block.view(f"u{block.dtype.itemsize}") if block.dtype.itemsize in (1, 2, 4, 8) else block
 
 
-def _compare_numeric(ckpt_a: Checkpoint, va: Variable, ckpt_b: Checkpoint, vb: Variable, atol: float, rtol: float) -> dict[str, Any]:
+def _bitwise_equal(x: np.ndarray, y: np.ndarray) -> bool:
+    """Whether two blocks hold the same bytes (memcmp when both were read as ``bytes``)."""
+    bx, by = x.base, y.base
+    if isinstance(bx, bytes) and isinstance(by, bytes) and len(bx) == x.nbytes and len(by) == y.nbytes:
+        return bx == by
+    return bool(np.array_equal(_bits_view(_arith_view(x)), _bits_view(_arith_view(y))))
+
+
+def _identical_result(x: np.ndarray) -> dict[str, Any] | None:
+    """Statistics of a whole variable whose two sides are bitwise identical: no float64 pass
+    is needed (rel_l2 0, cosine 1 unless all zero). None when it holds NaN/Inf (counted by
+    the general path)."""
+    if x.size == 0:
+        return None
+    if x.dtype.kind == "f":
+        lo, hi = x.min(), x.max()
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            return None
+        nonzero = not (lo == 0 and hi == 0)
+    else:
+        nonzero = bool(x.any())
+    return {
+        "max_abs_diff": 0.0,
+        "rel_l2": 0.0,
+        "cosine": 1.0 if nonzero else None,
+        "num_different": 0,
+        "nan_a": 0,
+        "inf_a": 0,
+        "nan_b": 0,
+        "inf_b": 0,
+        "nonfinite_mismatch": 0,
+    }
+
+
+def _compare_numeric(
+    ckpt_a: Checkpoint, va: Variable, ckpt_b: Checkpoint, vb: Variable, atol: float, rtol: float, files: _DataFiles
+) -> dict[str, Any]:
     itemsize = max(_itemsize(va.dtype), _itemsize(vb.dtype))
     block = max(CHUNK_ELEMENTS, (BLOCK_BYTES // itemsize) // CHUNK_ELEMENTS * CHUNK_ELEMENTS)
     acc = _Accumulator(atol, rtol)
     same_dtype = va.dtype == vb.dtype
-    blocks_b = _value_blocks(ckpt_b, vb, block)
+    blocks_b = _value_blocks(ckpt_b, vb, block, files)
     prefilter = same_dtype
-    for xa in _value_blocks(ckpt_a, va, block):
+    single = va.size <= block
+    for xa in _value_blocks(ckpt_a, va, block, files):
         xb = next(blocks_b, None)
         if xb is None or xb.size != xa.size:
             raise CorruptCheckpointError(f"{ckpt_b.path}: {vb.key!r} holds fewer values than its shape {list(vb.shape)}")
         x = _arith_view(xa)
         y = _arith_view(xb)
         exact_int = x.dtype.kind in "iu" and y.dtype.kind in "iu"
-        if prefilter and np.array_equal(_bits_view(x), _bits_view(y)):
+        if prefilter and _bitwise_equal(xa, xb):
+            if single:
+                quick = _identical_result(x)
+                if quick is not None:
+                    return quick
             for i in range(0, x.size, CHUNK_ELEMENTS):
                 acc.equal_chunk(x[i : i + CHUNK_ELEMENTS])
             continue
@@ -868,7 +938,14 @@ def _compare_other(ckpt_a: Checkpoint, va: Variable, ckpt_b: Checkpoint, vb: Var
 
 
 def compare_variables(
-    ckpt_a: Checkpoint, va: Variable, ckpt_b: Checkpoint, vb: Variable, *, atol: float = 0.0, rtol: float = 0.0
+    ckpt_a: Checkpoint,
+    va: Variable,
+    ckpt_b: Checkpoint,
+    vb: Variable,
+    *,
+    atol: float = 0.0,
+    rtol: float = 0.0,
+    files: _DataFiles | None = None,
 ) -> dict[str, Any]:
     """Compare the values of two variables, streaming.
 
@@ -879,6 +956,7 @@ def compare_variables(
         vb: Variable of B (same shape as ``va``).
         atol: Absolute tolerance.
         rtol: Relative tolerance (of B's magnitude, as numpy ``isclose``).
+        files: Open data files to reuse across calls (private; default: opened for this call).
 
     Returns:
         A dict with ``status`` and the statistic fields of :class:`VariableDiff`.
@@ -891,7 +969,13 @@ def compare_variables(
     numeric = va.dtype in NUMERIC_DTYPES and vb.dtype in NUMERIC_DTYPES
     comparable = numeric and (("complex" in va.dtype) == ("complex" in vb.dtype))
     if comparable:
-        stats = _compare_numeric(ckpt_a, va, ckpt_b, vb, atol, rtol)
+        own = files is None
+        files = files or _DataFiles()
+        try:
+            stats = _compare_numeric(ckpt_a, va, ckpt_b, vb, atol, rtol, files)
+        finally:
+            if own:
+                files.close()
     elif va.dtype == vb.dtype:
         stats = _compare_other(ckpt_a, va, ckpt_b, vb)
     else:
@@ -953,6 +1037,7 @@ def diff(
     parse_mapping(mapping)  # fail on bad rules before opening anything
 
     opened: list[Checkpoint] = []
+    files = _DataFiles()
     try:
         ca = _open(a, opened)
         cb = _open(b, opened)
@@ -965,7 +1050,7 @@ def diff(
         pairs = sorted(alignment.pairs, key=_read_order)
         results = []
         for i, (name, va, vb) in enumerate(pairs, 1):
-            results.append(_diff_one(name, ca, va, cb, vb, float(atol), float(rtol)))
+            results.append(_diff_one(name, ca, va, cb, vb, float(atol), float(rtol), files))
             if progress is not None:
                 progress(i, len(pairs), results[-1])
         return DiffReport(
@@ -982,6 +1067,7 @@ def diff(
             mapping=rules_text,
         )
     finally:
+        files.close()
         for c in opened:
             c.close()
 
@@ -1003,7 +1089,10 @@ def _open(path_or_ckpt: Any, opened: list[Checkpoint]) -> Checkpoint:
     return ckpt
 
 
-def _diff_one(name: str, ca: Checkpoint, va: Variable | None, cb: Checkpoint, vb: Variable | None, atol: float, rtol: float) -> VariableDiff:
+def _diff_one(
+    name: str, ca: Checkpoint, va: Variable | None, cb: Checkpoint, vb: Variable | None, atol: float, rtol: float,
+    files: _DataFiles,
+) -> VariableDiff:
     common = {
         "name": name,
         "key_a": va.key if va else None,
@@ -1020,4 +1109,4 @@ def _diff_one(name: str, ca: Checkpoint, va: Variable | None, cb: Checkpoint, vb
         return VariableDiff(status=STATUS_ADDED, **common)
     if vb is None:
         return VariableDiff(status=STATUS_REMOVED, **common)
-    return VariableDiff(**common, **compare_variables(ca, va, cb, vb, atol=atol, rtol=rtol))
+    return VariableDiff(**common, **compare_variables(ca, va, cb, vb, atol=atol, rtol=rtol, files=files))
