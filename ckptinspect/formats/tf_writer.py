@@ -24,7 +24,7 @@ from typing import Callable, Collection, Iterable, Iterator
 import numpy as np
 
 from .. import model as m
-from ..errors import CorruptCheckpointError, UsageError
+from ..errors import CheckpointNotFoundError, CorruptCheckpointError, UsageError
 from ._tf import import_tf
 from .tf_bundle import OBJECT_GRAPH_KEY, VARIABLE_VALUE, _is_optimizer, parse_object_graph
 
@@ -36,6 +36,8 @@ __all__ = [
     "write_bundle",
     "slice_spec",
     "object_graph_tensor",
+    "numpy_view",
+    "restore_tensor",
 ]
 
 DEFAULT_MAX_SHARD_BYTES = 256 * 1024 * 1024
@@ -222,13 +224,39 @@ def prune_object_graph(blob: bytes, keep_keys: Collection[str], *, keep_object_s
 
 
 # -- bundle writing ------------------------------------------------------------------------
+def numpy_view(tensor) -> np.ndarray:
+    """A numpy view of an eager CPU tensor's buffer, without the copy ``Tensor.numpy()`` makes."""
+    view = getattr(tensor, "_numpy", None)  # what Tensor.numpy() calls before copying
+    return view() if view is not None else tensor.numpy()
+
+
+def restore_tensor(prefix: str, key: str, dtype: str):
+    """One full tensor of a checkpoint as an eager tensor, read by ``tf.raw_ops.RestoreV2``.
+
+    The value lives in TensorFlow's buffer only (no numpy copy); sliced tensors are assembled.
+
+    Raises:
+        CheckpointNotFoundError: No such key or file.
+        CorruptCheckpointError: TensorFlow cannot read it.
+    """
+    tf = import_tf()
+    try:
+        with tf.device("/cpu:0"):
+            return tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[key], shape_and_slices=[""], dtypes=[tf.as_dtype(dtype)])[0]
+    except tf.errors.NotFoundError as e:
+        raise CheckpointNotFoundError(f"{prefix}: {key!r}: {e.message.splitlines()[0]}") from None
+    except (tf.errors.OpError, TypeError, ValueError) as e:
+        raise CorruptCheckpointError(f"{prefix}: cannot read {key!r}: {str(e).splitlines()[0]}") from None
+
+
 @dataclasses.dataclass(frozen=True)
 class BundleTensor:
     """One tensor to write.
 
     Attributes:
         key: Its key in the written bundle.
-        read: Returns the full value; called once, when its group is written.
+        read: Returns the full value (an eager tensor, or anything numpy takes); called once,
+            when its group is written.
         nbytes: Its size, for grouping.
         slices: Write it as these slices of its full shape (a partitioned variable);
             empty for a whole tensor.
@@ -246,7 +274,7 @@ def slice_spec(shape: tuple[int, ...], info: m.SliceInfo) -> str:
     return " ".join(str(d) for d in shape) + " " + extents
 
 
-def _slice_of(value: np.ndarray, info: m.SliceInfo) -> np.ndarray:
+def _slice_of(value, info: m.SliceInfo):
     index = tuple(slice(None) if ln < 0 else slice(st, st + ln) for st, ln in zip(info.starts, info.lengths))
     return value[index]
 
@@ -279,7 +307,8 @@ def write_bundle(
         tensors: What to write, in order. Values are read one group at a time.
         max_shard_bytes: Bytes per data shard (and about the peak memory); a bigger tensor
             gets a shard of its own. ``0`` writes one tensor per shard.
-        on_value: Called with each tensor's full value while it is in memory (for checksums).
+        on_value: Called with a numpy view of each tensor's full value while it is in memory
+            (for checksums); the view is only valid during the call.
 
     Returns:
         The number of data shards written.
@@ -296,18 +325,20 @@ def write_bundle(
         for group in _groups(tensors, max_shard_bytes):
             names, specs, values = [], [], []
             for t in group:
-                value = np.asarray(t.read())
+                value = t.read()
+                if not isinstance(value, tf.Tensor):
+                    value = tf.constant(np.asarray(value))
                 if on_value is not None:
-                    on_value(t, value)
+                    on_value(t, numpy_view(value))
                 if t.slices:
                     for info in t.slices:
                         names.append(t.key)
-                        specs.append(slice_spec(value.shape, info))
-                        values.append(tf.constant(_slice_of(value, info)))
+                        specs.append(slice_spec(tuple(value.shape), info))
+                        values.append(_slice_of(value, info))
                 else:
                     names.append(t.key)
                     specs.append("")
-                    values.append(tf.constant(value))
+                    values.append(value)
                 del value
             part = os.path.join(parts_dir, f"part-{len(parts):05d}")
             with tf.device("/cpu:0"):

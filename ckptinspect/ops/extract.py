@@ -26,14 +26,13 @@ Output formats (chosen from the output's suffix unless ``format`` says otherwise
   written one array at a time.
 
 The source is never modified. The output is written under a temporary name in its directory,
-read back and compared tensor by tensor with what was read from the source (a BLAKE2 digest
-of each value's bytes), and only then renamed into place.
+read back and compared tensor by tensor, bit for bit, with the source (read again: one pair of
+tensors in memory at a time), and only then renamed into place.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib
 import os
 import sys
@@ -207,20 +206,23 @@ class ExtractReport:
 
 
 # -- helpers -------------------------------------------------------------------------------
-def digest(value: np.ndarray) -> bytes:
-    """A BLAKE2 digest of a value's dtype, shape and bytes (strings element by element)."""
-    value = np.asarray(value)
-    h = hashlib.blake2b(digest_size=20)
-    if value.dtype.kind in "OSU":
-        h.update(b"string" + repr(value.shape).encode())
-        for item in value.reshape(-1):
-            b = item if isinstance(item, bytes) else str(item).encode("utf-8")
-            h.update(len(b).to_bytes(8, "little"))
-            h.update(b)
-    else:
-        h.update(str(value.dtype).encode() + repr(value.shape).encode())
-        h.update(np.ascontiguousarray(value).view(np.uint8).reshape(-1).data)
-    return h.digest()
+def _as_bytes(item: Any) -> bytes:
+    return item if isinstance(item, bytes) else str(item).encode("utf-8")
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Bit-identical: same shape, same dtype, same bytes (NaN payloads included); strings element by element."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape:
+        return False
+    if a.dtype.kind in "OSU" or b.dtype.kind in "OSU":
+        if not (a.dtype.kind in "OSU" and b.dtype.kind in "OSU"):
+            return False
+        return [_as_bytes(x) for x in a.reshape(-1)] == [_as_bytes(x) for x in b.reshape(-1)]
+    if a.dtype != b.dtype:
+        return False
+    return bool(np.array_equal(np.ascontiguousarray(a).reshape(-1).view(np.uint8),
+                               np.ascontiguousarray(b).reshape(-1).view(np.uint8)))
 
 
 def output_format_for(out: str, source_format: str, format: str | None = None) -> str:
@@ -305,21 +307,28 @@ def _check_keep(keep: Sequence[str]) -> tuple[str, ...]:
 
 
 class _Verifier:
-    """Digests of what was written, checked against what is read back."""
+    """What was written, checked against the source when it is read back."""
 
     def __init__(self, progress: Progress | None, total: int):
-        self.expected: dict[str, bytes] = {}
+        self.expected: dict[str, m.Variable] = {}
         self.progress = progress
         self.total = total
-        self.done = 0
 
-    def record(self, out_key: str, variable: m.Variable | None, value: np.ndarray) -> None:
-        self.expected[out_key] = digest(value)
-        if self.progress is not None and variable is not None:
-            self.done += 1
-            self.progress(self.done, self.total, variable)
+    def record(self, out_key: str, variable: m.Variable) -> None:
+        """``variable`` was written as ``out_key``."""
+        self.expected[out_key] = variable
+        if self.progress is not None:
+            self.progress(len(self.expected), self.total, variable)
 
-    def check(self, label: str, keys: Iterable[str], read: Callable[[str], np.ndarray]) -> int:
+    def check(
+        self,
+        label: str,
+        keys: Iterable[str],
+        read_output: Callable[[str], Any],
+        read_source: Callable[[m.Variable], Any],
+    ) -> int:
+        """Every recorded key is in the output, nothing else is, and each value is bit-identical
+        to the source's (one pair of tensors in memory at a time)."""
         found = set(keys)
         missing = sorted(set(self.expected) - found)
         extra = sorted(found - set(self.expected))
@@ -329,8 +338,8 @@ class _Verifier:
                 f"{label}: read-back check failed: {len(missing)} kept tensor(s) missing and "
                 f"{len(extra)} unexpected in the written output ({what}); nothing was written"
             )
-        for key, expected in self.expected.items():
-            if digest(read(key)) != expected:
+        for key, variable in self.expected.items():
+            if not same_value(read_output(key), read_source(variable)):
                 raise CkptError(
                     f"{label}: read-back check failed: {key!r} differs from the source value; nothing was written"
                 )
@@ -343,7 +352,14 @@ def _write_tf(
 ) -> tuple[list[ExtractedVariable], int, int, dict[str, Any] | None, list[str]]:
     from ..formats import _tf  # noqa: PLC0415
     from ..formats.tf_bundle import OBJECT_GRAPH_KEY, open_bundle  # noqa: PLC0415
-    from ..formats.tf_writer import BundleTensor, object_graph_tensor, prune_object_graph, write_bundle  # noqa: PLC0415
+    from ..formats.tf_writer import (  # noqa: PLC0415
+        BundleTensor,
+        numpy_view,
+        object_graph_tensor,
+        prune_object_graph,
+        restore_tensor,
+        write_bundle,
+    )
 
     notes: list[str] = []
     object_graph = None
@@ -398,12 +414,17 @@ def _write_tf(
             yield object_graph_tensor(blob)
         for p in kept:
             var = by_key[p.key]
-            yield BundleTensor(key=p.output_key, read=lambda var=var: ckpt.read(var), nbytes=var.nbytes, slices=var.slices)
+            yield BundleTensor(
+                key=p.output_key,
+                read=lambda var=var: restore_tensor(ckpt.path, var.key, var.dtype),
+                nbytes=var.nbytes,
+                slices=var.slices,
+            )
 
     def on_value(t: BundleTensor, value: np.ndarray) -> None:
         if t.key == OBJECT_GRAPH_KEY:
             return
-        verifier.record(t.key, by_out[t.key], value)
+        verifier.record(t.key, by_out[t.key])
 
     num_shards = write_bundle(tmp, tensors(), max_shard_bytes=max_shard_bytes, on_value=on_value)
 
@@ -414,7 +435,13 @@ def _write_tf(
         if OBJECT_GRAPH_KEY not in keys or _tf.get_tensor(reader, tmp, OBJECT_GRAPH_KEY).item() != blob:
             raise CkptError(f"{tmp}: read-back check failed: the object graph was not written as built")
         keys.discard(OBJECT_GRAPH_KEY)
-    verified = verifier.check(tmp, keys, lambda k: _tf.get_tensor(reader, tmp, k))
+    dtypes = {p.output_key: p.dtype for p in kept}
+    verified = verifier.check(
+        tmp,
+        keys,
+        lambda k: numpy_view(restore_tensor(tmp, k, dtypes[k])),
+        lambda v: numpy_view(restore_tensor(ckpt.path, v.key, v.dtype)),
+    )
     del reader
     with open_bundle(tmp) as written:
         for v in written.variables:
@@ -450,12 +477,12 @@ def _write_npz(
                 value = value.astype(np.bytes_)
             if value.dtype.kind == "V" or value.dtype.name not in np.sctypeDict and value.dtype.kind not in "SU":
                 raise UsageError(f"{v.name}: dtype {v.dtype} has no numpy .npy encoding; use the TF output format")
-            verifier.record(names[v.key], v, value)
+            verifier.record(names[v.key], v)
             with zf.open(names[v.key] + NPY_SUFFIX, mode="w", force_zip64=True) as f:
                 np.lib.format.write_array(f, value, allow_pickle=False)
             del value
     with np.load(tmp, allow_pickle=False) as npz:
-        verified = verifier.check(tmp, npz.files, lambda k: npz[k])
+        verified = verifier.check(tmp, npz.files, lambda k: npz[k], ckpt.read)
     return planned, verified, ["npz: load with numpy.load(OUT); one array per readable name"]
 
 
@@ -502,7 +529,7 @@ def _write_h5_copy(
     try:
         _h5_copy_without(src_h5, tmp, drop_group)
         for p in kept:
-            verifier.record(p.output_key, ckpt[p.key], _h5_read(src_h5, p.key))
+            verifier.record(p.output_key, ckpt[p.key])
         with h5py.File(tmp, "r") as out:
             if drop_group in out:
                 raise CkptError(f"{tmp}: read-back check failed: {drop_group!r} is still there")
@@ -511,7 +538,7 @@ def _write_h5_copy(
                     raise CkptError(f"{tmp}: read-back check failed: root attribute {name!r} differs")
             datasets: list[str] = []
             out.visititems(lambda name, obj: datasets.append(name) if isinstance(obj, h5py.Dataset) else None)
-            verified = verifier.check(tmp, datasets, lambda k: _h5_read(out, k))
+            verified = verifier.check(tmp, datasets, lambda k: _h5_read(out, k), lambda v: _h5_read(src_h5, v.key))
     finally:
         src_h5.close()
     return planned, verified
@@ -615,7 +642,7 @@ def _write_weights_from_builder(
         v = matches[id(w)]
         value = np.asarray(ckpt.read(v))
         w.assign(value)
-        verifier.record(v.key, v, value)
+        verifier.record(v.key, v)
         del value
     model.save_weights(tmp)
     # Read back through Keras: poison every weight, load the file, compare with the source.
@@ -623,7 +650,7 @@ def _write_weights_from_builder(
         w.assign(_sentinel(np.asarray(w.numpy())))
     model.load_weights(tmp)
     values = {matches[id(w)].key: w for w in model_vars}
-    verified = verifier.check(tmp, values, lambda k: np.asarray(values[k].numpy()))
+    verified = verifier.check(tmp, values, lambda k: np.asarray(values[k].numpy()), ckpt.read)
     # The file's dataset paths are Keras's positional ones; name each kept value by its Keras path.
     keras_path = {matches[id(w)].key: str(getattr(w, "path", w.name)) for w in model_vars}
     planned = [
