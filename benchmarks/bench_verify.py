@@ -1,0 +1,109 @@
+"""Benchmark: `ckptinspect verify` vs reading every tensor with `tf.train.load_checkpoint`.
+
+TensorFlow's reader checks each tensor's crc32c as it reads it, so "read every tensor" is what
+a user without ckptinspect runs to find out whether a checkpoint is whole. Generates a TF
+bundle checkpoint of N float32 variables (about SIZE MB) once into a work folder, reads it once
+with each tool to warm the page cache, then times each as a whole process, alternating them,
+several rounds; prints the median wall time, the spread, the child's peak RSS, and the ratios.
+
+    python benchmarks/bench_verify.py [--size-mb 1024] [--variables 2000] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+TF_READ_ALL = """
+import sys, tensorflow as tf
+reader = tf.train.load_checkpoint(sys.argv[1])
+n = 0
+for key in reader.get_variable_to_shape_map():
+    value = reader.get_tensor(key)  # raises on a checksum mismatch
+    n += len(value) if isinstance(value, bytes) else value.nbytes
+print(n)
+"""
+
+
+def run_timed(cmd: list[str]) -> tuple[float, int]:
+    """Run a command; return (wall seconds, peak RSS of the child in bytes)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    elapsed = time.perf_counter() - start
+    err = proc.stderr.read().decode(errors="replace")
+    proc.stderr.close()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"command failed ({os.waitstatus_to_exitcode(status)}): {' '.join(cmd)}\n{err[-2000:]}")
+    return elapsed, usage.ru_maxrss * 1024
+
+
+def generate(prefix: pathlib.Path, size_mb: int, variables: int) -> str:
+    """A tf.train.Checkpoint of ``variables`` float32 variables totalling about ``size_mb`` MB."""
+    done = prefix.parent / f"{prefix.name}.done"
+    if done.exists():
+        return str(prefix)
+    if prefix.parent.exists():
+        shutil.rmtree(prefix.parent)
+    prefix.parent.mkdir(parents=True)
+    code = f"""
+import numpy as np, tensorflow as tf
+n, total = {variables}, {size_mb} * 2**20
+per = max(1, total // n // 4)
+rng = np.random.default_rng(0)
+root = tf.Module()
+for i in range(n):
+    setattr(root, f"layer_{{i:04d}}", tf.Variable(rng.standard_normal(per, dtype=np.float32)))
+tf.train.Checkpoint(model=root).write({str(prefix)!r})
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    done.touch()
+    return str(prefix)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mb", type=int, default=1024)
+    parser.add_argument("--variables", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--work", default=str(HERE / "_work"))
+    args = parser.parse_args()
+
+    prefix = generate(pathlib.Path(args.work) / f"verify_{args.size_mb}mb_{args.variables}v" / "ckpt",
+                      args.size_mb, args.variables)
+    tools = {
+        "ckptinspect verify": [sys.executable, "-m", "ckptinspect", "verify", prefix],
+        "ckptinspect verify --format json": [sys.executable, "-m", "ckptinspect", "verify", prefix, "--format", "json"],
+        "tf load_checkpoint + get_tensor (all)": [sys.executable, "-c", TF_READ_ALL, prefix],
+    }
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    for cmd in tools.values():  # warm the page cache and imports once, untimed
+        run_timed(cmd)
+    times: dict[str, list[float]] = {k: [] for k in tools}
+    peaks: dict[str, int] = {k: 0 for k in tools}
+    for _ in range(args.rounds):
+        for name, cmd in tools.items():  # alternate the tools within each round
+            t, rss = run_timed(cmd)
+            times[name].append(t)
+            peaks[name] = max(peaks[name], rss)
+    base = statistics.median(times["ckptinspect verify"])
+    size = sum(f.stat().st_size for f in pathlib.Path(prefix).parent.iterdir())
+    print(f"checkpoint: {args.variables} variables, {size / 2**20:.0f} MiB, {os.cpu_count()} cores,"
+          f" {args.rounds} rounds, warm page cache")
+    print(f"{'tool':<40} {'median s':>9} {'spread s':>9} {'peak MiB':>9} {'vs verify':>10}")
+    for name in tools:
+        med = statistics.median(times[name])
+        spread = max(times[name]) - min(times[name])
+        print(f"{name:<40} {med:9.3f} {spread:9.3f} {peaks[name] / 2**20:9.1f} {med / base:9.1f}x")
+
+
+if __name__ == "__main__":
+    main()
