@@ -1,0 +1,592 @@
+"""Benchmarks: every ckptinspect command timed side by side with what users would run instead.
+
+    python benchmarks/run.py [--size-mb 1024] [--variables 2000] [--rounds 3]
+                             [--only ls,diff,...] [--scale 100,1024,4096] [--work DIR]
+
+Generates synthetic checkpoints once into the work folder (see ``_common.py``: a Keras 3 Dense
+chain with its Adam state as a TF bundle, single-shard and multi-shard, as legacy ``.h5`` and
+``.weights.h5``, and a perturbed copy), then times each pair as whole processes (the ckptinspect
+command and its alternatives alternating, the order reversed every round, after untimed warm-up
+runs that leave the page cache warm), and records the median wall time, the spread (max - min)
+and the peak RSS of each child (``ru_maxrss`` from ``os.wait4``). A scale series times ``ls``,
+``diff`` and ``verify`` (and their TensorFlow counterparts) against checkpoint size and plots it
+to ``benchmarks/scale.png`` (needs matplotlib: ``pip install -e .[bench]``).
+
+Writes ``benchmarks/RESULTS.md`` (and ``results.json`` in the work folder). Hand-written notes
+between ``<!-- notes:start -->`` and ``<!-- notes:end -->`` in an existing RESULTS.md are kept.
+A pair whose ckptinspect command does not exist yet is reported as not available; rows that need
+``h5ls``/``h5diff`` (Debian: ``apt-get install hdf5-tools``) are skipped, saying so, when those
+are missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import fnmatch
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import _common as c  # noqa: E402
+
+RESULTS = c.HERE / "RESULTS.md"
+PLOT = c.HERE / "scale.png"
+NOTES_START = "<!-- notes:start -->"
+NOTES_END = "<!-- notes:end -->"
+FLOOR_MB = 4  # the small checkpoint whose diff peak is the "baseline" of diff's memory target
+MIB = 2**20
+PY = sys.executable
+CKPT = [PY, "-m", "ckptinspect"]
+HDF5_TOOLS_HINT = "not installed (Debian: apt-get install hdf5-tools)"
+SCALE_COMMANDS = ("ls", "diff", "verify")
+
+# -- the alternatives, as scripts a user would write ----------------------------------------
+TF_LIST = "import tensorflow as tf\nprint(len(tf.train.list_variables({p!r})))\n"
+TF_STATS = """import numpy as np, tensorflow as tf
+r = tf.train.load_checkpoint({p!r})
+for key in sorted(r.get_variable_to_shape_map()):
+    a = r.get_tensor(key)
+    if not isinstance(a, np.ndarray) or a.dtype.kind not in "fiu":
+        continue
+    nan = inf = 0
+    f = a
+    if a.dtype.kind == "f":
+        nan, inf = int(np.isnan(a).sum()), int(np.isinf(a).sum())
+        if nan or inf:
+            f = a[np.isfinite(a)]
+    if f.size:
+        print(key, f.min(), f.max(), f.mean(dtype=np.float64), f.std(dtype=np.float64), nan, inf)
+"""
+TF_DIFF = """import numpy as np, tensorflow as tf
+ra, rb = tf.train.load_checkpoint({a!r}), tf.train.load_checkpoint({b!r})
+sa, sb = ra.get_variable_to_shape_map(), rb.get_variable_to_shape_map()
+changed = 0
+for key in sorted(sa.keys() & sb.keys()):
+    if key == "_CHECKPOINTABLE_OBJECT_GRAPH":
+        continue
+    x, y = ra.get_tensor(key), rb.get_tensor(key)
+    if x.shape != y.shape:
+        print(key, "shape", x.shape, y.shape)
+        continue
+    d = float(np.max(np.abs(x - y))) if x.size else 0.0
+    changed += d > 0
+    print(key, d)
+print("added", len(sb.keys() - sa.keys()), "removed", len(sa.keys() - sb.keys()), "changed", changed)
+"""
+TF_READ_ALL = """import tensorflow as tf
+r = tf.train.load_checkpoint({p!r})
+n = 0
+for key in r.get_variable_to_shape_map():
+    r.get_tensor(key)
+    n += 1
+print(n, "tensors read")
+"""
+TF_EXTRACT = """import tensorflow as tf, bench_model
+model, optimizer = bench_model.build_with_optimizer()
+tf.train.Checkpoint(model=model, optimizer=optimizer).restore({src!r}).expect_partial()
+tf.train.Checkpoint(model=model).write({out!r})
+"""
+KERAS_EXTRACT = """import tensorflow as tf, bench_model
+model, optimizer = bench_model.build_with_optimizer()
+tf.train.Checkpoint(model=model, optimizer=optimizer).restore({src!r}).expect_partial()
+model.save_weights({out!r})
+"""
+TF_TRANSPLANT = """import tensorflow as tf, bench_model
+model = bench_model.build()
+tf.train.Checkpoint(model=model).restore({src!r}).expect_partial()
+tf.train.Checkpoint(model=model).write({out!r})
+"""
+KERAS_TRANSPLANT = """import bench_model
+model = bench_model.build()
+model.load_weights({src!r})
+model.save_weights({out!r})
+"""
+KERAS_EDITOR = "import keras\nkeras.saving.KerasFileEditor({p!r}).summary()\n"
+
+
+def py(code: str) -> list[str]:
+    return [PY, "-c", code]
+
+
+@dataclasses.dataclass
+class Pair:
+    """A ckptinspect command and what users would run instead, on the same input.
+
+    Attributes:
+        id: Short name (what ``--only`` matches).
+        command: The ckptinspect command it needs.
+        title: What is timed.
+        tools: The ckptinspect tool first, then the alternatives.
+    """
+
+    id: str
+    command: str
+    title: str
+    tools: list[c.Tool]
+
+
+def make_pairs(s: c.CheckpointSet, out: pathlib.Path) -> list[Pair]:
+    """Every pair on the checkpoint set ``s``; outputs of writing commands go under ``out``."""
+    h5ls = None if shutil.which("h5ls") else f"h5ls {HDF5_TOOLS_HINT}"
+    h5diff = None if shutil.which("h5diff") else f"h5diff {HDF5_TOOLS_HINT}"
+    # TF outputs are prefixes in their own folder (removed before each run); Keras ones are files.
+    o = {k: str(out / k / "ckpt") for k in ("extract_ours", "extract_tf", "transplant_ours", "transplant_tf")}
+    o |= {k: str(out / f"{k}.weights.h5") for k in ("extract_wh5_ours", "extract_wh5_keras", "transplant_wh5_ours", "transplant_wh5_keras")}
+    ours = dict(ours=True)
+    return [
+        Pair("ls", "ls", "list a TF bundle (single shard)", [
+            c.Tool("ckptinspect ls", [*CKPT, "ls", s.a], **ours),
+            c.Tool("tf.train.list_variables", py(TF_LIST.format(p=s.a))),
+            c.Tool("inspect_checkpoint", [PY, "-m", "tensorflow.python.tools.inspect_checkpoint", f"--file_name={s.a}"]),
+        ]),
+        Pair("ls-sharded", "ls", "list a multi-shard TF bundle (MaxShardSizePolicy)", [
+            c.Tool("ckptinspect ls", [*CKPT, "ls", s.sharded], **ours),
+            c.Tool("tf.train.list_variables", py(TF_LIST.format(p=s.sharded))),
+        ]),
+        Pair("ls-h5", "ls", "list the legacy Keras .h5 (model.save: weights + optimizer)", [
+            c.Tool("ckptinspect ls", [*CKPT, "ls", s.h5_a], **ours),
+            c.Tool("h5ls -r", ["h5ls", "-r", s.h5_a], missing=h5ls),
+        ]),
+        Pair("ls-weights-h5", "ls", "list the Keras 3 .weights.h5 (save_weights of the compiled model: weights + optimizer)", [
+            c.Tool("ckptinspect ls", [*CKPT, "ls", s.weights_h5], **ours),
+            c.Tool("h5ls -r", ["h5ls", "-r", s.weights_h5], missing=h5ls),
+            c.Tool("KerasFileEditor.summary()", py(KERAS_EDITOR.format(p=s.weights_h5))),
+        ]),
+        Pair("ls-stats", "ls", "per-tensor min/max/mean/std/NaN/Inf of every tensor", [
+            c.Tool("ckptinspect ls --stats", [*CKPT, "ls", s.a, "--stats"], **ours),
+            c.Tool("TF script (load_checkpoint + numpy)", py(TF_STATS.format(p=s.a))),
+        ]),
+        Pair("diff", "diff", "compare A with B (TF bundles, every 4th tensor changed)", [
+            c.Tool("ckptinspect diff", [*CKPT, "diff", s.a, s.b], ok_codes=(1,), **ours),
+            c.Tool("TF script (max abs diff per key)", py(TF_DIFF.format(a=s.a, b=s.b))),
+        ]),
+        Pair("diff-h5", "diff", "compare A with B (legacy .h5 files)", [
+            c.Tool("ckptinspect diff", [*CKPT, "diff", s.h5_a, s.h5_b], ok_codes=(1,), **ours),
+            c.Tool("h5diff", ["h5diff", s.h5_a, s.h5_b], ok_codes=(1,), missing=h5diff),
+        ]),
+        Pair("extract", "extract", "model weights only, optimizer stripped, to a TF bundle", [
+            c.Tool("ckptinspect extract", [*CKPT, "extract", s.a, "-o", o["extract_ours"]], cleanup=(str(out / "extract_ours"),), **ours),
+            c.Tool("rebuild + restore + Checkpoint(model).write", py(TF_EXTRACT.format(src=s.a, out=o["extract_tf"])), cleanup=(str(out / "extract_tf"),)),
+        ]),
+        Pair("extract-weights-h5", "extract", "model weights only, to a Keras 3 .weights.h5", [
+            c.Tool("ckptinspect extract --builder", [*CKPT, "extract", s.a, "-o", o["extract_wh5_ours"], "--builder", c.BUILDER_SPEC], cleanup=(o["extract_wh5_ours"],), **ours),
+            c.Tool("rebuild + restore + save_weights", py(KERAS_EXTRACT.format(src=s.a, out=o["extract_wh5_keras"])), cleanup=(o["extract_wh5_keras"],)),
+        ]),
+        Pair("transplant", "transplant", "TF bundle into a freshly built model, written as a TF bundle", [
+            c.Tool("ckptinspect transplant", [*CKPT, "transplant", s.a, o["transplant_ours"], "--builder", c.BUILDER_SPEC], cleanup=(str(out / "transplant_ours"),), **ours),
+            c.Tool("Checkpoint(model).restore + write", py(TF_TRANSPLANT.format(src=s.a, out=o["transplant_tf"])), cleanup=(str(out / "transplant_tf"),)),
+        ]),
+        Pair("transplant-weights-h5", "transplant", ".weights.h5 into a freshly built model, written as .weights.h5", [
+            c.Tool("ckptinspect transplant", [*CKPT, "transplant", s.weights_h5, o["transplant_wh5_ours"], "--builder", c.BUILDER_SPEC], cleanup=(o["transplant_wh5_ours"],), **ours),
+            c.Tool("load_weights + save_weights", py(KERAS_TRANSPLANT.format(src=s.weights_h5, out=o["transplant_wh5_keras"])), cleanup=(o["transplant_wh5_keras"],)),
+        ]),
+        Pair("verify", "verify", "check every tensor's checksum (single shard)", [
+            c.Tool("ckptinspect verify", [*CKPT, "verify", s.a], **ours),
+            c.Tool("TF: get_tensor of every key", py(TF_READ_ALL.format(p=s.a))),
+        ]),
+        Pair("verify-sharded", "verify", "check every tensor's checksum (multi-shard)", [
+            c.Tool("ckptinspect verify", [*CKPT, "verify", s.sharded], **ours),
+            c.Tool("TF: get_tensor of every key", py(TF_READ_ALL.format(p=s.sharded))),
+        ]),
+    ]
+
+
+def scale_tools(s: c.CheckpointSet, baselines: bool) -> dict[str, list[c.Tool]]:
+    """The scale series' tools per command: ckptinspect, then (optionally) TensorFlow."""
+    out = {
+        "ls": [c.Tool("ckptinspect ls", [*CKPT, "ls", s.a], ours=True), c.Tool("tf.train.list_variables", py(TF_LIST.format(p=s.a)))],
+        "diff": [c.Tool("ckptinspect diff", [*CKPT, "diff", s.a, s.b], ok_codes=(1,), ours=True), c.Tool("TF script (max abs diff per key)", py(TF_DIFF.format(a=s.a, b=s.b)))],
+        "verify": [c.Tool("ckptinspect verify", [*CKPT, "verify", s.a], ours=True), c.Tool("TF: get_tensor of every key", py(TF_READ_ALL.format(p=s.a)))],
+    }
+    return {k: v if baselines else v[:1] for k, v in out.items()}
+
+
+def cli_commands() -> set[str]:
+    """The commands ``ckptinspect`` has, from its typer app (in a child: no import here)."""
+    code = "import typer, ckptinspect.cli as m\nprint(' '.join(typer.main.get_command(m.app).commands))"
+    proc = subprocess.run(py(code), capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"cannot list ckptinspect's commands:\n{proc.stderr[-2000:]}")
+    return set(proc.stdout.split())
+
+
+def select(pairs: list[Pair], only: str | None) -> list[Pair]:
+    """The pairs ``--only`` names: comma-separated pair ids or shell patterns (``ls*``); all when None.
+
+    Raises:
+        ValueError: A name or pattern matches no pair.
+    """
+    if not only:
+        return pairs
+    wanted = [w.strip() for w in only.split(",") if w.strip()]
+    unknown = [w for w in wanted if not any(fnmatch.fnmatchcase(p.id, w) for p in pairs)]
+    if unknown:
+        raise ValueError(f"--only: unknown {', '.join(unknown)}; choose from {', '.join(p.id for p in pairs)} (or patterns such as ls*)")
+    return [p for p in pairs if any(fnmatch.fnmatchcase(p.id, w) for w in wanted)]
+
+
+# -- formatting ---------------------------------------------------------------------------
+def mib(n: float) -> str:
+    return f"{n / MIB:.1f}"
+
+
+def table(headers: list[str], rows: list[list[Any]], align: str | None = None) -> str:
+    align = align or "l" + "r" * (len(headers) - 1)
+    sep = ["---:" if a == "r" else "---" for a in align]
+    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(sep) + " |"]
+    lines += ["| " + " | ".join(str(x) for x in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def pair_rows(pair: Pair, res: dict[str, Any]) -> list[list[Any]]:
+    ours = next(t for t in pair.tools if t.ours)
+    base = res.get(ours.label)
+    rows = []
+    for t in pair.tools:
+        m = res.get(t.label)
+        if t.missing:
+            rows.append([t.label, "skipped", "", "", t.missing])
+        elif isinstance(m, str) or m is None:
+            rows.append([t.label, "failed", "", "", (m or "not run").splitlines()[0][:120]])
+        else:
+            ratio = ""
+            if isinstance(base, c.Measurement):
+                ratio = "1.00x (reference)" if t.ours else f"{m.median / base.median:.2f}x"
+            rows.append([t.label, f"{m.median:.3f}", f"{m.spread:.3f}", mib(m.peak), ratio])
+    return rows
+
+
+def read_notes(path: pathlib.Path) -> str:
+    if path.is_file():
+        text = path.read_text()
+        i, j = text.find(NOTES_START), text.find(NOTES_END)
+        if 0 <= i < j:
+            return text[i:j + len(NOTES_END)]
+    return f"{NOTES_START}\n(none yet)\n{NOTES_END}"
+
+
+# -- targets ------------------------------------------------------------------------------
+def med(results: dict[str, dict[str, Any]], pair: str, label: str) -> c.Measurement | None:
+    m = results.get(pair, {}).get(label)
+    return m if isinstance(m, c.Measurement) else None
+
+
+def evaluate_targets(results: dict[str, dict[str, Any]], s: c.CheckpointSet, floor_peak: int | None, scale: list[dict[str, Any]]) -> list[list[str]]:
+    """Issue 8's targets, each as ``[target, measured, verdict]``."""
+    rows: list[list[str]] = []
+
+    def add(target: str, measured: str | None, ok: bool | None) -> None:
+        rows.append([target, measured or "not measured", "n/a" if ok is None else ("met" if ok else "**missed**")])
+
+    ls, lv = med(results, "ls", "ckptinspect ls"), med(results, "ls", "tf.train.list_variables")
+    add(f"ls >= 10x faster than tf.train.list_variables ({s.meta['entries']} variables)",
+        f"{lv.median / ls.median:.1f}x ({ls.median:.3f} s vs {lv.median:.3f} s)" if ls and lv else None,
+        lv.median / ls.median >= 10 if ls and lv else None)
+    peaks = [(p, med(results, p, "ckptinspect ls")) for p in ("ls", "ls-sharded", "ls-h5", "ls-weights-h5")]
+    peaks = [(p, m) for p, m in peaks if m]
+    add("ls peak memory < 100 MiB",
+        ", ".join(f"{p}: {mib(m.peak)} MiB" for p, m in peaks) if peaks else None,
+        all(m.peak < 100 * MIB for _, m in peaks) if peaks else None)
+    for p in ("ls-h5", "ls-weights-h5"):
+        a, b = med(results, p, "ckptinspect ls"), med(results, p, "h5ls -r")
+        add(f"ls within 2x of h5ls -r ({p})",
+            f"{a.median / b.median:.2f}x h5ls's time ({a.median:.3f} s vs {b.median:.3f} s)" if a and b else None,
+            a.median <= 2 * b.median if a and b else None)
+    d, t = med(results, "diff", "ckptinspect diff"), med(results, "diff", "TF script (max abs diff per key)")
+    add("diff no slower than the TF script",
+        f"{t.median / d.median:.2f}x faster ({d.median:.3f} s vs {t.median:.3f} s)" if d and t else None,
+        d.median <= t.median if d and t else None)
+    d, h = med(results, "diff-h5", "ckptinspect diff"), med(results, "diff-h5", "h5diff")
+    add("diff >= 2x faster than h5diff (legacy .h5 pair)",
+        f"{h.median / d.median:.2f}x ({d.median:.3f} s vs {h.median:.3f} s)" if d and h else None,
+        h.median >= 2 * d.median if d and h else None)
+    largest = s.meta["largest_tensor_bytes"]
+    d = med(results, "diff", "ckptinspect diff")
+    if d and floor_peak:
+        limit = floor_peak + 3 * largest
+        add(f"diff peak <= baseline + 3x largest tensor ({s.layout.size_mb} MB)",
+            f"{mib(d.peak)} MiB vs limit {mib(limit)} MiB ({mib(floor_peak)} + 3 x {mib(largest)})", d.peak <= limit)
+    else:
+        add("diff peak <= baseline + 3x largest tensor", None, None)
+    for point in scale:
+        m = point["results"].get("diff", {}).get("ckptinspect diff")
+        if isinstance(m, c.Measurement) and floor_peak and point["size_mb"] != s.layout.size_mb:
+            limit = floor_peak + 3 * point["largest_tensor_bytes"]
+            add(f"diff peak <= baseline + 3x largest tensor ({point['size_mb']} MB, scale series)",
+                f"{mib(m.peak)} MiB vs limit {mib(limit)} MiB", m.peak <= limit)
+    for p in ("verify", "verify-sharded"):
+        v, t = med(results, p, "ckptinspect verify"), med(results, p, "TF: get_tensor of every key")
+        add(f"verify at least as fast as reading every tensor through TF ({p})",
+            f"{t.median / v.median:.2f}x ({v.median:.3f} s vs {t.median:.3f} s)" if v and t else None,
+            v.median <= t.median if v and t else None)
+    return rows
+
+
+# -- the scale plot -----------------------------------------------------------------------
+def plot_scale(scale: list[dict[str, Any]], path: pathlib.Path) -> str:
+    """Plot time and peak memory against checkpoint size; return a line saying what happened."""
+    try:
+        import matplotlib  # noqa: PLC0415
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: PLC0415
+    except ImportError:
+        return "matplotlib is not installed (pip install -e .[bench]): no plot written"
+    colors = {"ls": "tab:blue", "diff": "tab:orange", "verify": "tab:green"}
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.4), constrained_layout=True)
+    sizes = [p["bytes"] / MIB for p in scale]
+    for cmd in SCALE_COMMANDS:
+        labels = []
+        for point in scale:
+            labels += [k for k in point["results"].get(cmd, {}) if k not in labels]
+        for label in labels:
+            xs, ts, ms = [], [], []
+            for x, point in zip(sizes, scale):
+                m = point["results"].get(cmd, {}).get(label)
+                if isinstance(m, c.Measurement):
+                    xs.append(x)
+                    ts.append(m.median)
+                    ms.append(m.peak / MIB)
+            if not xs:
+                continue
+            ours = label.startswith("ckptinspect")
+            style = dict(color=colors[cmd], marker="o" if ours else "s", linestyle="-" if ours else "--", linewidth=2 if ours else 1.2)
+            name = label if ours else f"{cmd}: {label}"
+            ax_t.plot(xs, ts, label=name, **style)
+            ax_m.plot(xs, ms, label=name, **style)
+    for ax in (ax_t, ax_m):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xticks(sizes, [f"{x:,.0f}" for x in sizes])
+        ax.minorticks_off()
+        ax.set_xlabel("checkpoint size (MiB, A; diff reads A and B)")
+        ax.grid(True, which="major", alpha=0.3)
+    ax_t.set_ylabel("wall time, median (s)")
+    ax_t.set_title("time vs checkpoint size")
+    ax_m.set_ylabel("peak RSS of the process (MiB)")
+    ax_m.set_title("peak memory vs checkpoint size")
+    ax_m.legend(fontsize=8, loc="upper left")
+    fig.suptitle(f"ckptinspect (solid) vs TensorFlow (dashed), {scale[0]['entries']} variables, {os.cpu_count()} cores", fontsize=11)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return f"plot written to {path}"
+
+
+# -- the report ---------------------------------------------------------------------------
+def write_results(path: pathlib.Path, args: argparse.Namespace, info: dict[str, Any], s: c.CheckpointSet,
+                  pairs: list[Pair], unavailable: list[Pair], results: dict[str, dict[str, Any]],
+                  targets: list[list[str]], scale: list[dict[str, Any]], floor_peak: int | None,
+                  plot_line: str | None, notes: str) -> None:
+    meta = s.meta
+    mem = info["memory_bytes"]
+    v = info["versions"]
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Generated by `python benchmarks/run.py {' '.join(args.argv)}`".rstrip() + f" on {info['date']}.",
+        "Every tool runs as a whole process (interpreter start and imports included), the tools of a",
+        f"pair alternating, the order reversed each round; {args.warmup} untimed warm-up run(s) per tool first",
+        f"(page cache warm), then {args.rounds} timed round(s): the median wall time, the spread (max - min) and",
+        "the largest peak RSS of the child (`ru_maxrss` from `os.wait4`). Ratio: the tool's median over",
+        "ckptinspect's (above 1 means ckptinspect is faster).",
+        "",
+        "## Machine",
+        "",
+        f"- {info['cores']} cores, {mem / 2**30:.1f} GiB memory, {info['cpu']}, {info['os']}" if mem else f"- {info['cores']} cores, {info['cpu']}",
+        f"- Python {info['python']}; tensorflow {v['tensorflow']}, keras {v['keras']}, tf_keras {v['tf_keras']}, "
+        f"h5py {v['h5py']}, numpy {v['numpy']}, protobuf {v['protobuf']}; {info['h5ls']}",
+        f"- ckptinspect {v['ckptinspect']} at commit {info['ckptinspect_commit']}",
+        f"- 1-minute load average: {info['load_start']:.2f} when timing started, {info['load_end']:.2f} at the end"
+        + (f" (waited {info['waited'] / 60:.0f} min for it to drop below {args.quiet_load})" if info.get("waited") else ""),
+        "",
+        "## Checkpoints",
+        "",
+        f"A Keras 3 chain of {meta['layers']} Dense layers ({meta['units']} units; the first takes a "
+        f"{c.BIG_FACTOR}x wider input) with its Adam state, saved by `tf.train.Checkpoint(model=..., optimizer=...)`: "
+        f"{meta['entries']} variables ({meta['model_weights']} model weights, {meta['optimizer_variables']} optimizer), "
+        f"{mib(meta['tensor_bytes'])} MiB of float32, largest tensor {mib(meta['largest_tensor_bytes'])} MiB. "
+        f"B is A with every {c.PERTURB_EVERY}th tensor ({meta['perturbed']}) perturbed by N(0, {c.PERTURB_SCALE:g}).",
+        "",
+        table(["file", "MiB"], [[k, mib(n)] for k, n in meta["files"].items() if not k.endswith("_files")]
+              + ([["multi-shard data files", meta["files"]["sharded_data_files"]]] if "sharded_data_files" in meta["files"] else [])),
+        "",
+        "## Targets (issue 8)",
+        "",
+        table(["target", "measured", "verdict"], targets, align="lll"),
+        "",
+        "## Pairs",
+        "",
+    ]
+    for pair in pairs:
+        lines += [f"### `{pair.id}`: {pair.title}", "",
+                  table(["tool", "median s", "spread s", "peak MiB", "time vs ckptinspect"], pair_rows(pair, results.get(pair.id, {})), align="lrrrl"), ""]
+    if unavailable:
+        lines += ["### Not available", ""]
+        lines += [f"- `{p.id}`: `ckptinspect {p.command}` does not exist yet" for p in unavailable]
+        lines.append("")
+    if scale:
+        lines += ["## Scale series", "",
+                  f"`ls`, `diff` and `verify` against checkpoint size ({scale[0]['entries']} variables at every size; "
+                  "diff compares A with its perturbed copy B, so it reads twice the bytes). "
+                  + (f"Baseline for diff's memory target: `ckptinspect diff` peak on a {FLOOR_MB} MB pair with the same "
+                     f"variables, {mib(floor_peak)} MiB." if floor_peak else ""), ""]
+        rows = []
+        for point in scale:
+            for cmd in SCALE_COMMANDS:
+                for label, m in point["results"].get(cmd, {}).items():
+                    if isinstance(m, c.Measurement):
+                        rows.append([f"{point['size_mb']} MB ({mib(point['bytes'])} MiB)", label, f"{m.median:.3f}", f"{m.spread:.3f}", mib(m.peak),
+                                     f"{mib(point['largest_tensor_bytes'])}"])
+                    else:
+                        rows.append([f"{point['size_mb']} MB", label, "failed", "", "", str(m).splitlines()[0][:100]])
+        lines += [table(["size", "tool", "median s", "spread s", "peak MiB", "largest tensor MiB"], rows, align="llrrrr"), ""]
+        if plot_line and plot_line.startswith("plot written"):
+            lines += [f"![time and peak memory against checkpoint size]({os.path.relpath(args.plot_path, path.parent)})", ""]
+        elif plot_line:
+            lines += [f"({plot_line})", ""]
+    lines += ["## Notes", "", notes, ""]
+    path.write_text("\n".join(lines))
+
+
+def to_json(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return {p: {k: (m.to_dict() if isinstance(m, c.Measurement) else m) for k, m in r.items()} for p, r in results.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size-mb", type=int, default=1024, help="size of the main checkpoint (default 1024)")
+    ap.add_argument("--variables", type=int, default=2000, help="variables in each TF bundle (default 2000)")
+    ap.add_argument("--rounds", type=int, default=3, help="timed runs per tool (default 3)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed runs per tool first (default 1)")
+    ap.add_argument("--only", help="comma-separated pair ids or patterns: ls, ls-sharded, ls-h5, ls-weights-h5, ls-stats, diff, "
+                    "diff-h5, extract, extract-weights-h5, transplant, transplant-weights-h5, verify, verify-sharded; ls*, diff*...")
+    ap.add_argument("--scale", default="100,1024,4096", help="checkpoint sizes (MB) of the scale series; '' for none")
+    ap.add_argument("--scale-baselines", action=argparse.BooleanOptionalAction, default=True, help="time TensorFlow in the scale series too")
+    ap.add_argument("--work", default=str(c.DEFAULT_WORK), help="where checkpoints are generated and cached")
+    ap.add_argument("--results", default=str(RESULTS), help="the Markdown report to write")
+    ap.add_argument("--plot", default=str(PLOT), help="the scale plot to write")
+    ap.add_argument("--wait-quiet", action="store_true", help="wait for the load average to drop first")
+    ap.add_argument("--quiet-load", type=float, default=1.0, help="load average to wait for (default 1.0)")
+    ap.add_argument("--max-wait", type=float, default=40, help="minutes to wait at most (default 40)")
+    args = ap.parse_args(argv)
+    args.argv = argv
+    if args.rounds < 1 or args.warmup < 0:
+        ap.error("--rounds must be >= 1 and --warmup >= 0")
+    try:
+        sizes = [int(x) for x in args.scale.replace(" ", "").split(",") if x]
+    except ValueError:
+        ap.error(f"--scale: comma-separated integers expected. Received: {args.scale!r}")
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    work = pathlib.Path(args.work).resolve()
+    results_path = pathlib.Path(args.results).resolve()
+    plot_path = args.plot_path = pathlib.Path(args.plot).resolve()
+    for tool in ("h5ls", "h5diff"):
+        if shutil.which(tool) is None:
+            log(f"warning: {tool} not found (Debian: apt-get install hdf5-tools); its rows are skipped")
+
+    main_layout = c.layout_for(args.size_mb, args.variables)
+    floor_layout = c.layout_for(min(FLOOR_MB, args.size_mb), args.variables)
+    scale_layouts = [c.layout_for(mb, args.variables) for mb in sizes]
+    # Pairs are chosen before generating so that only the needed kinds are written.
+    probe = c.CheckpointSet(main_layout, work / main_layout.name, {})
+    try:
+        chosen = select(make_pairs(probe, work / "_out"), args.only)
+    except ValueError as exc:
+        ap.error(str(exc))
+    commands = cli_commands()
+    need = {"bundle"}
+    for p in chosen:
+        if "sharded" in p.id:
+            need.add("sharded")
+        if p.id in ("ls-h5", "diff-h5"):
+            need.add("h5")
+        if p.id in ("ls-weights-h5", "transplant-weights-h5"):
+            need.add("weights_h5")
+    wanted = [(main_layout, need)]
+    run_scale = bool(scale_layouts) and (not args.only or any(p.command in SCALE_COMMANDS for p in chosen))
+    if any(p.id == "diff" for p in chosen) or run_scale:
+        wanted.append((floor_layout, {"bundle"}))
+    if run_scale:
+        wanted += [(lay, {"bundle"}) for lay in scale_layouts]
+    sets = c.ensure_checkpoints(wanted, work, log=log)
+    s = sets[main_layout.name]
+    pairs = select(make_pairs(s, work / "_out"), args.only)
+    available = [p for p in pairs if p.command in commands]
+    unavailable = [p for p in pairs if p.command not in commands]
+    for p in unavailable:
+        log(f"{p.id}: not available (no `ckptinspect {p.command}` command yet)")
+
+    info = c.machine()
+    if args.wait_quiet:
+        waited, _ = c.wait_for_quiet(args.quiet_load, args.max_wait * 60, log=log)
+        info["waited"] = waited
+    info["load_start"] = c.load_average()
+    info["date"] = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+
+    results: dict[str, dict[str, Any]] = {}
+    for pair in available:
+        start = time.perf_counter()
+        res = c.time_tools(pair.tools, args.rounds, args.warmup, env=s.env(), cwd=str(work))
+        results[pair.id] = res
+        summary = ", ".join(f"{k} {v.median:.2f}s/{mib(v.peak)}MiB" if isinstance(v, c.Measurement) else f"{k} FAILED" for k, v in res.items())
+        log(f"{pair.id} ({time.perf_counter() - start:.0f} s): {summary}")
+        for k, v in res.items():
+            if isinstance(v, str):
+                log(f"  {k}: {v}")
+
+    floor_peak = None
+    if floor_layout.name in sets and "diff" in commands:
+        fs = sets[floor_layout.name]
+        res = c.time_tools([c.Tool("ckptinspect diff", [*CKPT, "diff", fs.a, fs.b], ok_codes=(1,), ours=True)], max(1, args.rounds), args.warmup, env=fs.env(), cwd=str(work))
+        m = res["ckptinspect diff"]
+        floor_peak = m.peak if isinstance(m, c.Measurement) else None
+
+    scale: list[dict[str, Any]] = []
+    if run_scale:
+        for lay in scale_layouts:
+            ss = sets[lay.name]
+            point = {"size_mb": lay.size_mb, "bytes": ss.meta["files"]["a"], "entries": ss.meta["entries"],
+                     "largest_tensor_bytes": ss.meta["largest_tensor_bytes"], "results": {}}
+            for cmd, tools in scale_tools(ss, args.scale_baselines).items():
+                if cmd not in commands:
+                    continue
+                if lay == main_layout and cmd in results:  # the same runs as the main pair
+                    point["results"][cmd] = {t.label: results[cmd][t.label] for t in tools if t.label in results[cmd]}
+                    if len(point["results"][cmd]) == len(tools):
+                        continue
+                start = time.perf_counter()
+                point["results"][cmd] = c.time_tools(tools, args.rounds, args.warmup, env=ss.env(), cwd=str(work))
+                log(f"scale {lay.size_mb} MB {cmd} ({time.perf_counter() - start:.0f} s)")
+            scale.append(point)
+    info["load_end"] = c.load_average()
+
+    plot_line = plot_scale(scale, plot_path) if scale else None
+    if plot_line:
+        log(plot_line)
+    targets = evaluate_targets(results, s, floor_peak, scale)
+    notes = read_notes(results_path)
+    write_results(results_path, args, info, s, pairs, unavailable, results, targets, scale, floor_peak, plot_line, notes)
+    (work / "results.json").write_text(json.dumps({"machine": info, "meta": s.meta, "pairs": to_json(results), "floor_peak": floor_peak,
+                                                    "scale": [{**p, "results": to_json(p["results"])} for p in scale], "targets": targets}, indent=1))
+    log(f"results written to {results_path}")
+    for row in targets:
+        log(f"  {row[2]:>10}  {row[0]}: {row[1]}")
+    failed = [f"{p}: {k}" for p, r in results.items() for k, v in r.items() if isinstance(v, str)]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
