@@ -116,21 +116,39 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+def _attr_values(oid: Any, name: str) -> list[str] | None:
+    """A string-list attribute of a low-level object (None when absent), read without h5py's
+    high-level attribute manager (a legacy file has one ``weight_names`` per layer)."""
+    h5py = _h5py()
+    raw = name.encode()
+    if not h5py.h5a.exists(oid, raw):
+        return None
+    aid = h5py.h5a.open(oid, raw)
+    shape = aid.shape
+    if shape is None or math.prod(shape) == 0:  # null dataspace, or Keras's empty float array
+        return []
+    value = np.empty(shape, aid.dtype)
+    aid.read(value)
+    return [_text(x) for x in value.reshape(-1)]
+
+
 def _split_attr(obj: Any, name: str) -> list[str]:
-    """A list attribute as Keras stores it: whole, or split into ``name0``, ``name1``..."""
-    attrs = obj.attrs
-    if name in attrs:
-        chunks = [attrs[name]]
-    else:
-        chunks = []
-        while f"{name}{len(chunks)}" in attrs:
-            chunks.append(attrs[f"{name}{len(chunks)}"])
+    """A list attribute as Keras stores it: whole, or split into ``name0``, ``name1``...
+
+    Args:
+        obj: An h5py object or a low-level object id.
+    """
+    from h5py._objects import ObjectID  # noqa: PLC0415 - the base of every low-level id
+
+    oid = obj if isinstance(obj, ObjectID) else obj.id
+    whole = _attr_values(oid, name)
+    if whole is not None:
+        return whole
     out: list[str] = []
-    for chunk in chunks:
-        arr = np.asarray(chunk)
-        if arr.size == 0:
-            continue
-        out.extend(_text(x) for x in arr.reshape(-1))
+    index = 0
+    while (chunk := _attr_values(oid, f"{name}{index}")) is not None:
+        out.extend(chunk)
+        index += 1
     return out
 
 
@@ -370,6 +388,8 @@ def _join(*parts: str) -> str:
 
 
 def _legacy_variables(h5: Any, walk: _Walk, base: str, label: str) -> list[m.Variable]:
+    h5py = _h5py()
+    root = h5["/"].id
     group = h5[base] if base else h5
     layer_names = _split_attr(group, LAYER_NAMES_ATTR)
     if TOP_LEVEL_MODEL_WEIGHTS not in layer_names and _join(base, TOP_LEVEL_MODEL_WEIGHTS) in walk.groups:
@@ -391,7 +411,7 @@ def _legacy_variables(h5: Any, walk: _Walk, base: str, label: str) -> list[m.Var
             raise CorruptCheckpointError(
                 f"{label}: {LAYER_NAMES_ATTR} lists layer {layer!r} but the file has no group {layer_path!r}"
             )
-        for wn in _split_attr(h5[layer_path], WEIGHT_NAMES_ATTR):
+        for wn in _split_attr(h5py.h5o.open(root, layer_path.encode()), WEIGHT_NAMES_ATTR):
             claim(_join(layer_path, wn), _legacy_model_name(layer, wn), m.ROLE_MODEL, f"layer {layer!r}")
 
     if base and OPTIMIZER_WEIGHTS in walk.groups:
