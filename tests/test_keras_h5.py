@@ -532,3 +532,31 @@ def test_hard_link_cycle_walked_once(tmp_path):
     ckpt = ckptinspect.open(path)
     assert sorted(v.key for v in ckpt) == ["layers/dense/vars/0", "layers/dense/vars/1"]
     assert [v.name for v in ckpt] == ["dense/vars/0", "dense/vars/1"]
+
+
+@pytest.mark.parametrize(
+    "item, name, key, value",
+    [
+        ("keras2-h5-full-k206", "model.h5", "optimizer_weights/iterations:0", 3623),
+        ("keras2-h5-full-tfk211-dotkeras", "model.keras", "optimizer_weights/iteration:0", 6250),
+        ("keras3-legacy-h5-full", "model.h5", "optimizer_weights/adam/iteration", 3500),
+        ("keras3-weights-h5", "model.weights.h5", "optimizer/vars/0", 10500),
+        ("keras2-h5-weights-k214", "weights.h5", None, None),
+    ],
+)
+def test_realworld_iteration_counter(realworld, item, name, key, value):
+    """The counter is found from metadata; its value (MANIFEST) is read only when asked."""
+    ckpt = ckptinspect.open(realworld / item / name)
+    assert ckpt.info.get("iterations_key") == key
+    assert ckpt.step is None
+    if key is not None:
+        assert ckpt[key].role == "optimizer"
+        assert int(ckpt.read(key)) == value
+
+
+def test_written_iteration_counter(k3, k2):
+    for path, key in [(k3["paths"]["weights"], "optimizer/vars/0"), (k3["paths"]["h5"], "optimizer_weights/adam/iteration"),
+                      (k2["paths"]["h5"], "optimizer_weights/iteration:0")]:
+        ckpt = ckptinspect.open(path)
+        assert ckpt.info["iterations_key"] == key
+        assert int(ckpt.read(key)) == 2  # one epoch of 16 samples, batch size 8

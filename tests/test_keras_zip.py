@@ -173,6 +173,7 @@ def test_realworld_zip_names(realworld):
     assert ckpt["dense/kernel"].key == "layers/dense/vars/0"
     assert ckpt["dense_3/bias"].shape == (2,)
     assert int(ckpt.read("optimizer/vars/0")) == 21600
+    assert ckpt.info["iterations_key"] == "optimizer/vars/0"
     assert ckpt.info["model_class"] == "Sequential"
 
 

@@ -60,6 +60,7 @@ __all__ = [
     "H5Listing",
     "H5Source",
     "VarNamer",
+    "iteration_counter",
 ]
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -451,7 +452,7 @@ def _keras3_variables(
         for key, ds in w.datasets.items():
             datasets.setdefault(key, ds)
 
-    # Group the datasets of each vars group, groups in first-seen order, vars by index.
+    # Group the datasets of each vars group; groups and vars in natural order (dense_2 < dense_10).
     by_group: dict[str, list[str]] = {}
     loose: list[str] = []
     for key in datasets:
@@ -593,6 +594,31 @@ def _keras3_info(walks: Sequence[_Walk]) -> dict[str, Any]:
     return info
 
 
+ITERATION_NAMES = ("iterations", "iteration")
+
+
+def iteration_counter(variables: Sequence[m.Variable]) -> m.Variable | None:
+    """The optimizer's iteration counter, found from metadata alone (its value is not read).
+
+    Legacy files name it (``optimizer_weights/iterations:0``, ``.../adam/iteration``); in Keras 3
+    weights it is the first optimizer variable, a scalar (``optimizer/vars/0``).
+    """
+    for v in variables:
+        if v.role == m.ROLE_OPTIMIZER and v.shape == () and _strip_index(v.key).rsplit("/", 1)[-1] in ITERATION_NAMES:
+            return v
+    for v in variables:
+        if v.role == m.ROLE_OPTIMIZER and v.key.endswith(f"{VARS_GROUP}/0") and v.shape == () and v.dtype.startswith(("int", "uint", "float")):
+            return v
+    return None
+
+
+def _with_counter(info: dict[str, Any], variables: Sequence[m.Variable]) -> dict[str, Any]:
+    counter = iteration_counter(variables)
+    if counter is not None:
+        info["iterations_key"] = counter.key
+    return info
+
+
 # -- opening -------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class H5Listing:
@@ -621,12 +647,13 @@ def list_h5_file(h5: Any, label: str, namer: VarNamer | None = None) -> H5Listin
     """
     walk = _walk(h5, label)
     layout = _layout(h5, walk)
-    if layout == LAYOUT_LEGACY_FULL:
-        return H5Listing(m.FORMAT_KERAS_H5, tuple(_legacy_variables(h5, walk, MODEL_WEIGHTS, label)), _legacy_info(h5, layout))
-    if layout == LAYOUT_LEGACY_WEIGHTS:
-        return H5Listing(m.FORMAT_KERAS_H5, tuple(_legacy_variables(h5, walk, "", label)), _legacy_info(h5, layout))
+    if layout in (LAYOUT_LEGACY_FULL, LAYOUT_LEGACY_WEIGHTS):
+        base = MODEL_WEIGHTS if layout == LAYOUT_LEGACY_FULL else ""
+        variables = tuple(_legacy_variables(h5, walk, base, label))
+        return H5Listing(m.FORMAT_KERAS_H5, variables, _with_counter(_legacy_info(h5, layout), variables))
     if layout == LAYOUT_KERAS3:
-        return H5Listing(m.FORMAT_KERAS_WEIGHTS_H5, tuple(_keras3_variables([walk], namer)), _keras3_info([walk]))
+        variables = tuple(_keras3_variables([walk], namer))
+        return H5Listing(m.FORMAT_KERAS_WEIGHTS_H5, variables, _with_counter(_keras3_info([walk]), variables))
     raise NotACheckpointError(
         f"{label}: an HDF5 file but not Keras weights (no {MODEL_WEIGHTS} group, no"
         f" {LAYER_NAMES_ATTR} attribute, no {VARS_GROUP} groups)"
@@ -857,7 +884,7 @@ def open_sharded(path: str) -> m.Checkpoint:
             shard_of[key] = i
         walks.append(walk)
     variables = _keras3_variables(walks, None, shard_of)
-    info = _keras3_info(walks)
+    info = _with_counter(_keras3_info(walks), variables)
     info["shard_files"] = shard_files
     metadata = index.get("metadata")
     if isinstance(metadata, dict) and isinstance(metadata.get("total_size"), (int, float)):

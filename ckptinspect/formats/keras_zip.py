@@ -384,7 +384,7 @@ def open_zip(path: str) -> m.Checkpoint:
         h5.close()
     info = _summarize(config, metadata)
     info["layout"] = listing.info.get("layout")
-    for key in ("model_name", "optimizer_name"):
+    for key in ("model_name", "optimizer_name", "iterations_key"):
         if key in listing.info:
             info.setdefault(key, listing.info[key])
     info["members"] = names
