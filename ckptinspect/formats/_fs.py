@@ -78,14 +78,24 @@ def read_bytes(path: str) -> bytes:
 
 
 def read_range(path: str, offset: int, size: int) -> bytes:
-    """``size`` bytes at ``offset`` (fewer if the file is shorter)."""
-    if is_remote(path):
-        with _gfile().GFile(path, "rb") as f:
+    """``size`` bytes at ``offset`` (fewer if the file is shorter).
+
+    Raises CheckpointNotFoundError if the file is missing or unreadable.
+    """
+    try:
+        if is_remote(path):
+            with _gfile().GFile(path, "rb") as f:
+                f.seek(offset)
+                return f.read(size)
+        with open(path, "rb") as f:
             f.seek(offset)
             return f.read(size)
-    with open(path, "rb") as f:
-        f.seek(offset)
-        return f.read(size)
+    except FileNotFoundError as e:
+        raise CheckpointNotFoundError(f"{path}: no such file") from e
+    except IsADirectoryError as e:
+        raise CheckpointNotFoundError(f"{path}: is a directory, not a file") from e
+    except PermissionError as e:
+        raise CheckpointNotFoundError(f"{path}: permission denied") from e
 
 
 def read_head(path: str, size: int) -> bytes:
