@@ -117,6 +117,14 @@ def written(tmp_path_factory):
     for name, x in {"tol_a": [1.0, 2.0, 4.0, -3.0], "tol_b": [1.0, 2.5, 4.0, -3.0]}.items():
         out[name] = write_vars(root / name / "ckpt", {"x": np.array(x, np.float32)})
 
+    # Larger than one streaming block (d.BLOCK_BYTES): identical, and one element off in the last block.
+    rng = np.random.default_rng(1)
+    big = rng.standard_normal((3, 2 * d.BLOCK_BYTES // 4 // 3 + 1000)).astype(np.float32)
+    late = big.copy()
+    late[2, -3] += 1e-3
+    out["big_a"] = write_vars(root / "big_a" / "ckpt", {"x": big, "y": big[0]})
+    out["big_b"] = write_vars(root / "big_b" / "ckpt", {"x": late, "y": big[0]})
+
     w = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
     out["enc"] = write_vars(root / "enc" / "ckpt", {"enc": {"w": w}})
     out["encoder"] = write_vars(root / "encoder" / "ckpt", {"encoder": {"w": w}})
@@ -185,6 +193,18 @@ def test_one_perturbed_element_found_exactly(written):
     assert report.verdict == f"1 of {len(a)} variables differ: 1 changed (atol=0, rtol=0)"
     # The rewritten copy holds the trainer's values: equal to ckpt-8 on the model weights.
     assert ckptinspect.diff(RUN / "ckpt-8", written["base"], role="model").identical
+
+
+def test_variables_larger_than_a_block(written):
+    a, b = tf_values(written["big_a"]), tf_values(written["big_b"])
+    assert a["x/.ATTRIBUTES/VARIABLE_VALUE"].nbytes > 2 * d.BLOCK_BYTES
+    rows = {v.name: v for v in ckptinspect.diff(written["big_a"], written["big_b"]).variables}
+    assert rows["y"].status == "equal" and rows["y"].cosine == 1.0
+    x, y = (v["x/.ATTRIBUTES/VARIABLE_VALUE"].astype(np.float64) for v in (a, b))
+    assert rows["x"].status == "changed" and rows["x"].num_different == 1
+    assert rows["x"].max_abs_diff == np.max(np.abs(x - y))
+    assert rows["x"].rel_l2 == pytest.approx(np.linalg.norm(x - y) / np.linalg.norm(x), rel=1e-12)
+    assert rows["x"].cosine == pytest.approx(float(x.ravel() @ y.ravel()) / (np.linalg.norm(x) * np.linalg.norm(y)), rel=1e-12)
 
 
 def test_corrupted_bytes_are_an_error(written, tmp_path):

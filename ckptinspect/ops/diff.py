@@ -82,7 +82,7 @@ KERAS_VARIABLE_ORDER = (
 
 # Streaming.
 CHUNK_ELEMENTS = 8192  # arithmetic step: small enough that BLAS dot never spawns threads
-BLOCK_BYTES = 8 << 20  # bytes read from a data file at a time, per side
+BLOCK_BYTES = 1 << 20  # bytes per side held at a time when streaming from a data file
 FLOAT_KINDS = "f"
 NUMERIC_DTYPES = frozenset(
     {"float16", "float32", "float64", "bfloat16", "float8_e5m2", "float8_e4m3fn", "int8", "int16",
@@ -725,17 +725,6 @@ def _raw_blocks(path: str, var: Variable, dtype: np.dtype, block_elements: int, 
         )
 
 
-def _value_blocks(ckpt: Checkpoint, var: Variable, block_elements: int, files: _DataFiles) -> Iterator[np.ndarray]:
-    """The flattened value of ``var`` in blocks of ``block_elements`` elements."""
-    raw = _raw_location(ckpt, var, files)
-    if raw is not None:
-        yield from _raw_blocks(raw[0], var, raw[1], block_elements, files)
-        return
-    value = np.ascontiguousarray(ckpt.read(var)).reshape(-1)
-    for i in range(0, value.size, block_elements):
-        yield value[i : i + block_elements]
-
-
 # -- comparing values ----------------------------------------------------------------------------
 class _Accumulator:
     """Running sums over aligned chunks of A and B (float64), NaN/Inf counts, element counts."""
@@ -860,19 +849,50 @@ def _bitwise_equal(x: np.ndarray, y: np.ndarray) -> bool:
     return bool(np.array_equal(_bits_view(_arith_view(x)), _bits_view(_arith_view(y))))
 
 
-def _identical_result(x: np.ndarray) -> dict[str, Any] | None:
-    """Statistics of a whole variable whose two sides are bitwise identical: no float64 pass
-    is needed (rel_l2 0, cosine 1 unless all zero). None when it holds NaN/Inf (counted by
-    the general path)."""
-    if x.size == 0:
-        return None
-    if x.dtype.kind == "f":
-        lo, hi = x.min(), x.max()
-        if not (math.isfinite(lo) and math.isfinite(hi)):
+def _block_source(ckpt: Checkpoint, var: Variable, block: int, files: _DataFiles) -> Callable[[], Iterator[np.ndarray]]:
+    """A function returning a fresh iterator over ``var``'s blocks: straight from the data file
+    for raw-readable TF bundle tensors, else over the value read once (whole) here."""
+    raw = _raw_location(ckpt, var, files)
+    if raw is not None:
+        return lambda: _raw_blocks(raw[0], var, raw[1], block, files)
+    value = np.ascontiguousarray(ckpt.read(var)).reshape(-1)
+    if value.size != var.size:
+        raise CorruptCheckpointError(f"{ckpt.path}: {var.key!r} holds {value.size} values, its shape {list(var.shape)} needs {var.size}")
+    return lambda: (value[i : i + block] for i in range(0, value.size, block))
+
+
+def _pairs(blocks_a: Iterator[np.ndarray], blocks_b: Iterator[np.ndarray], label: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    for xa in blocks_a:
+        xb = next(blocks_b, None)
+        if xb is None or xb.size != xa.size:
+            raise CorruptCheckpointError(f"{label}: fewer values than its shape declares")
+        yield xa, xb
+    if next(blocks_b, None) is not None:
+        raise CorruptCheckpointError(f"{label}: more values than its shape declares")
+
+
+def _identical(blocks: Iterator[tuple[np.ndarray, np.ndarray]]) -> dict[str, Any] | None:
+    """The result for a variable whose two sides hold the same bytes, streaming (no float64
+    pass: rel_l2 0, cosine 1 unless all zero); None as soon as a block differs, or when the
+    value holds NaN/Inf (the general path counts them) or nothing."""
+    nonzero = False
+    seen = False
+    for xa, xb in blocks:
+        if not _bitwise_equal(xa, xb):
             return None
-        nonzero = not (lo == 0 and hi == 0)
-    else:
-        nonzero = bool(x.any())
+        x = _arith_view(xa)
+        if x.size == 0:
+            continue
+        seen = True
+        if x.dtype.kind == "f":
+            lo, hi = x.min(), x.max()
+            if not (math.isfinite(lo) and math.isfinite(hi)):
+                return None
+            nonzero = nonzero or not (lo == 0 and hi == 0)
+        else:
+            nonzero = nonzero or bool(x.any())
+    if not seen:
+        return None
     return {
         "max_abs_diff": 0.0,
         "rel_l2": 0.0,
@@ -891,31 +911,32 @@ def _compare_numeric(
 ) -> dict[str, Any]:
     itemsize = max(_itemsize(va.dtype), _itemsize(vb.dtype))
     block = max(CHUNK_ELEMENTS, (BLOCK_BYTES // itemsize) // CHUNK_ELEMENTS * CHUNK_ELEMENTS)
+    source_a = _block_source(ckpt_a, va, block, files)
+    source_b = _block_source(ckpt_b, vb, block, files)
+    label = f"{ckpt_b.path}: {vb.key!r}"
+    if va.dtype == vb.dtype:
+        # Most variables of two checkpoints are either untouched or changed everywhere: try
+        # the cheap byte comparison first; a variable that differs is read again below.
+        pairs = _pairs(source_a(), source_b(), label)
+        try:
+            quick = _identical(pairs)
+        finally:
+            pairs.close()
+        if quick is not None:
+            return quick
     acc = _Accumulator(atol, rtol)
-    same_dtype = va.dtype == vb.dtype
-    blocks_b = _value_blocks(ckpt_b, vb, block, files)
-    prefilter = same_dtype
-    single = va.size <= block
-    for xa in _value_blocks(ckpt_a, va, block, files):
-        xb = next(blocks_b, None)
-        if xb is None or xb.size != xa.size:
-            raise CorruptCheckpointError(f"{ckpt_b.path}: {vb.key!r} holds fewer values than its shape {list(vb.shape)}")
+    prefilter = va.dtype == vb.dtype
+    for xa, xb in _pairs(source_a(), source_b(), label):
         x = _arith_view(xa)
         y = _arith_view(xb)
-        exact_int = x.dtype.kind in "iu" and y.dtype.kind in "iu"
         if prefilter and _bitwise_equal(xa, xb):
-            if single:
-                quick = _identical_result(x)
-                if quick is not None:
-                    return quick
             for i in range(0, x.size, CHUNK_ELEMENTS):
                 acc.equal_chunk(x[i : i + CHUNK_ELEMENTS])
             continue
         prefilter = False  # a variable that differs in one block usually differs in all
+        exact_int = x.dtype.kind in "iu" and y.dtype.kind in "iu"
         for i in range(0, x.size, CHUNK_ELEMENTS):
             acc.chunk(x[i : i + CHUNK_ELEMENTS], y[i : i + CHUNK_ELEMENTS], exact_int)
-    if next(blocks_b, None) is not None:
-        raise CorruptCheckpointError(f"{ckpt_b.path}: {vb.key!r} holds more values than its shape {list(vb.shape)}")
     return acc.result()
 
 
