@@ -692,8 +692,19 @@ def _expected(value: np.ndarray, dtype: str) -> np.ndarray:
     return value.astype(dtype)
 
 
+_UINT_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
 def _equal(actual: np.ndarray, expected: np.ndarray) -> bool:
-    return actual.shape == expected.shape and actual.dtype == expected.dtype and actual.tobytes() == expected.tobytes()
+    """Bit-for-bit equality (NaN payloads included), without copying the values to bytes."""
+    if actual.shape != expected.shape or actual.dtype != expected.dtype:
+        return False
+    uint = _UINT_OF_SIZE.get(actual.dtype.itemsize)
+    if actual.dtype.kind == "O" or uint is None:
+        return bool(np.array_equal(actual, expected))
+    a = np.ascontiguousarray(actual).reshape(-1).view(uint)
+    b = np.ascontiguousarray(expected).reshape(-1).view(uint)
+    return bool(np.array_equal(a, b))
 
 
 def _max_abs_diff(a: np.ndarray, b: np.ndarray) -> str:
