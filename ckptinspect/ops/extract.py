@@ -70,6 +70,7 @@ SUFFIXES_H5 = (".h5", ".hdf5")
 SUFFIX_NPZ = ".npz"
 SUFFIX_KERAS = ".keras"
 NPY_SUFFIX = ".npy"
+COMPARE_CHUNK = 4 << 20
 
 KERAS3_OPTIMIZER_GROUP = "optimizer"
 LEGACY_OPTIMIZER_GROUP = "optimizer_weights"
@@ -221,8 +222,20 @@ def same_value(a: Any, b: Any) -> bool:
         return [_as_bytes(x) for x in a.reshape(-1)] == [_as_bytes(x) for x in b.reshape(-1)]
     if a.dtype != b.dtype:
         return False
-    return bool(np.array_equal(np.ascontiguousarray(a).reshape(-1).view(np.uint8),
-                               np.ascontiguousarray(b).reshape(-1).view(np.uint8)))
+    av = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    bv = np.ascontiguousarray(b).reshape(-1).view(np.uint8)
+    # In chunks: np.array_equal of whole tensors would allocate a third tensor-sized buffer.
+    return all(np.array_equal(av[i : i + COMPARE_CHUNK], bv[i : i + COMPARE_CHUNK]) for i in range(0, av.size, COMPARE_CHUNK))
+
+
+def _value_reader(ckpt: m.Checkpoint) -> Callable[[m.Variable], np.ndarray]:
+    """Reads one source value: TF sources through RestoreV2 into TensorFlow's buffer, viewed
+    without a copy; other formats through the checkpoint's own reader."""
+    if ckpt.format not in TF_SOURCE_FORMATS:
+        return ckpt.read
+    from ..formats.tf_writer import numpy_view, restore_tensor  # noqa: PLC0415
+
+    return lambda v: numpy_view(restore_tensor(ckpt.path, v.key, v.dtype))
 
 
 def output_format_for(out: str, source_format: str, format: str | None = None) -> str:
@@ -440,7 +453,7 @@ def _write_tf(
         tmp,
         keys,
         lambda k: numpy_view(restore_tensor(tmp, k, dtypes[k])),
-        lambda v: numpy_view(restore_tensor(ckpt.path, v.key, v.dtype)),
+        _value_reader(ckpt),
     )
     del reader
     with open_bundle(tmp) as written:
@@ -469,10 +482,11 @@ def _write_npz(
         ExtractedVariable(v.name, v.key, names.get(v.key), v.role, v.shape, v.dtype, v.nbytes) for v in ckpt.variables
     ]
     verifier = _Verifier(progress, len(kept_vars))
+    read = _value_reader(ckpt)
     # numpy.savez's own layout (a zip of NAME.npy members), written one array at a time.
     with zipfile.ZipFile(tmp, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
         for v in kept_vars:
-            value = np.asarray(ckpt.read(v))
+            value = np.asarray(read(v))
             if value.dtype.kind == "O":
                 value = value.astype(np.bytes_)
             if value.dtype.kind == "V" or value.dtype.name not in np.sctypeDict and value.dtype.kind not in "SU":
@@ -482,7 +496,7 @@ def _write_npz(
                 np.lib.format.write_array(f, value, allow_pickle=False)
             del value
     with np.load(tmp, allow_pickle=False) as npz:
-        verified = verifier.check(tmp, npz.files, lambda k: npz[k], ckpt.read)
+        verified = verifier.check(tmp, npz.files, lambda k: npz[k], read)
     return planned, verified, ["npz: load with numpy.load(OUT); one array per readable name"]
 
 
@@ -638,9 +652,10 @@ def _write_weights_from_builder(
                 f"{np.dtype(w.dtype).name}{list(w.shape)}"
             )
     verifier = _Verifier(progress, len(model_vars))
+    read = _value_reader(ckpt)
     for w in model_vars:
         v = matches[id(w)]
-        value = np.asarray(ckpt.read(v))
+        value = read(v)
         w.assign(value)
         verifier.record(v.key, v)
         del value
@@ -650,7 +665,7 @@ def _write_weights_from_builder(
         w.assign(_sentinel(np.asarray(w.numpy())))
     model.load_weights(tmp)
     values = {matches[id(w)].key: w for w in model_vars}
-    verified = verifier.check(tmp, values, lambda k: np.asarray(values[k].numpy()), ckpt.read)
+    verified = verifier.check(tmp, values, lambda k: np.asarray(values[k].numpy()), read)
     # The file's dataset paths are Keras's positional ones; name each kept value by its Keras path.
     keras_path = {matches[id(w)].key: str(getattr(w, "path", w.name)) for w in model_vars}
     planned = [
