@@ -350,23 +350,61 @@ def test_bad_input(case, command, catalogue, tmp_path):
         assert all(part in result.stdout for part in message.split(" … ")), result.stdout
 
 
-def test_unreadable_file(tmp_path):
-    prefix = _copy_prefix(RUN / "ckpt-8", tmp_path / "locked")
-    index = pathlib.Path(f"{prefix}.index")
-    index.chmod(0)
+UNREADABLE_RUNNER = textwrap.dedent("""
+    import json, sys
+    from typer.testing import CliRunner
+    from ckptinspect.cli import app
+    out = []
+    for args in json.loads(sys.argv[1]):
+        r = CliRunner().invoke(app, args)
+        out.append([r.exit_code, r.stdout, r.stderr])
+    print(json.dumps(out))
+""")
+# Root reads a chmod 000 file anyway (CAP_DAC_OVERRIDE / CAP_DAC_READ_SEARCH); without those
+# two capabilities it is refused like any other user, so root runs the checks with them dropped.
+DROP_DAC = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"]
+
+
+def test_unreadable_files(tmp_path):
+    index_prefix = _copy_prefix(RUN / "ckpt-8", tmp_path / "index-locked")
+    shard_prefix = _copy_prefix(RUN / "ckpt-8", tmp_path / "shard-locked")
+    index = pathlib.Path(f"{index_prefix}.index")
+    shard = pathlib.Path(f"{shard_prefix}.data-00000-of-00001")
+    keras_file, h5_file = tmp_path / "model.keras", tmp_path / "model.h5"
+    shutil.copy(KERAS / "model.keras", keras_file)
+    shutil.copy(KERAS / "model.h5", h5_file)
+    cases = [  # (command, path given, the unreadable file the message must name)
+        (cmd, str(path), blocked)
+        for path, blocked in ((index_prefix, index), (shard_prefix, shard), (keras_file, keras_file), (h5_file, h5_file))
+        for cmd in ("ls", "verify")
+    ]
+    locked = [index, shard, keras_file, h5_file]
+    before = {p: p.read_bytes() for p in locked}
+    for p in locked:
+        p.chmod(0)
     try:
+        prefix_cmd: list[str] = []
         try:
             index.read_bytes()
         except PermissionError:
             pass
         else:
-            pytest.skip("running as root: chmod 000 does not stop reads, so this case cannot be made")
-        for args in (["ls", str(prefix)], ["verify", str(prefix)]):
-            result = runner.invoke(app, args)
-            assert result.exit_code == 2
-            assert result.stderr == f"Error: {index}: permission denied\n"
+            if shutil.which("setpriv") is None or subprocess.run(
+                [*DROP_DAC, "cat", str(index)], capture_output=True).returncode == 0:
+                pytest.skip("chmod 000 does not stop reads here (root) and setpriv cannot drop the capabilities")
+            prefix_cmd = DROP_DAC
+        args = [[cmd, path] for cmd, path, _ in cases]
+        proc = subprocess.run([*prefix_cmd, sys.executable, "-c", UNREADABLE_RUNNER, json.dumps(args)],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        results = json.loads(proc.stdout)
+        assert len(results) == len(cases)
+        for (cmd, path, blocked), (code, stdout, stderr) in zip(cases, results):
+            assert (code, stdout, stderr) == (2, "", f"Error: {blocked}: permission denied\n"), (cmd, path)
     finally:
-        index.chmod(0o644)
+        for p in locked:
+            p.chmod(0o644)
+    assert {p: p.read_bytes() for p in locked} == before
 
 
 def test_no_traceback_in_a_real_process(catalogue):

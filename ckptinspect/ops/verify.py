@@ -468,6 +468,8 @@ def _run_plan(plan: _BundlePlan, progress: Progress | None, counter: list[int]) 
                 if f is None:
                     try:
                         f = handles[it.shard] = _open_binary(path)
+                    except PermissionError:
+                        raise CheckpointNotFoundError(f"{path}: permission denied") from None
                     except OSError as e:
                         raise CheckpointNotFoundError(f"{path}: cannot open the data shard: {e.strerror or e}") from None
                 try:
