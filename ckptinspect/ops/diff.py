@@ -83,7 +83,6 @@ KERAS_VARIABLE_ORDER = (
 # Streaming.
 CHUNK_ELEMENTS = 8192  # arithmetic step: small enough that BLAS dot never spawns threads
 BLOCK_BYTES = 1 << 20  # bytes per side held at a time when streaming from a data file
-FLOAT_KINDS = "f"
 NUMERIC_DTYPES = frozenset(
     {"float16", "float32", "float64", "bfloat16", "float8_e5m2", "float8_e4m3fn", "int8", "int16",
      "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool", "complex64", "complex128"}
