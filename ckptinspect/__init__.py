@@ -101,7 +101,8 @@ def extract(src, out, *, format=None, force=False, keep=("model",), builder=None
         keep: Roles to keep: ``("model",)`` or ``("model", "metadata")``.
         builder: ``.weights.h5`` from a TF2 checkpoint: a function (or ``"module:function"``)
             returning the built Keras 3 model.
-        max_shard_bytes: TF output: bytes per data shard, bounding memory (default 256 MiB).
+        max_shard_bytes: TF output: bytes per data shard, bounding memory (default: the largest
+            kept tensor, at least 64 MiB).
         progress: Optional ``progress(done, total, variable)`` callback, once per kept tensor.
 
     Returns:

@@ -262,7 +262,7 @@ def extract_command(
     format: Optional[str] = typer.Option(None, "--format", help="Output format: tf, weights-h5, h5 or npz (default: from the output's suffix)."),
     builder: Optional[str] = typer.Option(None, "--builder", help="pkg.module:function building the model (needed for .weights.h5 from a TF checkpoint)."),
     keep_metadata: bool = typer.Option(False, "--keep-metadata", help="Also keep step counters, save_counter, TF1 global_step."),
-    max_shard_size: str = typer.Option("256MiB", "--max-shard-size", help="TF output: bytes per data shard, which bounds memory (0: one tensor per shard)."),
+    max_shard_size: Optional[str] = typer.Option(None, "--max-shard-size", help="TF output: bytes per data shard (e.g. 256MiB), which bounds memory. Default: the largest tensor, at least 64MiB; 0: one tensor per shard."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output."),
     report_format: OutputFormat = typer.Option(OutputFormat.table, "--report", help="Report as table, json or csv (one row per variable).", case_sensitive=False),
 ) -> None:
@@ -274,7 +274,8 @@ def extract_command(
     try:
         report = extract(src, output, format=format, force=force, builder=builder,
                          keep=("model", "metadata") if keep_metadata else ("model",),
-                         max_shard_bytes=parse_size(max_shard_size), progress=progress)
+                         max_shard_bytes=None if max_shard_size is None else parse_size(max_shard_size),
+                         progress=progress)
     finally:
         progress.close()
     emit(extract_view(report, report_format))

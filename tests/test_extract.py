@@ -416,3 +416,38 @@ def test_cli_format_option_and_bad_sizes(src, tmp_path):
     assert bad.exit_code == 2 and bad.stderr.startswith("Error: bad size '12Q'")
     missing = runner.invoke(app, ["extract", str(tmp_path / "nope"), "-o", str(tmp_path / "y")])
     assert missing.exit_code == 2 and missing.stderr.startswith("Error: ") and "nope" in missing.stderr
+
+
+# -- pieces --------------------------------------------------------------------------------
+def test_pack_bounds_groups_and_keeps_graph_in_first():
+    from ckptinspect.formats.tf_writer import BundleTensor, default_shard_bytes, pack  # noqa: PLC0415
+
+    mib = 1 << 20
+    tensors = [BundleTensor(GRAPH_KEY, lambda: None, 0)]
+    tensors += [BundleTensor(f"{k}{i}", lambda: None, n) for i in range(5) for k, n in (("k", 64 * mib), ("b", 16 << 10))]
+    budget = default_shard_bytes(t.nbytes for t in tensors)
+    assert budget == 64 * mib
+    groups = pack(tensors, budget)
+    assert groups[0][0].key == GRAPH_KEY
+    assert all(sum(t.nbytes for t in g) <= budget for g in groups) and len(groups) == 6
+    assert sorted(t.key for g in groups for t in g) == sorted(t.key for t in tensors)
+    assert len(pack(tensors, 0)) == 10 and len(pack(tensors, 256 * mib)) == 2
+
+
+def test_read_back_comparison_sees_one_flipped_bit(src):
+    from ckptinspect.ops.extract import _bundle_matcher, same_value  # noqa: PLC0415
+
+    with ckptinspect.open(str(src["run_prefix"])) as ckpt:
+        matches = _bundle_matcher(ckpt)
+        reader = tf.train.load_checkpoint(ckpt.path)
+        for v in (ckpt["frozen/kernel"], ckpt["bn/moving_mean"]):
+            value = reader.get_tensor(v.key)
+            assert matches(value, v)
+            flipped = value.copy()
+            flipped.reshape(-1).view(np.uint32)[-1] ^= 1
+            assert not matches(flipped, v)
+            assert not matches(value.astype(np.float64), v) and not matches(value.reshape(1, -1), v)
+    nan_a = np.array([np.nan], np.float32)
+    nan_b = nan_a.view(np.uint32) | np.uint32(1)
+    assert same_value(nan_a, nan_a.copy()) and not same_value(nan_a, nan_b.view(np.float32))
+    assert same_value(np.array([b"a", b"bc"], object), np.array([b"a", b"bc"])) and not same_value(np.array([b"a"]), np.array([1]))

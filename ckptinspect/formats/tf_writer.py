@@ -4,8 +4,10 @@ The ``.index`` and ``.data-*`` files are written by TensorFlow itself: tensors g
 groups through ``tf.raw_ops.SaveV2`` (the kernel every ``tf.train.Checkpoint`` and
 ``tf.compat.v1.train.Saver`` save runs), and the groups are joined into one checkpoint by
 ``tf.raw_ops.MergeV2Checkpoints`` (what TF does for multi-device saves). SaveV2 needs all the
-tensors of its call in memory, so a group holds at most ``max_shard_bytes`` (or one tensor, if
-bigger) and each group becomes one data shard: memory stays about one shard, not the model.
+tensors of its call in memory, so tensors are packed (first fit, largest first) into groups of
+at most ``max_shard_bytes`` (a bigger tensor is a group of its own), and each group becomes one
+data shard: memory stays about one shard, not the model. By default a shard holds as much as
+the largest tensor (at least :data:`MIN_SHARD_BYTES`), so memory stays about one tensor.
 
 :func:`prune_object_graph` takes a serialized ``TrackableObjectGraph`` and keeps the part a
 model restore needs: the objects the root reaches without passing through an optimizer, and,
@@ -19,7 +21,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
-from typing import Callable, Collection, Iterable, Iterator
+from typing import Callable, Collection, Iterable, Sequence
 
 import numpy as np
 
@@ -29,7 +31,9 @@ from ._tf import import_tf
 from .tf_bundle import OBJECT_GRAPH_KEY, VARIABLE_VALUE, _is_optimizer, parse_object_graph
 
 __all__ = [
-    "DEFAULT_MAX_SHARD_BYTES",
+    "MIN_SHARD_BYTES",
+    "default_shard_bytes",
+    "pack",
     "BundleTensor",
     "PrunedGraph",
     "prune_object_graph",
@@ -40,7 +44,7 @@ __all__ = [
     "restore_tensor",
 ]
 
-DEFAULT_MAX_SHARD_BYTES = 256 * 1024 * 1024
+MIN_SHARD_BYTES = 64 * 1024 * 1024
 ATTRIBUTES_NAME = ".ATTRIBUTES"
 ESCAPE_CHAR = "."
 TEMP_PARTS_DIR = "_temp_parts"
@@ -279,24 +283,36 @@ def _slice_of(value, info: m.SliceInfo):
     return value[index]
 
 
-def _groups(tensors: Iterable[BundleTensor], max_shard_bytes: int) -> Iterator[list[BundleTensor]]:
-    group: list[BundleTensor] = []
-    size = 0
-    for t in tensors:
-        if size > 0 and size + t.nbytes > max_shard_bytes:
-            yield group
-            group, size = [], 0
-        group.append(t)
-        size += t.nbytes
-    if group:
-        yield group
+def default_shard_bytes(sizes: Iterable[int]) -> int:
+    """The default shard budget: the largest tensor, and at least :data:`MIN_SHARD_BYTES`."""
+    return max([MIN_SHARD_BYTES, *sizes])
+
+
+def pack(tensors: Sequence[BundleTensor], max_shard_bytes: int) -> list[list[BundleTensor]]:
+    """Groups of at most ``max_shard_bytes`` (first fit, largest first; input order kept inside
+    a group and between groups by their first member). ``0`` gives one tensor per group;
+    zero-byte entries (the object graph) join the first group."""
+    bins: list[tuple[int, list[tuple[int, BundleTensor]]]] = []
+    sizes: list[int] = []
+    for pos, t in sorted(enumerate(tensors), key=lambda item: -item[1].nbytes):
+        for b, (_, members) in enumerate(bins):
+            if t.nbytes == 0 or sizes[b] + t.nbytes <= max_shard_bytes:
+                members.append((pos, t))
+                sizes[b] += t.nbytes
+                break
+        else:
+            bins.append((pos, [(pos, t)]))
+            sizes.append(t.nbytes)
+    groups = [sorted(members, key=lambda item: item[0]) for _, members in bins]
+    groups.sort(key=lambda members: members[0][0])
+    return [[t for _, t in members] for members in groups]
 
 
 def write_bundle(
     prefix: str,
-    tensors: Iterable[BundleTensor],
+    tensors: Sequence[BundleTensor],
     *,
-    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    max_shard_bytes: int | None = None,
     on_value: Callable[[BundleTensor, np.ndarray], None] | None = None,
 ) -> int:
     """Write a TF bundle at ``prefix`` with TensorFlow's SaveV2 and MergeV2Checkpoints.
@@ -304,9 +320,10 @@ def write_bundle(
     Args:
         prefix: Output prefix (``prefix.index``, ``prefix.data-*``); its directory must exist.
             Write into a temporary location and move it into place (see ``_atomic``).
-        tensors: What to write, in order. Values are read one group at a time.
+        tensors: What to write. Values are read one group at a time.
         max_shard_bytes: Bytes per data shard (and about the peak memory); a bigger tensor
-            gets a shard of its own. ``0`` writes one tensor per shard.
+            gets a shard of its own; ``0`` writes one tensor per shard. Default:
+            :func:`default_shard_bytes` (the largest tensor, at least 64 MiB).
         on_value: Called with a numpy view of each tensor's full value while it is in memory
             (for checksums); the view is only valid during the call.
 
@@ -322,7 +339,9 @@ def write_bundle(
     os.makedirs(parts_dir, exist_ok=True)
     parts: list[str] = []
     try:
-        for group in _groups(tensors, max_shard_bytes):
+        if max_shard_bytes is None:
+            max_shard_bytes = default_shard_bytes(t.nbytes for t in tensors)
+        for group in pack(tensors, max_shard_bytes):
             names, specs, values = [], [], []
             for t in group:
                 value = t.read()

@@ -228,6 +228,45 @@ def same_value(a: Any, b: Any) -> bool:
     return all(np.array_equal(av[i : i + COMPARE_CHUNK], bv[i : i + COMPARE_CHUNK]) for i in range(0, av.size, COMPARE_CHUNK))
 
 
+def _equal_to_file_bytes(flat: np.ndarray, path: str, offset: int, size: int) -> bool:
+    if flat.size != size:
+        return False
+    with open(path, "rb") as f:
+        f.seek(offset)
+        pos = 0
+        while pos < size:
+            chunk = f.read(min(COMPARE_CHUNK, size - pos))
+            if not chunk or not np.array_equal(flat[pos : pos + len(chunk)], np.frombuffer(chunk, np.uint8)):
+                return False
+            pos += len(chunk)
+    return True
+
+
+def _bundle_matcher(ckpt: m.Checkpoint) -> Callable[[Any, m.Variable], bool]:
+    """Compares a value read back with a TF source variable, bit for bit.
+
+    An unsliced numeric tensor of a local bundle is compared with its stored bytes in the
+    source's data file, read in chunks, so only the value read back is in memory; anything else
+    (strings, slices, V1 tables) is read from the source in full and compared.
+    """
+    from ..formats import _fs  # noqa: PLC0415
+    from ..formats.tf_bundle import ITEMSIZE, data_path  # noqa: PLC0415
+
+    read = _value_reader(ckpt)
+    streamable = ckpt.format in (m.FORMAT_TF_BUNDLE, m.FORMAT_TF_SAVEDMODEL) and not _fs.is_remote(ckpt.path)
+
+    def matches(value: Any, v: m.Variable) -> bool:
+        value = np.asarray(value)
+        if streamable and v.offset is not None and not v.sliced and v.dtype in ITEMSIZE and str(value.dtype) == v.dtype:
+            if tuple(value.shape) != v.shape:
+                return False
+            flat = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
+            return _equal_to_file_bytes(flat, data_path(ckpt.path, v.shards[0], ckpt.num_shards), v.offset, v.nbytes)
+        return same_value(value, read(v))
+
+    return matches
+
+
 def _value_reader(ckpt: m.Checkpoint) -> Callable[[m.Variable], np.ndarray]:
     """Reads one source value: TF sources through RestoreV2 into TensorFlow's buffer, viewed
     without a copy; other formats through the checkpoint's own reader."""
@@ -338,10 +377,10 @@ class _Verifier:
         label: str,
         keys: Iterable[str],
         read_output: Callable[[str], Any],
-        read_source: Callable[[m.Variable], Any],
+        matches: Callable[[Any, m.Variable], bool],
     ) -> int:
-        """Every recorded key is in the output, nothing else is, and each value is bit-identical
-        to the source's (one pair of tensors in memory at a time)."""
+        """Every recorded key is in the output, nothing else is, and each value read back
+        ``matches`` its source variable (bit for bit)."""
         found = set(keys)
         missing = sorted(set(self.expected) - found)
         extra = sorted(found - set(self.expected))
@@ -352,7 +391,7 @@ class _Verifier:
                 f"{len(extra)} unexpected in the written output ({what}); nothing was written"
             )
         for key, variable in self.expected.items():
-            if not same_value(read_output(key), read_source(variable)):
+            if not matches(read_output(key), variable):
                 raise CkptError(
                     f"{label}: read-back check failed: {key!r} differs from the source value; nothing was written"
                 )
@@ -361,7 +400,7 @@ class _Verifier:
 
 # -- TF output -----------------------------------------------------------------------------
 def _write_tf(
-    ckpt: m.Checkpoint, tmp: str, keep: tuple[str, ...], max_shard_bytes: int, progress: Progress | None
+    ckpt: m.Checkpoint, tmp: str, keep: tuple[str, ...], max_shard_bytes: int | None, progress: Progress | None
 ) -> tuple[list[ExtractedVariable], int, int, dict[str, Any] | None, list[str]]:
     from ..formats import _tf  # noqa: PLC0415
     from ..formats.tf_bundle import OBJECT_GRAPH_KEY, open_bundle  # noqa: PLC0415
@@ -439,7 +478,7 @@ def _write_tf(
             return
         verifier.record(t.key, by_out[t.key])
 
-    num_shards = write_bundle(tmp, tensors(), max_shard_bytes=max_shard_bytes, on_value=on_value)
+    num_shards = write_bundle(tmp, list(tensors()), max_shard_bytes=max_shard_bytes, on_value=on_value)
 
     # Read back: the keys, every value, the object graph, and the roles our reader gives.
     reader = _tf.load_checkpoint(tmp)
@@ -453,7 +492,7 @@ def _write_tf(
         tmp,
         keys,
         lambda k: numpy_view(restore_tensor(tmp, k, dtypes[k])),
-        _value_reader(ckpt),
+        _bundle_matcher(ckpt),
     )
     del reader
     with open_bundle(tmp) as written:
@@ -496,7 +535,7 @@ def _write_npz(
                 np.lib.format.write_array(f, value, allow_pickle=False)
             del value
     with np.load(tmp, allow_pickle=False) as npz:
-        verified = verifier.check(tmp, npz.files, lambda k: npz[k], read)
+        verified = verifier.check(tmp, npz.files, lambda k: npz[k], lambda value, v: same_value(value, read(v)))
     return planned, verified, ["npz: load with numpy.load(OUT); one array per readable name"]
 
 
@@ -552,7 +591,9 @@ def _write_h5_copy(
                     raise CkptError(f"{tmp}: read-back check failed: root attribute {name!r} differs")
             datasets: list[str] = []
             out.visititems(lambda name, obj: datasets.append(name) if isinstance(obj, h5py.Dataset) else None)
-            verified = verifier.check(tmp, datasets, lambda k: _h5_read(out, k), lambda v: _h5_read(src_h5, v.key))
+            verified = verifier.check(
+                tmp, datasets, lambda k: _h5_read(out, k), lambda value, v: same_value(value, _h5_read(src_h5, v.key))
+            )
     finally:
         src_h5.close()
     return planned, verified
@@ -665,7 +706,9 @@ def _write_weights_from_builder(
         w.assign(_sentinel(np.asarray(w.numpy())))
     model.load_weights(tmp)
     values = {matches[id(w)].key: w for w in model_vars}
-    verified = verifier.check(tmp, values, lambda k: np.asarray(values[k].numpy()), read)
+    verified = verifier.check(
+        tmp, values, lambda k: np.asarray(values[k].numpy()), lambda value, v: same_value(value, read(v))
+    )
     # The file's dataset paths are Keras's positional ones; name each kept value by its Keras path.
     keras_path = {matches[id(w)].key: str(getattr(w, "path", w.name)) for w in model_vars}
     planned = [
@@ -699,8 +742,9 @@ def extract(
             ``save_counter``, TF1 ``global_step``). Optimizer state is never kept.
         builder: For a ``.weights.h5`` output from a TF2 checkpoint: a function (or
             ``"module:function"``) returning the built Keras 3 model of the same architecture.
-        max_shard_bytes: TF output: bytes per data shard, which bounds memory (default 256 MiB;
-            a bigger tensor gets its own shard; 0 puts every tensor in its own shard).
+        max_shard_bytes: TF output: bytes per data shard, which bounds memory. Default: the
+            largest kept tensor (at least 64 MiB), so memory stays about one tensor; a bigger
+            tensor gets its own shard; 0 puts every tensor in its own shard.
         progress: Called as ``progress(done, total, variable)`` after each kept tensor.
 
     Returns:
@@ -713,14 +757,10 @@ def extract(
         CkptError: The written output did not read back identical (nothing is left behind).
     """
     from ..formats import open_checkpoint  # noqa: PLC0415
-    from ..formats.tf_writer import DEFAULT_MAX_SHARD_BYTES  # noqa: PLC0415
-
     start = time.perf_counter()
     src, out = os.fspath(src), os.fspath(out)
     keep = _check_keep(keep)
-    if max_shard_bytes is None:
-        max_shard_bytes = DEFAULT_MAX_SHARD_BYTES
-    if max_shard_bytes < 0:
+    if max_shard_bytes is not None and max_shard_bytes < 0:
         raise UsageError(f"max_shard_bytes must be >= 0. Received: {max_shard_bytes}")
     if isinstance(builder, str):
         builder = load_builder(builder)
