@@ -267,6 +267,13 @@ def _bundle_matcher(ckpt: m.Checkpoint) -> Callable[[Any, m.Variable], bool]:
     return matches
 
 
+def _matcher(ckpt: m.Checkpoint) -> Callable[[Any, m.Variable], bool]:
+    """Bit-for-bit comparison of a value read back with its source variable, for any source."""
+    if ckpt.format in TF_SOURCE_FORMATS:
+        return _bundle_matcher(ckpt)
+    return lambda value, v: same_value(value, ckpt.read(v))
+
+
 def _value_reader(ckpt: m.Checkpoint) -> Callable[[m.Variable], np.ndarray]:
     """Reads one source value: TF sources through RestoreV2 into TensorFlow's buffer, viewed
     without a copy; other formats through the checkpoint's own reader."""
@@ -535,7 +542,7 @@ def _write_npz(
                 np.lib.format.write_array(f, value, allow_pickle=False)
             del value
     with np.load(tmp, allow_pickle=False) as npz:
-        verified = verifier.check(tmp, npz.files, lambda k: npz[k], lambda value, v: same_value(value, read(v)))
+        verified = verifier.check(tmp, npz.files, lambda k: npz[k], _matcher(ckpt))
     return planned, verified, ["npz: load with numpy.load(OUT); one array per readable name"]
 
 
@@ -706,9 +713,7 @@ def _write_weights_from_builder(
         w.assign(_sentinel(np.asarray(w.numpy())))
     model.load_weights(tmp)
     values = {matches[id(w)].key: w for w in model_vars}
-    verified = verifier.check(
-        tmp, values, lambda k: np.asarray(values[k].numpy()), lambda value, v: same_value(value, read(v))
-    )
+    verified = verifier.check(tmp, values, lambda k: np.asarray(values[k].numpy()), _matcher(ckpt))
     # The file's dataset paths are Keras's positional ones; name each kept value by its Keras path.
     keras_path = {matches[id(w)].key: str(getattr(w, "path", w.name)) for w in model_vars}
     planned = [
