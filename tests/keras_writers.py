@@ -62,6 +62,7 @@ def write_keras3(directory: pathlib.Path) -> dict[str, Any]:
     truth.update(
         paths=paths,
         n_optimizer=len(model.optimizer.variables),
+        optimizer_name=model.optimizer.name,  # "adam", or "adam_1" when others were made first
         keras_version=keras.__version__,
         layer_vars={layer_path: n for layer_path, n in _layer_var_counts(model).items()},
     )
