@@ -236,10 +236,10 @@ CATALOGUE = [
     }),
     Case("flipped-bit", flipped_bit, {
         "ls": (0, ""),
-        "ls-stats": (2, f"Error: {{p}}: cannot read '{FLIPPED_KEY}': TensorBundle at {{p}} shard 0 (512 bytes): Checksum does not match"),
+        "ls-stats": (2, f"Error: {{p}}: cannot read '{FLIPPED_KEY}': … TensorBundle at {{p}} shard 0 (512 bytes): Checksum does not match"),
         "verify": (1, "first:   encoder/enc_dense/kernel in {p}.data-00000-of-00001: checksum does not match: stored 0x"),
         "diff": (2, f"Error: {{p}}.data-00000-of-00001: checksum mismatch for '{FLIPPED_KEY}'"),
-        "extract": (2, f"Error: {{p}}: cannot read '{FLIPPED_KEY}': TensorBundle at {{p}} shard 0 (512 bytes): Checksum does not match"),
+        "extract": (2, f"Error: {{p}}: cannot read '{FLIPPED_KEY}': … TensorBundle at {{p}} shard 0 (512 bytes): Checksum does not match"),
     }),
     Case("state-names-deleted", state_names_deleted, {
         "ls": (0, "path:    {p}/ckpt-6 … {p}/ckpt-8  8 … MISSING"),
@@ -408,12 +408,11 @@ def test_unreadable_files(tmp_path):
 
 
 def test_no_traceback_in_a_real_process(catalogue):
-    """As a subprocess: stderr holds exactly the one Error line, for a parse error, a refusal
-    and a TensorFlow read error (which goes through TensorFlow's C++ reader)."""
+    """As a subprocess: stderr holds exactly the one Error line, for a parse error and a refusal
+    (a TensorFlow read error: in the next test), and verify's report goes to stdout alone."""
     for case_id, args, code in (
         ("truncated-index", ["ls"], 2),
         ("hdf5-external-link", ["verify"], 2),
-        ("missing-shard", ["ls", "--stats"], 2),
         ("flipped-bit", ["verify"], 1),
     ):
         d, path = catalogue[case_id]
@@ -428,10 +427,13 @@ def test_no_traceback_in_a_real_process(catalogue):
 
 
 def test_reads_after_a_failed_sliced_read_do_not_abort(catalogue):
-    """TF's reader aborts the process on the lookup after a failed sliced read; ours reopens it."""
+    """TF's reader aborts the process on the lookup after a failed sliced read; ours reopens it.
+    Then, in the same process (one TensorFlow start-up), ``ls --stats`` on the checkpoint: one
+    Error line on the real stderr, nothing from TensorFlow's C++ logging."""
     _, prefix = catalogue["missing-shard"]
     code = textwrap.dedent("""
         import sys, ckptinspect
+        from ckptinspect.cli import main
         ok = bad = 0
         with ckptinspect.open(sys.argv[1]) as ckpt:
             for var in ckpt:
@@ -440,10 +442,14 @@ def test_reads_after_a_failed_sliced_read_do_not_abort(catalogue):
                     ok += 1
                 except ckptinspect.CorruptCheckpointError:
                     bad += 1
-        print(ok, bad)
+        print(ok, bad, flush=True)
+        sys.argv = ["ckptinspect", "ls", "--stats", sys.argv[1]]
+        main()
     """)
     proc = subprocess.run([sys.executable, "-c", code, str(prefix)], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(f"Error: {prefix}: cannot read "), proc.stderr
+    assert "Traceback" not in proc.stderr
     ok, bad = map(int, proc.stdout.split())
     reader_keys = tf.train.load_checkpoint(str(SHARDED / "ckpt-4")).get_variable_to_shape_map()
     assert bad == 2 and ok + bad == len(reader_keys) - 1  # frozen/kernel and frozen/bias live in shard 3
