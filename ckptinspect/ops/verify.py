@@ -37,6 +37,7 @@ from ..formats._wire import MalformedError, read_varint
 from ..formats.tf_bundle import INDEX_SUFFIX, ITEMSIZE, data_path, read_index, step_from_name
 
 __all__ = [
+    "FORMAT_DIRECTORY",
     "STATUS_INTACT",
     "STATUS_DAMAGED",
     "STATUS_MISSING",
@@ -48,6 +49,7 @@ __all__ = [
     "tensor_crc32c",
 ]
 
+FORMAT_DIRECTORY = "tf-directory"  # VerifyReport.format for a checkpoint directory
 STATUS_INTACT = "intact"
 STATUS_DAMAGED = "damaged"
 STATUS_MISSING = "missing"
@@ -629,7 +631,7 @@ def _verify_directory(directory: str, progress: Progress | None) -> VerifyReport
             result = CheckpointResult(c.path, None, STATUS_MISSING, problems=(
                 f"{c.path}: listed by {_fs.join(directory, STATE_FILE)} but its files are missing",))
         results.append(dataclasses.replace(result, **common))
-    return VerifyReport(directory, "tf-directory", True, tuple(results))
+    return VerifyReport(directory, FORMAT_DIRECTORY, True, tuple(results))
 
 
 def verify(path: str, progress: Progress | None = None) -> VerifyReport:
