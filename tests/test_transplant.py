@@ -25,7 +25,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ckptinspect.cli import app
-from ckptinspect.errors import OutputExistsError, UsageError
+from ckptinspect.errors import UsageError
 
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
