@@ -14,6 +14,7 @@ import enum
 from .. import model as m
 from ..errors import CheckpointNotFoundError, NotACheckpointError
 from . import _fs
+from ._layout import DATA_FILE_RE, INDEX_SUFFIX, STATE_FILE
 from ._sstable import is_table
 
 __all__ = ["Kind", "detect", "open_checkpoint"]
@@ -75,9 +76,6 @@ def detect(path: str) -> tuple[Kind, str]:
         CheckpointNotFoundError: Nothing at ``path``.
         NotACheckpointError: Something that is not a checkpoint, or a part of one.
     """
-    from .tf_bundle import DATA_FILE_RE, INDEX_SUFFIX  # noqa: PLC0415
-    from .tf_state import STATE_FILE  # noqa: PLC0415
-
     name = _fs.basename(path)
     data_match = DATA_FILE_RE.match(name)
     if name and _fs.exists(path + INDEX_SUFFIX) and (_fs.is_remote(path) or not _fs.isdir(path)):

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Iterable
 from .. import model as m
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError
 from . import _fs, _protos
+from ._layout import DATA_FILE_RE, INDEX_SUFFIX, data_path
 from ._sstable import iter_table
 from ._wire import MalformedError, read_varint
 
@@ -49,12 +50,10 @@ __all__ = [
     "step_from_name",
 ]
 
-INDEX_SUFFIX = ".index"
 OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 ATTRIBUTES_MARK = "/.ATTRIBUTES/"
 VARIABLE_VALUE = "VARIABLE_VALUE"
 OPTIMIZER_SLOT_MARK = "/.OPTIMIZER_SLOT/"
-DATA_FILE_RE = re.compile(r"^(?P<prefix>.*)\.data-(?P<shard>\d{5})-of-(?P<num>\d{5})$")
 STEP_SUFFIX_RE = re.compile(r"[-_](\d+)$")
 
 # tensorflow/core/framework/types.proto: DataType -> numpy-style name.
@@ -249,11 +248,6 @@ def parse_index(data: bytes) -> BundleIndex:
                 (st, ln, se) for (st, ln), se in zip(e.slices, stored)
             )
     return BundleIndex(num_shards=num_shards, entries=tuple(entries), slice_entries=slice_map)
-
-
-def data_path(prefix: str, shard: int, num_shards: int) -> str:
-    """The file holding data shard ``shard``."""
-    return f"{prefix}.data-{shard:05d}-of-{num_shards:05d}"
 
 
 def read_index(prefix: str) -> BundleIndex:

@@ -15,11 +15,11 @@ import re
 
 from .. import model as m
 from . import _fs
-from .tf_bundle import INDEX_SUFFIX, step_from_name
+from ._layout import INDEX_SUFFIX, STATE_FILE
+from .tf_bundle import step_from_name
 
 __all__ = ["STATE_FILE", "CheckpointState", "parse_state", "list_checkpoints"]
 
-STATE_FILE = "checkpoint"
 _FIELD_RE = re.compile(r'^\s*(\w+)\s*:\s*(?:"((?:[^"\\]|\\.)*)"|([-+0-9.eE]+))\s*$')
 
 
