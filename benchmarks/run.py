@@ -48,6 +48,14 @@ PY = sys.executable
 CKPT = [PY, "-m", "ckptinspect"]
 HDF5_TOOLS_HINT = "not installed (Debian: apt-get install hdf5-tools)"
 SCALE_COMMANDS = ("ls", "diff", "verify")
+FILE_LABELS = {
+    "a": "A: TF bundle, single shard (`a/ckpt`)",
+    "b": "B: A perturbed, TF bundle (`b/ckpt`)",
+    "sharded": "A: TF bundle, multi-shard (`sharded/ckpt`)",
+    "model.h5": "A: legacy Keras `model.h5`",
+    "model_b.h5": "B: legacy Keras `model_b.h5`",
+    "model.weights.h5": "A: Keras 3 `model.weights.h5`",
+}
 
 # -- the alternatives, as scripts a user would write ----------------------------------------
 TF_LIST = "import tensorflow as tf\nprint(len(tf.train.list_variables({p!r})))\n"
@@ -210,6 +218,36 @@ def scale_tools(s: c.CheckpointSet, baselines: bool) -> dict[str, list[c.Tool]]:
     return {k: v if baselines else v[:1] for k, v in out.items()}
 
 
+def sanity_checks(s: c.CheckpointSet, pair_ids: set[str], commands: set[str]) -> list[list[str]]:
+    """Untimed checks that the timed commands do the job on these files (ckptinspect's JSON output).
+
+    Returns:
+        ``[what, expected, got, verdict]`` rows.
+    """
+    meta, rows = s.meta, []
+    n, changed = meta["entries"], meta["perturbed"]
+    checks = [
+        ("ls", "ls", f"ls {s.a} --format json: variables", [s.a], (0,), lambda d: len(d["variables"]), n),
+        ("ls-sharded", "ls", "ls sharded --format json: variables", [s.sharded], (0,), lambda d: len(d["variables"]), n),
+        ("ls-h5", "ls", "ls model.h5 --format json: variables", [s.h5_a], (0,), lambda d: len(d["variables"]), n),
+        ("ls-weights-h5", "ls", "ls model.weights.h5 --format json: variables", [s.weights_h5], (0,), lambda d: len(d["variables"]), n),
+        ("diff", "diff", "diff A B --format json: changed", [s.a, s.b], (1,), lambda d: d["summary"]["changed"], changed),
+        ("diff-h5", "diff", "diff model.h5 model_b.h5 --format json: changed", [s.h5_a, s.h5_b], (1,), lambda d: d["summary"]["changed"], changed),
+        ("verify", "verify", "verify A --format json: intact", [s.a], (0,), lambda d: d["intact"], True),
+        ("verify-sharded", "verify", "verify sharded --format json: intact", [s.sharded], (0,), lambda d: d["intact"], True),
+    ]
+    for pair_id, cmd, what, paths, codes, get, expected in checks:
+        if pair_id not in pair_ids or cmd not in commands:
+            continue
+        proc = subprocess.run([*CKPT, cmd, *paths, "--format", "json"], capture_output=True, text=True, env=s.env())
+        try:
+            got = get(json.loads(proc.stdout)) if proc.returncode in codes else f"exit {proc.returncode}: {proc.stderr.strip()[-200:]}"
+        except (ValueError, KeyError, TypeError) as exc:
+            got = f"unreadable output ({exc})"
+        rows.append([what.replace(s.a, "A"), str(expected), str(got), "ok" if got == expected else "**wrong**"])
+    return rows
+
+
 def cli_commands() -> set[str]:
     """The commands ``ckptinspect`` has, from its typer app (in a child: no import here)."""
     code = "import typer, ckptinspect.cli as m\nprint(' '.join(typer.main.get_command(m.app).commands))"
@@ -339,43 +377,65 @@ def plot_scale(scale: list[dict[str, Any]], path: pathlib.Path) -> str:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt  # noqa: PLC0415
+        from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # noqa: PLC0415
     except ImportError:
         return "matplotlib is not installed (pip install -e .[bench]): no plot written"
     colors = {"ls": "tab:blue", "diff": "tab:orange", "verify": "tab:green"}
-    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.4), constrained_layout=True)
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 5.2))
     sizes = [p["bytes"] / MIB for p in scale]
+    handles, names = [], []
     for cmd in SCALE_COMMANDS:
-        labels = []
+        labels: list[str] = []
         for point in scale:
             labels += [k for k in point["results"].get(cmd, {}) if k not in labels]
         for label in labels:
-            xs, ts, ms = [], [], []
+            xs, ts, lo, hi, ms = [], [], [], [], []
             for x, point in zip(sizes, scale):
                 m = point["results"].get(cmd, {}).get(label)
                 if isinstance(m, c.Measurement):
                     xs.append(x)
                     ts.append(m.median)
+                    lo.append(m.median - min(m.times))
+                    hi.append(max(m.times) - m.median)
                     ms.append(m.peak / MIB)
             if not xs:
                 continue
             ours = label.startswith("ckptinspect")
-            style = dict(color=colors[cmd], marker="o" if ours else "s", linestyle="-" if ours else "--", linewidth=2 if ours else 1.2)
-            name = label if ours else f"{cmd}: {label}"
-            ax_t.plot(xs, ts, label=name, **style)
-            ax_m.plot(xs, ms, label=name, **style)
+            style = dict(color=colors[cmd], marker="o" if ours else "s", linestyle="-" if ours else "--",
+                         linewidth=2 if ours else 1.2, markersize=6 if ours else 5)
+            line = ax_t.errorbar(xs, ts, yerr=[lo, hi], capsize=3, **style)
+            ax_m.plot(xs, ms, **style)
+            handles.append(line)
+            names.append(label if ours else f"{cmd}: {label}")
+
+    def nice(v: float, _pos: Any = None) -> str:
+        return f"{v:g}" if v < 10 else f"{v:,.0f}"
+
+    def ticks(ax: Any, candidates: list[float]) -> None:
+        lo, hi = ax.get_ylim()
+        ax.yaxis.set_major_locator(FixedLocator([v for v in candidates if lo <= v <= hi]))
+        ax.yaxis.set_major_formatter(FuncFormatter(nice))
+        ax.yaxis.set_minor_locator(NullLocator())
+
+    steps = [k * 10**e for e in range(-2, 5) for k in (1, 2, 5)]
     for ax in (ax_t, ax_m):
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xticks(sizes, [f"{x:,.0f}" for x in sizes])
-        ax.minorticks_off()
-        ax.set_xlabel("checkpoint size (MiB, A; diff reads A and B)")
+        ax.xaxis.set_major_locator(FixedLocator(sizes))
+        ax.xaxis.set_major_formatter(FuncFormatter(nice))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xlabel("checkpoint size, MiB (diff reads A and B: twice that)")
         ax.grid(True, which="major", alpha=0.3)
-    ax_t.set_ylabel("wall time, median (s)")
+    ticks(ax_t, steps)
+    ticks(ax_m, steps)
+    ax_t.set_ylabel("wall time, median (s); bars: min-max")
     ax_t.set_title("time vs checkpoint size")
     ax_m.set_ylabel("peak RSS of the process (MiB)")
     ax_m.set_title("peak memory vs checkpoint size")
-    ax_m.legend(fontsize=8, loc="upper left")
-    fig.suptitle(f"ckptinspect (solid) vs TensorFlow (dashed), {scale[0]['entries']} variables, {os.cpu_count()} cores", fontsize=11)
+    fig.suptitle(f"ckptinspect (solid) vs TensorFlow (dashed): whole processes, {scale[0]['entries']} variables, "
+                 f"{os.cpu_count()} cores", fontsize=11)
+    fig.legend(handles, names, loc="lower center", ncol=3, fontsize=9, frameon=False)
+    fig.tight_layout(rect=(0, 0.12, 1, 0.96))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return f"plot written to {path}"
@@ -385,7 +445,7 @@ def plot_scale(scale: list[dict[str, Any]], path: pathlib.Path) -> str:
 def write_results(path: pathlib.Path, args: argparse.Namespace, info: dict[str, Any], s: c.CheckpointSet,
                   pairs: list[Pair], unavailable: list[Pair], results: dict[str, dict[str, Any]],
                   targets: list[list[str]], scale: list[dict[str, Any]], floor_peak: int | None,
-                  plot_line: str | None, notes: str) -> None:
+                  plot_line: str | None, notes: str, checks: list[list[str]]) -> None:
     meta = s.meta
     mem = info["memory_bytes"]
     v = info["versions"]
@@ -416,8 +476,12 @@ def write_results(path: pathlib.Path, args: argparse.Namespace, info: dict[str, 
         f"{mib(meta['tensor_bytes'])} MiB of float32, largest tensor {mib(meta['largest_tensor_bytes'])} MiB. "
         f"B is A with every {c.PERTURB_EVERY}th tensor ({meta['perturbed']}) perturbed by N(0, {c.PERTURB_SCALE:g}).",
         "",
-        table(["file", "MiB"], [[k, mib(n)] for k, n in meta["files"].items() if not k.endswith("_files")]
-              + ([["multi-shard data files", meta["files"]["sharded_data_files"]]] if "sharded_data_files" in meta["files"] else [])),
+        table(["file", "MiB"], [[FILE_LABELS.get(k, k), mib(n)] for k, n in meta["files"].items() if not k.endswith("_files")]
+              + ([["multi-shard: data files", meta["files"]["sharded_data_files"]]] if "sharded_data_files" in meta["files"] else [])),
+        "",
+        "Checks (untimed) that the commands do their job on these files:",
+        "",
+        table(["check", "expected", "got", "verdict"], checks, align="llll") if checks else "(none run)",
         "",
         "## Targets (issue 8)",
         "",
@@ -529,6 +593,9 @@ def main(argv: list[str] | None = None) -> int:
     for p in unavailable:
         log(f"{p.id}: not available (no `ckptinspect {p.command}` command yet)")
 
+    checks = sanity_checks(s, {p.id for p in available}, commands)
+    for row in checks:
+        log(f"check: {row[0]}: expected {row[1]}, got {row[2]} ({row[3]})")
     info = c.machine()
     if args.wait_quiet:
         waited, _ = c.wait_for_quiet(args.quiet_load, args.max_wait * 60, log=log)
@@ -578,13 +645,16 @@ def main(argv: list[str] | None = None) -> int:
         log(plot_line)
     targets = evaluate_targets(results, s, floor_peak, scale)
     notes = read_notes(results_path)
-    write_results(results_path, args, info, s, pairs, unavailable, results, targets, scale, floor_peak, plot_line, notes)
+    write_results(results_path, args, info, s, pairs, unavailable, results, targets, scale, floor_peak, plot_line, notes, checks)
     (work / "results.json").write_text(json.dumps({"machine": info, "meta": s.meta, "pairs": to_json(results), "floor_peak": floor_peak,
                                                     "scale": [{**p, "results": to_json(p["results"])} for p in scale], "targets": targets}, indent=1))
     log(f"results written to {results_path}")
     for row in targets:
         log(f"  {row[2]:>10}  {row[0]}: {row[1]}")
     failed = [f"{p}: {k}" for p, r in results.items() for k, v in r.items() if isinstance(v, str)]
+    failed += [row[0] for row in checks if row[3] != "ok"]
+    for what in failed:
+        log(f"FAILED: {what}")
     return 1 if failed else 0
 
 

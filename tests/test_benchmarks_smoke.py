@@ -77,6 +77,9 @@ def test_report_has_machine_targets_and_scale(run):
     assert re.search(r"^- \d+ cores, [\d.]+ GiB memory, ", text, re.M)
     assert re.search(r"tensorflow \d+\.\d+", text) and re.search(r"h5py \d+\.\d+", text)
     assert re.search(r"load average: \d+\.\d\d when timing started", text)
+    checks = re.findall(r"^\| (ls A|diff model.h5 model_b.h5|verify A) --format json: (\w+) \| (\S+) \| (\S+) \| (\S+) \|$", text, re.M)
+    assert checks == [("ls A", "variables", "20", "20", "ok"), ("diff model.h5 model_b.h5", "changed", "5", "5", "ok"),
+                      ("verify A", "intact", "True", "True", "ok")]
     targets = text[text.index("## Targets"):text.index("## Pairs")]
     assert re.search(r"\| ls >= 10x faster than tf.train.list_variables \(20 variables\) \| [\d.]+x .* \| (met|\*\*missed\*\*) \|", targets)
     assert re.search(r"\| verify at least as fast as .* \(verify\) \| [\d.]+x", targets)
