@@ -424,9 +424,9 @@ def _write_tf(
     object_graph = None
     kept_keys = {v.key for v in ckpt.variables if v.role in keep}
     if ckpt.info.get("kind") == "tf2-object":
-        reader = _tf.load_checkpoint(ckpt.path)
-        blob = _tf.get_tensor(reader, ckpt.path, OBJECT_GRAPH_KEY).item()
-        del reader
+        # Through RestoreV2 (a scalar string comes back as exact bytes; numpy's fixed-width
+        # bytes would drop a serialized graph's trailing NUL bytes).
+        blob = restore_tensor(ckpt.path, OBJECT_GRAPH_KEY, "string").numpy()
         pruned = prune_object_graph(blob, kept_keys)
         blob = pruned.blob
         key_map = pruned.key_map
@@ -491,7 +491,7 @@ def _write_tf(
     reader = _tf.load_checkpoint(tmp)
     keys = set(reader.get_variable_to_shape_map())
     if blob is not None:
-        if OBJECT_GRAPH_KEY not in keys or _tf.get_tensor(reader, tmp, OBJECT_GRAPH_KEY).item() != blob:
+        if OBJECT_GRAPH_KEY not in keys or restore_tensor(tmp, OBJECT_GRAPH_KEY, "string").numpy() != blob:
             raise CkptError(f"{tmp}: read-back check failed: the object graph was not written as built")
         keys.discard(OBJECT_GRAPH_KEY)
     dtypes = {p.output_key: p.dtype for p in kept}
