@@ -516,3 +516,39 @@ def test_realworld_tf1_estimators_lose_only_optimizer_slots(realworld, tmp_path,
                            or k.startswith("training/") for k in dropped)
     out_reader = tf.train.load_checkpoint(str(tmp_path / "out"))
     assert all(same_bits(out_reader.get_tensor(k), src_reader.get_tensor(k)) for k in out_keys)
+
+
+@pytest.mark.parametrize(
+    ("item", "out_name", "group"),
+    [
+        ("keras2-h5-full-k206/model.h5", "m.h5", "optimizer_weights"),  # anonymous Variable:0 slots
+        ("keras2-h5-full-tfk211-dotkeras/model.keras", "m.h5", "optimizer_weights"),  # HDF5 named .keras
+        ("keras3-weights-h5/model.weights.h5", "m.weights.h5", "optimizer"),
+        ("keras214-zip-backslash-paths/model.keras", "m.weights.h5", "optimizer"),  # zip, backslash groups
+    ],
+)
+def test_realworld_keras_files_lose_exactly_the_optimizer_group(realworld, tmp_path, item, out_name, group):
+    import io  # noqa: PLC0415
+    import zipfile  # noqa: PLC0415
+
+    src = realworld / item
+    before = tree_hash(src)
+    ckptinspect.extract(str(src), str(tmp_path / out_name))
+
+    def datasets(f) -> dict[str, np.ndarray]:
+        found: dict[str, np.ndarray] = {}
+        f.visititems(lambda name, obj: found.__setitem__(name, obj[()]) if isinstance(obj, h5py.Dataset) else None)
+        return found
+
+    if zipfile.is_zipfile(src):
+        with zipfile.ZipFile(src) as z:
+            source = h5py.File(io.BytesIO(z.read("model.weights.h5")), "r")
+    else:
+        source = h5py.File(src, "r")
+    with source, h5py.File(tmp_path / out_name, "r") as out:
+        src_sets, out_sets = datasets(source), datasets(out)
+        assert group in source and group not in out
+        assert set(src_sets) - set(out_sets) == {k for k in src_sets if k.startswith(group + "/")}
+        assert all(same_bits(out_sets[k], src_sets[k]) for k in out_sets)
+        assert {k: np.asarray(v).tobytes() for k, v in source.attrs.items()} == {k: np.asarray(v).tobytes() for k, v in out.attrs.items()}
+    assert tree_hash(src) == before
