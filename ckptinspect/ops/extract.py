@@ -284,7 +284,7 @@ def _value_reader(ckpt: m.Checkpoint) -> Callable[[m.Variable], np.ndarray]:
     return lambda v: numpy_view(restore_tensor(ckpt.path, v.key, v.dtype))
 
 
-def output_format_for(out: str, source_format: str, format: str | None = None) -> str:
+def output_format_for(out: str, format: str | None = None) -> str:  # noqa: A002
     """The output format: ``format`` if given, else from ``out``'s suffix.
 
     ``.weights.h5`` -> weights-h5, ``.npz`` -> npz, ``.h5``/``.hdf5`` -> h5 (legacy Keras
@@ -762,8 +762,10 @@ def extract(
         CkptError: The written output did not read back identical (nothing is left behind).
     """
     from ..formats import open_checkpoint  # noqa: PLC0415
+
     start = time.perf_counter()
     src, out = os.fspath(src), os.fspath(out)
+    fmt = output_format_for(out, format)
     keep = _check_keep(keep)
     if max_shard_bytes is not None and max_shard_bytes < 0:
         raise UsageError(f"max_shard_bytes must be >= 0. Received: {max_shard_bytes}")
@@ -772,7 +774,6 @@ def extract(
 
     ckpt = open_checkpoint(src)
     try:
-        fmt = output_format_for(out, ckpt.format, format)
         if not any(v.role == m.ROLE_MODEL for v in ckpt.variables):
             raise UsageError(f"{ckpt.path}: no model variables to extract (roles: {_role_summary(ckpt)})")
         protected = [src, ckpt.path, *_source_files(ckpt)]
