@@ -165,6 +165,10 @@ def test_keras3_sharded_weights(k3_sharded):
     assert ckpt.info["shard_files"] == expected_files
     assert len(by_role(ckpt, "model")) == k3_sharded["n_weights"]
     assert len(by_role(ckpt, "optimizer")) == k3_sharded["n_optimizer"]
+    if k3_sharded["n_optimizer"]:  # the step is the optimizer's iteration count, read with h5py
+        counter = ckpt[ckpt.info["iterations_key"]]
+        with h5py.File(index.parent / ckpt.info["shard_files"][counter.shards[0]], "r") as f:
+            assert ckpt.step == int(np.asarray(f[counter.key][()]))
     seen = set()
     for var in ckpt:
         assert len(var.shards) == 1
@@ -545,10 +549,10 @@ def test_hard_link_cycle_walked_once(tmp_path):
     ],
 )
 def test_realworld_iteration_counter(realworld, item, name, key, value):
-    """The counter is found from metadata; its value (MANIFEST) is read only when asked."""
+    """The counter is found from metadata; its value (MANIFEST) is the file's step."""
     ckpt = ckptinspect.open(realworld / item / name)
     assert ckpt.info.get("iterations_key") == key
-    assert ckpt.step is None
+    assert ckpt.step == (value if key is not None else None)
     if key is not None:
         assert ckpt[key].role == "optimizer"
         assert int(ckpt.read(key)) == value
@@ -561,3 +565,25 @@ def test_written_iteration_counter(k3, k2):
         ckpt = ckptinspect.open(path)
         assert ckpt.info["iterations_key"] == key
         assert int(ckpt.read(key)) == 2  # one epoch of 16 samples, batch size 8
+
+
+@pytest.mark.parametrize(
+    "relpath, step, key",
+    [
+        ("keras2-h5-full-k206/model.h5", 3623, "optimizer_weights/iterations:0"),
+        ("keras2-h5-full-tfk211-dotkeras/model.keras", 6250, "optimizer_weights/iteration:0"),
+        ("keras3-legacy-h5-full/model.h5", 3500, "optimizer_weights/adam/iteration"),
+        ("keras3-weights-h5/model.weights.h5", 10500, "optimizer/vars/0"),
+        ("keras3-zip/out/final_model.keras", 21600, "optimizer/vars/0"),
+        ("keras214-zip-backslash-paths/model.keras", 5850, "optimizer/vars/0"),
+        ("keras2-h5-weights-k214/weights.h5", None, None),
+    ],
+)
+def test_step_is_the_optimizer_iteration_count(realworld, relpath, step, key):
+    """MANIFEST's iteration counts; the value is checked with h5py (inside the zip for .keras)."""
+    ckpt = ckptinspect.open(str(realworld / relpath))
+    assert ckpt.step == step
+    assert ckpt.step_source == (None if key is None else f"optimizer:{key}")
+    if key is not None and relpath.endswith(".h5"):
+        with h5py.File(realworld / relpath, "r") as f:
+            assert int(np.asarray(f[key][()]).reshape(())) == step

@@ -619,6 +619,25 @@ def _with_counter(info: dict[str, Any], variables: Sequence[m.Variable]) -> dict
     return info
 
 
+def counter_step(read: Callable[[m.Variable], np.ndarray], variables: Sequence[m.Variable]) -> tuple[int | None, str | None]:
+    """The step of a Keras file: its optimizer's iteration count, one scalar read (a few bytes).
+
+    Args:
+        read: Reads one variable's value.
+        variables: The file's variables.
+
+    Returns:
+        (step, where it came from), or (None, None) when the file has no counter.
+    """
+    counter = iteration_counter(variables)
+    if counter is None or counter.size != 1:
+        return None, None
+    value = float(np.asarray(read(counter)).reshape(()))
+    if value != value or value in (float("inf"), float("-inf")):
+        return None, None
+    return int(value), f"optimizer:{counter.key}"
+
+
 # -- opening -------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class H5Listing:
@@ -627,6 +646,8 @@ class H5Listing:
     format: str
     variables: tuple[m.Variable, ...]
     info: dict[str, Any]
+    step: int | None = None
+    step_source: str | None = None
 
 
 def list_h5_file(h5: Any, label: str, namer: VarNamer | None = None) -> H5Listing:
@@ -647,13 +668,19 @@ def list_h5_file(h5: Any, label: str, namer: VarNamer | None = None) -> H5Listin
     """
     walk = _walk(h5, label)
     layout = _layout(h5, walk)
+
+    def read(v: m.Variable) -> np.ndarray:
+        return _read_dataset(_safe_dataset(h5, v.key, label), v, label)
+
     if layout in (LAYOUT_LEGACY_FULL, LAYOUT_LEGACY_WEIGHTS):
         base = MODEL_WEIGHTS if layout == LAYOUT_LEGACY_FULL else ""
         variables = tuple(_legacy_variables(h5, walk, base, label))
-        return H5Listing(m.FORMAT_KERAS_H5, variables, _with_counter(_legacy_info(h5, layout), variables))
+        info = _with_counter(_legacy_info(h5, layout), variables)
+        return H5Listing(m.FORMAT_KERAS_H5, variables, info, *counter_step(read, variables))
     if layout == LAYOUT_KERAS3:
         variables = tuple(_keras3_variables([walk], namer))
-        return H5Listing(m.FORMAT_KERAS_WEIGHTS_H5, variables, _with_counter(_keras3_info([walk]), variables))
+        info = _with_counter(_keras3_info([walk]), variables)
+        return H5Listing(m.FORMAT_KERAS_WEIGHTS_H5, variables, info, *counter_step(read, variables))
     raise NotACheckpointError(
         f"{label}: an HDF5 file but not Keras weights (no {MODEL_WEIGHTS} group, no"
         f" {LAYER_NAMES_ATTR} attribute, no {VARS_GROUP} groups)"
@@ -805,6 +832,8 @@ def open_h5(path: str) -> m.Checkpoint:
         path=path,
         format=listing.format,
         variables=listing.variables,
+        step=listing.step,
+        step_source=listing.step_source,
         num_shards=1,
         info=listing.info,
         source=H5Source([lambda: _open_file(path)], [path]),
@@ -889,11 +918,16 @@ def open_sharded(path: str) -> m.Checkpoint:
     metadata = index.get("metadata")
     if isinstance(metadata, dict) and isinstance(metadata.get("total_size"), (int, float)):
         info["total_size"] = int(metadata["total_size"])
+    source = H5Source([(lambda p=p: _open_file(p)) for p in shard_paths], shard_paths)
+    step, step_source = counter_step(source.read, variables)
+    source.close()  # reopened on the next read
     return m.Checkpoint(
         path=path,
         format=m.FORMAT_KERAS_WEIGHTS_H5,
         variables=tuple(variables),
+        step=step,
+        step_source=step_source,
         num_shards=len(shard_files),
         info=info,
-        source=H5Source([(lambda p=p: _open_file(p)) for p in shard_paths], shard_paths),
+        source=source,
     )

@@ -392,6 +392,8 @@ def open_zip(path: str) -> m.Checkpoint:
         path=path,
         format=m.FORMAT_KERAS_ZIP,
         variables=listing.variables,
+        step=listing.step,
+        step_source=listing.step_source,
         num_shards=1,
         info=info,
         source=H5Source([lambda: _open_weights(path)], [label]),
