@@ -119,6 +119,25 @@ model.load_weights({src!r})
 model.save_weights({out!r})
 """
 KERAS_EDITOR = "import keras\nkeras.saving.KerasFileEditor({p!r}).summary()\n"
+# The floor of any h5py-based tool: open the file(s), visit every object, (read every dataset).
+H5PY_VISIT = """import h5py
+out = []
+with h5py.File({p!r}, "r") as f:
+    f.visititems(lambda n, o: out.append((n, getattr(o, "shape", None), getattr(o, "dtype", None))))
+print(len(out))
+"""
+H5PY_DIFF = """import h5py, numpy as np
+with h5py.File({a!r}, "r") as fa, h5py.File({b!r}, "r") as fb:
+    names = []
+    fa.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+    changed = 0
+    for n in names:
+        x, y = fa[n][()], fb[n][()]
+        d = float(np.max(np.abs(x - y))) if x.size else 0.0
+        changed += d > 0
+        print(n, d)
+print("changed", changed)
+"""
 
 
 def py(code: str) -> list[str]:
@@ -163,10 +182,12 @@ def make_pairs(s: c.CheckpointSet, out: pathlib.Path) -> list[Pair]:
         Pair("ls-h5", "ls", "list the legacy Keras .h5 (model.save: weights + optimizer)", [
             c.Tool("ckptinspect ls", [*CKPT, "ls", s.h5_a], **ours),
             c.Tool("h5ls -r", ["h5ls", "-r", s.h5_a], missing=h5ls),
+            c.Tool("h5py visititems (floor of an h5py lister)", py(H5PY_VISIT.format(p=s.h5_a))),
         ]),
         Pair("ls-weights-h5", "ls", "list the Keras 3 .weights.h5 (save_weights of the compiled model: weights + optimizer)", [
             c.Tool("ckptinspect ls", [*CKPT, "ls", s.weights_h5], **ours),
             c.Tool("h5ls -r", ["h5ls", "-r", s.weights_h5], missing=h5ls),
+            c.Tool("h5py visititems (floor of an h5py lister)", py(H5PY_VISIT.format(p=s.weights_h5))),
             c.Tool("KerasFileEditor.summary()", py(KERAS_EDITOR.format(p=s.weights_h5))),
         ]),
         Pair("ls-stats", "ls", "per-tensor min/max/mean/std/NaN/Inf of every tensor", [
@@ -180,6 +201,7 @@ def make_pairs(s: c.CheckpointSet, out: pathlib.Path) -> list[Pair]:
         Pair("diff-h5", "diff", "compare A with B (legacy .h5 files)", [
             c.Tool("ckptinspect diff", [*CKPT, "diff", s.h5_a, s.h5_b], ok_codes=(1,), **ours),
             c.Tool("h5diff", ["h5diff", s.h5_a, s.h5_b], ok_codes=(1,), missing=h5diff),
+            c.Tool("h5py script (max abs diff per dataset)", py(H5PY_DIFF.format(a=s.h5_a, b=s.h5_b))),
         ]),
         Pair("extract", "extract", "model weights only, optimizer stripped, to a TF bundle", [
             c.Tool("ckptinspect extract", [*CKPT, "extract", s.a, "-o", o["extract_ours"]], cleanup=(str(out / "extract_ours"),), **ours),

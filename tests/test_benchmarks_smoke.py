@@ -26,7 +26,7 @@ RUN = ROOT / "benchmarks" / "run.py"
 PAIRS = ("ls", "diff-h5", "verify")
 TOOLS = {
     "ls": ("ckptinspect ls", "tf.train.list_variables", "inspect_checkpoint"),
-    "diff-h5": ("ckptinspect diff", "h5diff"),
+    "diff-h5": ("ckptinspect diff", "h5diff", "h5py script (max abs diff per dataset)"),
     "verify": ("ckptinspect verify", "TF: get_tensor of every key"),
 }
 HDF5_TOOLS = {"h5diff"}
