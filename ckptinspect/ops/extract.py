@@ -443,7 +443,8 @@ def _write_tf(
         }
         if len(pruned.root_children) == 1:
             notes.append(
-                f"restore with tf.train.Checkpoint({pruned.root_children[0]}=model).read(OUT).assert_consumed()"
+                f"restore with tf.train.Checkpoint({pruned.root_children[0]}=model).read(OUT).assert_consumed() "
+                "(compile the model after restoring: a compiled model brings optimizer variables)"
             )
         else:
             shown = ", ".join(pruned.root_children[:4]) + (", ..." if len(pruned.root_children) > 4 else "")
