@@ -194,6 +194,35 @@ def test_tf2_report_counts_bytes_and_saving(src, run_tf):
     assert r.output_format == "tf" and r.object_graph["root_children"] == ["model"]
 
 
+@pytest.fixture(scope="module")
+def fresh_run(tmp_path_factory) -> pathlib.Path:
+    """A checkpoint trained now by the fixture trainer: one Adam step under MirroredStrategy on 2
+    logical CPUs (a fresh process, since logical devices must be set before TF initialises)."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    out = tmp_path_factory.mktemp("train") / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "ckptinspect.trainer", str(out), "--steps", "1", "--save-every", "1", "--replicas", "2"],
+        capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out
+
+
+def test_fresh_mirrored_training_checkpoint_extracts_and_restores(fresh_run, tmp_path):
+    meta = json.loads((fresh_run / "metadata.json").read_text())
+    assert meta["replicas"] == 2 and meta["optimizer"]["class"] == "Adam"
+    prefix = tf.train.latest_checkpoint(str(fresh_run))
+    before = tree_hash(fresh_run)
+    report = ckptinspect.extract(str(fresh_run), str(tmp_path / "m"))
+    assert report.source == prefix and report.dropped["optimizer"]["count"] > 0
+    fresh = trainer.build_model(seed=11)
+    tf.train.Checkpoint(model=fresh).read(str(tmp_path / "m")).assert_consumed()
+    assert_weights_equal(fresh, restored_reference(prefix))
+    assert tree_hash(fresh_run) == before
+
+
 def test_sharded_sliced_source_one_tensor_per_shard(src, tmp_path):
     out = tmp_path / "m"
     report = ckptinspect.extract(str(src["sharded"]), str(out), max_shard_bytes=0)
