@@ -186,18 +186,18 @@ def diff_view(report, fmt: OutputFormat) -> str:
                              ("diff_elems", "differing"), ("nan", "nan a/b"), ("inf", "inf a/b")]
     layers = report.layers
     moved = [s for s in layers if s.changed]
-    footer = ["", "layers:"]
-    if moved:
-        footer += tabulate(
-            [[s.layer or "(top level)", f"{s.changed}/{s.variables}", fmt_float(s.max_rel_l2), fmt_float(s.max_abs_diff)]
-             for s in moved],
-            headers=["layer", "differ", "max rel l2", "max abs diff"],
-            tablefmt="simple",
-            disable_numparse=True,
-        ).splitlines()
-    unchanged = len(layers) - len(moved)
-    footer.append(f"{unchanged} layer{'s' if unchanged != 1 else ''} unchanged" if moved else
-                  f"all {len(layers)} layer{'s' if len(layers) != 1 else ''} unchanged")
+    footer: list[str] = []
+    if layers:
+        footer += ["", "layers:"]
+        if moved:
+            footer += simple_table(
+                ["layer", "differ", "max rel l2", "max abs diff"],
+                [[s.layer or "(top level)", f"{s.changed}/{s.variables}", fmt_float(s.max_rel_l2),
+                  fmt_float(s.max_abs_diff)] for s in moved],
+            ).splitlines()
+        unchanged = len(layers) - len(moved)
+        footer.append(f"{unchanged} layer{'s' if unchanged != 1 else ''} unchanged" if moved else
+                      f"all {len(layers)} layer{'s' if len(layers) != 1 else ''} unchanged")
     footer += ["", report.verdict]
     return render(fmt, doc={}, rows=rows, columns=columns, header=header, footer=footer)
 

@@ -26,7 +26,7 @@ from typing import Callable, Collection, Iterable, Sequence
 import numpy as np
 
 from .. import model as m
-from ..errors import CheckpointNotFoundError, CorruptCheckpointError, UsageError
+from ..errors import CheckpointNotFoundError, CkptError, CorruptCheckpointError, UsageError
 from ._tf import import_tf
 from .tf_bundle import OBJECT_GRAPH_KEY, VARIABLE_VALUE, _is_optimizer, parse_object_graph
 
@@ -109,13 +109,11 @@ def prune_object_graph(blob: bytes, keep_keys: Collection[str], *, keep_object_s
     tf = import_tf()  # noqa: F841 - the protobuf module below ships with TensorFlow
     from tensorflow.core.protobuf import trackable_object_graph_pb2  # noqa: PLC0415
 
-    from ._wire import MalformedError  # noqa: PLC0415
-
     source = trackable_object_graph_pb2.TrackableObjectGraph()
     try:
         source.ParseFromString(blob)
         ours = parse_object_graph(blob)
-    except (MalformedError, Exception) as e:  # noqa: BLE001 - protobuf's DecodeError has no stable home
+    except Exception as e:  # noqa: BLE001 - MalformedError, or protobuf's DecodeError (no stable home)
         raise CorruptCheckpointError(f"the object graph does not parse: {e}") from None
     nodes = source.nodes
     if not nodes:
@@ -332,7 +330,7 @@ def write_bundle(
 
     Raises:
         UsageError: Nothing to write.
-        CorruptCheckpointError: TensorFlow refused to write (the message names the prefix).
+        CkptError: TensorFlow refused to write (the message names the prefix).
     """
     tf = import_tf()
     parts_dir = prefix + TEMP_PARTS_DIR
@@ -371,7 +369,7 @@ def write_bundle(
                 checkpoint_prefixes=parts, destination_prefix=prefix, delete_old_dirs=True
             )
     except tf.errors.OpError as e:
-        raise CorruptCheckpointError(f"{prefix}: TensorFlow could not write the checkpoint: {e.message.splitlines()[0]}") from None
+        raise CkptError(f"{prefix}: TensorFlow could not write the checkpoint: {e.message.splitlines()[0]}") from None
     finally:
         if os.path.isdir(parts_dir):
             import shutil  # noqa: PLC0415

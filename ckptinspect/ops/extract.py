@@ -26,8 +26,9 @@ Output formats (chosen from the output's suffix unless ``format`` says otherwise
   written one array at a time.
 
 The source is never modified. The output is written under a temporary name in its directory,
-read back and compared tensor by tensor, bit for bit, with the source (read again: one pair of
-tensors in memory at a time), and only then renamed into place.
+read back and compared tensor by tensor, bit for bit, with the source (an unsliced tensor
+against its stored bytes in the source's data file, chunk by chunk, so one tensor is in memory),
+and only then renamed into place.
 """
 
 from __future__ import annotations
