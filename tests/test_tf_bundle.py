@@ -359,3 +359,12 @@ def test_index_entries_agree_with_data_files(keras3_ckpt):
             continue
         assert entry.offset + entry.size <= len(data)
         assert masked_crc32c(data[entry.offset : entry.offset + entry.size]) == entry.crc32c, entry.key
+
+
+def test_string_values_keep_trailing_nul_bytes(tmp_path):
+    prefix = tf.train.Checkpoint(
+        s=tf.Variable(b"ab\x00\x00"), v=tf.Variable([b"x\x00", b"y"])
+    ).write(str(tmp_path / "strings"))
+    ckpt = ckptinspect.open(prefix)
+    assert ckpt.read("s")[()] == b"ab\x00\x00"
+    assert list(ckpt.read("v")) == [b"x\x00", b"y"]

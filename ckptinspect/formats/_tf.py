@@ -77,6 +77,12 @@ def get_tensor(reader, prefix: str, key: str) -> np.ndarray:
         ) from None
     except (tf.errors.OpError, ValueError, RuntimeError) as e:
         raise CorruptCheckpointError(f"{prefix}: cannot read {key!r}: {_first_line(e)}") from None
+    if isinstance(value, bytes):
+        # A scalar string: an object array keeps trailing NUL bytes, which numpy's fixed-width
+        # bytes dtype would drop (serialized protos such as object graphs end in them).
+        out = np.empty((), dtype=object)
+        out[()] = value
+        return out
     return np.asarray(value)
 
 
