@@ -205,7 +205,7 @@ def test_mapping_rules_rename_source_variables(keras2_layers):
     assert report.ok and any("'^nothing/'" in n and "matched no" in n for n in report.notes)
     for a, b in zip(model.get_layer(builders.RENAMED_HEAD).get_weights(), keras2_layers["head"]):
         np.testing.assert_array_equal(a, b)
-    with pytest.raises(UsageError, match="bad regex"):
+    with pytest.raises(UsageError, match="bad --map regex"):
         transplant(str(KERAS2_H5), model, mapping={"(": "x"})
 
 
@@ -420,7 +420,7 @@ def test_cli_map_option(in_root, tmp_path):
         (["--builder", f"{BUILDERS}:fixture_model", "--strategy", "multi-worker"],
          "Error: --strategy multi-worker needs TF_CONFIG"),
         (["--builder", f"{BUILDERS}:fixture_model", "--strategy", "ps"], "Error: unknown strategy 'ps'"),
-        (["--builder", f"{BUILDERS}:fixture_model", "--map", "nomap"], "Error: mapping rule 'nomap' is not REGEX=REPLACEMENT"),
+        (["--builder", f"{BUILDERS}:fixture_model", "--map", "nomap"], "Error: bad --map rule 'nomap': expected 'REGEX=REPLACEMENT'"),
     ],
 )
 def test_cli_usage_errors(in_root, tmp_path, monkeypatch, args, message):

@@ -26,6 +26,7 @@ import numpy as np
 from .. import model as m
 from ..errors import CorruptCheckpointError, UsageError
 from ..model import ROLES, Checkpoint, Variable
+from .mapping import parse_mapping
 
 __all__ = [
     "STATUSES",
@@ -323,37 +324,6 @@ def normalize_name(name: str) -> str:
         name = name[: -len(ATTRIBUTES_SUFFIX)]
     name = name.replace(ATTRIBUTES_MARK, "/")
     return OUTPUT_INDEX_RE.sub("", name).strip("/")
-
-
-def parse_mapping(rules: Mapping[str, str] | Iterable[str | tuple[str, str]] | None) -> list[tuple[re.Pattern, str]]:
-    """Compile ``--map`` rules.
-
-    Args:
-        rules: ``"REGEX=REPLACEMENT"`` strings (split at the first ``=``), ``(regex,
-            replacement)`` pairs, or a dict of them.
-
-    Returns:
-        Compiled ``(pattern, replacement)`` pairs, in order.
-
-    Raises:
-        UsageError: A rule without ``=`` or with a bad regex.
-    """
-    if not rules:
-        return []
-    items = rules.items() if isinstance(rules, Mapping) else rules
-    out = []
-    for rule in items:
-        if isinstance(rule, str):
-            if "=" not in rule:
-                raise UsageError(f"bad --map rule {rule!r}: expected 'REGEX=REPLACEMENT'")
-            pattern, repl = rule.split("=", 1)
-        else:
-            pattern, repl = rule
-        try:
-            out.append((re.compile(pattern), repl))
-        except re.error as e:
-            raise UsageError(f"bad --map regex {pattern!r}: {e}") from None
-    return out
 
 
 def _apply_mapping(name: str, rules: list[tuple[re.Pattern, str]]) -> str:

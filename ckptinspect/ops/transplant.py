@@ -42,6 +42,7 @@ import numpy as np
 
 from .. import model as m
 from ..errors import CkptError, UsageError
+from .mapping import parse_mapping
 
 __all__ = [
     "MATCH_GRAPH_PATH",
@@ -646,37 +647,6 @@ def _source_order(ckpt: m.Checkpoint, sources: Sequence[m.Variable]) -> list[m.V
     if ckpt.format in (m.FORMAT_TF_BUNDLE, m.FORMAT_TF_SAVEDMODEL, m.FORMAT_TF_V1):
         return sorted(sources, key=lambda s: _natural_key(s.graph_path or s.name))
     return list(sources)
-
-
-def parse_mapping(rules: Mapping[str, str] | Iterable[tuple[str, str]] | Iterable[str] | None) -> list[tuple[re.Pattern[str], str]]:
-    """Compile mapping rules.
-
-    Args:
-        rules: ``{regex: replacement}``, ``[(regex, replacement)]`` or ``["REGEX=REPL"]`` (split at
-            the first ``=``).
-
-    Returns:
-        ``[(compiled regex, replacement)]`` in order.
-
-    Raises:
-        UsageError: A rule is not ``REGEX=REPL`` or its regex does not compile.
-    """
-    if not rules:
-        return []
-    items = rules.items() if isinstance(rules, Mapping) else rules
-    out = []
-    for item in items:
-        if isinstance(item, str):
-            if "=" not in item:
-                raise UsageError(f"mapping rule {item!r} is not REGEX=REPLACEMENT")
-            pattern, repl = item.split("=", 1)
-        else:
-            pattern, repl = item
-        try:
-            out.append((re.compile(pattern), repl))
-        except re.error as e:
-            raise UsageError(f"mapping rule {pattern!r}: bad regex: {e}") from None
-    return out
 
 
 # -- assignment and checks ---------------------------------------------------------------------
