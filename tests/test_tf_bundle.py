@@ -349,7 +349,7 @@ def test_parse_index_snappy_compressed_blocks(realworld):
 
 def test_index_entries_agree_with_data_files(keras3_ckpt):
     """Offsets and sizes point inside the shard, and the stored crc32c matches the bytes."""
-    from ckptinspect.formats._sstable import masked_crc32c
+    from ckptinspect.formats._crc import masked_crc32c
 
     prefix = keras3_ckpt["latest"]
     index = tf_bundle.read_index(prefix)

@@ -11,24 +11,16 @@ from __future__ import annotations
 import struct
 from typing import Iterator
 
+from ._crc import masked_crc32c
 from ._wire import MalformedError, read_varint, snappy_decompress
 
-__all__ = ["TABLE_MAGIC", "FOOTER_SIZE", "iter_table", "is_table", "masked_crc32c"]
+__all__ = ["TABLE_MAGIC", "FOOTER_SIZE", "iter_table", "is_table"]
 
 TABLE_MAGIC = 0xDB4775248B80FB57
 FOOTER_SIZE = 48
 BLOCK_TRAILER_SIZE = 5
 COMPRESSION_NONE = 0
 COMPRESSION_SNAPPY = 1
-_CRC_MASK_DELTA = 0xA282EAD8
-
-
-def masked_crc32c(data: bytes | memoryview) -> int:
-    """The masked crc32c TensorFlow stores for blocks and tensors."""
-    import google_crc32c  # noqa: PLC0415 - imported when a checksum is wanted
-
-    crc = google_crc32c.value(bytes(data))
-    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _CRC_MASK_DELTA) & 0xFFFFFFFF
 
 
 def is_table(data: bytes) -> bool:

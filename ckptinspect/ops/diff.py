@@ -26,6 +26,7 @@ import numpy as np
 from .. import model as m
 from ..errors import CorruptCheckpointError, UsageError
 from ..model import ROLES, Checkpoint, Variable
+from ..formats.tf_data import DataFiles, iter_raw_blocks, numpy_dtype, raw_location
 from .mapping import parse_mapping
 
 __all__ = [
@@ -88,14 +89,6 @@ NUMERIC_DTYPES = frozenset(
     {"float16", "float32", "float64", "bfloat16", "float8_e5m2", "float8_e4m3fn", "int8", "int16",
      "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool", "complex64", "complex128"}
 )
-# TF bundle dtypes whose stored bytes are the raw little-endian array (read without TensorFlow).
-RAW_BUNDLE_DTYPES = {
-    "float16": "<f2", "float32": "<f4", "float64": "<f8", "int8": "i1", "int16": "<i2",
-    "int32": "<i4", "int64": "<i8", "uint8": "u1", "uint16": "<u2", "uint32": "<u4",
-    "uint64": "<u8", "bool": "?", "complex64": "<c8", "complex128": "<c16",
-}
-BUNDLE_FORMATS = (m.FORMAT_TF_BUNDLE, m.FORMAT_TF_SAVEDMODEL)
-CRC_MASK_DELTA = 0xA282EAD8
 
 Progress = Callable[[int, int, Any], None]
 
@@ -606,94 +599,6 @@ def align(
 
 
 # -- reading values in blocks ----------------------------------------------------------------------
-def _np_dtype(name: str) -> np.dtype | None:
-    if name in RAW_BUNDLE_DTYPES:
-        return np.dtype(RAW_BUNDLE_DTYPES[name])
-    if name == "bfloat16":
-        try:
-            import ml_dtypes  # noqa: PLC0415 - comes with TensorFlow
-
-            return np.dtype(ml_dtypes.bfloat16)
-        except ImportError:  # pragma: no cover
-            return None
-    return None
-
-
-def _mask_crc(crc: int) -> int:
-    return (((crc >> 15) | (crc << 17)) + CRC_MASK_DELTA) & 0xFFFFFFFF
-
-
-class _DataFiles:
-    """TF bundle data files opened once for a whole diff: sizes and positioned reads."""
-
-    def __init__(self) -> None:
-        self._fds: dict[str, int] = {}
-        self._sizes: dict[str, int | None] = {}
-
-    def size(self, path: str) -> int | None:
-        if path not in self._sizes:
-            try:
-                self._sizes[path] = os.path.getsize(path)
-            except OSError:
-                self._sizes[path] = None
-        return self._sizes[path]
-
-    def pread(self, path: str, size: int, offset: int) -> bytes:
-        fd = self._fds.get(path)
-        if fd is None:
-            fd = self._fds[path] = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-        return os.pread(fd, size, offset)
-
-    def close(self) -> None:
-        fds, self._fds = self._fds, {}
-        for fd in fds.values():
-            os.close(fd)
-
-
-def _raw_location(ckpt: Checkpoint, var: Variable, files: _DataFiles) -> tuple[str, np.dtype] | None:
-    """Data file and dtype when ``var``'s bytes can be read directly (local unsliced TF bundle
-    tensor of a plain numeric dtype with a stored checksum), else None."""
-    if ckpt.format not in BUNDLE_FORMATS or var.sliced or var.offset is None or var.crc32c is None:
-        return None
-    prefix = getattr(ckpt.source, "prefix", None)
-    if not prefix or "://" in prefix or len(var.shards) != 1:
-        return None
-    dtype = _np_dtype(var.dtype)
-    if dtype is None:
-        return None
-    from ..formats.tf_bundle import data_path  # noqa: PLC0415
-
-    path = data_path(prefix, var.shards[0], ckpt.num_shards)
-    size = files.size(path)
-    if size is None or size < var.offset + var.nbytes:
-        return None  # let the TensorFlow reader report the missing or truncated shard
-    return path, dtype
-
-
-def _raw_blocks(path: str, var: Variable, dtype: np.dtype, block_elements: int, files: _DataFiles) -> Iterator[np.ndarray]:
-    """Blocks of a tensor read straight from its data file, its crc32c checked at the end."""
-    import google_crc32c  # noqa: PLC0415
-
-    total = var.size
-    crc = google_crc32c.Checksum()
-    done = 0
-    offset = var.offset
-    while done < total:
-        n = min(block_elements, total - done)
-        data = files.pread(path, n * dtype.itemsize, offset)
-        if len(data) != n * dtype.itemsize:
-            raise CorruptCheckpointError(f"{path}: truncated: {var.key!r} ends past the end of the file")
-        crc.update(data)
-        done += n
-        offset += len(data)
-        yield np.frombuffer(data, dtype=dtype)
-    actual = _mask_crc(int.from_bytes(crc.digest(), "big"))
-    if actual != var.crc32c:
-        raise CorruptCheckpointError(
-            f"{path}: checksum mismatch for {var.key!r} (stored {var.crc32c:#010x}, computed {actual:#010x})"
-        )
-
-
 # -- comparing values ----------------------------------------------------------------------------
 class _Accumulator:
     """Running sums over aligned chunks of A and B (float64), NaN/Inf counts, element counts."""
@@ -818,12 +723,12 @@ def _bitwise_equal(x: np.ndarray, y: np.ndarray) -> bool:
     return bool(np.array_equal(_bits_view(_arith_view(x)), _bits_view(_arith_view(y))))
 
 
-def _block_source(ckpt: Checkpoint, var: Variable, block: int, files: _DataFiles) -> Callable[[], Iterator[np.ndarray]]:
+def _block_source(ckpt: Checkpoint, var: Variable, block: int, files: DataFiles) -> Callable[[], Iterator[np.ndarray]]:
     """A function returning a fresh iterator over ``var``'s blocks: straight from the data file
     for raw-readable TF bundle tensors, else over the value read once (whole) here."""
-    raw = _raw_location(ckpt, var, files)
+    raw = raw_location(ckpt, var, files)
     if raw is not None:
-        return lambda: _raw_blocks(raw[0], var, raw[1], block, files)
+        return lambda: iter_raw_blocks(raw[0], var, raw[1], block, files)
     value = np.ascontiguousarray(ckpt.read(var)).reshape(-1)
     if value.size != var.size:
         raise CorruptCheckpointError(f"{ckpt.path}: {var.key!r} holds {value.size} values, its shape {list(var.shape)} needs {var.size}")
@@ -876,7 +781,7 @@ def _identical(blocks: Iterator[tuple[np.ndarray, np.ndarray]]) -> dict[str, Any
 
 
 def _compare_numeric(
-    ckpt_a: Checkpoint, va: Variable, ckpt_b: Checkpoint, vb: Variable, atol: float, rtol: float, files: _DataFiles
+    ckpt_a: Checkpoint, va: Variable, ckpt_b: Checkpoint, vb: Variable, atol: float, rtol: float, files: DataFiles
 ) -> dict[str, Any]:
     itemsize = max(_itemsize(va.dtype), _itemsize(vb.dtype))
     block = max(CHUNK_ELEMENTS, (BLOCK_BYTES // itemsize) // CHUNK_ELEMENTS * CHUNK_ELEMENTS)
@@ -910,7 +815,7 @@ def _compare_numeric(
 
 
 def _itemsize(dtype: str) -> int:
-    d = _np_dtype(dtype)
+    d = numpy_dtype(dtype)
     return d.itemsize if d is not None else 8
 
 
@@ -935,7 +840,7 @@ def compare_variables(
     *,
     atol: float = 0.0,
     rtol: float = 0.0,
-    files: _DataFiles | None = None,
+    files: DataFiles | None = None,
 ) -> dict[str, Any]:
     """Compare the values of two variables, streaming.
 
@@ -960,7 +865,7 @@ def compare_variables(
     comparable = numeric and (("complex" in va.dtype) == ("complex" in vb.dtype))
     if comparable:
         own = files is None
-        files = files or _DataFiles()
+        files = files or DataFiles()
         try:
             stats = _compare_numeric(ckpt_a, va, ckpt_b, vb, atol, rtol, files)
         finally:
@@ -1027,7 +932,7 @@ def diff(
     parse_mapping(mapping)  # fail on bad rules before opening anything
 
     opened: list[Checkpoint] = []
-    files = _DataFiles()
+    files = DataFiles()
     try:
         ca = _open(a, opened)
         cb = _open(b, opened)
@@ -1081,7 +986,7 @@ def _open(path_or_ckpt: Any, opened: list[Checkpoint]) -> Checkpoint:
 
 def _diff_one(
     name: str, ca: Checkpoint, va: Variable | None, cb: Checkpoint, vb: Variable | None, atol: float, rtol: float,
-    files: _DataFiles,
+    files: DataFiles,
 ) -> VariableDiff:
     common = {
         "name": name,

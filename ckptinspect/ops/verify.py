@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterator
 from .. import model as m
 from ..errors import CheckpointNotFoundError, CkptError, CorruptCheckpointError, NotACheckpointError
 from ..formats import Kind, _fs, detect
+from ..formats._crc import crc32c_module, mask
 from ..formats._sstable import iter_table
 from ..formats._wire import MalformedError, read_varint
 from ..formats.tf_bundle import INDEX_SUFFIX, ITEMSIZE, data_path, read_index, step_from_name
@@ -65,7 +66,6 @@ DAMAGE_UNREADABLE = "unreadable"
 
 VARIABLE_LENGTH_DTYPES = ("string", "variant")
 CHUNK_BYTES = 8 << 20  # bytes read (and checksummed) at a time
-_CRC_MASK_DELTA = 0xA282EAD8  # tensorflow/core/lib/hash/crc32c.h kMaskDelta
 _UINT32_MAX = 0xFFFFFFFF
 
 Progress = Callable[[int, int, Any], None]
@@ -216,17 +216,6 @@ class VerifyReport:
 
 
 # -- checksums ---------------------------------------------------------------------------
-def _crc32c():
-    import google_crc32c  # noqa: PLC0415 - the maintained C implementation
-
-    return google_crc32c
-
-
-def mask(crc: int) -> int:
-    """TensorFlow's ``crc32c::Mask``: what checkpoints store instead of the raw crc."""
-    return ((((crc >> 15) | (crc << 17)) & _UINT32_MAX) + _CRC_MASK_DELTA) & _UINT32_MAX
-
-
 def _num_elements(shape: tuple[int, ...]) -> int:
     return math.prod(shape)
 
@@ -245,7 +234,7 @@ def tensor_crc32c(dtype: str, shape: tuple[int, ...], raw: bytes) -> int:
     Raises:
         MalformedError: A string or variant layout that does not decode.
     """
-    crc32c = _crc32c()
+    crc32c = crc32c_module()
     if dtype == "string":
         return mask(_string_crc(raw, _num_elements(shape), crc32c))
     if dtype == "variant":
@@ -452,7 +441,7 @@ def _plan_bundle(prefix: str, format: str) -> _BundlePlan | CheckpointResult:
 
 def _run_plan(plan: _BundlePlan, progress: Progress | None, counter: list[int]) -> CheckpointResult:
     """Check every item of a plan, one at a time, shard by shard in file order."""
-    crc32c = _crc32c()
+    crc32c = crc32c_module()
     damaged = list(plan.damaged)
     nbytes = 0
     handles: dict[int, Any] = {}
