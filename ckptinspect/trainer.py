@@ -207,26 +207,32 @@ def build_model(seed: int = 0) -> Any:
     if int(keras.__version__.split(".")[0]) < 3:
         raise UsageError(f"the fixture trainer needs Keras 3. Received: keras {keras.__version__}")
 
-    def init(offset: int) -> Any:
-        return keras.initializers.GlorotUniform(seed=seed * 100 + offset)
+    return _build_net(keras, seed)
 
-    inputs = keras.Input(shape=(INPUT_DIM,), name="features")
-    encoder = keras.Sequential(
-        [keras.layers.Dense(HIDDEN_DIM, activation="relu", kernel_initializer=init(1), name=ENC_DENSE_NAME)],
+
+def _build_net(k: Any, seed: int) -> Any:
+    """The fixture architecture with Keras API module ``k`` (``keras`` 3 or ``tf_keras``)."""
+
+    def init(offset: int) -> Any:
+        return k.initializers.GlorotUniform(seed=seed * 100 + offset)
+
+    inputs = k.Input(shape=(INPUT_DIM,), name="features")
+    encoder = k.Sequential(
+        [k.layers.Dense(HIDDEN_DIM, activation="relu", kernel_initializer=init(1), name=ENC_DENSE_NAME)],
         name=ENCODER_NAME,
     )
     h = encoder(inputs)
-    frozen = keras.layers.Dense(
+    frozen = k.layers.Dense(
         HIDDEN_DIM,
         kernel_initializer=init(2),
-        bias_initializer=keras.initializers.Constant(0.1),
+        bias_initializer=k.initializers.Constant(0.1),
         name=FROZEN_NAME,
     )
     frozen.trainable = False
     h = frozen(h)
-    h = keras.layers.BatchNormalization(name=BN_NAME)(h)
-    outputs = keras.layers.Dense(OUTPUT_DIM, kernel_initializer=init(3), name=HEAD_NAME)(h)
-    return keras.Model(inputs, outputs, name=MODEL_NAME)
+    h = k.layers.BatchNormalization(name=BN_NAME)(h)
+    outputs = k.layers.Dense(OUTPUT_DIM, kernel_initializer=init(3), name=HEAD_NAME)(h)
+    return k.Model(inputs, outputs, name=MODEL_NAME)
 
 
 def _synthetic_data(seed: int) -> tuple[Any, Any]:
@@ -546,26 +552,7 @@ def keras2_available() -> bool:
 
 
 def _build_keras2_model(tf_keras: Any, seed: int) -> Any:
-    def init(offset: int) -> Any:
-        return tf_keras.initializers.GlorotUniform(seed=seed * 100 + offset)
-
-    inputs = tf_keras.Input(shape=(INPUT_DIM,), name="features")
-    encoder = tf_keras.Sequential(
-        [tf_keras.layers.Dense(HIDDEN_DIM, activation="relu", kernel_initializer=init(1), name=ENC_DENSE_NAME)],
-        name=ENCODER_NAME,
-    )
-    h = encoder(inputs)
-    frozen = tf_keras.layers.Dense(
-        HIDDEN_DIM,
-        kernel_initializer=init(2),
-        bias_initializer=tf_keras.initializers.Constant(0.1),
-        name=FROZEN_NAME,
-    )
-    frozen.trainable = False
-    h = frozen(h)
-    h = tf_keras.layers.BatchNormalization(name=BN_NAME)(h)
-    outputs = tf_keras.layers.Dense(OUTPUT_DIM, kernel_initializer=init(3), name=HEAD_NAME)(h)
-    return tf_keras.Model(inputs, outputs, name=MODEL_NAME)
+    return _build_net(tf_keras, seed)
 
 
 def write_keras2_files(

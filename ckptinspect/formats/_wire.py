@@ -7,10 +7,7 @@ names the file.
 
 from __future__ import annotations
 
-import struct
-from typing import Iterator
-
-__all__ = ["MalformedError", "read_varint", "iter_fields", "parse_message", "snappy_decompress"]
+__all__ = ["MalformedError", "read_varint", "parse_message", "first", "snappy_decompress"]
 
 # Protobuf wire types.
 WIRE_VARINT = 0
@@ -41,41 +38,6 @@ def read_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
         shift += 7
         if shift > 63:
             raise MalformedError("varint longer than 10 bytes")
-
-
-def iter_fields(buf: bytes | memoryview) -> Iterator[tuple[int, int, int | bytes]]:
-    """Yield (field number, wire type, value) for each field of a protobuf message.
-
-    Varint and fixed fields give ints; length-delimited fields give bytes.
-    """
-    pos = 0
-    n = len(buf)
-    while pos < n:
-        tag, pos = read_varint(buf, pos)
-        field, wire = tag >> 3, tag & 7
-        if field == 0:
-            raise MalformedError("protobuf field number 0")
-        if wire == WIRE_VARINT:
-            value, pos = read_varint(buf, pos)
-        elif wire == WIRE_LEN:
-            size, pos = read_varint(buf, pos)
-            if pos + size > n:
-                raise MalformedError(f"length-delimited field {field} runs past the end")
-            value = bytes(buf[pos : pos + size])
-            pos += size
-        elif wire == WIRE_FIXED32:
-            if pos + 4 > n:
-                raise MalformedError("truncated fixed32")
-            value = struct.unpack_from("<I", buf, pos)[0]
-            pos += 4
-        elif wire == WIRE_FIXED64:
-            if pos + 8 > n:
-                raise MalformedError("truncated fixed64")
-            value = struct.unpack_from("<Q", buf, pos)[0]
-            pos += 8
-        else:
-            raise MalformedError(f"unsupported protobuf wire type {wire}")
-        yield field, wire, value
 
 
 def parse_message(buf: bytes | memoryview) -> dict[int, list[int | bytes]]:
@@ -136,11 +98,6 @@ def first(fields: dict[int, list], number: int, default=None):
     """The last value of a singular field (protobuf's last-one-wins), or ``default``."""
     values = fields.get(number)
     return values[-1] if values else default
-
-
-def to_signed64(value: int) -> int:
-    """A varint-decoded int64 as a signed value."""
-    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 def snappy_decompress(data: bytes) -> bytes:
