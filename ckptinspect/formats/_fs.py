@@ -6,8 +6,10 @@ Local paths never import TensorFlow. A path with a scheme (``gs://``, ``s3://``,
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
+from typing import Iterator
 
 from ..errors import CheckpointNotFoundError
 
@@ -57,14 +59,11 @@ def getsize(path: str) -> int:
     return os.path.getsize(path)
 
 
-def read_bytes(path: str) -> bytes:
-    """The whole file. Raises CheckpointNotFoundError if it is missing."""
+@contextlib.contextmanager
+def _reading(path: str) -> Iterator[None]:
+    """Turn the OS's errors for an unreadable file into one-line CheckpointNotFoundErrors."""
     try:
-        if is_remote(path):
-            with _gfile().GFile(path, "rb") as f:
-                return f.read()
-        with open(path, "rb") as f:
-            return f.read()
+        yield
     except FileNotFoundError as e:
         raise CheckpointNotFoundError(f"{path}: no such file") from e
     except IsADirectoryError as e:
@@ -77,12 +76,22 @@ def read_bytes(path: str) -> bytes:
         raise
 
 
+def read_bytes(path: str) -> bytes:
+    """The whole file. Raises CheckpointNotFoundError if it is missing or unreadable."""
+    with _reading(path):
+        if is_remote(path):
+            with _gfile().GFile(path, "rb") as f:
+                return f.read()
+        with open(path, "rb") as f:
+            return f.read()
+
+
 def read_range(path: str, offset: int, size: int) -> bytes:
     """``size`` bytes at ``offset`` (fewer if the file is shorter).
 
     Raises CheckpointNotFoundError if the file is missing or unreadable.
     """
-    try:
+    with _reading(path):
         if is_remote(path):
             with _gfile().GFile(path, "rb") as f:
                 f.seek(offset)
@@ -90,12 +99,6 @@ def read_range(path: str, offset: int, size: int) -> bytes:
         with open(path, "rb") as f:
             f.seek(offset)
             return f.read(size)
-    except FileNotFoundError as e:
-        raise CheckpointNotFoundError(f"{path}: no such file") from e
-    except IsADirectoryError as e:
-        raise CheckpointNotFoundError(f"{path}: is a directory, not a file") from e
-    except PermissionError as e:
-        raise CheckpointNotFoundError(f"{path}: permission denied") from e
 
 
 def read_head(path: str, size: int) -> bytes:
