@@ -28,12 +28,11 @@ import fnmatch
 import json
 import os
 import pathlib
-import re
 import shutil
 import subprocess
 import sys
 import time
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import _common as c  # noqa: E402
