@@ -319,40 +319,61 @@ def _walk(h5: Any, label: str) -> _Walk:
 
 
 def _safe_dataset(h5: Any, key: str, label: str) -> Any:
-    """Open dataset ``key`` through hard links only, checking it again before a read."""
+    """Open dataset ``key`` (a low-level ``DatasetID``) through hard links only, checking it
+    again before a read: the file may have changed since it was listed.
+
+    Each prefix of the path is checked with ``H5Lget_info`` before HDF5 traverses it, so a
+    soft or external link is refused rather than followed.
+    """
     h5py = _h5py()
-    node = h5
-    parts = key.split("/")
-    for i, part in enumerate(parts):
-        if not part or not isinstance(node, h5py.Group):
-            break
-        link = node.get(part, getlink=True)
-        if link is None:
+    root = h5["/"].id
+    raw = key.encode("utf-8")
+    parts = raw.split(b"/")
+    for i in range(1, len(parts) + 1):
+        prefix = b"/".join(parts[:i])
+        if not root.links.exists(prefix):
             raise CheckpointNotFoundError(f"{label}: no dataset {key!r} (the file changed since it was listed?)")
-        if not isinstance(link, h5py.HardLink):
-            raise UnsafeFileError(f"{label}: {'/'.join(parts[: i + 1])!r} is a {type(link).__name__}; refusing to follow links")
-        node = node[part]
-    if not isinstance(node, h5py.Dataset):
+        link_type = root.links.get_info(prefix).type
+        if link_type != h5py.h5l.TYPE_HARD:
+            kind = {h5py.h5l.TYPE_SOFT: "SoftLink", h5py.h5l.TYPE_EXTERNAL: "ExternalLink"}.get(link_type, "link")
+            raise UnsafeFileError(f"{label}: {prefix.decode('utf-8', 'replace')!r} is a {kind}; refusing to follow links")
+    oid = h5py.h5o.open(root, raw)
+    if h5py.h5i.get_type(oid) != h5py.h5i.DATASET:
         raise CheckpointNotFoundError(f"{label}: {key!r} is not a dataset")
-    _check_dataset(node.id, key, label)
-    return node
+    _check_dataset(oid, key, label)
+    return oid
 
 
-def _read_dataset(ds: Any, variable: m.Variable, label: str) -> np.ndarray:
+def _read_dataset(dsid: Any, variable: m.Variable, label: str) -> np.ndarray:
+    """The whole value of a low-level dataset, read into a fresh array."""
     h5py = _h5py()
-    if ds.shape is None:
+    space = dsid.get_space()
+    if space.get_simple_extent_type() == h5py.h5s.NULL:
         raise CorruptCheckpointError(f"{label}: dataset {variable.key!r} has no dataspace (an empty HDF5 dataset)")
-    try:
-        value = np.asarray(ds[()])
-    except (OSError, RuntimeError, ValueError, TypeError) as e:
-        raise CorruptCheckpointError(f"{label}: cannot read dataset {variable.key!r}: {_one_line(e)}") from None
+    dtype = dsid.dtype
+    if dtype.kind == "O" or (dtype.kind in "SU" and dtype.itemsize == 0) or h5py.check_string_dtype(dtype) is not None:
+        value = _read_high_level(dsid, variable, label)
+    else:
+        value = np.empty(tuple(space.shape), dtype=dtype)
+        try:
+            if value.size:
+                dsid.read(h5py.h5s.ALL, h5py.h5s.ALL, value)
+        except (OSError, RuntimeError, ValueError, TypeError) as e:
+            raise CorruptCheckpointError(f"{label}: cannot read dataset {variable.key!r}: {_one_line(e)}") from None
     if variable.dtype == "bfloat16" and value.dtype.kind == "V":
         import ml_dtypes  # noqa: PLC0415 - only for bfloat16 values
 
         value = value.view(ml_dtypes.bfloat16)
-    if isinstance(value, h5py.Empty):  # pragma: no cover - guarded above
-        raise CorruptCheckpointError(f"{label}: dataset {variable.key!r} is empty")
     return value
+
+
+def _read_high_level(dsid: Any, variable: m.Variable, label: str) -> np.ndarray:
+    """Strings and other variable-length values, through h5py's Dataset (which converts them)."""
+    h5py = _h5py()
+    try:
+        return np.asarray(h5py.Dataset(dsid)[()])
+    except (OSError, RuntimeError, ValueError, TypeError) as e:
+        raise CorruptCheckpointError(f"{label}: cannot read dataset {variable.key!r}: {_one_line(e)}") from None
 
 
 # -- layouts -------------------------------------------------------------------------------
