@@ -17,6 +17,7 @@ from .errors import (
     CorruptCheckpointError,
     NotACheckpointError,
     OutputExistsError,
+    TransplantError,
     UnsafeFileError,
     UsageError,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "UnsafeFileError",
     "OutputExistsError",
     "UsageError",
+    "TransplantError",
 ]
 
 
@@ -167,7 +169,7 @@ def transplant(source, model, *, mapping=None, strategy=None, strict=True, skip_
 
     Raises:
         UsageError: Unbuilt model, unsupported strategy (ParameterServerStrategy), bad rule.
-        ckptinspect.ops.transplant.TransplantError: Strict problems, or a replica that
+        TransplantError: Strict problems, or a replica that
             did not receive its value.
     """
     from .ops.transplant import transplant as _transplant  # noqa: PLC0415

@@ -9,6 +9,8 @@ Messages name the file and the problem on one line; the CLI prints them as ``Err
 
 from __future__ import annotations
 
+from typing import Any, Sequence
+
 __all__ = [
     "CkptError",
     "CheckpointNotFoundError",
@@ -17,6 +19,7 @@ __all__ = [
     "UnsafeFileError",
     "OutputExistsError",
     "UsageError",
+    "TransplantError",
 ]
 
 
@@ -46,3 +49,17 @@ class OutputExistsError(CkptError, FileExistsError):
 
 class UsageError(CkptError, ValueError):
     """The arguments of a call do not fit together."""
+
+
+class TransplantError(CkptError, ValueError):
+    """A transplant found problems (strict) or a value did not arrive on every replica.
+
+    Attributes:
+        problems: Every problem, one string each.
+        report: The plan (a ``TransplantReport``), when one was made.
+    """
+
+    def __init__(self, message: str, problems: Sequence[str] = (), report: Any = None):
+        super().__init__(message)
+        self.problems = list(problems)
+        self.report = report

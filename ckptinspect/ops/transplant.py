@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from .. import model as m
-from ..errors import CkptError, UsageError
+from ..errors import CkptError, TransplantError, UsageError
 from .mapping import parse_mapping
 
 __all__ = [
@@ -109,20 +109,6 @@ BUILD_HINT = "build it first: call it on an input (model(x)) or call model.build
 MAX_PROBLEMS_IN_MESSAGE = 20
 _INDEX_SUFFIX_RE = re.compile(r":\d+$")
 _DIGITS_RE = re.compile(r"(\d+)")
-
-
-class TransplantError(CkptError, ValueError):
-    """A transplant found problems (strict) or a value did not arrive on every replica.
-
-    Attributes:
-        problems: Every problem, one string each.
-        report: The plan (a :class:`TransplantReport`), when one was made.
-    """
-
-    def __init__(self, message: str, problems: Sequence[str] = (), report: "TransplantReport | None" = None):
-        super().__init__(message)
-        self.problems = list(problems)
-        self.report = report
 
 
 # -- report ------------------------------------------------------------------------------------
