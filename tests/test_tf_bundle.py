@@ -142,7 +142,9 @@ def test_tf1_partitioned_variable_is_one_entry(tmp_path):
             "emb", shape=[10, 4], partitioner=tf.compat.v1.fixed_size_partitioner(3)
         )
         w = tf.compat.v1.get_variable("dense/kernel", shape=[4, 2])
-        loss = tf.reduce_sum(tf.matmul(tf.concat(list(emb), 0), w))
+        # Model variables whose names end like Keras slot names are still model weights.
+        odd = [tf.compat.v1.get_variable(n, shape=[2]) for n in ("proj/linear", "attn/m", "rnn/momentum")]
+        loss = tf.reduce_sum(tf.matmul(tf.concat(list(emb), 0), w)) + sum(tf.reduce_sum(v) for v in odd)
         gs = tf.compat.v1.train.get_or_create_global_step()
         train = tf.compat.v1.train.AdamOptimizer(0.1).minimize(loss, global_step=gs)
         saver = tf.compat.v1.train.Saver()
@@ -159,6 +161,8 @@ def test_tf1_partitioned_variable_is_one_entry(tmp_path):
     assert (ckpt.step, ckpt.step_source) == (1, "variable:global_step")
     roles = {v.key: v.role for v in ckpt}
     assert roles["dense/kernel"] == "model" and roles["emb"] == "model"
+    assert roles["proj/linear"] == roles["attn/m"] == roles["rnn/momentum"] == "model"
+    assert roles["proj/linear/Adam"] == roles["attn/m/Adam_1"] == "optimizer"
     assert roles["dense/kernel/Adam"] == roles["dense/kernel/Adam_1"] == "optimizer"
     assert roles["beta1_power"] == "optimizer" and roles["global_step"] == "metadata"
 

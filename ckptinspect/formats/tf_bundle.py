@@ -77,12 +77,13 @@ OPTIMIZER_CHILD_MARKS = {"iter", "_iterations", "beta1_power", "beta2_power", "_
 # Names of step / counter variables (metadata).
 STEP_NAMES = ("global_step", "step")
 METADATA_LOCAL_NAMES = {"save_counter", "global_step", "step", "epoch", "epochs"}
-# TF1 name-based optimizer slot suffixes and variables.
+# TF1 name-based optimizer slots: ``<var>/<OptimizerName>[_N]`` as tf.compat.v1 optimizers name
+# them. (Keras optimizer-v2 slots in graph mode live under ``training/`` or ``<Optimizer>/``,
+# matched by TF1_OPTIMIZER_NAMES; bare suffixes such as ``/m`` or ``/linear`` are not used,
+# since model variables can end that way too.)
 TF1_SLOT_RE = re.compile(
-    r"/(Adam|Adam_\d+|Momentum|Ftrl|Ftrl_\d+|RMSProp|RMSProp_\d+|Adagrad|AdagradDA|Adadelta|"
-    r"Adadelta_\d+|Adamax|Adamax_\d+|Nadam|Nadam_\d+|ProximalAdagrad|LazyAdam|LazyAdam_\d+|"
-    r"accumulator|linear|gradient_accumulator|gradient_squared_accumulator|m|v|vhat|"
-    r"momentum|velocity|rms|mg|ms)$"
+    r"/(Adam|Momentum|Ftrl|RMSProp|Adagrad|AdagradDA|Adadelta|Adamax|Nadam|ProximalAdagrad|"
+    r"LazyAdam)(_\d+)?$"
 )
 TF1_OPTIMIZER_NAMES = re.compile(r"(^|/)(beta1_power|beta2_power)(_\d+)?$|^training/|^(Adam|SGD|RMSprop|Adagrad|Ftrl|Nadam|Adamax|Adadelta|optimizer)(_\d+)?/")
 GENERIC_NAME_RE = re.compile(r"^(Variable|ResourceVariable)(_\d+)?(:\d+)?$")
