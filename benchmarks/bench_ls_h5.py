@@ -28,23 +28,17 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 
 HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import _common  # noqa: E402 - the shared timing helpers beside this script
 ROOT = HERE.parent
 
 
 def run_timed(cmd: list[str]) -> tuple[float, int]:
     """Run a command; return (wall seconds, peak RSS of the child in bytes)."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
-    _, status, usage = os.wait4(proc.pid, 0)
-    elapsed = time.perf_counter() - start
-    err = proc.stderr.read().decode(errors="replace")
-    proc.stderr.close()
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"command failed: {' '.join(cmd)}\n{err[-2000:]}")
-    return elapsed, usage.ru_maxrss * 1024
+    elapsed, peak, _ = _common.run_timed(cmd)
+    return elapsed, peak
 
 
 def generate(folder: pathlib.Path, variables: int, units: int) -> dict[str, str]:
