@@ -258,20 +258,29 @@ def ls_view(listing, fmt: OutputFormat, tree: bool = False) -> str:
     stats = listing.stats
     step = "-" if ckpt.step is None else f"{ckpt.step} (from {ckpt.step_source})"
     totals = ckpt.totals()
-    header = [
-        f"path:    {ckpt.path}",
-        f"format:  {ckpt.format}" + (f" ({ckpt.info['kind']})" if ckpt.info.get("kind") else ""),
-        f"step:    {step}",
-        f"shards:  {ckpt.num_shards}",
-        "totals:  "
-        + ", ".join(
+    info = ckpt.info
+    fields = [
+        ("path", ckpt.path),
+        ("format", ckpt.format + (f" ({info['kind']})" if info.get("kind") else "")),
+        ("step", step),
+        ("shards", ckpt.num_shards),
+        ("totals", ", ".join(
             f"{r} {totals[r]['count']} ({human_bytes(totals[r]['nbytes'])})"
             for r in ("model", "optimizer", "metadata", "all")
-        ),
+        )),
     ]
-    for key in ("model_class", "keras_version", "backend", "saved_at"):
-        if ckpt.info.get(key):
-            header.append(f"{key + ':':<9}{ckpt.info[key]}")
+    if info.get("model_class"):
+        extra = [f"{info['model_name']!r}" if info.get("model_name") else "",
+                 f"{info['layer_count']} layers" if info.get("layer_count") else ""]
+        fields.append(("model", " ".join([info["model_class"], *filter(None, extra)])))
+    if info.get("optimizer_class"):
+        fields.append(("optimizer", info["optimizer_class"]))
+    if info.get("keras_version"):
+        fields.append(("keras", info["keras_version"] + (f" ({info['backend']} backend)" if info.get("backend") else "")))
+    if info.get("date_saved"):
+        fields.append(("saved", info["date_saved"]))
+    width = max(9, *(len(label) + 2 for label, _ in fields))
+    header = [f"{label + ':':<{width}}{value}" for label, value in fields]
     if ckpt.checkpoints:
         header += ["", "checkpoints:"]
         header += tabulate(

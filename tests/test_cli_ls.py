@@ -197,3 +197,14 @@ def test_sort_orders(ckpt_dir):
     file_keys = [v["key"] for v in json.loads(invoke("ls", str(ckpt_dir), "-f", "json", "--sort", "file").output)["variables"]]
     assert file_keys == sorted(k for k in reader_order if k != "_CHECKPOINTABLE_OBJECT_GRAPH")
     assert invoke("ls", str(ckpt_dir), "--sort", "bogus").exit_code == 2
+
+
+def test_keras_header(realworld):
+    """MANIFEST: Keras 2.0.6 Sequential with Adam, optimizer iterations 3623."""
+    result = invoke("ls", str(realworld / "keras2-h5-full-k206/model.h5"))
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert "step:      3623 (from optimizer:optimizer_weights/iterations:0)" in lines
+    assert "model:     Sequential 12 layers" in lines
+    assert "optimizer: Adam" in lines
+    assert "keras:     2.0.6 (tensorflow backend)" in lines
