@@ -34,9 +34,7 @@ and only then renamed into place.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
-import sys
 import time
 import zipfile
 from typing import Any, Callable, Iterable, Sequence
@@ -46,6 +44,7 @@ import numpy as np
 from .. import _atomic
 from .. import model as m
 from ..errors import CkptError, UsageError
+from .builder import load_builder
 
 __all__ = [
     "OUTPUT_FORMATS",
@@ -312,36 +311,6 @@ def output_format_for(out: str, format: str | None = None) -> str:  # noqa: A002
             "optimizer); use a .weights.h5, .npz or TF prefix output"
         )
     return FORMAT_TF
-
-
-def load_builder(spec: str) -> Builder:
-    """Resolve ``package.module:function`` to the function (the current directory is importable).
-
-    Raises:
-        UsageError: Not ``module:function``, or it cannot be imported or is not callable.
-    """
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise UsageError(f"--builder {spec!r}: expected package.module:function")
-    added = False
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
-        added = True
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as e:  # noqa: BLE001 - any import failure is the user's builder
-        raise UsageError(f"--builder {spec!r}: cannot import {module_name}: {type(e).__name__}: {e}") from None
-    finally:
-        if added:
-            sys.path.remove(os.getcwd())
-    fn = module
-    for part in attr.split("."):
-        fn = getattr(fn, part, None)
-        if fn is None:
-            raise UsageError(f"--builder {spec!r}: {module_name} has no attribute {attr}")
-    if not callable(fn):
-        raise UsageError(f"--builder {spec!r}: {attr} is not callable")
-    return fn
 
 
 def _source_files(ckpt: m.Checkpoint) -> list[str]:

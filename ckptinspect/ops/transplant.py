@@ -31,10 +31,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import importlib
 import os
 import re
-import sys
 import tempfile
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -42,6 +40,7 @@ import numpy as np
 
 from .. import model as m
 from ..errors import CkptError, TransplantError, UsageError
+from .builder import load_builder
 from .mapping import parse_mapping
 
 __all__ = [
@@ -928,32 +927,6 @@ def _quiet_devices():
     from ..formats._tf import _silenced_stderr  # noqa: PLC0415
 
     return _silenced_stderr()
-
-
-def load_builder(spec: str) -> Callable[[], Any]:
-    """Import ``pkg.module:function`` (the current directory is importable, as for ``python -m``).
-
-    Raises:
-        UsageError: Not ``module:function``, the module does not import, or no such callable.
-    """
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise UsageError(f"--builder must be pkg.module:function. Received: {spec!r}")
-    cwd = os.getcwd()
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise UsageError(f"--builder {spec}: cannot import {module_name!r}: {e}") from None
-    fn = module
-    for part in attr.split("."):
-        fn = getattr(fn, part, None)
-        if fn is None:
-            raise UsageError(f"--builder {spec}: {module_name!r} has no {attr!r}")
-    if not callable(fn):
-        raise UsageError(f"--builder {spec}: {attr!r} is not callable")
-    return fn
 
 
 def build_in_scope(spec: str, strategy: Any) -> Any:
