@@ -132,89 +132,6 @@ def ls_command(
     emit(ls_view(listing, format, tree=tree))
 
 
-@app.command("train")
-@handle_errors
-def train_command(
-    out: str = typer.Argument(..., help="Directory to write the CheckpointManager run into."),
-    steps: int = typer.Option(6, "--steps", help="Training steps."),
-    save_every: int = typer.Option(2, "--save-every", help="Save a checkpoint every N steps (and after the last)."),
-    replicas: int = typer.Option(2, "--replicas", help="Logical CPU devices (MirroredStrategy replicas)."),
-    max_to_keep: int = typer.Option(3, "--max-to-keep", help="Checkpoints to retain (0 keeps all)."),
-    max_shard_bytes: Optional[int] = typer.Option(None, "--max-shard-bytes", help="Save multi-shard with MaxShardSizePolicy of this many bytes."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the initial weights and the synthetic data."),
-    keras: bool = typer.Option(False, "--keras/--no-keras", help="Also write model.weights.h5, model.keras, model.h5 (and the Keras 2 files where tf_keras is installed)."),
-    force: bool = typer.Option(False, "--force", help="Replace a non-empty OUT."),
-) -> None:
-    """Train the small fixture model under MirroredStrategy and save real checkpoints into OUT."""
-    from . import trainer  # noqa: PLC0415
-
-    trainer.configure_devices(replicas)  # first: logical devices must exist before TF initialises
-    result = trainer.train(
-        out, steps=steps, save_every=save_every, replicas=replicas, max_to_keep=max_to_keep or None,
-        max_shard_bytes=max_shard_bytes, seed=seed, keras_formats=keras, force=force,
-    )
-    extra = trainer.write_keras2_files(out, seed=seed) if keras and trainer.keras2_available() else []
-    typer.echo(result.summary() + (f", {len(extra)} Keras 2 file(s)" if extra else ""), err=True)
-
-
-@app.command("verify")
-@handle_errors
-def verify_command(
-    path: str = typer.Argument(..., help="Checkpoint prefix, .index file, directory, SavedModel, or Keras file."),
-    format: OutputFormat = FormatOption,
-) -> None:
-    """Check that a checkpoint is whole: index, shards and every tensor's checksum (exit 1 if damaged)."""
-    from .ops.verify import verify  # noqa: PLC0415
-    from .render import verify_view  # noqa: PLC0415
-
-    progress = Progress("verify")
-    try:
-        report = verify(path, progress=progress)
-    finally:
-        progress.close()
-    emit(verify_view(report, format))
-    if not report.intact:
-        raise typer.Exit(EXIT_DIFFERENT)
-
-
-@app.command("transplant")
-@handle_errors
-def transplant_command(
-    src: str = typer.Argument(..., help="Source checkpoint: TF prefix or directory, Keras .h5/.weights.h5/.keras."),
-    dst: str = typer.Argument(..., help="Output: a TF checkpoint prefix, or a .weights.h5 / .keras file (by suffix)."),
-    builder: str = typer.Option(..., "--builder", help="pkg.module:function returning the model (called inside the strategy scope)."),
-    strategy: str = typer.Option("default", "--strategy", help="default, mirrored or multi-worker (reads TF_CONFIG)."),
-    replicas: Optional[int] = typer.Option(None, "--replicas", help="Logical CPU devices for --strategy mirrored (default 2)."),
-    maps: list[str] = typer.Option([], "--map", help="'REGEX=REPL' applied to source names (repeatable; first match wins)."),
-    skip_mismatch: bool = typer.Option(False, "--skip-mismatch", help="Leave variables whose shape/dtype differ at init instead of failing."),
-    strict: bool = typer.Option(True, "--strict/--no-strict", help="Fail on any problem (default), or transplant what matches."),
-    by_order: bool = typer.Option(False, "--by-order", help="Pair what is still unpaired by order and shape."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Show the plan; assign and write nothing."),
-    force: bool = typer.Option(False, "--force", help="Replace an existing DST."),
-    format: OutputFormat = FormatOption,
-) -> None:
-    """Load a checkpoint's weights into a freshly built model inside a tf.distribute strategy and write it."""
-    from . import _atomic  # noqa: PLC0415
-    from . import open as open_checkpoint  # noqa: PLC0415
-    from .ops import transplant as tp  # noqa: PLC0415
-    from .render import transplant_view  # noqa: PLC0415
-
-    kind = tp.output_kind(dst)
-    tp.parse_mapping(maps)  # bad rules fail before any work
-    ckpt = open_checkpoint(src)
-    try:
-        protected = [src, ckpt.path]
-        _atomic.check_output(dst, force=force, prefix=kind == tp.OUTPUT_TF, protected=protected)
-        strat = tp.make_strategy(strategy, replicas)  # first TensorFlow work: devices are set up here
-        model = tp.build_in_scope(builder, strat)
-        report = tp.transplant(ckpt, model, mapping=maps, strategy=strat, strict=strict,
-                               skip_mismatch=skip_mismatch, dry_run=dry_run, by_order=by_order)
-    finally:
-        ckpt.close()
-    output = None if dry_run else tp.write_model(model, dst, force=force, protected=protected, strategy=strat)
-    emit(transplant_view(report, format, output=output))
-
-
 @app.command("diff")
 @handle_errors
 def diff_command(
@@ -237,6 +154,26 @@ def diff_command(
         progress.close()
     emit(diff_view(report, format))
     if not report.identical:
+        raise typer.Exit(EXIT_DIFFERENT)
+
+
+@app.command("verify")
+@handle_errors
+def verify_command(
+    path: str = typer.Argument(..., help="Checkpoint prefix, .index file, directory, SavedModel, or Keras file."),
+    format: OutputFormat = FormatOption,
+) -> None:
+    """Check that a checkpoint is whole: index, shards and every tensor's checksum (exit 1 if damaged)."""
+    from .ops.verify import verify  # noqa: PLC0415
+    from .render import verify_view  # noqa: PLC0415
+
+    progress = Progress("verify")
+    try:
+        report = verify(path, progress=progress)
+    finally:
+        progress.close()
+    emit(verify_view(report, format))
+    if not report.intact:
         raise typer.Exit(EXIT_DIFFERENT)
 
 
@@ -279,6 +216,69 @@ def extract_command(
     finally:
         progress.close()
     emit(extract_view(report, report_format))
+
+
+@app.command("transplant")
+@handle_errors
+def transplant_command(
+    src: str = typer.Argument(..., help="Source checkpoint: TF prefix or directory, Keras .h5/.weights.h5/.keras."),
+    dst: str = typer.Argument(..., help="Output: a TF checkpoint prefix, or a .weights.h5 / .keras file (by suffix)."),
+    builder: str = typer.Option(..., "--builder", help="pkg.module:function returning the model (called inside the strategy scope)."),
+    strategy: str = typer.Option("default", "--strategy", help="default, mirrored or multi-worker (reads TF_CONFIG)."),
+    replicas: Optional[int] = typer.Option(None, "--replicas", help="Logical CPU devices for --strategy mirrored (default 2)."),
+    maps: list[str] = typer.Option([], "--map", help="'REGEX=REPL' applied to source names (repeatable; first match wins)."),
+    skip_mismatch: bool = typer.Option(False, "--skip-mismatch", help="Leave variables whose shape/dtype differ at init instead of failing."),
+    strict: bool = typer.Option(True, "--strict/--no-strict", help="Fail on any problem (default), or transplant what matches."),
+    by_order: bool = typer.Option(False, "--by-order", help="Pair what is still unpaired by order and shape."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Show the plan; assign and write nothing."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing DST."),
+    format: OutputFormat = FormatOption,
+) -> None:
+    """Load a checkpoint's weights into a freshly built model inside a tf.distribute strategy and write it."""
+    from . import _atomic  # noqa: PLC0415
+    from . import open as open_checkpoint  # noqa: PLC0415
+    from .ops import transplant as tp  # noqa: PLC0415
+    from .render import transplant_view  # noqa: PLC0415
+
+    kind = tp.output_kind(dst)
+    tp.parse_mapping(maps)  # bad rules fail before any work
+    ckpt = open_checkpoint(src)
+    try:
+        protected = [src, ckpt.path]
+        _atomic.check_output(dst, force=force, prefix=kind == tp.OUTPUT_TF, protected=protected)
+        strat = tp.make_strategy(strategy, replicas)  # first TensorFlow work: devices are set up here
+        model = tp.build_in_scope(builder, strat)
+        report = tp.transplant(ckpt, model, mapping=maps, strategy=strat, strict=strict,
+                               skip_mismatch=skip_mismatch, dry_run=dry_run, by_order=by_order)
+    finally:
+        ckpt.close()
+    output = None if dry_run else tp.write_model(model, dst, force=force, protected=protected, strategy=strat)
+    emit(transplant_view(report, format, output=output))
+
+
+@app.command("train")
+@handle_errors
+def train_command(
+    out: str = typer.Argument(..., help="Directory to write the CheckpointManager run into."),
+    steps: int = typer.Option(6, "--steps", help="Training steps."),
+    save_every: int = typer.Option(2, "--save-every", help="Save a checkpoint every N steps (and after the last)."),
+    replicas: int = typer.Option(2, "--replicas", help="Logical CPU devices (MirroredStrategy replicas)."),
+    max_to_keep: int = typer.Option(3, "--max-to-keep", help="Checkpoints to retain (0 keeps all)."),
+    max_shard_bytes: Optional[int] = typer.Option(None, "--max-shard-bytes", help="Save multi-shard with MaxShardSizePolicy of this many bytes."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the initial weights and the synthetic data."),
+    keras: bool = typer.Option(False, "--keras/--no-keras", help="Also write model.weights.h5, model.keras, model.h5 (and the Keras 2 files where tf_keras is installed)."),
+    force: bool = typer.Option(False, "--force", help="Replace a non-empty OUT."),
+) -> None:
+    """Train the small fixture model under MirroredStrategy and save real checkpoints into OUT."""
+    from . import trainer  # noqa: PLC0415
+
+    trainer.configure_devices(replicas)  # first: logical devices must exist before TF initialises
+    result = trainer.train(
+        out, steps=steps, save_every=save_every, replicas=replicas, max_to_keep=max_to_keep or None,
+        max_shard_bytes=max_shard_bytes, seed=seed, keras_formats=keras, force=force,
+    )
+    extra = trainer.write_keras2_files(out, seed=seed) if keras and trainer.keras2_available() else []
+    typer.echo(result.summary() + (f", {len(extra)} Keras 2 file(s)" if extra else ""), err=True)
 
 
 # -- each operation's command is defined above this line, in the style of `ls` ---------------
