@@ -509,3 +509,27 @@ if __name__ == "__main__":
         _generate(json.loads(pathlib.Path(sys.argv[2]).read_text()))
     else:
         raise SystemExit("usage: python benchmarks/_common.py generate JOBS.json")
+
+
+def generate_flat_bundle(prefix: pathlib.Path, size_mb: int, variables: int) -> str:
+    """A tf.train.Checkpoint of ``variables`` flat float32 variables totalling about ``size_mb`` MB,
+    written once by a TensorFlow child process (a ``.done`` marker caches it); returns the prefix."""
+    done = prefix.parent / f"{prefix.name}.done"
+    if done.exists():
+        return str(prefix)
+    if prefix.parent.exists():
+        shutil.rmtree(prefix.parent)
+    prefix.parent.mkdir(parents=True)
+    code = f"""
+import numpy as np, tensorflow as tf
+n, total = {variables}, {size_mb} * 2**20
+per = max(1, total // n // 4)
+rng = np.random.default_rng(0)
+root = tf.Module()
+for i in range(n):
+    setattr(root, f"layer_{{i:04d}}", tf.Variable(rng.standard_normal(per, dtype=np.float32)))
+tf.train.Checkpoint(model=root).write({str(prefix)!r})
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    done.touch()
+    return str(prefix)

@@ -12,41 +12,12 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
-import shutil
 import statistics
-import subprocess
 import sys
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import _common  # noqa: E402 - the shared timing helpers beside this script
-
-
-def run_timed(cmd: list[str]) -> tuple[float, int]:
-    """Run a command; return (wall seconds, peak RSS of the child in bytes)."""
-    elapsed, peak, _ = _common.run_timed(cmd)
-    return elapsed, peak
-
-
-def generate(prefix: pathlib.Path, size_mb: int, variables: int) -> str:
-    """A tf.train.Checkpoint of `variables` float32 variables totalling about `size_mb` MB."""
-    done = prefix.parent / f"{prefix.name}.done"
-    if done.exists():
-        return str(prefix)
-    if prefix.parent.exists():
-        shutil.rmtree(prefix.parent)
-    prefix.parent.mkdir(parents=True)
-    code = f"""
-import numpy as np, tensorflow as tf
-n, total = {variables}, {size_mb} * 2**20
-per = max(1, total // n // 4)
-rng = np.random.default_rng(0)
-vs = {{f"layer_{{i:04d}}/kernel": tf.Variable(rng.standard_normal(per, dtype=np.float32)) for i in range(n)}}
-tf.train.Checkpoint(**{{k.replace('/', '_'): v for k, v in vs.items()}}).write({str(prefix)!r})
-"""
-    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    done.touch()
-    return str(prefix)
 
 
 def main() -> None:
@@ -57,7 +28,7 @@ def main() -> None:
     parser.add_argument("--work", default=str(HERE / "_work"))
     args = parser.parse_args()
 
-    prefix = generate(pathlib.Path(args.work) / f"ls_{args.size_mb}mb_{args.variables}v" / "ckpt", args.size_mb, args.variables)
+    prefix = _common.generate_flat_bundle(pathlib.Path(args.work) / f"ls_{args.size_mb}mb_{args.variables}v" / "ckpt", args.size_mb, args.variables)
     env_py = [sys.executable, "-c"]
     tools = {
         "ckptinspect ls": [sys.executable, "-m", "ckptinspect", "ls", prefix],
@@ -70,7 +41,7 @@ def main() -> None:
     peaks: dict[str, int] = {k: 0 for k in tools}
     for _ in range(args.rounds):
         for name, cmd in tools.items():  # alternate the tools within each round
-            t, rss = run_timed(cmd)
+            t, rss, _ = _common.run_timed(cmd)
             times[name].append(t)
             peaks[name] = max(peaks[name], rss)
     base = statistics.median(times["ckptinspect ls"])
