@@ -86,7 +86,7 @@ def main() -> None:
 
     sys.path.insert(0, str(ROOT))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    from ckptinspect.formats._tf import import_tf
+    from ckptinspect._tf import import_tf
 
     tf = import_tf()
     import numpy as np

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol
 
 from .errors import CheckpointNotFoundError
 
@@ -28,6 +28,16 @@ __all__ = [
     "RetainedCheckpoint",
     "Checkpoint",
     "TensorSource",
+    "BaseSource",
+    "Damage",
+    "CheckResult",
+    "Progress",
+    "strip_output_index",
+    "ITEMSIZE",
+    "NUMERIC_DTYPES",
+    "INTEGER_DTYPES",
+    "FLOAT_DTYPES",
+    "numpy_dtype",
 ]
 
 ROLE_MODEL = "model"
@@ -49,6 +59,41 @@ FORMATS = (
     FORMAT_KERAS_WEIGHTS_H5,
     FORMAT_KERAS_ZIP,
 )
+
+
+# Dtype names (numpy-style, as every format reports them) and what they hold.
+ITEMSIZE = {
+    "float32": 4, "float64": 8, "int32": 4, "uint8": 1, "int16": 2, "int8": 1,
+    "complex64": 8, "int64": 8, "bool": 1, "qint8": 1, "quint8": 1, "qint32": 4,
+    "bfloat16": 2, "qint16": 2, "quint16": 2, "uint16": 2, "complex128": 16, "float16": 2,
+    "uint32": 4, "uint64": 8, "float8_e5m2": 1, "float8_e4m3fn": 1,
+}
+INTEGER_DTYPES = frozenset({"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"})
+FLOAT_DTYPES = frozenset({"float16", "float32", "float64", "bfloat16", "float8_e5m2", "float8_e4m3fn"})
+NUMERIC_DTYPES = INTEGER_DTYPES | FLOAT_DTYPES | {"bool", "complex64", "complex128"}
+# Dtypes whose bytes are a plain little-endian array numpy can view (ml_dtypes for the rest).
+_NUMPY_CODES = {
+    "float16": "<f2", "float32": "<f4", "float64": "<f8", "int8": "i1", "int16": "<i2",
+    "int32": "<i4", "int64": "<i8", "uint8": "u1", "uint16": "<u2", "uint32": "<u4",
+    "uint64": "<u8", "bool": "?", "complex64": "<c8", "complex128": "<c16",
+}
+_ML_DTYPES = {"bfloat16": "bfloat16", "float8_e5m2": "float8_e5m2", "float8_e4m3fn": "float8_e4m3fn"}
+
+
+def numpy_dtype(name: str) -> np.dtype | None:
+    """The numpy dtype of a numeric dtype name (little-endian), or None for strings and others."""
+    import numpy as np  # noqa: PLC0415 - numpy only where values are read
+
+    if name in _NUMPY_CODES:
+        return np.dtype(_NUMPY_CODES[name])
+    if name in _ML_DTYPES:
+        try:
+            import ml_dtypes  # noqa: PLC0415 - comes with TensorFlow and Keras
+
+            return np.dtype(getattr(ml_dtypes, _ML_DTYPES[name]))
+        except ImportError:  # pragma: no cover
+            return None
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,8 +128,9 @@ class Variable:
         slices: The stored slices of a sliced variable, empty otherwise.
         graph_path: Object-graph path of the variable through the model (TF2 checkpoints
             whose model reaches it), or None.
-        offset: Byte offset in its shard (TF bundle, unsliced only), or None.
-        crc32c: Stored masked crc32c (TF bundle, unsliced only), or None.
+
+    Where the bytes live (offsets, checksums) is the format's business: its tensor source
+    knows, and offers streamed reads (:meth:`TensorSource.iter_blocks`) and byte-exact copies.
     """
 
     key: str
@@ -96,8 +142,6 @@ class Variable:
     role: str = ROLE_MODEL
     slices: tuple[SliceInfo, ...] = ()
     graph_path: str | None = None
-    offset: int | None = None
-    crc32c: int | None = None
 
     @property
     def size(self) -> int:
@@ -149,18 +193,158 @@ class RetainedCheckpoint:
         return dataclasses.asdict(self)
 
 
+Progress = Callable[[int, int, Any], None]
+"""``progress(done, total, item)``: called after each tensor of a long operation."""
+
+# Damage kinds (``Damage.kind``).
+DAMAGE_CHECKSUM = "checksum"
+DAMAGE_TRUNCATED = "truncated"
+DAMAGE_MISSING_SHARD = "missing-shard"
+DAMAGE_SIZE = "size"
+DAMAGE_LAYOUT = "layout"
+DAMAGE_MISSING_SLICE = "missing-slice"
+DAMAGE_UNREADABLE = "unreadable"
+DAMAGE_DTYPE = "dtype"
+
+STATUS_INTACT = "intact"
+STATUS_DAMAGED = "damaged"
+STATUS_MISSING = "missing"
+
+
+@dataclasses.dataclass(frozen=True)
+class Damage:
+    """One damaged tensor (or dataset, or archive member).
+
+    Attributes:
+        key: The key in the index (or dataset path in an HDF5 file).
+        name: Its readable name (the key when no better name is known).
+        file: The file holding its bytes (the data shard for TF bundles).
+        kind: One of the ``DAMAGE_*`` kinds: ``checksum``, ``truncated``, ``missing-shard``,
+            ``size``, ``layout``, ``missing-slice``, ``unreadable``, ``dtype``.
+        problem: One line saying what is wrong.
+        shard: The data shard number, or None.
+        offset: Byte offset in ``file``, or None.
+        size: Bytes the index records for it, or None.
+        slice: For a stored slice of a sliced variable, which one (``[0:4,:]``), else None.
+        stored_crc32c: The checksum the file records, as stored (TF bundles: masked), or None.
+        actual_crc32c: The checksum of the bytes on disk, in the stored form, or None.
+    """
+
+    key: str
+    name: str
+    file: str
+    kind: str
+    problem: str
+    shard: int | None = None
+    offset: int | None = None
+    size: int | None = None
+    slice: str | None = None
+    stored_crc32c: int | None = None
+    actual_crc32c: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckResult:
+    """The verdict on one checkpoint (one prefix, V1 file, HDF5 or ``.keras`` file).
+
+    Attributes:
+        path: The prefix or file.
+        format: One of :data:`FORMATS`, or None when it could not be told.
+        status: ``intact``, ``damaged`` or ``missing``.
+        step: Step number, or None.
+        latest: The checkpoint a directory resolves to.
+        in_state_file: Listed by the directory's ``checkpoint`` state file.
+        tensors: Tensors (stored slices, datasets) checked.
+        nbytes: Bytes checked.
+        problems: File-level problems (index, missing or short shards), one line each.
+        damaged: Damaged tensors, in file order.
+    """
+
+    path: str
+    format: str | None
+    status: str
+    step: int | None = None
+    latest: bool = False
+    in_state_file: bool = False
+    tensors: int = 0
+    nbytes: int = 0
+    problems: tuple[str, ...] = ()
+    damaged: tuple[Damage, ...] = ()
+
+    @property
+    def intact(self) -> bool:
+        return self.status == STATUS_INTACT
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["damaged"] = [d.to_dict() for d in self.damaged]
+        out["problems"] = list(self.problems)
+        return out
+
+
 class TensorSource(Protocol):
-    """Reads variable values, one tensor at a time."""
+    """Everything an operation may ask of a checkpoint's stored values.
+
+    Each format provides one (usually by subclassing :class:`BaseSource`); operations never
+    open a format's files themselves.
+    """
 
     def read(self, variable: Variable) -> np.ndarray:  # pragma: no cover - protocol
-        ...
+        """The whole value (sliced variables assembled)."""
+
+    def iter_blocks(self, variable: Variable, elements: int) -> Iterator[np.ndarray]:  # pragma: no cover
+        """The flattened value in blocks of at most ``elements`` elements, checksum-checked
+        where the format stores checksums (a mismatch raises after the last block). A block
+        may be a view of a buffer the next block reuses: use it before asking for the next."""
+
+    def storage_order(self, variable: Variable) -> tuple:  # pragma: no cover - protocol
+        """A sort key placing variables in the order their bytes lie on disk."""
+
+    def files(self) -> tuple[str, ...]:  # pragma: no cover - protocol
+        """Every file the checkpoint's values live in (to protect them, or size them)."""
 
     def close(self) -> None:  # pragma: no cover - protocol
         ...
 
 
-def _canonical(name: str) -> str:
-    return re.sub(r":\d+$", "", name)
+class BaseSource:
+    """Defaults for a :class:`TensorSource`: blocks are slices of the value read whole."""
+
+    def read(self, variable: Variable) -> np.ndarray:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def iter_blocks(self, variable: Variable, elements: int) -> Iterator[np.ndarray]:
+        import numpy as np  # noqa: PLC0415 - numpy only where values are read
+
+        from .errors import CorruptCheckpointError  # noqa: PLC0415
+
+        value = np.ascontiguousarray(self.read(variable)).reshape(-1)
+        if value.size != variable.size:
+            raise CorruptCheckpointError(
+                f"{variable.key!r} holds {value.size} values, its shape {list(variable.shape)} needs {variable.size}"
+            )
+        for i in range(0, value.size, max(1, elements)):
+            yield value[i : i + elements]
+
+    def storage_order(self, variable: Variable) -> tuple:
+        return ()
+
+    def files(self) -> tuple[str, ...]:
+        return ()
+
+    def close(self) -> None:
+        pass
+
+
+OUTPUT_INDEX_RE = re.compile(r":\d+$")
+
+
+def strip_output_index(name: str) -> str:
+    """A name without its ``:N`` output suffix (``dense/kernel:0`` -> ``dense/kernel``)."""
+    return OUTPUT_INDEX_RE.sub("", name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,7 +401,7 @@ class Checkpoint:
         for v in self.variables:
             out.setdefault(v.name, v)
         for v in self.variables:
-            out.setdefault(_canonical(v.name), v)
+            out.setdefault(strip_output_index(v.name), v)
         return out
 
     def _lookup(self, name_or_key: str) -> Variable | None:
@@ -268,6 +452,22 @@ class Checkpoint:
         if self.source is None:
             raise CheckpointNotFoundError(f"{self.path}: no tensor source to read values from")
         return self.source.read(var)
+
+    def iter_blocks(self, name_or_key: str | Variable, elements: int) -> Iterator[np.ndarray]:
+        """One variable's flattened value in blocks of at most ``elements`` elements (streamed
+        from the file where the format allows, checksum-checked where it stores checksums)."""
+        var = name_or_key if isinstance(name_or_key, Variable) else self[name_or_key]
+        if self.source is None:
+            raise CheckpointNotFoundError(f"{self.path}: no tensor source to read values from")
+        return self.source.iter_blocks(var, elements)
+
+    def storage_order(self, variable: Variable) -> tuple:
+        """A sort key placing variables in the order their bytes lie on disk."""
+        return self.source.storage_order(variable) if self.source is not None else ()
+
+    def files(self) -> tuple[str, ...]:
+        """Every file holding this checkpoint's values (the index or HDF5 file included)."""
+        return self.source.files() if self.source is not None else ()
 
     def close(self) -> None:
         """Release open files."""

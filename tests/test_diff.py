@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 import ckptinspect
 from ckptinspect.cli import app
+from ckptinspect.formats.tf_bundle import read_index
 from ckptinspect.ops import diff as d
 
 tf = pytest.importorskip("tensorflow")
@@ -214,13 +215,14 @@ def test_corrupted_bytes_are_an_error(written, tmp_path):
     prefix = tmp_path / src.name
     with ckptinspect.open(str(prefix)) as ck:
         var = ck["head/kernel"]
+    entry = next(e for e in read_index(str(prefix)).entries if e.key == var.key)
     data = next(tmp_path.glob("*.data-00000-of-00001"))
     raw = bytearray(data.read_bytes())
-    raw[var.offset + 5] ^= 0xFF
+    raw[entry.offset + 5] ^= 0xFF
     data.write_bytes(bytes(raw))
     result = invoke(written["base"], prefix)
     assert result.exit_code == 2
-    assert result.stderr.startswith(f"Error: {data}: checksum mismatch for ") and result.stderr.count("\n") == 1
+    assert result.stderr.startswith(f"Error: {data}: {var.key!r}: checksum does not match: the bytes have crc32c 0x") and result.stderr.count("\n") == 1
 
 
 # -- structure: added, removed, reshaped, retyped, strings ---------------------------------------

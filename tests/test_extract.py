@@ -464,10 +464,10 @@ def test_pack_bounds_groups_and_keeps_graph_in_first():
 
 
 def test_read_back_comparison_sees_one_flipped_bit(src):
-    from ckptinspect.ops.extract import _bundle_matcher, same_value  # noqa: PLC0415
+    from ckptinspect.ops.extract import _matcher, same_value  # noqa: PLC0415
 
     with ckptinspect.open(str(src["run_prefix"])) as ckpt:
-        matches = _bundle_matcher(ckpt)
+        matches = _matcher(ckpt)
         reader = tf.train.load_checkpoint(ckpt.path)
         for v in (ckpt["frozen/kernel"], ckpt["bn/moving_mean"]):
             value = reader.get_tensor(v.key)

@@ -21,6 +21,8 @@ from typer.testing import CliRunner
 import ckptinspect
 from ckptinspect.cli import app
 from ckptinspect.formats.tf_bundle import OBJECT_GRAPH_KEY, data_path, read_index
+from ckptinspect.formats import tf_data
+from ckptinspect.formats._crc import mask
 from ckptinspect.ops import verify as v
 
 tf = pytest.importorskip("tensorflow")
@@ -106,8 +108,8 @@ def test_string_crc_is_over_uint32_lengths_not_the_varints(zoo):
         if entry.dtype != "string":
             continue
         stored = raw[entry.offset : entry.offset + entry.size]
-        assert v.tensor_crc32c("string", entry.shape, stored) == entry.crc32c, entry.key
-        assert v.mask(__import__("google_crc32c").value(stored)) != entry.crc32c
+        assert tf_data.tensor_crc32c("string", entry.shape, stored) == entry.crc32c, entry.key
+        assert mask(__import__("google_crc32c").value(stored)) != entry.crc32c
         checked += 1
     assert checked == 2  # the object graph and root.strings
 
@@ -119,7 +121,7 @@ def test_every_dtype_matches_the_crc_tf_wrote(zoo):
     for entry in index.entries:
         dtypes.add(entry.dtype)
         stored = raw[entry.offset : entry.offset + entry.size]
-        assert v.tensor_crc32c(entry.dtype, entry.shape, stored) == (entry.crc32c or 0), entry.key
+        assert tf_data.tensor_crc32c(entry.dtype, entry.shape, stored) == (entry.crc32c or 0), entry.key
     assert {"string", "variant", "bool", "bfloat16", "float16", "int32", "int64", "float32"} <= dtypes
 
 
@@ -195,6 +197,12 @@ def test_each_flipped_tensor_is_the_one_tf_cannot_read(zoo, tmp_path):
         _, first = report.first_damaged
         assert first.file == str(shard) and first.shard == 0 and first.offset == entry.offset
         assert first.kind in ("checksum", "layout")
+        if first.kind == "checksum" and entry.dtype not in ("string", "variant"):
+            # The problem names the plain crc32c of the bytes (what any crc32c tool prints) and
+            # the masked forms TensorFlow stores.
+            plain = __import__("google_crc32c").value(bytes(raw[entry.offset : entry.offset + entry.size]))
+            assert f"the bytes have crc32c {plain:#010x}" in first.problem, first.problem
+            assert f"{first.actual_crc32c:#010x} vs {entry.crc32c or 0:#010x}" in first.problem
 
 
 def test_flipped_string_length_is_a_layout_error(zoo, tmp_path):
@@ -226,7 +234,7 @@ def test_truncated_and_missing_shards(tmp_path):
     for key, slices in index.slice_entries.items():
         for st, ln, se in slices:
             if se.shard_id == 3:
-                assert (key, v._fmt_slice(st, ln), "missing-shard") in kinds
+                assert (key, tf_data._fmt_slice(st, ln), "missing-shard") in kinds
     assert all(d.kind == "truncated" for d in result.damaged if d.shard == 2 and d.offset + d.size > 300)
     assert all(d.offset + d.size > 300 for d in result.damaged if d.shard == 2)
     assert {d.key for d in result.damaged} == tf_unreadable_keys(prefix)

@@ -1,27 +1,51 @@
-"""Format detection and opening: one module per format family, picked by content.
+"""The one door from the operations into the formats: detection, opening and checking.
 
-* :mod:`.tf_bundle` - TF bundle checkpoints (``.index`` + ``.data-*``), TF1 and TF2.
+Operations import only this package's public names (an import-linter contract): they open a
+:class:`~ckptinspect.model.Checkpoint` with :func:`open_checkpoint` and read through its
+tensor source, or check one with :func:`prepare_check`. One module per format family,
+picked by content (:func:`detect`) and registered once in :data:`_FORMATS`:
+
+* :mod:`.tf_bundle` - TF bundle checkpoints (``.index`` + ``.data-*``), TF1 and TF2, with
+  :mod:`.tf_data` for their data files at the byte level.
 * :mod:`.tf_v1` - TF V1 table checkpoints (one file, no ``.index``).
 * :mod:`.tf_state` - checkpoint directories (``checkpoint`` state file).
 * :mod:`.keras_h5` - Keras HDF5 files (legacy ``.h5``, ``.weights.h5``, sharded weights).
 * :mod:`.keras_zip` - ``.keras`` zip archives.
+* :mod:`.tf_writer` - writing TF bundles (``extract``, ``transplant``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import importlib
+from typing import Any, Callable
 
 from .. import model as m
-from ..errors import CheckpointNotFoundError, NotACheckpointError
+from ..errors import CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError
 from . import _fs
-from ._layout import DATA_FILE_RE, INDEX_SUFFIX, STATE_FILE
+from ._layout import DATA_FILE_RE, HDF5_HEAD_BYTES, INDEX_SUFFIX, STATE_FILE, ZIP_SIGNATURE, is_hdf5_head
 from ._sstable import is_table
+from .tf_bundle import OBJECT_GRAPH_KEY
+from .tf_writer import BundleTensor, numpy_view, object_graph_tensor, prune_object_graph, restore_tensor, write_bundle
 
-__all__ = ["Kind", "detect", "open_checkpoint"]
-
-HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
-HDF5_USERBLOCK_OFFSETS = (0, 512, 1024, 2048)
-ZIP_SIGNATURE = b"PK\x03\x04"
+__all__ = [
+    "Kind",
+    "detect",
+    "open_checkpoint",
+    "prepare_check",
+    "Check",
+    "list_directory",
+    "is_remote",
+    # writing TF bundles (extract, transplant)
+    "OBJECT_GRAPH_KEY",
+    "BundleTensor",
+    "write_bundle",
+    "object_graph_tensor",
+    "prune_object_graph",
+    "restore_tensor",
+    "numpy_view",
+]
 SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
 SAVED_MODEL_VARIABLES = "variables/variables"
 KERAS_SHARDED_INDEX_SUFFIX = ".weights.json"
@@ -44,8 +68,7 @@ class Kind(enum.Enum):
 
 
 def _is_hdf5(path: str) -> bool:
-    head = _fs.read_head(path, 2048 + 8)
-    return any(head[o : o + 8] == HDF5_SIGNATURE for o in HDF5_USERBLOCK_OFFSETS)
+    return is_hdf5_head(_fs.read_head(path, HDF5_HEAD_BYTES))
 
 
 def _is_savedmodel(directory: str) -> bool:
@@ -128,6 +151,22 @@ def detect(path: str) -> tuple[Kind, str]:
     raise NotACheckpointError(f"{path}: not a checkpoint; {EXPECTED}")
 
 
+def _v1_in_directory(directory: str) -> str | None:
+    """The last V1 checkpoint file of a directory that holds no TF bundle."""
+    for name in reversed(_fs.listdir(directory)):
+        candidate = _fs.join(directory, name)
+        if _fs.isfile(candidate) and _table_kind(candidate) is Kind.TF_V1:
+            return candidate
+    return None
+
+
+def _no_checkpoint(directory: str) -> NotACheckpointError:
+    return NotACheckpointError(
+        f"{directory}: no checkpoint found in the directory (no 'checkpoint' state file naming"
+        " existing files, no *.index, no saved_model.pb)"
+    )
+
+
 def _open_directory(directory: str) -> m.Checkpoint:
     from .tf_bundle import open_bundle  # noqa: PLC0415
     from .tf_state import list_checkpoints  # noqa: PLC0415
@@ -135,21 +174,119 @@ def _open_directory(directory: str) -> m.Checkpoint:
     retained, latest = list_checkpoints(directory)
     if latest is None:
         # A directory holding only V1 checkpoint files (export-00000-of-00001).
-        for name in reversed(_fs.listdir(directory)):
-            candidate = _fs.join(directory, name)
-            if _fs.isfile(candidate) and _table_kind(candidate) is Kind.TF_V1:
-                from .tf_v1 import open_v1  # noqa: PLC0415
+        v1 = _v1_in_directory(directory)
+        if v1 is None:
+            raise _no_checkpoint(directory)
+        from .tf_v1 import open_v1  # noqa: PLC0415
 
-                return open_v1(candidate)
-        raise NotACheckpointError(
-            f"{directory}: no checkpoint found in the directory (no 'checkpoint' state file naming"
-            " existing files, no *.index, no saved_model.pb)"
-        )
+        return open_v1(v1)
     if not _fs.exists(latest + ".index") and _fs.isfile(latest):
         from .tf_v1 import open_v1  # noqa: PLC0415
 
         return open_v1(latest, checkpoints=tuple(retained))
     return open_bundle(latest, checkpoints=tuple(retained))
+
+
+def _open_savedmodel(directory: str) -> m.Checkpoint:
+    from .tf_bundle import open_bundle  # noqa: PLC0415
+
+    return open_bundle(_fs.join(directory, SAVED_MODEL_VARIABLES), format=m.FORMAT_TF_SAVEDMODEL)
+
+
+# -- checking (verify) -------------------------------------------------------------------------
+class Check:
+    """A planned check of one checkpoint: ``total`` tensors, checked by :meth:`run`.
+
+    Formats with a byte-level plan (TF bundles) provide their own; this one wraps a function.
+    """
+
+    def __init__(self, path: str, fn: Callable[[m.Progress | None, int, int | None], m.CheckResult], total: int = 0):
+        self.path = path
+        self.total = total
+        self._fn = fn
+
+    def run(self, progress: m.Progress | None = None, done: int = 0, total: int | None = None) -> m.CheckResult:
+        return self._fn(progress, done, total)
+
+
+def _check_by_reading(path: str, opener: Callable[[str], m.Checkpoint]) -> Check:
+    """Open the file (with its reader's safety checks) and read every variable, in blocks."""
+    from .keras_zip import member_damage  # noqa: PLC0415
+
+    try:
+        ckpt = opener(path)
+    except CorruptCheckpointError as e:
+        result = m.CheckResult(path, None, m.STATUS_DAMAGED, problems=(str(e),))
+        return Check(path, lambda *_: result)
+
+    def run(progress: m.Progress | None, done: int, total: int | None) -> m.CheckResult:
+        total = len(ckpt.variables) if total is None else total
+        damaged: list[m.Damage] = []
+        nbytes = 0
+        with ckpt:
+            if ckpt.format == m.FORMAT_KERAS_ZIP and not _fs.is_remote(path):
+                damaged = member_damage(path)
+            for var in ckpt.variables:
+                try:
+                    for block in ckpt.iter_blocks(var, CHECK_BLOCK_ELEMENTS):
+                        nbytes += int(getattr(block, "nbytes", 0))
+                except CorruptCheckpointError as e:
+                    damaged.append(m.Damage(key=var.key, name=var.name, file=path, kind=m.DAMAGE_UNREADABLE,
+                                            problem=str(e)))
+                done += 1
+                if progress is not None:
+                    progress(done, total, var)
+        status = m.STATUS_DAMAGED if damaged else m.STATUS_INTACT
+        return m.CheckResult(path, ckpt.format, status, step=ckpt.step, tensors=len(ckpt.variables),
+                             nbytes=nbytes, damaged=tuple(damaged))
+
+    return Check(path, run, len(ckpt.variables))
+
+
+def _check_bundle(prefix: str) -> Any:
+    from .tf_bundle import check_bundle  # noqa: PLC0415
+
+    if _fs.isdir(prefix + INDEX_SUFFIX):
+        raise NotACheckpointError(f"{prefix}{INDEX_SUFFIX}: is a directory, not an index file")
+    return check_bundle(prefix)
+
+
+def _check_savedmodel(directory: str) -> Any:
+    from .tf_bundle import check_bundle  # noqa: PLC0415
+
+    return check_bundle(_fs.join(directory, SAVED_MODEL_VARIABLES), format=m.FORMAT_TF_SAVEDMODEL)
+
+
+def _check_v1(path: str) -> Check:
+    from .tf_v1 import check_v1  # noqa: PLC0415
+
+    return Check(path, lambda *_: check_v1(path), 1)
+
+
+# -- the registry ------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class _Format:
+    """How to open and how to check one kind of path."""
+
+    open: Callable[[str], m.Checkpoint]
+    check: Callable[[str], Any]
+
+
+def _lazy(module: str, name: str) -> Callable[[str], Any]:
+    """``module.name``, imported on first call (h5py and protobuf only when needed)."""
+    return lambda path: getattr(importlib.import_module(f".{module}", __name__), name)(path)
+
+
+_FORMATS: dict[Kind, _Format] = {
+    Kind.TF_BUNDLE: _Format(_lazy("tf_bundle", "open_bundle"), _check_bundle),
+    Kind.TF_SAVEDMODEL: _Format(_open_savedmodel, _check_savedmodel),
+    Kind.TF_V1: _Format(_lazy("tf_v1", "open_v1"), _check_v1),
+    Kind.HDF5: _Format(_lazy("keras_h5", "open_h5"), lambda p: _check_by_reading(p, _lazy("keras_h5", "open_h5"))),
+    Kind.KERAS_SHARDED: _Format(_lazy("keras_h5", "open_sharded"),
+                                lambda p: _check_by_reading(p, _lazy("keras_h5", "open_sharded"))),
+    Kind.ZIP: _Format(_lazy("keras_zip", "open_zip"), lambda p: _check_by_reading(p, _lazy("keras_zip", "open_zip"))),
+}
+CHECK_BLOCK_ELEMENTS = 1 << 20
 
 
 def open_checkpoint(path: str) -> m.Checkpoint:
@@ -168,31 +305,56 @@ def open_checkpoint(path: str) -> m.Checkpoint:
     """
     path = str(path)
     kind, target = detect(path)
-    match kind:
-        case Kind.TF_BUNDLE:
-            from .tf_bundle import open_bundle  # noqa: PLC0415
+    if kind is Kind.TF_DIRECTORY:
+        return _open_directory(target)
+    return _FORMATS[kind].open(target)
 
-            return open_bundle(target)
-        case Kind.TF_DIRECTORY:
-            return _open_directory(target)
-        case Kind.TF_SAVEDMODEL:
-            from .tf_bundle import open_bundle  # noqa: PLC0415
 
-            return open_bundle(_fs.join(target, SAVED_MODEL_VARIABLES), format=m.FORMAT_TF_SAVEDMODEL)
-        case Kind.TF_V1:
-            from .tf_v1 import open_v1  # noqa: PLC0415
+def _classify(path: str) -> tuple[Kind, str]:
+    """Like :func:`detect`, but a damaged ``.index`` is still a bundle (to be reported)."""
+    if path.endswith(INDEX_SUFFIX) and _fs.isfile(path):
+        return Kind.TF_BUNDLE, path[: -len(INDEX_SUFFIX)]
+    if (not _fs.exists(path) or _fs.basename(path) == "") and _fs.isfile(path + INDEX_SUFFIX):
+        return Kind.TF_BUNDLE, path  # a damaged prefix, or an empty-basename one (saver.save(sess, "dir/"))
+    return detect(path)
 
-            return open_v1(target)
-        case Kind.HDF5:
-            from .keras_h5 import open_h5  # noqa: PLC0415
 
-            return open_h5(target)
-        case Kind.KERAS_SHARDED:
-            from .keras_h5 import open_sharded  # noqa: PLC0415
+def prepare_check(path: str) -> tuple[Kind, Any]:
+    """Plan the check of one checkpoint (not a directory): what ``verify`` runs.
 
-            return open_sharded(target)
-        case Kind.ZIP:
-            from .keras_zip import open_zip  # noqa: PLC0415
+    Returns:
+        (kind, a check with ``.total`` and ``.run(progress, done=0, total=None)`` returning a
+        :class:`~ckptinspect.model.CheckResult`). Damage is reported in the result.
 
-            return open_zip(target)
-    raise NotACheckpointError(f"{path}: not a checkpoint; {EXPECTED}")  # pragma: no cover
+    Raises:
+        CheckpointNotFoundError, NotACheckpointError, UnsafeFileError: The path cannot be
+            checked at all.
+    """
+    kind, target = _classify(str(path))
+    if kind is Kind.TF_DIRECTORY:
+        return kind, None
+    return kind, _FORMATS[kind].check(target)
+
+
+def list_directory(directory: str) -> tuple[list[m.RetainedCheckpoint], str | None, str | None]:
+    """The checkpoints of a checkpoint directory, without opening any.
+
+    Returns:
+        (retained checkpoints, the prefix it resolves to or None, a V1 file when the
+        directory holds no bundle but V1 checkpoint files, else None).
+
+    Raises:
+        NotACheckpointError: No checkpoint at all in the directory.
+    """
+    from .tf_state import list_checkpoints  # noqa: PLC0415
+
+    retained, latest = list_checkpoints(directory)
+    v1 = None
+    if latest is None and not retained:
+        v1 = _v1_in_directory(directory)
+        if v1 is None:
+            raise _no_checkpoint(directory)
+    return retained, latest, v1
+
+
+is_remote = _fs.is_remote

@@ -7,7 +7,7 @@ stays well distributed. Table blocks, tensors and string lengths all use it.
 
 from __future__ import annotations
 
-__all__ = ["MASK_DELTA", "mask", "masked_crc32c", "crc32c_module"]
+__all__ = ["MASK_DELTA", "mask", "unmask", "masked_crc32c", "crc32c_module"]
 
 MASK_DELTA = 0xA282EAD8
 _UINT32 = 0xFFFFFFFF
@@ -23,6 +23,12 @@ def crc32c_module():
 def mask(crc: int) -> int:
     """TensorFlow's ``crc32c::Mask``."""
     return ((((crc >> 15) | (crc << 17)) & _UINT32) + MASK_DELTA) & _UINT32
+
+
+def unmask(masked: int) -> int:
+    """TensorFlow's ``crc32c::Unmask``: the plain crc32c of a stored (masked) checksum."""
+    rot = (masked - MASK_DELTA) & _UINT32
+    return ((rot >> 17) | (rot << 15)) & _UINT32
 
 
 def masked_crc32c(data: bytes | memoryview) -> int:

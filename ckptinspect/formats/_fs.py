@@ -76,6 +76,11 @@ def _reading(path: str) -> Iterator[None]:
         raise
 
 
+def open_remote(path: str):
+    """A binary file object for a remote path (through ``tf.io.gfile``)."""
+    return _gfile().GFile(path, "rb")
+
+
 def read_bytes(path: str) -> bytes:
     """The whole file. Raises CheckpointNotFoundError if it is missing or unreadable."""
     with _reading(path):

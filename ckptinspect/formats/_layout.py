@@ -1,4 +1,4 @@
-"""File names of TF checkpoint layouts, shared by detection (which must stay cheap: it runs
+"""File names and signatures of checkpoint layouts, shared by detection (which must stay cheap: it runs
 for Keras files too) and the TF readers."""
 
 from __future__ import annotations
@@ -13,3 +13,14 @@ DATA_FILE_RE = re.compile(r"^(?P<prefix>.*)\.data-(?P<shard>\d{5})-of-(?P<num>\d
 def data_path(prefix: str, shard: int, num_shards: int) -> str:
     """The file holding data shard ``shard`` of a bundle."""
     return f"{prefix}.data-{shard:05d}-of-{num_shards:05d}"
+
+
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+HDF5_USERBLOCK_OFFSETS = (0, 512, 1024, 2048)  # where the HDF5 superblock may start
+HDF5_HEAD_BYTES = HDF5_USERBLOCK_OFFSETS[-1] + len(HDF5_SIGNATURE)
+ZIP_SIGNATURE = b"PK\x03\x04"
+
+
+def is_hdf5_head(head: bytes) -> bool:
+    """True when the first :data:`HDF5_HEAD_BYTES` bytes of a file hold an HDF5 signature."""
+    return any(head[o : o + len(HDF5_SIGNATURE)] == HDF5_SIGNATURE for o in HDF5_USERBLOCK_OFFSETS)

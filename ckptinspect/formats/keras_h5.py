@@ -50,6 +50,7 @@ from ..errors import (
     UnsafeFileError,
 )
 from . import _fs
+from ._layout import HDF5_HEAD_BYTES, HDF5_SIGNATURE, is_hdf5_head
 
 __all__ = [
     "HDF5_SIGNATURE",
@@ -63,8 +64,6 @@ __all__ = [
     "iteration_counter",
 ]
 
-HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
-HDF5_USERBLOCK_OFFSETS = (0, 512, 1024, 2048)
 
 # Legacy layout names.
 MODEL_WEIGHTS = "model_weights"
@@ -173,10 +172,6 @@ def _dtype_name(dtype: np.dtype, attr_dtype: str | None) -> str:
         if dtype.kind != "O":  # object dtypes carry h5py metadata; do not keep them
             _DTYPE_NAMES[dtype] = name
     return name
-
-
-def _is_hdf5_head(head: bytes) -> bool:
-    return any(head[o : o + 8] == HDF5_SIGNATURE for o in HDF5_USERBLOCK_OFFSETS)
 
 
 def _one_line(e: BaseException) -> str:
@@ -713,14 +708,14 @@ def _open_file(path: str, label: str | None = None) -> Any:
     label = label or path
     if _fs.is_remote(path):
         data = _fs.read_bytes(path)
-        if not _is_hdf5_head(data[: 2048 + 8]):
+        if not is_hdf5_head(data[:HDF5_HEAD_BYTES]):
             raise NotACheckpointError(f"{label}: not an HDF5 file (no HDF5 signature)")
         return _open_h5py(io.BytesIO(data), label)
     if not _fs.exists(path):
         raise CheckpointNotFoundError(f"{label}: no such file")
     if _fs.isdir(path):
         raise NotACheckpointError(f"{label}: is a directory, not an HDF5 file")
-    if not _is_hdf5_head(_fs.read_head(path, 2048 + 8)):
+    if not is_hdf5_head(_fs.read_head(path, HDF5_HEAD_BYTES)):
         raise NotACheckpointError(f"{label}: not an HDF5 file (no HDF5 signature)")
     return _open_h5py(path, label)
 
@@ -789,18 +784,27 @@ def _guard(label: str, fn: Callable[[], Any]) -> Any:
         raise CorruptCheckpointError(f"{label}: damaged HDF5 metadata: {_one_line(e)}") from None
 
 
-class H5Source:
+class H5Source(m.BaseSource):
     """Reads one dataset at a time from one or more HDF5 files, opened on first use.
 
     Args:
         openers: For each shard, a function returning an open ``h5py.File``.
         labels: For each shard, how messages name it.
+        paths: The files on disk (default: the labels).
     """
 
-    def __init__(self, openers: Sequence[Callable[[], Any]], labels: Sequence[str]):
+    def __init__(self, openers: Sequence[Callable[[], Any]], labels: Sequence[str], paths: Sequence[str] | None = None):
         self._openers = list(openers)
         self._labels = list(labels)
+        self._paths = tuple(paths if paths is not None else labels)
         self._files: dict[int, Any] = {}
+
+    def files(self) -> tuple[str, ...]:
+        return self._paths
+
+    def open_hdf5(self, shard: int = 0) -> Any:
+        """A new ``h5py.File`` of shard ``shard``, with the reader's safety checks (the caller closes it)."""
+        return self._openers[shard]()
 
     def _file(self, shard: int) -> Any:
         if shard not in self._files:
@@ -939,7 +943,7 @@ def open_sharded(path: str) -> m.Checkpoint:
     metadata = index.get("metadata")
     if isinstance(metadata, dict) and isinstance(metadata.get("total_size"), (int, float)):
         info["total_size"] = int(metadata["total_size"])
-    source = H5Source([(lambda p=p: _open_file(p)) for p in shard_paths], shard_paths)
+    source = H5Source([(lambda p=p: _open_file(p)) for p in shard_paths], shard_paths, [path, *shard_paths])
     step, step_source = counter_step(source.read, variables)
     source.close()  # reopened on the next read
     return m.Checkpoint(

@@ -25,14 +25,15 @@ import collections
 import dataclasses
 import re
 import struct
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 from .. import model as m
-from ..errors import CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError
-from . import _fs, _protos
-from ._layout import DATA_FILE_RE, INDEX_SUFFIX, data_path
+from ..errors import CkptError, CorruptCheckpointError, NotACheckpointError
+from . import _fs, _protos, tf_data
+from ._layout import INDEX_SUFFIX, data_path
 from ._sstable import iter_table
-from ._wire import MalformedError, read_varint
+from ._wire import MalformedError
+from .tf_data import DTYPE_NAMES, decode_string_scalar, read_raw
 
 if TYPE_CHECKING:
     import numpy as np
@@ -46,7 +47,8 @@ __all__ = [
     "read_index",
     "data_path",
     "open_bundle",
-    "TFReaderSource",
+    "check_bundle",
+    "BundleSource",
     "step_from_name",
 ]
 
@@ -55,22 +57,6 @@ ATTRIBUTES_MARK = "/.ATTRIBUTES/"
 VARIABLE_VALUE = "VARIABLE_VALUE"
 OPTIMIZER_SLOT_MARK = "/.OPTIMIZER_SLOT/"
 STEP_SUFFIX_RE = re.compile(r"[-_](\d+)$")
-
-# tensorflow/core/framework/types.proto: DataType -> numpy-style name.
-DTYPE_NAMES = {
-    1: "float32", 2: "float64", 3: "int32", 4: "uint8", 5: "int16", 6: "int8", 7: "string",
-    8: "complex64", 9: "int64", 10: "bool", 11: "qint8", 12: "quint8", 13: "qint32",
-    14: "bfloat16", 15: "qint16", 16: "quint16", 17: "uint16", 18: "complex128",
-    19: "float16", 20: "resource", 21: "variant", 22: "uint32", 23: "uint64",
-    24: "float8_e5m2", 25: "float8_e4m3fn", 29: "int4", 30: "uint4",
-}
-ITEMSIZE = {
-    "float32": 4, "float64": 8, "int32": 4, "uint8": 1, "int16": 2, "int8": 1,
-    "complex64": 8, "int64": 8, "bool": 1, "qint8": 1, "quint8": 1, "qint32": 4,
-    "bfloat16": 2, "qint16": 2, "quint16": 2, "uint16": 2, "complex128": 16, "float16": 2,
-    "uint32": 4, "uint64": 8, "float8_e5m2": 1, "float8_e4m3fn": 1,
-}
-INTEGER_DTYPES = {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"}
 
 # Children that only an optimizer has (Keras 2 OptimizerV2, Keras 3, TF1 optimizers in eager).
 OPTIMIZER_CHILD_MARKS = {"iter", "_iterations", "beta1_power", "beta2_power", "_learning_rate"}
@@ -266,36 +252,14 @@ def read_index(prefix: str) -> BundleIndex:
         raise CorruptCheckpointError(f"{path}: not a valid checkpoint index: {e}") from None
 
 
-# -- raw reads of small tensors (no TensorFlow) ------------------------------------------
-def _read_raw(prefix: str, index: BundleIndex, entry: IndexEntry) -> bytes:
-    path = data_path(prefix, entry.shard_id, index.num_shards)
-    if not _fs.exists(path):
-        raise CheckpointNotFoundError(f"{path}: data shard is missing (named by {prefix}{INDEX_SUFFIX})")
-    raw = _fs.read_range(path, entry.offset, entry.size)
-    if len(raw) != entry.size:
-        raise CorruptCheckpointError(
-            f"{path}: truncated: {entry.key!r} needs bytes {entry.offset}..{entry.offset + entry.size},"
-            f" the file has {_fs.getsize(path)}"
-        )
-    return raw
-
-
-def decode_string_scalar(raw: bytes) -> bytes:
-    """The value of a scalar string tensor as stored in a bundle (varint length, crc, bytes)."""
-    length, pos = read_varint(raw, 0)
-    pos += 4  # masked crc32c of the lengths
-    if pos + length > len(raw):
-        raise MalformedError("string tensor shorter than its declared length")
-    return raw[pos : pos + length]
-
-
+# -- small values read without TensorFlow ---------------------------------------------
 def _read_int_scalar(prefix: str, index: BundleIndex, entry: IndexEntry) -> int | None:
     if entry.shape != () or entry.slices:
         return None
     fmt = {"int64": "<q", "int32": "<i", "uint64": "<Q", "uint32": "<I", "float32": "<f", "float64": "<d"}.get(entry.dtype)
     if fmt is None or entry.size != struct.calcsize(fmt):
         return None
-    value = struct.unpack(fmt, _read_raw(prefix, index, entry))[0]
+    value = struct.unpack(fmt, read_raw(prefix, index.num_shards, entry))[0]
     return int(value) if value == value else None
 
 
@@ -337,7 +301,7 @@ def parse_object_graph(blob: bytes) -> list[_Node]:
     return nodes
 
 
-def _is_optimizer(node: _Node) -> bool:
+def is_optimizer_node(node: _Node) -> bool:
     if node.slots:
         return True
     names = {name for _, name in node.children}
@@ -362,7 +326,7 @@ def analyse_object_graph(nodes: list[_Node]) -> dict[str, _KeyFacts]:
     """
     if not nodes:
         return {}
-    optimizer_nodes = {i for i, n in enumerate(nodes) if _is_optimizer(n)}
+    optimizer_nodes = {i for i, n in enumerate(nodes) if is_optimizer_node(n)}
     slot_nodes = {slot for n in nodes for _, _, slot in n.slots}
 
     def bfs(skip_optimizers: bool) -> dict[int, tuple[str, ...]]:
@@ -443,7 +407,7 @@ def _entry_shards(index: BundleIndex, entry: IndexEntry) -> tuple[tuple[int, ...
 
 
 def _nbytes(entry: IndexEntry, stored: int) -> int:
-    item = ITEMSIZE.get(entry.dtype)
+    item = m.ITEMSIZE.get(entry.dtype)
     if item is None:
         return stored
     n = item
@@ -463,7 +427,7 @@ def build_variables(prefix: str, index: BundleIndex) -> tuple[list[m.Variable], 
     graph_entry = next((e for e in index.entries if e.key == OBJECT_GRAPH_KEY), None)
     if graph_entry is not None:
         try:
-            nodes = parse_object_graph(decode_string_scalar(_read_raw(prefix, index, graph_entry)))
+            nodes = parse_object_graph(decode_string_scalar(read_raw(prefix, index.num_shards, graph_entry)))
         except MalformedError as e:
             raise CorruptCheckpointError(
                 f"{data_path(prefix, graph_entry.shard_id, index.num_shards)}: the object graph does not parse: {e}"
@@ -483,7 +447,7 @@ def build_variables(prefix: str, index: BundleIndex) -> tuple[list[m.Variable], 
         fact = facts.get(entry.key)
         if graph_entry is not None:
             role = fact.role if fact else (m.ROLE_OPTIMIZER if OPTIMIZER_SLOT_MARK in entry.key else m.ROLE_METADATA)
-            if role == m.ROLE_MODEL and fact.root_child and entry.shape == () and entry.dtype in INTEGER_DTYPES:
+            if role == m.ROLE_MODEL and fact.root_child and entry.shape == () and entry.dtype in m.INTEGER_DTYPES:
                 role = m.ROLE_METADATA  # a counter tracked by the root (episode_counter, epoch...)
             name = (fact.name if fact else None) or _key_name(entry.key)
         else:
@@ -506,8 +470,6 @@ def build_variables(prefix: str, index: BundleIndex) -> tuple[list[m.Variable], 
                 role=role,
                 slices=slices,
                 graph_path=fact.graph_path if fact else None,
-                offset=None if entry.slices else entry.offset,
-                crc32c=None if entry.slices else entry.crc32c,
             )
         )
     return variables, info
@@ -541,22 +503,27 @@ def _step_candidates(prefix: str, index: BundleIndex, variables: Iterable[m.Vari
     return out
 
 
-class TFReaderSource:
-    """Reads values through ``tf.train.load_checkpoint``, opened on first use."""
+class BundleSource(m.BaseSource):
+    """Values of a bundle: whole tensors through TensorFlow's reader (opened on first use);
+    streamed blocks of unsliced numeric tensors straight from the local data files, crc32c
+    checked, without TensorFlow."""
 
-    def __init__(self, prefix: str):
+    def __init__(self, prefix: str, index: BundleIndex):
         self.prefix = prefix
+        self.num_shards = index.num_shards
+        self._entries = {e.key: e for e in index.entries}
         self._reader = None
+        self._files = tf_data.DataFiles()
 
     def _open(self):
         if self._reader is None:
-            from ._tf import load_checkpoint  # noqa: PLC0415 - TensorFlow only for values
+            from .._tf import load_checkpoint  # noqa: PLC0415 - TensorFlow only for values
 
             self._reader = load_checkpoint(self.prefix)
         return self._reader
 
     def read(self, variable: m.Variable) -> np.ndarray:
-        from ._tf import get_tensor  # noqa: PLC0415
+        from .._tf import get_tensor  # noqa: PLC0415
 
         try:
             return get_tensor(self._open(), self.prefix, variable.key)
@@ -566,8 +533,44 @@ class TFReaderSource:
             self._reader = None
             raise
 
+    def _raw_entry(self, variable: m.Variable) -> tuple[str, IndexEntry, np.dtype] | None:
+        """Where ``variable``'s bytes can be read directly: a local, unsliced tensor of a plain
+        numeric dtype whose shard is long enough (else the TF reader reports the problem)."""
+        entry = self._entries.get(variable.key)
+        if entry is None or entry.slices or _fs.is_remote(self.prefix):
+            return None
+        dtype = m.numpy_dtype(entry.dtype)
+        if dtype is None or entry.size != variable.size * dtype.itemsize:
+            return None
+        path = data_path(self.prefix, entry.shard_id, self.num_shards)
+        size = self._files.size(path)
+        if size is None or size < entry.offset + entry.size:
+            return None
+        return path, entry, dtype
+
+    def iter_blocks(self, variable: m.Variable, elements: int) -> Iterator[np.ndarray]:
+        raw = self._raw_entry(variable)
+        if raw is None:
+            return super().iter_blocks(variable, elements)
+        return tf_data.iter_raw_blocks(raw[0], raw[1], raw[2], elements, self._files)
+
+    def storage_order(self, variable: m.Variable) -> tuple:
+        entry = self._entries.get(variable.key)
+        if entry is None or entry.slices:
+            return (variable.shards[0] if variable.shards else 0, 0)
+        return (entry.shard_id, entry.offset)
+
+    def files(self) -> tuple[str, ...]:
+        return (self.prefix + INDEX_SUFFIX, *tf_data.shard_files(self.prefix, self.num_shards))
+
+    def object_graph(self) -> bytes | None:
+        """The serialized object graph (exact bytes), or None for a name-based checkpoint."""
+        entry = self._entries.get(OBJECT_GRAPH_KEY)
+        return None if entry is None else decode_string_scalar(read_raw(self.prefix, self.num_shards, entry))
+
     def close(self) -> None:
         self._reader = None
+        self._files.close()
 
 
 def open_bundle(
@@ -603,5 +606,29 @@ def open_bundle(
         num_shards=index.num_shards,
         checkpoints=checkpoints,
         info=info,
-        source=TFReaderSource(prefix),
+        source=BundleSource(prefix, index),
     )
+
+
+def check_bundle(prefix: str, *, format: str = m.FORMAT_TF_BUNDLE) -> tf_data.BundleCheck:  # noqa: A002
+    """Plan the check of one bundle (``verify``): index parsed, shards stat'ed.
+
+    A damaged index is a result, not an error; names come from the object graph when it
+    parses (the object graph itself may be what is damaged).
+
+    Raises:
+        CheckpointNotFoundError: The index (or a data shard) exists but cannot be read.
+    """
+    step = step_from_name(prefix)
+    try:
+        index = read_index(prefix)
+    except CorruptCheckpointError as e:
+        return tf_data.damaged_check(prefix, format, step, str(e))
+    try:
+        variables, _ = build_variables(prefix, index)
+        names = {v.key: v.name for v in variables}
+        candidates = _step_candidates(prefix, index, variables)
+        step = next(iter(candidates.values()), step)
+    except (CkptError, MalformedError, OSError):
+        names = {}
+    return tf_data.plan_check(prefix, index, names, format=format, step=step)

@@ -1,48 +1,69 @@
-"""Direct reads of tensor bytes from TF bundle data files, in blocks, checksum-checked.
+"""TF bundle data files at the byte level: every raw read and every check of their bytes.
 
-For streaming operations (``diff``) that must hold one block of a tensor at a time and
-need no TensorFlow: a local, unsliced tensor of a fixed-size numeric dtype is read straight
-from its data file at the offset the index gives, and its stored masked crc32c is checked
-once the last block has been read. Anything else goes through the checkpoint's own reader.
+* Positioned reads of a tensor's stored bytes (whole for small tensors, in blocks for
+  streaming), from a pool of open files and reused buffers (:class:`DataFiles`).
+* The checksums TensorFlow records (tensorflow/core/util/tensor_bundle/tensor_bundle.cc,
+  ``BundleWriter::Add``): ``BundleEntryProto.crc32c`` is the *masked* crc32c of
+
+  - numeric and bool tensors: their raw bytes;
+  - string tensors (``WriteStringTensor``): each element's length as a little-endian uint32
+    (uint64 above 4 GiB), *not* the varint bytes on disk, then the 4-byte masked checksum of
+    those lengths as stored, then the string bytes;
+  - variant tensors (``WriteVariantTensor``): for each element, its length as a little-endian
+    uint64, its bytes and its stored 4-byte checksum.
+
+* The whole-checkpoint check behind ``verify``: shards present and long enough, every stored
+  run of bytes (a tensor, or one slice of a sliced tensor) with the checksum the index records,
+  streamed shard by shard in file order.
+
+Nothing here imports TensorFlow or knows how the index is parsed: callers pass the parsed
+entries (``formats.tf_bundle``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from typing import Iterator
+import struct
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from .. import model as m
-from ..errors import CorruptCheckpointError
-from ._crc import crc32c_module, mask
-from ._layout import data_path
+from ..errors import CheckpointNotFoundError, CorruptCheckpointError
+from . import _fs
+from ._crc import crc32c_module, mask, unmask
+from ._layout import INDEX_SUFFIX, data_path
+from ._wire import MalformedError, read_varint
 
-__all__ = ["RAW_DTYPES", "numpy_dtype", "DataFiles", "raw_location", "iter_raw_blocks"]
+if TYPE_CHECKING:
+    from .tf_bundle import BundleIndex, IndexEntry
 
-BUNDLE_FORMATS = (m.FORMAT_TF_BUNDLE, m.FORMAT_TF_SAVEDMODEL)
-# Bundle dtypes whose stored bytes are the little-endian array itself.
-RAW_DTYPES = {
-    "float16": "<f2", "float32": "<f4", "float64": "<f8", "int8": "i1", "int16": "<i2",
-    "int32": "<i4", "int64": "<i8", "uint8": "u1", "uint16": "<u2", "uint32": "<u4",
-    "uint64": "<u8", "bool": "?", "complex64": "<c8", "complex128": "<c16",
+__all__ = [
+    "DTYPE_NAMES",
+    "DataFiles",
+    "read_raw",
+    "decode_string_scalar",
+    "iter_raw_blocks",
+    "tensor_crc32c",
+    "BundleCheck",
+    "plan_check",
+]
+
+# tensorflow/core/framework/types.proto: DataType -> numpy-style name.
+DTYPE_NAMES = {
+    1: "float32", 2: "float64", 3: "int32", 4: "uint8", 5: "int16", 6: "int8", 7: "string",
+    8: "complex64", 9: "int64", 10: "bool", 11: "qint8", 12: "quint8", 13: "qint32",
+    14: "bfloat16", 15: "qint16", 16: "quint16", 17: "uint16", 18: "complex128",
+    19: "float16", 20: "resource", 21: "variant", 22: "uint32", 23: "uint64",
+    24: "float8_e5m2", 25: "float8_e4m3fn", 29: "int4", 30: "uint4",
 }
+VARIABLE_LENGTH_DTYPES = ("string", "variant")
+CHUNK_BYTES = 8 << 20  # bytes read (and checksummed) at a time when checking
+_UINT32_MAX = 0xFFFFFFFF
 
 
-def numpy_dtype(name: str) -> np.dtype | None:
-    """The numpy dtype of a bundle dtype name whose bytes are a plain array, or None."""
-    if name in RAW_DTYPES:
-        return np.dtype(RAW_DTYPES[name])
-    if name == "bfloat16":
-        try:
-            import ml_dtypes  # noqa: PLC0415 - comes with TensorFlow
-
-            return np.dtype(ml_dtypes.bfloat16)
-        except ImportError:  # pragma: no cover
-            return None
-    return None
-
-
+# -- positioned reads ---------------------------------------------------------------------
 class DataFiles:
     """Data files opened once for a whole operation: sizes, positioned reads, and a pool of
     read buffers reused across tensors (fresh buffers would cost a page fault per 4 KiB)."""
@@ -85,26 +106,45 @@ class DataFiles:
             os.close(fd)
 
 
-def raw_location(ckpt: m.Checkpoint, var: m.Variable, files: DataFiles) -> tuple[str, np.dtype] | None:
-    """Data file and dtype when ``var``'s bytes can be read directly (a local unsliced bundle
-    tensor of a plain numeric dtype with a stored checksum), else None."""
-    if ckpt.format not in BUNDLE_FORMATS or var.sliced or var.offset is None or var.crc32c is None:
-        return None
-    prefix = getattr(ckpt.source, "prefix", None)
-    if not prefix or "://" in prefix or len(var.shards) != 1:
-        return None
-    dtype = numpy_dtype(var.dtype)
-    if dtype is None:
-        return None
-    path = data_path(prefix, var.shards[0], ckpt.num_shards)
-    size = files.size(path)
-    if size is None or size < var.offset + var.nbytes:
-        return None  # let the checkpoint's reader report the missing or truncated shard
-    return path, dtype
+def read_raw(prefix: str, num_shards: int, entry: IndexEntry) -> bytes:
+    """The stored bytes of one (small) entry, whole.
+
+    Raises:
+        CheckpointNotFoundError: Its data shard is missing.
+        CorruptCheckpointError: The shard ends before the entry does.
+    """
+    path = data_path(prefix, entry.shard_id, num_shards)
+    if not _fs.exists(path):
+        raise CheckpointNotFoundError(f"{path}: data shard is missing (named by {prefix}{INDEX_SUFFIX})")
+    raw = _fs.read_range(path, entry.offset, entry.size)
+    if len(raw) != entry.size:
+        raise CorruptCheckpointError(
+            f"{path}: truncated: {entry.key!r} needs bytes {entry.offset}..{entry.offset + entry.size},"
+            f" the file has {_fs.getsize(path)}"
+        )
+    return raw
+
+
+def decode_string_scalar(raw: bytes) -> bytes:
+    """The value of a scalar string tensor as stored in a bundle (varint length, crc, bytes)."""
+    length, pos = read_varint(raw, 0)
+    pos += 4  # masked crc32c of the lengths
+    if pos + length > len(raw):
+        raise MalformedError("string tensor shorter than its declared length")
+    return raw[pos : pos + length]
+
+
+def crc_mismatch(stored: int, actual: int) -> str:
+    """One line for a checksum mismatch: the plain crc32c of the bytes (what a crc32c tool
+    prints) and TensorFlow's stored (masked) form of both."""
+    return (
+        f"checksum does not match: the bytes have crc32c {unmask(actual):#010x}, the index records "
+        f"{unmask(stored):#010x} (stored masked as TensorFlow does: {actual:#010x} vs {stored:#010x})"
+    )
 
 
 def iter_raw_blocks(
-    path: str, var: m.Variable, dtype: np.dtype, block_elements: int, files: DataFiles
+    path: str, entry: IndexEntry, dtype: np.dtype, block_elements: int, files: DataFiles
 ) -> Iterator[np.ndarray]:
     """Blocks of ``block_elements`` elements of a tensor, read straight from its data file.
 
@@ -115,11 +155,11 @@ def iter_raw_blocks(
         CorruptCheckpointError: The file ends early, or the bytes do not match the stored
             crc32c (raised after the last block).
     """
-    total = var.size
+    total = entry.size // dtype.itemsize
     crc = crc32c_module().Checksum()
     done = 0
-    offset = var.offset
-    buf = files.take_buffer(min(block_elements, total) * dtype.itemsize)
+    offset = entry.offset
+    buf = files.take_buffer(max(1, min(block_elements, total)) * dtype.itemsize)
     try:
         view = memoryview(buf)
         while done < total:
@@ -127,7 +167,7 @@ def iter_raw_blocks(
             nbytes = n * dtype.itemsize
             got = files.pread_into(path, view[:nbytes], offset)
             if got != nbytes:
-                raise CorruptCheckpointError(f"{path}: truncated: {var.key!r} ends past the end of the file")
+                raise CorruptCheckpointError(f"{path}: truncated: {entry.key!r} ends past the end of the file")
             crc.update(bytes(view[:nbytes]))  # google-crc32c takes bytes only; this copy reuses memory
             done += n
             offset += nbytes
@@ -135,7 +175,320 @@ def iter_raw_blocks(
     finally:
         files.give_buffer(buf)
     actual = mask(int.from_bytes(crc.digest(), "big"))
-    if actual != var.crc32c:
-        raise CorruptCheckpointError(
-            f"{path}: checksum mismatch for {var.key!r} (stored {var.crc32c:#010x}, computed {actual:#010x})"
+    stored = entry.crc32c or 0
+    if actual != stored:
+        raise CorruptCheckpointError(f"{path}: {entry.key!r}: {crc_mismatch(stored, actual)}")
+
+
+# -- checksums ---------------------------------------------------------------------------
+def tensor_crc32c(dtype: str, shape: tuple[int, ...], raw: bytes) -> int:
+    """The masked crc32c TensorFlow records for a tensor stored as ``raw`` (whole in memory).
+
+    Args:
+        dtype: Numpy-style dtype name (``string`` and ``variant`` have their own layouts).
+        shape: The stored shape (the slice's shape for a stored slice).
+        raw: The stored bytes.
+
+    Returns:
+        The masked crc32c.
+
+    Raises:
+        MalformedError: A string or variant layout that does not decode.
+    """
+    crc32c = crc32c_module()
+    count = 1
+    for d in shape:
+        count *= d
+    if dtype == "string":
+        return mask(_string_crc(raw, count, crc32c))
+    if dtype == "variant":
+        return mask(_variant_crc(raw, count, crc32c))
+    return mask(crc32c.value(raw))
+
+
+def _string_crc(raw: bytes, count: int, crc32c: Any) -> int:
+    lengths = []
+    pos = 0
+    for _ in range(count):
+        length, pos = read_varint(raw, pos)
+        lengths.append(length)
+    if pos + 4 > len(raw):
+        raise MalformedError(f"string tensor of {count} elements: {len(raw)} bytes cannot hold its length checksum")
+    if all(n <= _UINT32_MAX for n in lengths):
+        packed = struct.pack(f"<{count}I", *lengths)
+    else:
+        packed = b"".join(struct.pack("<I" if n <= _UINT32_MAX else "<Q", n) for n in lengths)
+    crc = crc32c.value(packed)
+    stored_lengths_crc = struct.unpack_from("<I", raw, pos)[0]
+    if mask(crc) != stored_lengths_crc:
+        raise MalformedError("string tensor: the checksum of its element lengths does not match")
+    crc = crc32c.extend(crc, raw[pos : pos + 4])
+    body = raw[pos + 4 :]
+    if len(body) != sum(lengths):
+        raise MalformedError(
+            f"string tensor: element lengths add up to {sum(lengths)} bytes, {len(body)} are stored"
         )
+    return crc32c.extend(crc, body)
+
+
+def _variant_crc(raw: bytes, count: int, crc32c: Any) -> int:
+    crc = 0
+    pos = 0
+    for i in range(count):
+        length, pos = read_varint(raw, pos)
+        if pos + length + 4 > len(raw):
+            raise MalformedError(f"variant tensor: element {i} runs past the stored bytes")
+        crc = crc32c.extend(crc, struct.pack("<Q", length))
+        crc = crc32c.extend(crc, raw[pos : pos + length])
+        pos += length
+        if mask(crc) != struct.unpack_from("<I", raw, pos)[0]:
+            raise MalformedError(f"variant tensor: the checksum of element {i} does not match")
+        crc = crc32c.extend(crc, raw[pos : pos + 4])
+        pos += 4
+    if pos != len(raw):
+        raise MalformedError(f"variant tensor: {len(raw) - pos} bytes after its {count} elements")
+    return crc
+
+
+# -- the whole-checkpoint check ------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class _Item:
+    """One stored run of bytes to check: a tensor, or one stored slice of a sliced tensor."""
+
+    key: str
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    shard: int
+    offset: int
+    size: int
+    crc32c: int | None
+    slice: str | None = None
+
+
+def _fmt_slice(starts: tuple[int, ...], lengths: tuple[int, ...]) -> str:
+    parts = [":" if ln < 0 else f"{st}:{st + ln}" for st, ln in zip(starts, lengths)]
+    return "[" + ",".join(parts) + "]"
+
+
+def _items(prefix: str, index: BundleIndex, names: Mapping[str, str]) -> tuple[list[_Item], list[m.Damage]]:
+    """The byte runs to check, in file order, and slices declared but not stored."""
+    items: list[_Item] = []
+    missing: list[m.Damage] = []
+    for e in index.entries:
+        name = names.get(e.key, e.key)
+        if not e.slices:
+            items.append(_Item(e.key, name, e.dtype, e.shape, e.shard_id, e.offset, e.size, e.crc32c))
+            continue
+        stored = index.slice_entries.get(e.key, ())
+        for starts, lengths, se in stored:
+            items.append(
+                _Item(e.key, name, se.dtype, se.shape, se.shard_id, se.offset, se.size, se.crc32c,
+                      slice=_fmt_slice(starts, lengths))
+            )
+        if len(stored) < len(e.slices):
+            missing.append(m.Damage(
+                key=e.key, name=name, file=prefix + INDEX_SUFFIX, kind=m.DAMAGE_MISSING_SLICE,
+                problem=f"declares {len(e.slices)} slices, the index holds {len(stored)}",
+            ))
+    items.sort(key=lambda it: (it.shard, it.offset, it.key))
+    return items, missing
+
+
+def _expected_size(item: _Item) -> int | None:
+    itemsize = m.ITEMSIZE.get(item.dtype)
+    if itemsize is None:
+        return None
+    for d in item.shape:
+        itemsize *= d
+    return itemsize
+
+
+def _read_exact(f: Any, size: int) -> Iterator[bytes]:
+    """``size`` bytes from the current position, in chunks; stops early at end of file."""
+    left = size
+    while left > 0:
+        chunk = f.read(min(CHUNK_BYTES, left))
+        if not chunk:
+            return
+        left -= len(chunk)
+        yield chunk
+
+
+def _check_item(f: Any, item: _Item, crc32c: Any) -> tuple[str, str, int | None] | None:
+    """Stream one item's bytes from the open shard ``f`` and compare checksums.
+
+    Returns:
+        None when intact, else (damage kind, problem, computed masked crc or None).
+    """
+    stored = item.crc32c if item.crc32c is not None else 0  # proto3 omits a zero field
+    expected = _expected_size(item)
+    if item.dtype not in VARIABLE_LENGTH_DTYPES and expected is not None and expected != item.size:
+        return (m.DAMAGE_SIZE, f"the index records {item.size} bytes, a {item.dtype} tensor of shape "
+                f"{list(item.shape)} takes {expected}", None)
+    f.seek(item.offset)
+    got = 0
+    if item.dtype in VARIABLE_LENGTH_DTYPES:
+        raw = b"".join(_read_exact(f, item.size))
+        got = len(raw)
+        if got == item.size:
+            try:
+                actual = tensor_crc32c(item.dtype, item.shape, raw)
+            except MalformedError as e:
+                return m.DAMAGE_LAYOUT, f"{item.dtype} tensor does not decode: {e}", None
+    else:
+        crc = 0
+        for chunk in _read_exact(f, item.size):
+            crc = crc32c.extend(crc, chunk)
+            got += len(chunk)
+        actual = mask(crc)
+    if got < item.size:
+        return m.DAMAGE_TRUNCATED, f"needs bytes {item.offset}..{item.offset + item.size}, only {got} could be read", None
+    if actual != stored:
+        return m.DAMAGE_CHECKSUM, crc_mismatch(stored, actual), actual
+    return None
+
+
+def _open_binary(path: str) -> Any:
+    if _fs.is_remote(path):
+        return _fs.open_remote(path)
+    return open(path, "rb", buffering=0)  # noqa: SIM115 - closed by the caller
+
+
+@dataclasses.dataclass
+class BundleCheck:
+    """A planned check of one bundle: the index parsed and the shards stat'ed, no tensor
+    bytes read yet. ``total`` tensors will be checked by :meth:`run`.
+
+    Attributes:
+        path: The prefix.
+        format: ``tf-bundle`` or ``tf-savedmodel``.
+        step: The checkpoint's step, or None.
+        total: Stored runs of bytes to check.
+    """
+
+    path: str
+    format: str
+    step: int | None
+    num_shards: int = 0
+    items: list[_Item] = dataclasses.field(default_factory=list)
+    damaged: list[m.Damage] = dataclasses.field(default_factory=list)
+    problems: list[str] = dataclasses.field(default_factory=list)
+    sizes: dict[int, int | None] = dataclasses.field(default_factory=dict)
+    result: m.CheckResult | None = None
+
+    @property
+    def total(self) -> int:
+        return len(self.items)
+
+    def run(self, progress: m.Progress | None = None, done: int = 0, total: int | None = None) -> m.CheckResult:
+        """Check every item, one at a time, shard by shard in file order.
+
+        Args:
+            progress: Called as ``progress(done, total, item)`` after each item.
+            done: Items already checked by the caller (a directory's earlier checkpoints).
+            total: The caller's total (default: this check's).
+
+        Returns:
+            The result; damage is reported in it, not raised.
+        """
+        if self.result is not None:
+            return self.result
+        total = self.total if total is None else total
+        crc32c = crc32c_module()
+        damaged = list(self.damaged)
+        nbytes = 0
+        handles: dict[int, Any] = {}
+        try:
+            for it in self.items:
+                path = data_path(self.path, it.shard, self.num_shards)
+                size = self.sizes.get(it.shard)
+                found: tuple[str, str, int | None] | None
+                if size is None:
+                    found = m.DAMAGE_MISSING_SHARD, "its data shard is missing", None
+                elif it.offset + it.size > size:
+                    found = m.DAMAGE_TRUNCATED, f"needs bytes {it.offset}..{it.offset + it.size}, the shard has {size}", None
+                else:
+                    f = handles.get(it.shard)
+                    if f is None:
+                        try:
+                            f = handles[it.shard] = _open_binary(path)
+                        except PermissionError:
+                            raise CheckpointNotFoundError(f"{path}: permission denied") from None
+                        except OSError as e:
+                            raise CheckpointNotFoundError(f"{path}: cannot open the data shard: {e.strerror or e}") from None
+                    try:
+                        found = _check_item(f, it, crc32c)
+                    except OSError as e:
+                        found = m.DAMAGE_UNREADABLE, f"read error: {e.strerror or e}", None
+                    nbytes += it.size
+                if found is not None:
+                    kind, problem, actual = found
+                    damaged.append(m.Damage(
+                        key=it.key, name=it.name, file=path, kind=kind, problem=problem, shard=it.shard,
+                        offset=it.offset, size=it.size, slice=it.slice,
+                        stored_crc32c=it.crc32c if it.crc32c is not None else 0, actual_crc32c=actual,
+                    ))
+                done += 1
+                if progress is not None:
+                    progress(done, total, it)
+        finally:
+            for f in handles.values():
+                f.close()
+        status = m.STATUS_DAMAGED if damaged or self.problems else m.STATUS_INTACT
+        return m.CheckResult(
+            self.path, self.format, status, step=self.step, tensors=len(self.items),
+            nbytes=nbytes, problems=tuple(self.problems), damaged=tuple(damaged),
+        )
+
+
+def plan_check(
+    prefix: str, index: BundleIndex, names: Mapping[str, str], *, format: str, step: int | None,  # noqa: A002
+    extra_damage: Sequence[m.Damage] = (),
+) -> BundleCheck:
+    """Stat the shards and list the runs of bytes to check (no tensor bytes read).
+
+    Args:
+        prefix: The checkpoint prefix.
+        index: Its parsed index.
+        names: Readable names by key (best effort: the object graph may be what is damaged).
+        format: The format to report.
+        step: The step to report.
+        extra_damage: Entries the index parser already found damaged (bad dtype, size...).
+
+    Raises:
+        CheckpointNotFoundError: A data shard exists but cannot be stat'ed.
+    """
+    items, damaged = _items(prefix, index, names)
+    problems: list[str] = []
+    sizes: dict[int, int | None] = {}
+    for shard in range(index.num_shards):
+        path = data_path(prefix, shard, index.num_shards)
+        try:
+            sizes[shard] = _fs.getsize(path)
+        except OSError:
+            sizes[shard] = None
+            if _fs.exists(path):
+                raise CheckpointNotFoundError(f"{path}: data shard cannot be read") from None
+            problems.append(f"{path}: data shard is missing (named by {prefix}{INDEX_SUFFIX})")
+    need: dict[int, int] = {}
+    for it in items:
+        need[it.shard] = max(need.get(it.shard, 0), it.offset + it.size)
+    for shard, end in sorted(need.items()):
+        size = sizes.get(shard)
+        if size is not None and size < end:
+            problems.append(
+                f"{data_path(prefix, shard, index.num_shards)}: truncated: {size} bytes, the index needs {end}"
+            )
+    return BundleCheck(prefix, format, step, index.num_shards, items, [*extra_damage, *damaged], problems, sizes)
+
+
+def damaged_check(path: str, format: str | None, step: int | None, problem: str) -> BundleCheck:  # noqa: A002
+    """A check whose result is already known: the index itself is damaged."""
+    return BundleCheck(path, format or m.FORMAT_TF_BUNDLE, step,
+                       result=m.CheckResult(path, format, m.STATUS_DAMAGED, step=step, problems=(problem,)))
+
+
+def shard_files(prefix: str, num_shards: int) -> Iterable[str]:
+    """The data files of a bundle, in shard order."""
+    return (data_path(prefix, shard, num_shards) for shard in range(num_shards))

@@ -16,9 +16,10 @@ from ..errors import CorruptCheckpointError
 from . import _fs
 from ._sstable import iter_table
 from ._wire import MalformedError, first, parse_message
-from .tf_bundle import DTYPE_NAMES, ITEMSIZE, _parse_shape, _tf1_role, IndexEntry
+from .tf_bundle import IndexEntry, _parse_shape, _tf1_role
+from .tf_data import DTYPE_NAMES
 
-__all__ = ["is_v1_table", "open_v1"]
+__all__ = ["is_v1_table", "open_v1", "check_v1"]
 
 
 def is_v1_table(data: bytes) -> bool:
@@ -36,17 +37,20 @@ def is_v1_table(data: bytes) -> bool:
     return False
 
 
-class _V1Source:
+class _V1Source(m.BaseSource):
     def __init__(self, path: str):
         self.path = path
         self._reader = None
 
     def read(self, variable: m.Variable) -> np.ndarray:
-        from ._tf import get_tensor, load_checkpoint  # noqa: PLC0415
+        from .._tf import get_tensor, load_checkpoint  # noqa: PLC0415
 
         if self._reader is None:
             self._reader = load_checkpoint(self.path)
         return get_tensor(self._reader, self.path, variable.key)
+
+    def files(self) -> tuple[str, ...]:
+        return (self.path,)
 
     def close(self) -> None:
         self._reader = None
@@ -73,7 +77,7 @@ def open_v1(path: str, *, checkpoints: tuple[m.RetainedCheckpoint, ...] = ()) ->
             name = first(f, 1, b"").decode("utf-8", "replace")
             shape = _parse_shape(first(f, 2, b""))
             dtype = DTYPE_NAMES.get(first(f, 3, 0), "unknown")
-            n = ITEMSIZE.get(dtype, 0)
+            n = m.ITEMSIZE.get(dtype, 0)
             for d in shape:
                 n *= d
             entry = IndexEntry(name, dtype, shape, 0, 0, n, None)
@@ -91,3 +95,15 @@ def open_v1(path: str, *, checkpoints: tuple[m.RetainedCheckpoint, ...] = ()) ->
         info={"kind": "tf1-name"},
         source=_V1Source(path),
     )
+
+
+def check_v1(path: str) -> m.CheckResult:
+    """Verify a V1 table checkpoint: every block's checksum (its tensors live in the blocks)."""
+    try:
+        data = _fs.read_bytes(path)
+        count = 0
+        for _ in iter_table(data, check_crc=True):
+            count += 1
+    except MalformedError as e:
+        return m.CheckResult(path, m.FORMAT_TF_V1, m.STATUS_DAMAGED, problems=(f"{path}: {e}",))
+    return m.CheckResult(path, m.FORMAT_TF_V1, m.STATUS_INTACT, tensors=max(count - 1, 0), nbytes=len(data))

@@ -27,8 +27,8 @@ import numpy as np
 
 from .. import model as m
 from ..errors import CheckpointNotFoundError, CkptError, CorruptCheckpointError, UsageError
-from ._tf import import_tf
-from .tf_bundle import OBJECT_GRAPH_KEY, VARIABLE_VALUE, _is_optimizer, parse_object_graph
+from .._tf import import_tf
+from .tf_bundle import OBJECT_GRAPH_KEY, VARIABLE_VALUE, is_optimizer_node, parse_object_graph
 
 __all__ = [
     "MIN_SHARD_BYTES",
@@ -118,7 +118,7 @@ def prune_object_graph(blob: bytes, keep_keys: Collection[str], *, keep_object_s
     nodes = source.nodes
     if not nodes:
         raise CorruptCheckpointError("the object graph has no nodes")
-    optimizer = {i for i, n in enumerate(ours) if _is_optimizer(n)}
+    optimizer = {i for i, n in enumerate(ours) if is_optimizer_node(n)}
     keep_keys = set(keep_keys)
 
     # 1. Objects the root reaches without entering an optimizer.

@@ -25,8 +25,7 @@ import numpy as np
 
 from .. import model as m
 from ..errors import CorruptCheckpointError, UsageError
-from ..model import ROLES, Checkpoint, Variable
-from ..formats.tf_data import DataFiles, iter_raw_blocks, numpy_dtype, raw_location
+from ..model import NUMERIC_DTYPES, ROLES, Checkpoint, Variable, numpy_dtype
 from .mapping import parse_mapping
 
 __all__ = [
@@ -85,10 +84,6 @@ KERAS_VARIABLE_ORDER = (
 # Streaming.
 CHUNK_ELEMENTS = 8192  # arithmetic step: small enough that BLAS dot never spawns threads
 BLOCK_BYTES = 1 << 20  # bytes per side held at a time when streaming from a data file
-NUMERIC_DTYPES = frozenset(
-    {"float16", "float32", "float64", "bfloat16", "float8_e5m2", "float8_e4m3fn", "int8", "int16",
-     "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool", "complex64", "complex128"}
-)
 
 Progress = Callable[[int, int, Any], None]
 
@@ -723,16 +718,9 @@ def _bitwise_equal(x: np.ndarray, y: np.ndarray) -> bool:
     return bool(np.array_equal(_bits_view(_arith_view(x)), _bits_view(_arith_view(y))))
 
 
-def _block_source(ckpt: Checkpoint, var: Variable, block: int, files: DataFiles) -> Callable[[], Iterator[np.ndarray]]:
-    """A function returning a fresh iterator over ``var``'s blocks: straight from the data file
-    for raw-readable TF bundle tensors, else over the value read once (whole) here."""
-    raw = raw_location(ckpt, var, files)
-    if raw is not None:
-        return lambda: iter_raw_blocks(raw[0], var, raw[1], block, files)
-    value = np.ascontiguousarray(ckpt.read(var)).reshape(-1)
-    if value.size != var.size:
-        raise CorruptCheckpointError(f"{ckpt.path}: {var.key!r} holds {value.size} values, its shape {list(var.shape)} needs {var.size}")
-    return lambda: (value[i : i + block] for i in range(0, value.size, block))
+def _block_source(ckpt: Checkpoint, var: Variable, block: int) -> Callable[[], Iterator[np.ndarray]]:
+    """A function returning a fresh iterator over ``var``'s blocks (streamed by its format)."""
+    return lambda: ckpt.iter_blocks(var, block)
 
 
 def _pairs(blocks_a: Iterator[np.ndarray], blocks_b: Iterator[np.ndarray], label: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -781,12 +769,12 @@ def _identical(blocks: Iterator[tuple[np.ndarray, np.ndarray]]) -> dict[str, Any
 
 
 def _compare_numeric(
-    ckpt_a: Checkpoint, va: Variable, ckpt_b: Checkpoint, vb: Variable, atol: float, rtol: float, files: DataFiles
+    ckpt_a: Checkpoint, va: Variable, ckpt_b: Checkpoint, vb: Variable, atol: float, rtol: float
 ) -> dict[str, Any]:
     itemsize = max(_itemsize(va.dtype), _itemsize(vb.dtype))
     block = max(CHUNK_ELEMENTS, (BLOCK_BYTES // itemsize) // CHUNK_ELEMENTS * CHUNK_ELEMENTS)
-    source_a = _block_source(ckpt_a, va, block, files)
-    source_b = _block_source(ckpt_b, vb, block, files)
+    source_a = _block_source(ckpt_a, va, block)
+    source_b = _block_source(ckpt_b, vb, block)
     label = f"{ckpt_b.path}: {vb.key!r}"
     if va.dtype == vb.dtype:
         # Most variables of two checkpoints are either untouched or changed everywhere: try
@@ -840,7 +828,6 @@ def compare_variables(
     *,
     atol: float = 0.0,
     rtol: float = 0.0,
-    files: DataFiles | None = None,
 ) -> dict[str, Any]:
     """Compare the values of two variables, streaming.
 
@@ -851,7 +838,6 @@ def compare_variables(
         vb: Variable of B (same shape as ``va``).
         atol: Absolute tolerance.
         rtol: Relative tolerance (of B's magnitude, as numpy ``isclose``).
-        files: Open data files to reuse across calls (private; default: opened for this call).
 
     Returns:
         A dict with ``status`` and the statistic fields of :class:`VariableDiff`.
@@ -864,13 +850,7 @@ def compare_variables(
     numeric = va.dtype in NUMERIC_DTYPES and vb.dtype in NUMERIC_DTYPES
     comparable = numeric and (("complex" in va.dtype) == ("complex" in vb.dtype))
     if comparable:
-        own = files is None
-        files = files or DataFiles()
-        try:
-            stats = _compare_numeric(ckpt_a, va, ckpt_b, vb, atol, rtol, files)
-        finally:
-            if own:
-                files.close()
+        stats = _compare_numeric(ckpt_a, va, ckpt_b, vb, atol, rtol)
     elif va.dtype == vb.dtype:
         stats = _compare_other(ckpt_a, va, ckpt_b, vb)
     else:
@@ -887,10 +867,14 @@ def _sort_key(v: VariableDiff) -> tuple:
     return (_STATUS_RANK[v.status], -v.movement, -(v.max_abs_diff or 0.0), v.name)
 
 
-def _read_order(pair: tuple[str, Variable | None, Variable | None]) -> tuple:
-    _, va, vb = pair
-    v = va or vb
-    return (v.shards[0] if v.shards else 0, v.offset if v.offset is not None else 0, v.key)
+def _read_order(ca: Checkpoint, cb: Checkpoint) -> Callable[[tuple[str, Variable | None, Variable | None]], tuple]:
+    """Pairs in the order A's bytes lie on disk (B's for variables only B has)."""
+
+    def key(pair: tuple[str, Variable | None, Variable | None]) -> tuple:
+        _, va, vb = pair
+        return (ca.storage_order(va), va.key) if va is not None else (cb.storage_order(vb), vb.key)
+
+    return key
 
 
 def diff(
@@ -932,7 +916,6 @@ def diff(
     parse_mapping(mapping)  # fail on bad rules before opening anything
 
     opened: list[Checkpoint] = []
-    files = DataFiles()
     try:
         ca = _open(a, opened)
         cb = _open(b, opened)
@@ -942,10 +925,10 @@ def diff(
         notes = list(alignment.notes)
         if role is not None and not va_list and not vb_list:
             notes.append(f"neither checkpoint has {role}-role variables")
-        pairs = sorted(alignment.pairs, key=_read_order)
+        pairs = sorted(alignment.pairs, key=_read_order(ca, cb))
         results = []
         for i, (name, va, vb) in enumerate(pairs, 1):
-            results.append(_diff_one(name, ca, va, cb, vb, float(atol), float(rtol), files))
+            results.append(_diff_one(name, ca, va, cb, vb, float(atol), float(rtol)))
             if progress is not None:
                 progress(i, len(pairs), results[-1])
         return DiffReport(
@@ -962,7 +945,6 @@ def diff(
             mapping=rules_text,
         )
     finally:
-        files.close()
         for c in opened:
             c.close()
 
@@ -986,7 +968,6 @@ def _open(path_or_ckpt: Any, opened: list[Checkpoint]) -> Checkpoint:
 
 def _diff_one(
     name: str, ca: Checkpoint, va: Variable | None, cb: Checkpoint, vb: Variable | None, atol: float, rtol: float,
-    files: DataFiles,
 ) -> VariableDiff:
     common = {
         "name": name,
@@ -1004,4 +985,4 @@ def _diff_one(
         return VariableDiff(status=STATUS_ADDED, **common)
     if vb is None:
         return VariableDiff(status=STATUS_REMOVED, **common)
-    return VariableDiff(**common, **compare_variables(ca, va, cb, vb, atol=atol, rtol=rtol, files=files))
+    return VariableDiff(**common, **compare_variables(ca, va, cb, vb, atol=atol, rtol=rtol))

@@ -43,7 +43,18 @@ import numpy as np
 
 from .. import _atomic
 from .. import model as m
+from .._tf import import_tf, load_checkpoint
 from ..errors import CkptError, UsageError
+from ..formats import (
+    OBJECT_GRAPH_KEY,
+    BundleTensor,
+    numpy_view,
+    object_graph_tensor,
+    open_checkpoint,
+    prune_object_graph,
+    restore_tensor,
+    write_bundle,
+)
 from .builder import load_builder
 
 __all__ = [
@@ -228,50 +239,29 @@ def same_value(a: Any, b: Any) -> bool:
     return all(np.array_equal(av[i : i + COMPARE_CHUNK], bv[i : i + COMPARE_CHUNK]) for i in range(0, av.size, COMPARE_CHUNK))
 
 
-def _equal_to_file_bytes(flat: np.ndarray, path: str, offset: int, size: int) -> bool:
-    if flat.size != size:
-        return False
-    with open(path, "rb") as f:
-        f.seek(offset)
-        pos = 0
-        while pos < size:
-            chunk = f.read(min(COMPARE_CHUNK, size - pos))
-            if not chunk or not np.array_equal(flat[pos : pos + len(chunk)], np.frombuffer(chunk, np.uint8)):
-                return False
-            pos += len(chunk)
-    return True
+def _matcher(ckpt: m.Checkpoint) -> Callable[[Any, m.Variable], bool]:
+    """Compares a value read back with its source variable, bit for bit.
 
-
-def _bundle_matcher(ckpt: m.Checkpoint) -> Callable[[Any, m.Variable], bool]:
-    """Compares a value read back with a TF source variable, bit for bit.
-
-    An unsliced numeric tensor of a local bundle is compared with its stored bytes in the
-    source's data file, read in chunks, so only the value read back is in memory; anything else
-    (strings, slices, V1 tables) is read from the source in full and compared.
+    Numeric values are compared block by block with the source's streamed blocks (for a local
+    bundle tensor, its stored bytes read from the data file in chunks and crc32c-checked), so
+    only the value read back is in memory; strings are read from the source whole.
     """
-    from ..formats import _fs  # noqa: PLC0415
-    from ..formats.tf_bundle import ITEMSIZE, data_path  # noqa: PLC0415
-
-    read = _value_reader(ckpt)
-    streamable = ckpt.format in (m.FORMAT_TF_BUNDLE, m.FORMAT_TF_SAVEDMODEL) and not _fs.is_remote(ckpt.path)
 
     def matches(value: Any, v: m.Variable) -> bool:
         value = np.asarray(value)
-        if streamable and v.offset is not None and not v.sliced and v.dtype in ITEMSIZE and str(value.dtype) == v.dtype:
-            if tuple(value.shape) != v.shape:
+        if tuple(value.shape) != tuple(v.shape):
+            return False
+        if v.dtype not in m.NUMERIC_DTYPES or str(value.dtype) != v.dtype:
+            return same_value(value, ckpt.read(v))
+        flat = np.ascontiguousarray(value).reshape(-1)
+        pos = 0
+        for block in ckpt.iter_blocks(v, max(1, COMPARE_CHUNK // value.dtype.itemsize)):
+            if not same_value(flat[pos : pos + block.size], block):
                 return False
-            flat = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
-            return _equal_to_file_bytes(flat, data_path(ckpt.path, v.shards[0], ckpt.num_shards), v.offset, v.nbytes)
-        return same_value(value, read(v))
+            pos += block.size
+        return pos == flat.size
 
     return matches
-
-
-def _matcher(ckpt: m.Checkpoint) -> Callable[[Any, m.Variable], bool]:
-    """Bit-for-bit comparison of a value read back with its source variable, for any source."""
-    if ckpt.format in TF_SOURCE_FORMATS:
-        return _bundle_matcher(ckpt)
-    return lambda value, v: same_value(value, ckpt.read(v))
 
 
 def _value_reader(ckpt: m.Checkpoint) -> Callable[[m.Variable], np.ndarray]:
@@ -279,8 +269,6 @@ def _value_reader(ckpt: m.Checkpoint) -> Callable[[m.Variable], np.ndarray]:
     without a copy; other formats through the checkpoint's own reader."""
     if ckpt.format not in TF_SOURCE_FORMATS:
         return ckpt.read
-    from ..formats.tf_writer import numpy_view, restore_tensor  # noqa: PLC0415
-
     return lambda v: numpy_view(restore_tensor(ckpt.path, v.key, v.dtype))
 
 
@@ -314,9 +302,7 @@ def output_format_for(out: str, format: str | None = None) -> str:  # noqa: A002
 
 
 def _source_files(ckpt: m.Checkpoint) -> list[str]:
-    if ckpt.format in (m.FORMAT_TF_BUNDLE, m.FORMAT_TF_SAVEDMODEL):
-        return _atomic.prefix_files(ckpt.path)
-    return [ckpt.path] if os.path.isfile(ckpt.path) else []
+    return [f for f in ckpt.files() if os.path.isfile(f)]
 
 
 def _size(paths: Iterable[str]) -> int:
@@ -379,17 +365,6 @@ class _Verifier:
 def _write_tf(
     ckpt: m.Checkpoint, tmp: str, keep: tuple[str, ...], max_shard_bytes: int | None, progress: Progress | None
 ) -> tuple[list[ExtractedVariable], int, int, dict[str, Any] | None, list[str]]:
-    from ..formats import _tf  # noqa: PLC0415
-    from ..formats.tf_bundle import OBJECT_GRAPH_KEY, open_bundle  # noqa: PLC0415
-    from ..formats.tf_writer import (  # noqa: PLC0415
-        BundleTensor,
-        numpy_view,
-        object_graph_tensor,
-        prune_object_graph,
-        restore_tensor,
-        write_bundle,
-    )
-
     notes: list[str] = []
     object_graph = None
     kept_keys = {v.key for v in ckpt.variables if v.role in keep}
@@ -459,7 +434,7 @@ def _write_tf(
     num_shards = write_bundle(tmp, list(tensors()), max_shard_bytes=max_shard_bytes, on_value=on_value)
 
     # Read back: the keys, every value, the object graph, and the roles our reader gives.
-    reader = _tf.load_checkpoint(tmp)
+    reader = load_checkpoint(tmp)
     keys = set(reader.get_variable_to_shape_map())
     if blob is not None:
         if OBJECT_GRAPH_KEY not in keys or restore_tensor(tmp, OBJECT_GRAPH_KEY, "string").numpy() != blob:
@@ -470,10 +445,10 @@ def _write_tf(
         tmp,
         keys,
         lambda k: numpy_view(restore_tensor(tmp, k, dtypes[k])),
-        _bundle_matcher(ckpt),
+        _matcher(ckpt),
     )
     del reader
-    with open_bundle(tmp) as written:
+    with open_checkpoint(tmp) as written:
         for v in written.variables:
             if by_out[v.key].role == m.ROLE_MODEL and v.role != m.ROLE_MODEL:
                 raise CkptError(f"{tmp}: read-back check failed: {v.key!r} is no longer a model variable")
@@ -578,13 +553,9 @@ def _write_h5_copy(
 
 
 def _open_keras_source(ckpt: m.Checkpoint) -> Callable[[], Any]:
-    if ckpt.format == m.FORMAT_KERAS_ZIP:
-        from ..formats.keras_zip import _open_weights  # noqa: PLC0415
-
-        return lambda: _open_weights(ckpt.path)
-    from ..formats.keras_h5 import _open_file  # noqa: PLC0415
-
-    return lambda: _open_file(ckpt.path)
+    """Opens the source's HDF5 file (the weights file inside a ``.keras`` archive) with the
+    reader's safety checks."""
+    return ckpt.source.open_hdf5
 
 
 # -- weights-h5 from a TF2 checkpoint, through a built model -------------------------------
@@ -606,8 +577,6 @@ def _model_paths(model: Any) -> dict[int, str]:
 
 
 def _tf_module():
-    from ..formats._tf import import_tf  # noqa: PLC0415
-
     return import_tf()
 
 
@@ -732,7 +701,6 @@ def extract(
         CheckpointNotFoundError, NotACheckpointError, CorruptCheckpointError: Bad source.
         CkptError: The written output did not read back identical (nothing is left behind).
     """
-    from ..formats import open_checkpoint  # noqa: PLC0415
 
     start = time.perf_counter()
     src, out = os.fspath(src), os.fspath(out)

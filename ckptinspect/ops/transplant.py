@@ -754,7 +754,7 @@ def transplant(
         CkptError: The source cannot be opened or read.
     """
     rules = parse_mapping(mapping)
-    from ..formats._tf import import_tf  # noqa: PLC0415
+    from .._tf import import_tf  # noqa: PLC0415
 
     tf = import_tf()
     targets = _targets(tf, model)
@@ -892,7 +892,7 @@ def make_strategy(name: str, replicas: int | None = None) -> Any:
         raise UsageError(f"unknown strategy {name!r}; expected one of {', '.join(STRATEGIES)}")
     if replicas is not None and name != STRATEGY_MIRRORED:
         raise UsageError(f"--replicas applies to --strategy mirrored only. Received: --strategy {name}")
-    from ..formats._tf import import_tf  # noqa: PLC0415
+    from .._tf import import_tf  # noqa: PLC0415
 
     tf = import_tf()
     if name == STRATEGY_DEFAULT:
@@ -918,15 +918,15 @@ def make_strategy(name: str, replicas: int | None = None) -> Any:
 
 def _quiet_devices():
     """Silence TensorFlow's C++ device start-up lines (``cuInit`` on CPU-only machines), as
-    :func:`~ckptinspect.formats._tf.import_tf` does for the import (``CKPTINSPECT_TF_LOGS=1``
+    :func:`~ckptinspect._tf.import_tf` does for the import (``CKPTINSPECT_TF_LOGS=1``
     shows them)."""
     import contextlib  # noqa: PLC0415
 
     if os.environ.get("CKPTINSPECT_TF_LOGS"):
         return contextlib.nullcontext()
-    from ..formats._tf import _silenced_stderr  # noqa: PLC0415
+    from .._tf import silenced_stderr  # noqa: PLC0415
 
-    return _silenced_stderr()
+    return silenced_stderr()
 
 
 def build_in_scope(spec: str, strategy: Any) -> Any:
@@ -987,7 +987,7 @@ class WriteResult:
 
 
 def _save(model: Any, kind: str, path: str) -> None:
-    from ..formats._tf import import_tf  # noqa: PLC0415
+    from .._tf import import_tf  # noqa: PLC0415
 
     tf = import_tf()
     if kind == OUTPUT_TF:
@@ -1031,7 +1031,7 @@ def write_model(
     import shutil  # noqa: PLC0415
 
     from .._atomic import atomic_file, atomic_prefix, check_output  # noqa: PLC0415
-    from ..formats._tf import import_tf  # noqa: PLC0415
+    from .._tf import import_tf  # noqa: PLC0415
 
     tf = import_tf()
     dest = os.fspath(dest)
@@ -1058,7 +1058,7 @@ def write_model(
 def _read_back(path: str, model: Any, label: str) -> int:
     """Compare every model variable with the file just written; return how many were compared."""
     from ..formats import open_checkpoint  # noqa: PLC0415
-    from ..formats._tf import import_tf  # noqa: PLC0415
+    from .._tf import import_tf  # noqa: PLC0415
 
     tf = import_tf()
     targets = _targets(tf, model)

@@ -12,11 +12,11 @@ import sys
 
 import numpy as np
 
-from ..errors import CheckpointNotFoundError, CorruptCheckpointError
+from .errors import CheckpointNotFoundError, CorruptCheckpointError
 
 
 @contextlib.contextmanager
-def _silenced_stderr():
+def silenced_stderr():
     """Send file descriptor 2 to /dev/null: TensorFlow's C++ start-up lines bypass Python."""
     sys.stderr.flush()
     saved = os.dup(2)
@@ -38,7 +38,7 @@ def import_tf():
     if os.environ.get("CKPTINSPECT_TF_LOGS"):
         import tensorflow as tf  # noqa: PLC0415
     else:
-        with _silenced_stderr():
+        with silenced_stderr():
             import tensorflow as tf  # noqa: PLC0415
     return tf
 
