@@ -20,6 +20,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # runs the whole benchmark suite at a tiny size (~25 s)
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RUN = ROOT / "benchmarks" / "run.py"
 PAIRS = ("ls", "diff-h5", "verify")
