@@ -18,16 +18,37 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import importlib
 from typing import Any, Callable
 
 from .. import model as m
-from ..errors import CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError
+from ..errors import (
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    NotACheckpointError,
+)
 from . import _fs
-from ._layout import DATA_FILE_RE, HDF5_HEAD_BYTES, INDEX_SUFFIX, STATE_FILE, ZIP_SIGNATURE, is_hdf5_head
+from ._layout import (
+    DATA_FILE_RE,
+    HDF5_HEAD_BYTES,
+    INDEX_SUFFIX,
+    STATE_FILE,
+    ZIP_SIGNATURE,
+    is_hdf5_head,
+)
 from ._sstable import is_table
-from .tf_bundle import OBJECT_GRAPH_KEY
-from .tf_writer import BundleTensor, numpy_view, object_graph_tensor, prune_object_graph, restore_tensor, write_bundle
+from .keras_h5 import open_h5, open_sharded
+from .keras_zip import member_damage, open_zip
+from .tf_bundle import OBJECT_GRAPH_KEY, check_bundle, open_bundle
+from .tf_state import list_checkpoints
+from .tf_v1 import check_v1, is_v1_table, open_v1
+from .tf_writer import (
+    BundleTensor,
+    numpy_view,
+    object_graph_tensor,
+    prune_object_graph,
+    restore_tensor,
+    write_bundle,
+)
 
 __all__ = [
     "Kind",
@@ -84,8 +105,6 @@ def _table_kind(path: str) -> Kind | None:
     tail = _fs.read_range(path, _fs.getsize(path) - 48, 48)
     if not is_table(tail):
         return None
-    from .tf_v1 import is_v1_table  # noqa: PLC0415
-
     return Kind.TF_V1 if is_v1_table(_fs.read_bytes(path)) else Kind.TF_BUNDLE
 
 
@@ -139,8 +158,6 @@ def detect(path: str) -> tuple[Kind, str]:
         return Kind.TF_V1, path
     if name.endswith(INDEX_SUFFIX):
         size = _fs.getsize(path)
-        from ..errors import CorruptCheckpointError  # noqa: PLC0415
-
         raise CorruptCheckpointError(
             f"{path}: not a valid checkpoint index ({size} bytes, no table footer: truncated or not an index)"
         )
@@ -168,8 +185,6 @@ def _no_checkpoint(directory: str) -> NotACheckpointError:
 
 
 def _open_directory(directory: str) -> m.Checkpoint:
-    from .tf_bundle import open_bundle  # noqa: PLC0415
-    from .tf_state import list_checkpoints  # noqa: PLC0415
 
     retained, latest = list_checkpoints(directory)
     if latest is None:
@@ -177,18 +192,13 @@ def _open_directory(directory: str) -> m.Checkpoint:
         v1 = _v1_in_directory(directory)
         if v1 is None:
             raise _no_checkpoint(directory)
-        from .tf_v1 import open_v1  # noqa: PLC0415
-
         return open_v1(v1)
     if not _fs.exists(latest + ".index") and _fs.isfile(latest):
-        from .tf_v1 import open_v1  # noqa: PLC0415
-
         return open_v1(latest, checkpoints=tuple(retained))
     return open_bundle(latest, checkpoints=tuple(retained))
 
 
 def _open_savedmodel(directory: str) -> m.Checkpoint:
-    from .tf_bundle import open_bundle  # noqa: PLC0415
 
     return open_bundle(_fs.join(directory, SAVED_MODEL_VARIABLES), format=m.FORMAT_TF_SAVEDMODEL)
 
@@ -211,8 +221,6 @@ class Check:
 
 def _check_by_reading(path: str, opener: Callable[[str], m.Checkpoint]) -> Check:
     """Open the file (with its reader's safety checks) and read every variable, in blocks."""
-    from .keras_zip import member_damage  # noqa: PLC0415
-
     try:
         ckpt = opener(path)
     except CorruptCheckpointError as e:
@@ -244,22 +252,16 @@ def _check_by_reading(path: str, opener: Callable[[str], m.Checkpoint]) -> Check
 
 
 def _check_bundle(prefix: str) -> Any:
-    from .tf_bundle import check_bundle  # noqa: PLC0415
-
     if _fs.isdir(prefix + INDEX_SUFFIX):
         raise NotACheckpointError(f"{prefix}{INDEX_SUFFIX}: is a directory, not an index file")
     return check_bundle(prefix)
 
 
 def _check_savedmodel(directory: str) -> Any:
-    from .tf_bundle import check_bundle  # noqa: PLC0415
-
     return check_bundle(_fs.join(directory, SAVED_MODEL_VARIABLES), format=m.FORMAT_TF_SAVEDMODEL)
 
 
 def _check_v1(path: str) -> Check:
-    from .tf_v1 import check_v1  # noqa: PLC0415
-
     return Check(path, lambda *_: check_v1(path), 1)
 
 
@@ -272,19 +274,18 @@ class _Format:
     check: Callable[[str], Any]
 
 
-def _lazy(module: str, name: str) -> Callable[[str], Any]:
-    """``module.name``, imported on first call (h5py and protobuf only when needed)."""
-    return lambda path: getattr(importlib.import_module(f".{module}", __name__), name)(path)
+def _reading(opener: Callable[[str], m.Checkpoint]) -> _Format:
+    """A format checked by opening it and reading every value."""
+    return _Format(opener, lambda path: _check_by_reading(path, opener))
 
 
 _FORMATS: dict[Kind, _Format] = {
-    Kind.TF_BUNDLE: _Format(_lazy("tf_bundle", "open_bundle"), _check_bundle),
+    Kind.TF_BUNDLE: _Format(open_bundle, _check_bundle),
     Kind.TF_SAVEDMODEL: _Format(_open_savedmodel, _check_savedmodel),
-    Kind.TF_V1: _Format(_lazy("tf_v1", "open_v1"), _check_v1),
-    Kind.HDF5: _Format(_lazy("keras_h5", "open_h5"), lambda p: _check_by_reading(p, _lazy("keras_h5", "open_h5"))),
-    Kind.KERAS_SHARDED: _Format(_lazy("keras_h5", "open_sharded"),
-                                lambda p: _check_by_reading(p, _lazy("keras_h5", "open_sharded"))),
-    Kind.ZIP: _Format(_lazy("keras_zip", "open_zip"), lambda p: _check_by_reading(p, _lazy("keras_zip", "open_zip"))),
+    Kind.TF_V1: _Format(open_v1, _check_v1),
+    Kind.HDF5: _reading(open_h5),
+    Kind.KERAS_SHARDED: _reading(open_sharded),
+    Kind.ZIP: _reading(open_zip),
 }
 CHECK_BLOCK_ELEMENTS = 1 << 20
 
@@ -346,7 +347,6 @@ def list_directory(directory: str) -> tuple[list[m.RetainedCheckpoint], str | No
     Raises:
         NotACheckpointError: No checkpoint at all in the directory.
     """
-    from .tf_state import list_checkpoints  # noqa: PLC0415
 
     retained, latest = list_checkpoints(directory)
     v1 = None
