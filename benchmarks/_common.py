@@ -511,9 +511,10 @@ if __name__ == "__main__":
         raise SystemExit("usage: python benchmarks/_common.py generate JOBS.json")
 
 
-def generate_flat_bundle(prefix: pathlib.Path, size_mb: int, variables: int) -> str:
-    """A tf.train.Checkpoint of ``variables`` flat float32 variables totalling about ``size_mb`` MB,
-    written once by a TensorFlow child process (a ``.done`` marker caches it); returns the prefix."""
+def generate_flat_bundle(prefix: pathlib.Path, size_mb: int, variables: int, seed: int = 0) -> str:
+    """A tf.train.Checkpoint of ``variables`` flat float32 variables totalling about ``size_mb`` MB
+    (random normal values from ``seed``), written once by a TensorFlow child process (a ``.done``
+    marker caches it); returns the prefix."""
     done = prefix.parent / f"{prefix.name}.done"
     if done.exists():
         return str(prefix)
@@ -524,7 +525,7 @@ def generate_flat_bundle(prefix: pathlib.Path, size_mb: int, variables: int) -> 
 import numpy as np, tensorflow as tf
 n, total = {variables}, {size_mb} * 2**20
 per = max(1, total // n // 4)
-rng = np.random.default_rng(0)
+rng = np.random.default_rng({seed})
 root = tf.Module()
 for i in range(n):
     setattr(root, f"layer_{{i:04d}}", tf.Variable(rng.standard_normal(per, dtype=np.float32)))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import importlib
 from typing import Any, Callable
 
 from .. import model as m
@@ -36,19 +37,9 @@ from ._layout import (
     is_hdf5_head,
 )
 from ._sstable import is_table
-from .keras_h5 import open_h5, open_sharded
-from .keras_zip import member_damage, open_zip
 from .tf_bundle import OBJECT_GRAPH_KEY, check_bundle, open_bundle
 from .tf_state import list_checkpoints
 from .tf_v1 import check_v1, is_v1_table, open_v1
-from .tf_writer import (
-    BundleTensor,
-    numpy_view,
-    object_graph_tensor,
-    prune_object_graph,
-    restore_tensor,
-    write_bundle,
-)
 
 __all__ = [
     "Kind",
@@ -221,6 +212,8 @@ class Check:
 
 def _check_by_reading(path: str, opener: Callable[[str], m.Checkpoint]) -> Check:
     """Open the file (with its reader's safety checks) and read every variable, in blocks."""
+    from .keras_zip import member_damage  # noqa: PLC0415 - numpy/h5py only for Keras files
+
     try:
         ckpt = opener(path)
     except CorruptCheckpointError as e:
@@ -274,8 +267,13 @@ class _Format:
     check: Callable[[str], Any]
 
 
-def _reading(opener: Callable[[str], m.Checkpoint]) -> _Format:
-    """A format checked by opening it and reading every value."""
+def _reading(module: str, name: str) -> _Format:
+    """A format checked by opening it and reading every value. Its module is imported on first
+    use: the Keras readers bring numpy (and h5py), which listing a TF bundle does without."""
+
+    def opener(path: str) -> m.Checkpoint:
+        return getattr(importlib.import_module(f".{module}", __name__), name)(path)
+
     return _Format(opener, lambda path: _check_by_reading(path, opener))
 
 
@@ -283,9 +281,9 @@ _FORMATS: dict[Kind, _Format] = {
     Kind.TF_BUNDLE: _Format(open_bundle, _check_bundle),
     Kind.TF_SAVEDMODEL: _Format(_open_savedmodel, _check_savedmodel),
     Kind.TF_V1: _Format(open_v1, _check_v1),
-    Kind.HDF5: _reading(open_h5),
-    Kind.KERAS_SHARDED: _reading(open_sharded),
-    Kind.ZIP: _reading(open_zip),
+    Kind.HDF5: _reading("keras_h5", "open_h5"),
+    Kind.KERAS_SHARDED: _reading("keras_h5", "open_sharded"),
+    Kind.ZIP: _reading("keras_zip", "open_zip"),
 }
 CHECK_BLOCK_ELEMENTS = 1 << 20
 
@@ -358,3 +356,16 @@ def list_directory(directory: str) -> tuple[list[m.RetainedCheckpoint], str | No
 
 
 is_remote = _fs.is_remote
+
+# Writing TF bundles (extract, transplant) goes through TensorFlow and numpy: those names are
+# imported on first use, so that listing imports neither.
+_WRITER_NAMES = ("BundleTensor", "write_bundle", "object_graph_tensor", "prune_object_graph", "restore_tensor",
+                 "numpy_view")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WRITER_NAMES:
+        from . import tf_writer  # noqa: PLC0415
+
+        return getattr(tf_writer, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

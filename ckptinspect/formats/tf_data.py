@@ -27,8 +27,6 @@ import os
 import struct
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
-import numpy as np
-
 from .. import model as m
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError
 from . import _fs
@@ -37,6 +35,8 @@ from ._layout import INDEX_SUFFIX, data_path
 from ._wire import MalformedError, read_varint
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from .tf_bundle import BundleIndex, IndexEntry
 
 __all__ = [
@@ -155,6 +155,8 @@ def iter_raw_blocks(
         CorruptCheckpointError: The file ends early, or the bytes do not match the stored
             crc32c (raised after the last block).
     """
+    import numpy as np  # noqa: PLC0415 - numpy only where values are read (`ls` lists without it)
+
     total = entry.size // dtype.itemsize
     crc = crc32c_module().Checksum()
     done = 0

@@ -9,7 +9,7 @@ shape=2, type=3, slice=4.
 
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
 
 from .. import model as m
 from ..errors import CorruptCheckpointError
@@ -18,6 +18,9 @@ from ._sstable import iter_table
 from ._wire import MalformedError, first, parse_message
 from .tf_bundle import IndexEntry, _parse_shape, _tf1_role
 from .tf_data import DTYPE_NAMES
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["is_v1_table", "open_v1", "check_v1"]
 
