@@ -38,6 +38,7 @@ INDEX_FILES = [
     ROOT / "fixtures" / "run" / "ckpt-8.index",
     ROOT / "fixtures" / "sharded" / "ckpt-4.index",
     ROOT / "fixtures" / "keras" / "keras2_tf" / "ckpt.index",
+    ROOT / "fixtures" / "tables" / "snappy" / "compressed" / "ckpt-1.index",  # snappy blocks, our own fixture
 ] + [
     p
     for p in (

@@ -20,7 +20,6 @@ from typer.testing import CliRunner
 
 import ckptinspect
 from ckptinspect.cli import app
-from ckptinspect.errors import CorruptCheckpointError
 from ckptinspect.formats._crc import masked_crc32c
 from ckptinspect.formats._wire import read_varint
 
@@ -44,10 +43,6 @@ INDEX_BLOCKS = EXPECTED["snappy"]["index_blocks"]
 SNAPPY_BLOCKS = [b for b in INDEX_BLOCKS if b["type"] == SNAPPY]
 
 # Defects these fixtures found (tests below are strict xfails until they are fixed):
-SLICED_V1_READ = (
-    "a V1 tensor saved in slices (a partitioned variable) is read through TF's get_tensor, "
-    "which raises 'Sliced checkpoints are not supported'; TF's RestoreV2 reads it"
-)
 SHARDED_V1_STATE = (
     "a sharded V1 Saver's state file names 'model.ckpt-7-?????-of-00001'; verify reports the "
     "checkpoint missing (step 1) instead of checking model.ckpt-7-00000-of-00001"
@@ -149,7 +144,7 @@ def test_v1_sharded_listing_matches_json():
     [
         "proj/weights",
         "global_step",
-        pytest.param("emb/table", marks=pytest.mark.xfail(strict=True, raises=CorruptCheckpointError, reason=SLICED_V1_READ)),
+        "emb/table",  # saved in slices: read through RestoreV2 (get_tensor refuses it)
     ],
 )
 def test_v1_sharded_values_equal_tensorflow_reads(key):

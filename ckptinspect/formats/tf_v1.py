@@ -46,8 +46,14 @@ class _V1Source(m.BaseSource):
         self._reader = None
 
     def read(self, variable: m.Variable) -> np.ndarray:
-        from .._tf import get_tensor, load_checkpoint  # noqa: PLC0415
+        from .._tf import get_tensor, load_checkpoint  # noqa: PLC0415 - TensorFlow only for values
 
+        if variable.sliced:
+            # The CheckpointReader refuses sliced V1 tensors ("Sliced checkpoints are not
+            # supported"); the RestoreV2 kernel assembles them.
+            from .tf_writer import numpy_view, restore_tensor  # noqa: PLC0415
+
+            return numpy_view(restore_tensor(self.path, variable.key, variable.dtype))
         if self._reader is None:
             self._reader = load_checkpoint(self.path)
         return get_tensor(self._reader, self.path, variable.key)
@@ -57,6 +63,23 @@ class _V1Source(m.BaseSource):
 
     def close(self) -> None:
         self._reader = None
+
+
+def _slices(protos: list, shape: tuple[int, ...], dtype: str) -> tuple[m.SliceInfo, ...]:
+    """The stored slices of a partitioned variable (``SavedSliceMeta.slice``: TensorSliceProto,
+    extent=1: start=1, length=2), or () when it is stored whole."""
+    infos = []
+    for raw in protos:
+        extents = [parse_message(e) for e in parse_message(raw).get(1, [])]
+        starts = tuple(first(e, 1, 0) for e in extents)
+        lengths = tuple(first(e, 2, -1) for e in extents)
+        nbytes = m.ITEMSIZE.get(dtype, 0)
+        for dim, length in zip(shape, lengths):
+            nbytes *= dim if length < 0 else length
+        infos.append(m.SliceInfo(starts=starts, lengths=lengths, shard=0, nbytes=nbytes))
+    if len(infos) == 1 and all(ln < 0 for ln in infos[0].lengths):
+        return ()  # one slice covering the whole tensor
+    return tuple(infos)
 
 
 def open_v1(path: str, *, checkpoints: tuple[m.RetainedCheckpoint, ...] = ()) -> m.Checkpoint:
@@ -85,7 +108,8 @@ def open_v1(path: str, *, checkpoints: tuple[m.RetainedCheckpoint, ...] = ()) ->
                 n *= d
             entry = IndexEntry(name, dtype, shape, 0, 0, n, None)
             variables.append(
-                m.Variable(key=name, name=name, shape=shape, dtype=dtype, nbytes=n, shards=(0,), role=_tf1_role(name, entry))
+                m.Variable(key=name, name=name, shape=shape, dtype=dtype, nbytes=n, shards=(0,),
+                           role=_tf1_role(name, entry), slices=_slices(f.get(4, []), shape, dtype))
             )
     except MalformedError as e:
         raise CorruptCheckpointError(f"{path}: not a valid V1 checkpoint: {e}") from None
