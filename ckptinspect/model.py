@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 from .errors import CheckpointNotFoundError
 
@@ -33,6 +33,7 @@ __all__ = [
     "CheckResult",
     "Progress",
     "strip_output_index",
+    "format_shape",
     "ITEMSIZE",
     "NUMERIC_DTYPES",
     "INTEGER_DTYPES",
@@ -345,6 +346,11 @@ OUTPUT_INDEX_RE = re.compile(r":\d+$")
 def strip_output_index(name: str) -> str:
     """A name without its ``:N`` output suffix (``dense/kernel:0`` -> ``dense/kernel``)."""
     return OUTPUT_INDEX_RE.sub("", name)
+
+
+def format_shape(shape: Sequence[int]) -> str:
+    """``(16, 4)`` -> ``[16,4]``: the one spelling of a shape, in tables and in messages."""
+    return "[" + ",".join(str(d) for d in shape) + "]"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -86,9 +86,6 @@ DTYPE_ATTR = "dtype"
 CONTAINER_GROUPS = frozenset({"layers", "_layer_checkpoint_dependencies"})
 WEIGHT_MAP = "weight_map"
 
-# Readable names drop the ``:0`` output index of TF variable names.
-OUTPUT_INDEX_RE = re.compile(r":\d+$")
-
 # Safety limits. A dataset may declare at most MAX_DECLARED_BYTES (1 TiB); above
 # BOMB_FLOOR_BYTES (4 GiB) it must also store at least 1/BOMB_MAX_EXPANSION of its declared
 # size (the rule Keras's own loader applies to shape/decompression bombs).
@@ -157,7 +154,8 @@ def _has_split_attr(obj: Any, name: str) -> bool:
 
 
 def _strip_index(name: str) -> str:
-    return OUTPUT_INDEX_RE.sub("", name)
+    """Readable names drop the ``:0`` output index of TF variable names."""
+    return m.strip_output_index(name)
 
 
 _DTYPE_NAMES: dict[np.dtype, str] = {}

@@ -1,0 +1,355 @@
+"""Comparing the values of two variables, streaming: the numeric half of ``diff``.
+
+:func:`compare_variables` reads one pair of tensors block by block (``Checkpoint.iter_blocks``:
+TF bundle tensors straight from their data file, checksum verified) and keeps
+running float64 sums, so memory stays at a few blocks for bundles and about twice the largest
+tensor for other formats. Equality follows numpy's ``isclose`` (``|a - b| <= atol + rtol * |b|``)
+with NaN equal to NaN and infinities equal to infinities of the same sign.
+
+:func:`bit_equal` is the one bit-for-bit equality of two arrays, shared by ``diff``,
+``extract`` and ``transplant``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from ..errors import CorruptCheckpointError
+from ..model import NUMERIC_DTYPES, Checkpoint, Variable, numpy_dtype
+
+__all__ = [
+    "STATUSES",
+    "STATUS_EQUAL",
+    "STATUS_CHANGED",
+    "STATUS_ADDED",
+    "STATUS_REMOVED",
+    "STATUS_SHAPE",
+    "STATUS_DTYPE",
+    "CHUNK_ELEMENTS",
+    "BLOCK_BYTES",
+    "NUMERIC_DTYPES",
+    "bit_equal",
+    "compare_variables",
+]
+
+STATUS_EQUAL = "equal"
+STATUS_CHANGED = "changed"
+STATUS_ADDED = "added"
+STATUS_REMOVED = "removed"
+STATUS_SHAPE = "shape_mismatch"
+STATUS_DTYPE = "dtype_mismatch"
+STATUSES = (STATUS_EQUAL, STATUS_CHANGED, STATUS_ADDED, STATUS_REMOVED, STATUS_SHAPE, STATUS_DTYPE)
+
+# Streaming.
+CHUNK_ELEMENTS = 8192  # arithmetic step: small enough that BLAS dot never spawns threads
+BLOCK_BYTES = 1 << 20  # bytes per side held at a time when streaming from a data file
+# Bit-equality compares at most this many bytes at a time (np.array_equal of whole tensors
+# would allocate a third tensor-sized buffer).
+COMPARE_CHUNK_BYTES = 4 << 20
+STRING_KINDS = "OSU"
+
+
+# -- bit equality --------------------------------------------------------------------------------
+def _as_bytes(item: Any) -> bytes:
+    return item if isinstance(item, bytes) else str(item).encode("utf-8")
+
+
+def _word_view(flat: np.ndarray) -> np.ndarray:
+    """A 1-D contiguous array viewed as the widest unsigned integers its element size allows."""
+    size = flat.dtype.itemsize
+    for width in (8, 4, 2):
+        if size % width == 0:
+            return flat.view(f"u{width}")
+    return flat.view(np.uint8)
+
+
+def bit_equal(a: Any, b: Any) -> bool:
+    """Bit-for-bit equality: same shape, same dtype, same bytes (NaN payloads included).
+
+    Strings and objects are compared element by element as bytes (``str`` as UTF-8), so a
+    ``bytes`` array equals an object array of the same bytes. Arrays read straight from a
+    ``bytes`` buffer are compared with one ``memcmp``; others in chunks, so no tensor-sized
+    temporary is made.
+
+    Args:
+        a: An array (or anything ``np.asarray`` takes).
+        b: Another.
+
+    Returns:
+        Whether they are identical.
+    """
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape:
+        return False
+    if a.dtype.kind in STRING_KINDS or b.dtype.kind in STRING_KINDS:
+        if not (a.dtype.kind in STRING_KINDS and b.dtype.kind in STRING_KINDS):
+            return False
+        return [_as_bytes(x) for x in a.reshape(-1)] == [_as_bytes(x) for x in b.reshape(-1)]
+    if a.dtype != b.dtype:
+        return False
+    ba, bb = a.base, b.base
+    if isinstance(ba, bytes) and isinstance(bb, bytes) and len(ba) == a.nbytes and len(bb) == b.nbytes:
+        return ba == bb
+    wa = _word_view(np.ascontiguousarray(a).reshape(-1))
+    wb = _word_view(np.ascontiguousarray(b).reshape(-1))
+    step = max(1, COMPARE_CHUNK_BYTES // wa.dtype.itemsize)
+    return all(np.array_equal(wa[i : i + step], wb[i : i + step]) for i in range(0, wa.size, step))
+
+
+# -- comparing values ----------------------------------------------------------------------------
+class _Accumulator:
+    """Running sums over aligned chunks of A and B (float64), NaN/Inf counts, element counts."""
+
+    def __init__(self, atol: float, rtol: float):
+        self.atol = atol
+        self.rtol = rtol
+        self.saa = self.sbb = self.sab = self.sdd = 0.0
+        self.max_abs = 0.0
+        self.pairs = 0  # element pairs finite on both sides
+        self.ndiff = 0
+        self.nan_a = self.inf_a = self.nan_b = self.inf_b = 0
+        self.nonfinite_mismatch = 0
+
+    # Each method takes 1-D arrays of equal length.
+    def equal_chunk(self, x: np.ndarray) -> None:
+        """A chunk whose two sides are bitwise identical."""
+        x64 = x.astype(np.float64)
+        s = float(np.dot(x64, x64))
+        if not math.isfinite(s):
+            nan = int(np.count_nonzero(np.isnan(x64)))
+            inf = int(np.count_nonzero(np.isinf(x64)))
+            self.nan_a += nan
+            self.nan_b += nan
+            self.inf_a += inf
+            self.inf_b += inf
+            x64 = x64[np.isfinite(x64)]
+            s = float(np.dot(x64, x64))
+        self.saa += s
+        self.sbb += s
+        self.sab += s
+        self.pairs += x64.size
+
+    def chunk(self, x: np.ndarray, y: np.ndarray, exact_int: bool) -> None:
+        """A chunk that may differ; ``exact_int`` when both sides are integers."""
+        if exact_int:
+            if not np.count_nonzero(x != y):
+                self.equal_chunk(x)
+                return
+        x64 = x.astype(np.float64)
+        y64 = y.astype(np.float64)
+        saa = float(np.dot(x64, x64))
+        sbb = float(np.dot(y64, y64))
+        if not (math.isfinite(saa) and math.isfinite(sbb)):
+            x64, y64 = self._split_nonfinite(x64, y64)
+            saa = float(np.dot(x64, x64))
+            sbb = float(np.dot(y64, y64))
+        self.saa += saa
+        self.sbb += sbb
+        self.sab += float(np.dot(x64, y64))
+        self.pairs += x64.size
+        d = np.subtract(x64, y64, out=x64)
+        sdd = float(np.dot(d, d))
+        if sdd == 0.0 and not d.any():
+            return
+        self.sdd += sdd
+        np.abs(d, out=d)
+        mx = float(d.max())
+        if mx > self.max_abs:
+            self.max_abs = mx
+        if mx > self.atol:
+            if self.rtol:
+                limit = np.abs(y64)
+                limit *= self.rtol
+                limit += self.atol
+                self.ndiff += int(np.count_nonzero(d > limit))
+            else:
+                self.ndiff += int(np.count_nonzero(d > self.atol))
+
+    def _split_nonfinite(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Count NaN/Inf, count positions where they do not match, return the both-finite part."""
+        fx = np.isfinite(x)
+        fy = np.isfinite(y)
+        nx = np.isnan(x)
+        ny = np.isnan(y)
+        self.nan_a += int(np.count_nonzero(nx))
+        self.nan_b += int(np.count_nonzero(ny))
+        self.inf_a += int(x.size - np.count_nonzero(fx) - np.count_nonzero(nx))
+        self.inf_b += int(y.size - np.count_nonzero(fy) - np.count_nonzero(ny))
+        both = fx & fy
+        rest = ~both
+        if rest.any():
+            ok = (x[rest] == y[rest]) | (nx[rest] & ny[rest])
+            self.nonfinite_mismatch += int(ok.size - np.count_nonzero(ok))
+        return x[both], y[both]
+
+    def result(self) -> dict[str, Any]:
+        compared = self.pairs > 0
+        na = math.sqrt(self.saa)
+        nb = math.sqrt(self.sbb)
+        return {
+            "max_abs_diff": self.max_abs if compared else None,
+            "rel_l2": (math.sqrt(self.sdd) / na) if compared and na > 0 else (0.0 if compared and self.sdd == 0 else None),
+            "cosine": max(-1.0, min(1.0, self.sab / (na * nb))) if na > 0 and nb > 0 else None,
+            "num_different": self.ndiff + self.nonfinite_mismatch,
+            "nan_a": self.nan_a,
+            "inf_a": self.inf_a,
+            "nan_b": self.nan_b,
+            "inf_b": self.inf_b,
+            "nonfinite_mismatch": self.nonfinite_mismatch,
+        }
+
+
+def _arith_view(block: np.ndarray) -> np.ndarray:
+    """A view numpy can do float64 arithmetic on: complex as (re, im) pairs, bool as uint8."""
+    if block.dtype.kind == "c":
+        return block.view(np.float32 if block.dtype.itemsize == 8 else np.float64)
+    if block.dtype.kind == "b":
+        return block.view(np.uint8)
+    return block
+
+
+def _block_source(ckpt: Checkpoint, var: Variable, block: int) -> Callable[[], Iterator[np.ndarray]]:
+    """A function returning a fresh iterator over ``var``'s blocks (streamed by its format)."""
+    return lambda: ckpt.iter_blocks(var, block)
+
+
+def _pairs(blocks_a: Iterator[np.ndarray], blocks_b: Iterator[np.ndarray], label: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    for xa in blocks_a:
+        xb = next(blocks_b, None)
+        if xb is None or xb.size != xa.size:
+            raise CorruptCheckpointError(f"{label}: fewer values than its shape declares")
+        yield xa, xb
+    if next(blocks_b, None) is not None:
+        raise CorruptCheckpointError(f"{label}: more values than its shape declares")
+
+
+def _identical(blocks: Iterator[tuple[np.ndarray, np.ndarray]]) -> dict[str, Any] | None:
+    """The result for a variable whose two sides hold the same bytes, streaming (no float64
+    pass: rel_l2 0, cosine 1 unless all zero); None as soon as a block differs, or when the
+    value holds NaN/Inf (the general path counts them) or nothing."""
+    nonzero = False
+    seen = False
+    for xa, xb in blocks:
+        if not bit_equal(xa, xb):
+            return None
+        x = _arith_view(xa)
+        if x.size == 0:
+            continue
+        seen = True
+        if x.dtype.kind == "f":
+            lo, hi = x.min(), x.max()
+            if not (math.isfinite(lo) and math.isfinite(hi)):
+                return None
+            nonzero = nonzero or not (lo == 0 and hi == 0)
+        else:
+            nonzero = nonzero or bool(x.any())
+    if not seen:
+        return None
+    return {
+        "max_abs_diff": 0.0,
+        "rel_l2": 0.0,
+        "cosine": 1.0 if nonzero else None,
+        "num_different": 0,
+        "nan_a": 0,
+        "inf_a": 0,
+        "nan_b": 0,
+        "inf_b": 0,
+        "nonfinite_mismatch": 0,
+    }
+
+
+def _compare_numeric(
+    ckpt_a: Checkpoint, va: Variable, ckpt_b: Checkpoint, vb: Variable, atol: float, rtol: float
+) -> dict[str, Any]:
+    itemsize = max(_itemsize(va.dtype), _itemsize(vb.dtype))
+    block = max(CHUNK_ELEMENTS, (BLOCK_BYTES // itemsize) // CHUNK_ELEMENTS * CHUNK_ELEMENTS)
+    source_a = _block_source(ckpt_a, va, block)
+    source_b = _block_source(ckpt_b, vb, block)
+    label = f"{ckpt_b.path}: {vb.key!r}"
+    if va.dtype == vb.dtype:
+        # Most variables of two checkpoints are either untouched or changed everywhere: try
+        # the cheap byte comparison first; a variable that differs is read again below.
+        pairs = _pairs(source_a(), source_b(), label)
+        try:
+            quick = _identical(pairs)
+        finally:
+            pairs.close()
+        if quick is not None:
+            return quick
+    acc = _Accumulator(atol, rtol)
+    prefilter = va.dtype == vb.dtype
+    for xa, xb in _pairs(source_a(), source_b(), label):
+        x = _arith_view(xa)
+        y = _arith_view(xb)
+        if prefilter and bit_equal(xa, xb):
+            for i in range(0, x.size, CHUNK_ELEMENTS):
+                acc.equal_chunk(x[i : i + CHUNK_ELEMENTS])
+            continue
+        prefilter = False  # a variable that differs in one block usually differs in all
+        exact_int = x.dtype.kind in "iu" and y.dtype.kind in "iu"
+        for i in range(0, x.size, CHUNK_ELEMENTS):
+            acc.chunk(x[i : i + CHUNK_ELEMENTS], y[i : i + CHUNK_ELEMENTS], exact_int)
+    return acc.result()
+
+
+def _itemsize(dtype: str) -> int:
+    d = numpy_dtype(dtype)
+    return d.itemsize if d is not None else 8
+
+
+def _compare_other(ckpt_a: Checkpoint, va: Variable, ckpt_b: Checkpoint, vb: Variable) -> dict[str, Any]:
+    """Strings and other non-numeric values: equal iff identical."""
+    x = np.asarray(ckpt_a.read(va)).reshape(-1)
+    y = np.asarray(ckpt_b.read(vb)).reshape(-1)
+    if x.shape != y.shape:
+        return {"num_different": max(x.size, y.size)}
+    try:
+        same = np.asarray(x == y, dtype=bool).reshape(-1)
+    except (TypeError, ValueError):
+        same = np.array([bytes(p) == bytes(q) for p, q in zip(x, y)], dtype=bool)
+    return {"num_different": int(same.size - np.count_nonzero(same))}
+
+
+def compare_variables(
+    ckpt_a: Checkpoint,
+    va: Variable,
+    ckpt_b: Checkpoint,
+    vb: Variable,
+    *,
+    atol: float = 0.0,
+    rtol: float = 0.0,
+) -> dict[str, Any]:
+    """Compare the values of two variables, streaming.
+
+    Args:
+        ckpt_a: Checkpoint holding ``va``.
+        va: Variable of A.
+        ckpt_b: Checkpoint holding ``vb``.
+        vb: Variable of B (same shape as ``va``).
+        atol: Absolute tolerance.
+        rtol: Relative tolerance (of B's magnitude, as numpy ``isclose``).
+
+    Returns:
+        A dict with ``status`` and the statistic fields of :class:`VariableDiff`.
+
+    Raises:
+        CkptError: A value cannot be read.
+    """
+    if tuple(va.shape) != tuple(vb.shape):
+        return {"status": STATUS_SHAPE}
+    numeric = va.dtype in NUMERIC_DTYPES and vb.dtype in NUMERIC_DTYPES
+    comparable = numeric and (("complex" in va.dtype) == ("complex" in vb.dtype))
+    if comparable:
+        stats = _compare_numeric(ckpt_a, va, ckpt_b, vb, atol, rtol)
+    elif va.dtype == vb.dtype:
+        stats = _compare_other(ckpt_a, va, ckpt_b, vb)
+    else:
+        return {"status": STATUS_DTYPE}
+    if va.dtype != vb.dtype:
+        status = STATUS_DTYPE
+    else:
+        status = STATUS_CHANGED if stats["num_different"] else STATUS_EQUAL
+    return {"status": status, **stats}
