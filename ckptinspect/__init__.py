@@ -20,6 +20,7 @@ from .errors import (
     TransplantError,
     UnsafeFileError,
     UsageError,
+    VerificationError,
 )
 from .model import ROLES, Checkpoint, RetainedCheckpoint, SliceInfo, Variable
 
@@ -44,6 +45,7 @@ __all__ = [
     "OutputExistsError",
     "UsageError",
     "TransplantError",
+    "VerificationError",
 ]
 
 

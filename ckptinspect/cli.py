@@ -140,7 +140,7 @@ def diff_command(
     atol: float = typer.Option(0.0, "--atol", help="Absolute tolerance (numpy isclose semantics; 0 = exact)."),
     rtol: float = typer.Option(0.0, "--rtol", help="Relative tolerance, of B's magnitude (0 = exact)."),
     role: Optional[str] = typer.Option(None, "--role", help="Compare only model, optimizer or metadata variables."),
-    maps: list[str] = typer.Option([], "--map", help="'REGEX=REPLACEMENT' applied to A's names before aligning (repeatable)."),
+    maps: list[str] = typer.Option([], "--map", help="'REGEX=REPLACEMENT' applied to every name of A before aligning (repeatable; see docs/INTERFACE.md)."),
     format: OutputFormat = FormatOption,
 ) -> None:
     """Compare two checkpoints, also across formats (exit 0 equal within tolerance, 1 different)."""
@@ -226,7 +226,7 @@ def transplant_command(
     builder: str = typer.Option(..., "--builder", help="pkg.module:function returning the model (called inside the strategy scope)."),
     strategy: str = typer.Option("default", "--strategy", help="default, mirrored or multi-worker (reads TF_CONFIG)."),
     replicas: Optional[int] = typer.Option(None, "--replicas", help="Logical CPU devices for --strategy mirrored (default 2)."),
-    maps: list[str] = typer.Option([], "--map", help="'REGEX=REPL' applied to source names (repeatable; first match wins)."),
+    maps: list[str] = typer.Option([], "--map", help="'REGEX=REPLACEMENT' applied to every source name before pairing by name (repeatable; see docs/INTERFACE.md)."),
     skip_mismatch: bool = typer.Option(False, "--skip-mismatch", help="Leave variables whose shape/dtype differ at init instead of failing."),
     strict: bool = typer.Option(True, "--strict/--no-strict", help="Fail on any problem (default), or transplant what matches."),
     by_order: bool = typer.Option(False, "--by-order", help="Pair what is still unpaired by order and shape."),

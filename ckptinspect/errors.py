@@ -20,6 +20,7 @@ __all__ = [
     "OutputExistsError",
     "UsageError",
     "TransplantError",
+    "VerificationError",
 ]
 
 
@@ -63,3 +64,17 @@ class TransplantError(CkptError, ValueError):
         super().__init__(message)
         self.problems = list(problems)
         self.report = report
+
+
+class VerificationError(CkptError):
+    """What was written or assigned did not read back identical to its source: a written
+    output (``extract``, ``transplant``) or a value on some replica after assignment. Nothing
+    is left behind when an output fails its read-back.
+
+    Attributes:
+        problems: Every difference found, one string each.
+    """
+
+    def __init__(self, message: str, problems: Sequence[str] = ()):
+        super().__init__(message)
+        self.problems = list(problems)

@@ -15,6 +15,8 @@ from typing import Any, Iterable, Sequence
 
 from tabulate import tabulate
 
+from .model import format_shape
+
 __all__ = ["OutputFormat", "render", "human_bytes", "fmt_shape", "fmt_float", "Column"]
 
 
@@ -42,7 +44,8 @@ def human_bytes(n: int | None) -> str:
 
 
 def fmt_shape(shape: Sequence[int]) -> str:
-    return "[" + ",".join(str(d) for d in shape) + "]"
+    """``(16, 4)`` -> ``[16,4]`` (:func:`ckptinspect.model.format_shape`, the one spelling)."""
+    return format_shape(shape)
 
 
 def fmt_float(x: float | None, digits: int = 4) -> str:
@@ -161,6 +164,7 @@ def diff_view(report, fmt: OutputFormat) -> str:
             size *= d
         rows.append({
             **v.to_dict(),
+            "shown_name": f"{v.name_a} -> {v.name_b}" if v.names_differ else v.name,
             "shape": pair(v.shape_a, v.shape_b, fmt_shape),
             "dtype": pair(v.dtype_a, v.dtype_b),
             "max_abs": fmt_float(v.max_abs_diff),
@@ -171,8 +175,8 @@ def diff_view(report, fmt: OutputFormat) -> str:
             "inf": counts(v.inf_a, v.inf_b),
         })
     if fmt != OutputFormat.table:
-        csv_cols = ["name", "status", "key_a", "key_b", "role", "shape_a", "shape_b", "dtype_a", "dtype_b",
-                    "max_abs_diff", "rel_l2", "cosine", "num_different", "nan_a", "inf_a", "nan_b", "inf_b"]
+        csv_cols = ["name", "status", "name_a", "name_b", "key_a", "key_b", "matched_by", "role", "shape_a", "shape_b",
+                    "dtype_a", "dtype_b", "max_abs_diff", "rel_l2", "cosine", "num_different", "nan_a", "inf_a", "nan_b", "inf_b"]
         return render(fmt, doc=report.to_dict(), rows=rows, columns=[(c, c) for c in csv_cols])
     header = [
         f"a: {report.a} ({report.format_a})",
@@ -181,7 +185,7 @@ def diff_view(report, fmt: OutputFormat) -> str:
         + (f", --map {' '.join(report.mapping)}" if report.mapping else ""),
     ]
     header += [f"note: {n}" for n in report.notes]
-    columns: list[Column] = [("name", "name"), ("status", "status"), ("shape", "shape"), ("dtype", "dtype"),
+    columns: list[Column] = [("shown_name", "name"), ("status", "status"), ("shape", "shape"), ("dtype", "dtype"),
                              ("max_abs", "max abs diff"), ("rel", "rel l2"), ("cos", "cosine"),
                              ("diff_elems", "differing"), ("nan", "nan a/b"), ("inf", "inf a/b")]
     layers = report.layers
@@ -200,6 +204,23 @@ def diff_view(report, fmt: OutputFormat) -> str:
                       f"all {len(layers)} layer{'s' if len(layers) != 1 else ''} unchanged")
     footer += ["", report.verdict]
     return render(fmt, doc={}, rows=rows, columns=columns, header=header, footer=footer)
+
+
+def transplant_summary(report) -> str:
+    """``str(report)`` of a :class:`~ckptinspect.ops.transplant.TransplantReport`: a few plain lines."""
+    s = report.summary()
+    verb = "would assign" if report.dry_run else "assigned"
+    lines = [
+        f"transplant {report.source} ({report.source_format}) -> {report.model} ({report.model_class}) "
+        f"under {report.strategy} ({report.replicas} replica{'s' if report.replicas != 1 else ''})",
+        f"{verb} {s['assigned']}, shape mismatches {s['shape_mismatch']}, dtype mismatches "
+        f"{s['dtype_mismatch']}, left at init {s['left_at_init']}, unused source variables {s['unused']}",
+    ]
+    lines += [f"  {x.describe()}" for x in report.mismatches]
+    lines += [f"  left at init: {t.target} {fmt_shape(t.shape)}" for t in report.left_at_init]
+    lines += [f"  unused: {u.source} {fmt_shape(u.shape)}" for u in report.unused]
+    lines += list(report.notes)
+    return "\n".join(lines)
 
 
 def transplant_view(report, fmt: OutputFormat, output=None) -> str:

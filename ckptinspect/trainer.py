@@ -36,6 +36,7 @@ import uuid
 from typing import Any, Mapping, Sequence
 
 from .errors import OutputExistsError, UsageError
+from .ops.devices import configure_devices  # the operations own it; re-exported for ``ckptinspect train``
 
 __all__ = [
     "METADATA_FILE",
@@ -133,52 +134,6 @@ class TrainResult:
             f"{self.losses[self.saved_steps[-1]]:.4f}"
             + (f", {len(self.keras_files)} Keras file(s)" if self.keras_files else "")
         )
-
-
-# -- devices -----------------------------------------------------------------------------------
-
-
-def configure_devices(replicas: int) -> list[str]:
-    """Split the physical CPU into at least ``replicas`` logical devices.
-
-    Must run before TensorFlow initialises its devices (before any op). If TensorFlow already
-    has enough logical CPU devices, the first ``replicas`` are used as they are.
-
-    Args:
-        replicas: Logical CPU devices wanted (>= 1).
-
-    Returns:
-        The names of ``replicas`` logical CPU devices.
-
-    Raises:
-        UsageError: ``replicas`` < 1, or TensorFlow is already initialised with fewer logical
-            CPU devices.
-    """
-    if replicas < 1:
-        raise UsageError(f"replicas must be at least 1. Received: replicas={replicas}")
-    import tensorflow as tf  # noqa: PLC0415 - the trainer needs TensorFlow, the package does not
-
-    cpus = tf.config.list_physical_devices("CPU")
-    if not cpus:  # pragma: no cover - TensorFlow always has a CPU
-        raise UsageError("TensorFlow reports no physical CPU device")
-    current = tf.config.get_logical_device_configuration(cpus[0]) or []
-    if len(current) < replicas:
-        try:
-            tf.config.set_logical_device_configuration(
-                cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(replicas)]
-            )
-        except RuntimeError:
-            pass  # already initialised: checked below
-    devices = [d.name for d in tf.config.list_logical_devices("CPU")]
-    if len(devices) < replicas:
-        raise UsageError(
-            f"TensorFlow is already initialised with {len(devices)} logical CPU device(s), and "
-            f"logical devices cannot be added afterwards; training with replicas={replicas} "
-            "needs a fresh process: call ckptinspect.trainer.train (or configure_devices) "
-            "before any other TensorFlow op, or run `ckptinspect train` / "
-            "`python -m ckptinspect.trainer`."
-        )
-    return devices[:replicas]
 
 
 # -- the model ---------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ import numpy as np
 from .. import _atomic
 from .. import model as m
 from .._tf import import_tf, load_checkpoint
-from ..errors import CkptError, UsageError
+from ..errors import CkptError, UsageError, VerificationError
 from ..formats import (
     OBJECT_GRAPH_KEY,
     BundleTensor,
@@ -56,6 +56,9 @@ from ..formats import (
     write_bundle,
 )
 from .builder import load_builder
+from .compare import bit_equal
+from .matching import Item, graph_path_stage, items, match
+from .targets import graph_paths, tf_variable
 
 __all__ = [
     "OUTPUT_FORMATS",
@@ -218,27 +221,6 @@ class ExtractReport:
 
 
 # -- helpers -------------------------------------------------------------------------------
-def _as_bytes(item: Any) -> bytes:
-    return item if isinstance(item, bytes) else str(item).encode("utf-8")
-
-
-def same_value(a: Any, b: Any) -> bool:
-    """Bit-identical: same shape, same dtype, same bytes (NaN payloads included); strings element by element."""
-    a, b = np.asarray(a), np.asarray(b)
-    if a.shape != b.shape:
-        return False
-    if a.dtype.kind in "OSU" or b.dtype.kind in "OSU":
-        if not (a.dtype.kind in "OSU" and b.dtype.kind in "OSU"):
-            return False
-        return [_as_bytes(x) for x in a.reshape(-1)] == [_as_bytes(x) for x in b.reshape(-1)]
-    if a.dtype != b.dtype:
-        return False
-    av = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-    bv = np.ascontiguousarray(b).reshape(-1).view(np.uint8)
-    # In chunks: np.array_equal of whole tensors would allocate a third tensor-sized buffer.
-    return all(np.array_equal(av[i : i + COMPARE_CHUNK], bv[i : i + COMPARE_CHUNK]) for i in range(0, av.size, COMPARE_CHUNK))
-
-
 def _matcher(ckpt: m.Checkpoint) -> Callable[[Any, m.Variable], bool]:
     """Compares a value read back with its source variable, bit for bit.
 
@@ -252,11 +234,11 @@ def _matcher(ckpt: m.Checkpoint) -> Callable[[Any, m.Variable], bool]:
         if tuple(value.shape) != tuple(v.shape):
             return False
         if v.dtype not in m.NUMERIC_DTYPES or str(value.dtype) != v.dtype:
-            return same_value(value, ckpt.read(v))
+            return bit_equal(value, ckpt.read(v))
         flat = np.ascontiguousarray(value).reshape(-1)
         pos = 0
         for block in ckpt.iter_blocks(v, max(1, COMPARE_CHUNK // value.dtype.itemsize)):
-            if not same_value(flat[pos : pos + block.size], block):
+            if not bit_equal(flat[pos : pos + block.size], block):
                 return False
             pos += block.size
         return pos == flat.size
@@ -349,13 +331,13 @@ class _Verifier:
         extra = sorted(found - set(self.expected))
         if missing or extra:
             what = f"missing {missing[0]!r}" if missing else f"unexpected {extra[0]!r}"
-            raise CkptError(
+            raise VerificationError(
                 f"{label}: read-back check failed: {len(missing)} kept tensor(s) missing and "
                 f"{len(extra)} unexpected in the written output ({what}); nothing was written"
             )
         for key, variable in self.expected.items():
             if not matches(read_output(key), variable):
-                raise CkptError(
+                raise VerificationError(
                     f"{label}: read-back check failed: {key!r} differs from the source value; nothing was written"
                 )
         return len(self.expected)
@@ -438,7 +420,7 @@ def _write_tf(
     keys = set(reader.get_variable_to_shape_map())
     if blob is not None:
         if OBJECT_GRAPH_KEY not in keys or restore_tensor(tmp, OBJECT_GRAPH_KEY, "string").numpy() != blob:
-            raise CkptError(f"{tmp}: read-back check failed: the object graph was not written as built")
+            raise VerificationError(f"{tmp}: read-back check failed: the object graph was not written as built")
         keys.discard(OBJECT_GRAPH_KEY)
     dtypes = {p.output_key: p.dtype for p in kept}
     verified = verifier.check(
@@ -451,7 +433,7 @@ def _write_tf(
     with open_checkpoint(tmp) as written:
         for v in written.variables:
             if by_out[v.key].role == m.ROLE_MODEL and v.role != m.ROLE_MODEL:
-                raise CkptError(f"{tmp}: read-back check failed: {v.key!r} is no longer a model variable")
+                raise VerificationError(f"{tmp}: read-back check failed: {v.key!r} is no longer a model variable")
     return planned, verified, num_shards, object_graph, notes
 
 
@@ -538,14 +520,14 @@ def _write_h5_copy(
             verifier.record(p.output_key, ckpt[p.key])
         with h5py.File(tmp, "r") as out:
             if drop_group in out:
-                raise CkptError(f"{tmp}: read-back check failed: {drop_group!r} is still there")
+                raise VerificationError(f"{tmp}: read-back check failed: {drop_group!r} is still there")
             for name in src_h5.attrs:
                 if name not in out.attrs or not np.array_equal(np.asarray(out.attrs[name]), np.asarray(src_h5.attrs[name])):
-                    raise CkptError(f"{tmp}: read-back check failed: root attribute {name!r} differs")
+                    raise VerificationError(f"{tmp}: read-back check failed: root attribute {name!r} differs")
             datasets: list[str] = []
             out.visititems(lambda name, obj: datasets.append(name) if isinstance(obj, h5py.Dataset) else None)
             verified = verifier.check(
-                tmp, datasets, lambda k: _h5_read(out, k), lambda value, v: same_value(value, _h5_read(src_h5, v.key))
+                tmp, datasets, lambda k: _h5_read(out, k), lambda value, v: bit_equal(value, _h5_read(src_h5, v.key))
             )
     finally:
         src_h5.close()
@@ -559,27 +541,6 @@ def _open_keras_source(ckpt: m.Checkpoint) -> Callable[[], Any]:
 
 
 # -- weights-h5 from a TF2 checkpoint, through a built model -------------------------------
-def _model_paths(model: Any) -> dict[int, str]:
-    """Object-graph path (local names joined by ``/``) of every object below ``model``, by id."""
-    import collections  # noqa: PLC0415
-
-    tf = _tf_module()
-    view = tf.train.TrackableView(model)
-    paths: dict[int, str] = {id(model): ""}
-    queue = collections.deque([model])
-    while queue:
-        obj = queue.popleft()
-        for name, child in view.children(obj).items():
-            if id(child) not in paths:
-                paths[id(child)] = f"{paths[id(obj)]}/{name}" if paths[id(obj)] else name
-                queue.append(child)
-    return paths
-
-
-def _tf_module():
-    return import_tf()
-
-
 def _sentinel(value: np.ndarray) -> np.ndarray:
     if value.dtype.kind == "f":
         return np.full(value.shape, np.nan, dtype=value.dtype)
@@ -590,6 +551,46 @@ def _sentinel(value: np.ndarray) -> np.ndarray:
     return value
 
 
+def _pair_with_built_model(ckpt: m.Checkpoint, model: Any) -> dict[int, m.Variable]:
+    """Each weight of the built model (by id) -> the checkpoint's model variable at the same
+    object-graph path (below the root, or below the node the model was saved as).
+
+    Raises:
+        UsageError: A weight is not reachable in the model's object graph, the two structures
+            differ (what does not match is named, in both directions), or a shape/dtype differs.
+    """
+    paths = graph_paths(import_tf(), model)
+    weights = []
+    for i, w in enumerate(model.weights):
+        path = paths.get(id(w), paths.get(id(tf_variable(w))))
+        if path is None:
+            raise UsageError(f"weight {getattr(w, 'path', w.name)!r} of the built model is not reachable in its object graph")
+        name = str(getattr(w, "path", w.name))
+        weights.append(Item(name, name, tuple(w.shape), np.dtype(w.dtype).name, m.ROLE_MODEL, path, i, (), w))
+    sources = items(v for v in ckpt.variables if v.graph_path is not None and v.role == m.ROLE_MODEL)
+    paired = match(sources, weights, (graph_path_stage(complete=False),), labels=("the checkpoint", "the built model"))
+    # What is unused counts only below the node the model was found under (other root children
+    # of a tf.train.Checkpoint are not the model's).
+    lead = ""
+    if paired.pairs:
+        first = paired.pairs[0]
+        lead = first.a.graph_path[: len(first.a.graph_path) - len(first.b.graph_path)]
+    unmatched = [y.name for y in paired.only_b]
+    unused = [x.name for x in paired.only_a if x.graph_path.startswith(lead)]
+    if unmatched or unused or paired.ambiguous:
+        parts = [a.reason for a in paired.ambiguous]
+        if unmatched:
+            parts.append(f"{len(unmatched)} weight(s) of the built model are not in the checkpoint (e.g. {unmatched[0]!r})")
+        if unused:
+            parts.append(f"{len(unused)} model variable(s) of the checkpoint are not in the built model (e.g. {unused[0]!r})")
+        raise UsageError(f"{ckpt.path}: the builder's architecture does not match: " + "; ".join(parts))
+    for p in paired.pairs:
+        v, w = p.a.ref, p.b
+        if w.shape != v.shape or w.dtype != v.dtype:
+            raise UsageError(f"{v.name}: the checkpoint has {v.dtype}{list(v.shape)}, the built model {w.dtype}{list(w.shape)}")
+    return {id(p.b.ref): p.a.ref for p in paired.pairs}
+
+
 def _write_weights_from_builder(
     ckpt: m.Checkpoint, tmp: str, builder: Builder, progress: Progress | None
 ) -> tuple[list[ExtractedVariable], int, list[str]]:
@@ -598,7 +599,7 @@ def _write_weights_from_builder(
             f"{ckpt.path}: a .weights.h5 output needs a TF2 object-based source (its object graph "
             "maps weights to the built model); this one is name-based"
         )
-    _tf_module()
+    import_tf()  # quietly, before the builder touches TensorFlow
     try:
         model = builder()
     except CkptError:
@@ -609,36 +610,8 @@ def _write_weights_from_builder(
         raise UsageError(f"the builder returned {type(model).__name__}, not a Keras model")
     if not model.weights:
         raise UsageError("the builder returned a model without weights; build it (call it on an input or model.build(shape))")
-    paths = _model_paths(model)
-    by_path = {v.graph_path: v for v in ckpt.variables if v.graph_path is not None and v.role == m.ROLE_MODEL}
+    matches = _pair_with_built_model(ckpt, model)
     model_vars = list(model.weights)
-    weight_paths = []
-    for w in model_vars:
-        p = paths.get(id(w))
-        if p is None:
-            raise UsageError(f"weight {getattr(w, 'path', w.name)!r} of the built model is not reachable in its object graph")
-        weight_paths.append(p)
-    # Where the model sits in the checkpoint: the root itself, or one of the root's children.
-    prefixes = [""] + sorted({gp.split("/", 1)[0] + "/" for gp in by_path if "/" in gp})
-    best = max(prefixes, key=lambda pre: sum((pre + p) in by_path for p in weight_paths))
-    matches = {id(w): by_path.get(best + p) for w, p in zip(model_vars, weight_paths)}
-    unmatched = [getattr(w, "path", w.name) for w in model_vars if matches[id(w)] is None]
-    used = {v.key for v in matches.values() if v is not None}
-    unused = [v.name for v in by_path.values() if v.key not in used and v.graph_path.startswith(best)]
-    if unmatched or unused:
-        parts = []
-        if unmatched:
-            parts.append(f"{len(unmatched)} weight(s) of the built model are not in the checkpoint (e.g. {unmatched[0]!r})")
-        if unused:
-            parts.append(f"{len(unused)} model variable(s) of the checkpoint are not in the built model (e.g. {unused[0]!r})")
-        raise UsageError(f"{ckpt.path}: the builder's architecture does not match: " + "; ".join(parts))
-    for w in model_vars:
-        v = matches[id(w)]
-        if tuple(w.shape) != v.shape or np.dtype(w.dtype).name != v.dtype:
-            raise UsageError(
-                f"{v.name}: the checkpoint has {v.dtype}{list(v.shape)}, the built model "
-                f"{np.dtype(w.dtype).name}{list(w.shape)}"
-            )
     verifier = _Verifier(progress, len(model_vars))
     read = _value_reader(ckpt)
     for w in model_vars:
