@@ -298,6 +298,18 @@ def test_tf_checkpoint_equals_keras_files_of_the_same_model(other):
     assert result.exit_code == 0 and result.stdout.splitlines()[-1] == f"all {len(report.variables)} variables equal (atol=0, rtol=0)"
 
 
+def test_both_names_shown_when_the_sides_name_a_variable_differently():
+    table = invoke(RUN / "ckpt-8", KERAS / "model.weights.h5", "--role", "model").stdout.splitlines()
+    assert any(line.startswith("head/kernel -> head/vars/0 ") and " equal " in line for line in table)
+    doc = json.loads(invoke(RUN / "ckpt-8", KERAS / "model.weights.h5", "--role", "model", "--format", "json").stdout)
+    (row,) = [v for v in doc["variables"] if v["name"] == "head/kernel"]
+    assert (row["name_a"], row["name_b"], row["matched_by"]) == ("head/kernel", "head/vars/0", "positional")
+    rows = list(csv.DictReader(io.StringIO(invoke(RUN / "ckpt-8", KERAS / "model.h5", "--format", "csv").stdout)))
+    assert {"name_a", "name_b", "matched_by"} <= set(rows[0])
+    assert " -> " not in invoke(RUN / "ckpt-4", RUN / "ckpt-8").stdout  # same names (and shapes, dtypes): one each
+    assert {v["matched_by"] for v in json.loads(invoke(RUN / "ckpt-4", RUN / "ckpt-8", "--format", "json").stdout)["variables"]} == {"key"}
+
+
 def test_keras3_weights_file_aligns_optimizer_too():
     report = ckptinspect.diff(RUN / "ckpt-8", KERAS / "model.weights.h5")
     removed = sorted(v.name for v in report.variables if v.differs)

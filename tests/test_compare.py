@@ -1,0 +1,54 @@
+"""``bit_equal`` (ops/compare.py): the one bit-for-bit equality behind diff, extract and transplant."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ckptinspect.ops.compare import COMPARE_CHUNK_BYTES, bit_equal
+
+
+def test_nan_payloads_and_signed_zeros_count():
+    quiet = np.array([np.nan], np.float32)
+    payload = np.array([0x7FC00001], np.uint32).view(np.float32)
+    assert bit_equal(quiet, quiet.copy())
+    assert not bit_equal(quiet, payload)  # both NaN, different bits
+    assert not bit_equal(np.array([0.0]), np.array([-0.0]))  # equal as numbers, not as bits
+    assert bit_equal(np.array([1 + 2j], np.complex128), np.array([1 + 2j], np.complex128))
+
+
+def test_shape_and_dtype_are_part_of_identity():
+    assert not bit_equal(np.zeros((2, 3), np.float32), np.zeros((3, 2), np.float32))
+    assert not bit_equal(np.zeros(4, np.float32), np.zeros(4, np.int32))  # same bytes, other dtype
+    assert not bit_equal(np.array([True]), np.array([1], np.uint8))
+
+
+def test_strings_compare_as_bytes_whatever_the_array_type():
+    assert bit_equal(np.array([b"a", b"bc"], object), np.array([b"a", b"bc"]))
+    assert bit_equal(np.array(["caf\u00e9"], object), np.array(["caf\u00e9".encode()], object))
+    assert not bit_equal(np.array([b"a"]), np.array([1]))
+    assert not bit_equal(np.array([b"a", b"b"], object), np.array([b"a", b"c"], object))
+
+
+def test_buffers_read_as_bytes_compare_whole_and_others_in_chunks():
+    data = np.arange(1000, dtype=np.float64).tobytes()
+    x, y = np.frombuffer(data, np.float64), np.frombuffer(bytes(data), np.float64)
+    assert bit_equal(x, y)
+    flipped = bytearray(data)
+    flipped[-1] ^= 1
+    assert not bit_equal(x, np.frombuffer(bytes(flipped), np.float64))
+    n = COMPARE_CHUNK_BYTES // 4 * 2 + 3  # more than two chunks, not a multiple of one
+    big = np.arange(n, dtype=np.float32)
+    late = big.copy()
+    late[-1] = np.nextafter(late[-1], np.float32(np.inf))
+    assert bit_equal(big, big.copy()) and not bit_equal(big, late)
+    assert bit_equal(big[::2], big.copy()[::2])  # non-contiguous views
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint16", "float16", "int64", "complex64"])
+def test_every_element_size(dtype):
+    x = np.arange(7).astype(dtype)
+    y = x.copy()
+    assert bit_equal(x, y)
+    y[3] = y[3] + 1
+    assert not bit_equal(x, y)
