@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import re
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from .. import model as m
 
@@ -81,9 +81,9 @@ KERAS_VARIABLE_ORDER = (
 
 
 # -- records -------------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class Item:
-    """One variable of a side, as the matcher sees it.
+class Item(NamedTuple):
+    """One variable of a side, as the matcher sees it (a named tuple: sides run to many
+    thousands of variables, and tuples are cheap to make).
 
     Attributes:
         key: Its key on its side (unique there).
@@ -106,11 +106,10 @@ class Item:
     graph_path: str | None = None
     index: int = 0
     aliases: tuple[str, ...] = ()
-    ref: Any = dataclasses.field(default=None, compare=False, repr=False)
+    ref: Any = None
 
 
-@dataclasses.dataclass(frozen=True)
-class Pair:
+class Pair(NamedTuple):
     """Two paired items, how they were paired, and the name to show for the pair."""
 
     a: Item
@@ -151,7 +150,8 @@ class Context:
 
     Attributes:
         names_a: ``item.index`` -> the names of an item of A, normalised and rewritten by the
-            ``--map`` rules, primary name first.
+            ``--map`` rules, primary name first (filled for every unpaired item before a stage
+            that ``needs_names`` runs).
         names_b: The same for B (never rewritten).
         label_a: How notes call side A (``A``, ``the source``...).
         label_b: How notes call side B.
@@ -178,11 +178,13 @@ class Stage:
         run: The function.
         uses_names: Whether it pairs by the (rewritable) names: its pairs of a renamed item of
             A report ``mapping``.
+        needs_names: Whether it reads the context's names (the driver prepares them first).
     """
 
     how: str
     run: Callable[[Sequence[Item], Sequence[Item], Context], StageResult]
     uses_names: bool = False
+    needs_names: bool = True
 
     def __call__(self, a: Sequence[Item], b: Sequence[Item], context: Context) -> StageResult:
         return self.run(a, b, context)
@@ -234,7 +236,7 @@ def _by_key(a: Sequence[Item], b: Sequence[Item], ctx: Context) -> StageResult:
     return StageResult(pairs=pairs)
 
 
-KEY = Stage(HOW_KEY, _by_key)
+KEY = Stage(HOW_KEY, _by_key, needs_names=False)
 
 
 # -- 2. object-graph paths -----------------------------------------------------------------------
@@ -282,7 +284,7 @@ def graph_path_stage(complete: bool = True) -> Stage:
             pairs=tuple(Pair(below[p], y, HOW_GRAPH_PATH, below[p].name) for p, y in targets.items() if p in below)
         )
 
-    return Stage(HOW_GRAPH_PATH, run)
+    return Stage(HOW_GRAPH_PATH, run, needs_names=False)
 
 
 GRAPH_PATH = graph_path_stage(complete=True)
@@ -297,36 +299,42 @@ def _by_name(a: Sequence[Item], b: Sequence[Item], ctx: Context) -> StageResult:
         if collided:
             notes.append(
                 f"{len(collided)} readable name(s) of {label} are not unique (e.g. '{collided[0]}'); "
-                "those variables are aligned by name only where that is unambiguous"
+                "those variables are not aligned by name"
             )
-    index_b: dict[str, list[Item]] = collections.defaultdict(list)
+    index_b: dict[str, list[Item]] = {}
     for y in b:
         for n in ctx.names_b[y.index]:
-            index_b[n].append(y)
-    found: dict[int, dict[int, Item]] = {}
-    wanted: collections.Counter[int] = collections.Counter()
+            have = index_b.setdefault(n, [])
+            if not have or have[-1] is not y:
+                have.append(y)
+    found: dict[int, list[Item]] = {}
+    wanted: dict[int, int] = {}
     for x in a:
-        cands = {y.index: y for n in ctx.names_a[x.index] for y in index_b.get(n, ())}
+        names = ctx.names_a[x.index]
+        if len(names) == 1:
+            cands = index_b.get(names[0])
+        else:
+            cands = list({y.index: y for n in names for y in index_b.get(n, ())}.values())
         if cands:
             found[x.index] = cands
-            wanted.update(cands.keys())
+            for y in cands:
+                wanted[y.index] = wanted.get(y.index, 0) + 1
     pairs, edges = [], []
     for x in a:
         cands = found.get(x.index)
         if not cands:
             continue
-        if len(cands) == 1 and wanted[next(iter(cands))] == 1:
-            (y,) = cands.values()
-            pairs.append(Pair(x, y, HOW_NAME, ctx.name_a(x)))
+        if len(cands) == 1 and wanted[cands[0].index] == 1:
+            pairs.append(Pair(x, cands[0], HOW_NAME, ctx.name_a(x)))
         else:
-            edges += [(x.index, j) for j in cands]
+            edges += [(x.index, y.index) for y in cands]
     ambiguous = _ambiguities(HOW_NAME, edges, a, b, ctx, "readable name")
     if ambiguous:
         first = ambiguous[0]
         notes.append(
             f"{len(ambiguous)} name(s) match more than one variable, or are wanted by more than one (e.g. "
-            f"{ctx.label_a} {', '.join(repr(x.name) for x in first.a)} and {ctx.label_b} "
-            f"{', '.join(repr(y.name) for y in first.b)}); those variables are left unpaired rather than guessed"
+            f"{ctx.label_a} {_examples([repr(x.name) for x in first.a])} and {ctx.label_b} "
+            f"{_examples([repr(y.name) for y in first.b])}); those variables are left unpaired rather than guessed"
         )
     return StageResult(pairs=tuple(pairs), ambiguous=ambiguous, notes=tuple(notes))
 

@@ -148,17 +148,9 @@ class Match:
 def items(variables: Iterable[Any]) -> list[Item]:
     """Items for :class:`~ckptinspect.Variable` entries (or any objects with ``key``, ``name``,
     ``shape``, ``dtype`` and optionally ``role`` and ``graph_path``), indexed in the given order."""
+    role = m.ROLE_MODEL
     return [
-        Item(
-            key=v.key,
-            name=v.name,
-            shape=tuple(v.shape),
-            dtype=v.dtype,
-            role=getattr(v, "role", m.ROLE_MODEL),
-            graph_path=getattr(v, "graph_path", None),
-            index=i,
-            ref=v,
-        )
+        Item(v.key, v.name, tuple(v.shape), v.dtype, getattr(v, "role", role), getattr(v, "graph_path", None), i, (), v)
         for i, v in enumerate(variables)
     ]
 
@@ -166,10 +158,11 @@ def items(variables: Iterable[Any]) -> list[Item]:
 def normalize_name(name: str) -> str:
     """A readable name without format wrappers: ``a/b/.ATTRIBUTES/VARIABLE_VALUE`` -> ``a/b``,
     ``dense/kernel:0`` -> ``dense/kernel``; outer slashes dropped."""
-    if name.endswith(ATTRIBUTES_SUFFIX):
-        name = name[: -len(ATTRIBUTES_SUFFIX)]
-    name = name.replace(ATTRIBUTES_MARK, "/")
-    return m.strip_output_index(name).strip("/")
+    if ATTRIBUTES_MARK in name:
+        name = name.removesuffix(ATTRIBUTES_SUFFIX).replace(ATTRIBUTES_MARK, "/")
+    if ":" in name:
+        name = m.strip_output_index(name)
+    return name.strip("/")
 
 
 def stages_for(*, key: bool = False, graph_path: bool = False, rules: bool = False, order: bool = False) -> tuple[Stage, ...]:
@@ -231,22 +224,35 @@ def match(
     compiled = parse_mapping(rules)
     notes: list[str] = []
     names_a: dict[int, tuple[str, ...]] = {}
+    names_b: dict[int, tuple[str, ...]] = {}
     renamed: set[int] = set()
     hits: set[int] = set()
-    for x in a:
-        names = []
-        for i, raw in enumerate((x.name, *x.aliases)):
-            plain = normalize_name(raw)
-            new, hit = apply_rules(plain, compiled) if compiled else (plain, frozenset())
-            hits |= hit
-            if i == 0 and new != plain:
-                renamed.add(x.index)
-            names.append(new)
-        names_a[x.index] = tuple(dict.fromkeys(names))
-    names_b = {y.index: tuple(dict.fromkeys(normalize_name(n) for n in (y.name, *y.aliases))) for y in b}
-    for i, (rx, repl) in enumerate(compiled):
-        if i not in hits:
-            notes.append(f"--map rule {rx.pattern!r} -> {repl!r} matched no name of {labels[0]}")
+
+    def prepare(side_a: Sequence[Item], side_b: Sequence[Item]) -> None:
+        """Normalised (A: and rewritten) names of the items not prepared yet."""
+        for x in side_a:
+            if x.index in names_a:
+                continue
+            primary = normalize_name(x.name)
+            names = [primary, *(normalize_name(n) for n in x.aliases)]
+            if compiled:
+                for i, plain in enumerate(names):
+                    names[i], hit = apply_rules(plain, compiled)
+                    hits.update(hit)
+                if names[0] != primary:
+                    renamed.add(x.index)
+            names_a[x.index] = tuple(dict.fromkeys(names)) if x.aliases else (names[0],)
+        for y in side_b:
+            if y.index not in names_b:
+                names_b[y.index] = (
+                    tuple(dict.fromkeys(normalize_name(n) for n in (y.name, *y.aliases))) if y.aliases
+                    else (normalize_name(y.name),)
+                )
+
+    if compiled:  # a note for every rule that rewrites nothing: every name is needed
+        prepare(a, b)
+        notes += [f"--map rule {rx.pattern!r} -> {repl!r} matched no name of {labels[0]}"
+                  for i, (rx, repl) in enumerate(compiled) if i not in hits]
     ctx = Context(names_a, names_b, *labels)
 
     free_a, free_b = list(a), list(b)
@@ -255,6 +261,8 @@ def match(
     for stage in stages:
         if not free_a or not free_b:
             break
+        if stage.needs_names:
+            prepare(free_a, free_b)
         result = stage(free_a, free_b, ctx)
         done_a, done_b = set(), set()
         for p in result.pairs:
@@ -263,7 +271,7 @@ def match(
             done_a.add(p.a.index)
             done_b.add(p.b.index)
             if stage.uses_names and p.a.index in renamed:
-                p = dataclasses.replace(p, how=HOW_MAPPING)
+                p = p._replace(how=HOW_MAPPING)
             pairs.append(p)
         ambiguous += result.ambiguous
         notes += result.notes
