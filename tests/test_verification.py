@@ -50,7 +50,7 @@ def test_transplant_read_back_of_an_output_missing_variables(tmp_path):
 
 
 def test_extract_read_back_of_a_value_that_differs():
-    from ckptinspect.ops.extract import _Verifier
+    from ckptinspect.ops.extract_writers import Verifier as _Verifier
 
     source = Variable(key="w", name="w", shape=(3,), dtype="float32", nbytes=12)
     value = np.arange(3, dtype=np.float32)

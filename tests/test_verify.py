@@ -23,7 +23,6 @@ from ckptinspect.cli import app
 from ckptinspect.formats.tf_bundle import OBJECT_GRAPH_KEY, data_path, read_index
 from ckptinspect.formats import tf_data
 from ckptinspect.formats._crc import mask
-from ckptinspect.ops import verify as v
 
 tf = pytest.importorskip("tensorflow")
 
