@@ -27,20 +27,61 @@ Local paths only (a rename on object stores is not atomic).
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import os
 import re
 import shutil
+import stat
 import uuid
+import zipfile
 from typing import Iterable, Iterator
 
-from .errors import OutputExistsError, UsageError
+from .errors import OutputExistsError, OutputWriteError, UsageError
 
-__all__ = ["TMP_MARK", "atomic_file", "atomic_prefix", "prefix_files", "check_output", "leftover_temporaries"]
+__all__ = [
+    "TMP_MARK",
+    "KIND_TF",
+    "KIND_HDF5",
+    "KIND_NPZ",
+    "KIND_ZIP",
+    "atomic_file",
+    "atomic_prefix",
+    "prefix_files",
+    "check_output",
+    "leftover_temporaries",
+]
 
 TMP_MARK = ".ckptinspect-tmp-"
 INDEX_SUFFIX = ".index"
+STATE_FILE = "checkpoint"  # the CheckpointManager / Saver state file of a directory
 _PREFIX_FILE_RE = r"(\.index|\.data-\d{5}-of-\d{5})$"
+
+# What an output is, so --force replaces only an earlier output of the same kind.
+KIND_TF = "tf"
+KIND_HDF5 = "hdf5"
+KIND_NPZ = "npz"
+KIND_ZIP = "zip"
+_KIND_BY_SUFFIX = ((".h5", KIND_HDF5), (".hdf5", KIND_HDF5), (".npz", KIND_NPZ), (".keras", KIND_ZIP))
+_KIND_NAMES = {
+    KIND_TF: "a TF checkpoint prefix",
+    KIND_HDF5: "an HDF5 file",
+    KIND_NPZ: "a numpy .npz archive",
+    KIND_ZIP: "a .keras zip archive",
+    None: "an output of a kind ckptinspect writes",
+}
+_INDEX_NAME = "a TF checkpoint index"
+_DATA_NAME = "a TF checkpoint data shard"
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+HDF5_USERBLOCK_OFFSETS = (0, 512, 1024, 2048)
+ZIP_SIGNATURES = (b"PK\x03\x04", b"PK\x05\x06")  # a member first, or an empty archive
+NPY_SUFFIX = ".npy"
+TABLE_FOOTER_SIZE = 48  # an SSTable footer: handles, padding, 8-byte magic
+TABLE_MAGIC = (0xDB4775248B80FB57).to_bytes(8, "little")
+SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
+_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_DISK_FULL_TEXTS = ("no space left on device", "disk quota exceeded")
+_REFUSE = "--force replaces only an earlier output of the same kind, refusing"
 
 
 def prefix_files(prefix: str) -> list[str]:
@@ -72,32 +113,136 @@ def _protected_files(protected: Iterable[str]) -> list[str]:
     return out
 
 
-def check_output(dest: str, *, force: bool = False, prefix: bool = False, protected: Iterable[str] = ()) -> list[str]:
+def _guarded_directories(protected: Iterable[str]) -> dict[str, str]:
+    """Directories whose resolution an output must not change, by real path: a checkpoint
+    directory given as the source (not a SavedModel root, which resolves through its
+    ``variables/``), and the directory holding a source TF prefix."""
+    out: dict[str, str] = {}
+    for p in protected:
+        p = os.fspath(p)
+        if "://" in p:
+            continue
+        if os.path.isdir(p):
+            if not any(os.path.exists(os.path.join(p, f)) for f in SAVED_MODEL_FILES):
+                out.setdefault(os.path.realpath(p), p)
+        elif prefix_files(p):
+            directory = os.path.dirname(p) or "."
+            out.setdefault(os.path.realpath(directory), directory)
+    return out
+
+
+def _describe(path: str, st: os.stat_result) -> str:
+    """What is at ``path``, for a refusal: ``a regular file (9 bytes)``, ``a FIFO``..."""
+    mode = st.st_mode
+    if stat.S_ISREG(mode):
+        if os.path.basename(path) == STATE_FILE:
+            return f"the checkpoint state file of {os.path.dirname(path) or '.'} ({st.st_size} bytes)"
+        return f"a regular file ({st.st_size} bytes)"
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "a special file"  # pragma: no cover
+
+
+def _read_regular(path: str, spans: Iterable[tuple[int, int]]) -> list[bytes]:
+    """Read a few (offset, size) spans of a regular file without following a link or blocking
+    on a FIFO swapped in since it was looked at."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return []
+        return [os.pread(fd, size, offset) for offset, size in spans]
+    finally:
+        os.close(fd)
+
+
+def _is_kind(path: str, size: int, kind: str | None) -> bool:
+    """Whether the regular file at ``path`` holds what an output of ``kind`` would."""
+    try:
+        if kind == "index":
+            tail = _read_regular(path, [(max(size - len(TABLE_MAGIC), 0), len(TABLE_MAGIC))])
+            return size >= TABLE_FOOTER_SIZE and tail == [TABLE_MAGIC]
+        if kind == "data":
+            return True  # raw tensor bytes: any content
+        if kind == KIND_HDF5:
+            heads = _read_regular(path, [(o, len(HDF5_SIGNATURE)) for o in HDF5_USERBLOCK_OFFSETS])
+            return HDF5_SIGNATURE in heads
+        if kind in (KIND_NPZ, KIND_ZIP):
+            head = _read_regular(path, [(0, 4)])
+            if not head or head[0] not in ZIP_SIGNATURES:
+                return False
+            if kind == KIND_ZIP:
+                return True
+            with zipfile.ZipFile(path) as archive:
+                return all(name.endswith(NPY_SUFFIX) for name in archive.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
+    return False
+
+
+def _check_replaceable(path: str, kind: str | None, what: str) -> None:
+    """Refuse ``path`` unless it is a regular file holding an earlier output of ``kind``."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise UsageError(f"{path}: is a symbolic link (to {os.readlink(path)}); --force replaces only regular files "
+                         "of an earlier output, refusing")
+    if not stat.S_ISREG(st.st_mode) or not _is_kind(path, st.st_size, kind):
+        raise UsageError(f"{path}: exists and is {_describe(path, st)}, not {what}; {_REFUSE}")
+
+
+def output_kind_for(dest: str) -> str | None:
+    """The kind of a file output from its suffix (``.h5``, ``.hdf5``, ``.npz``, ``.keras``), or None."""
+    name = os.path.basename(dest).lower()
+    return next((kind for suffix, kind in _KIND_BY_SUFFIX if name.endswith(suffix)), None)
+
+
+def check_output(
+    dest: str,
+    *,
+    force: bool = False,
+    prefix: bool = False,
+    kind: str | None = None,
+    protected: Iterable[str] = (),
+) -> list[str]:
     """Check that ``dest`` may be written, before any work is done.
+
+    ``force`` replaces only an earlier output of the same kind: the ``.index`` (a real
+    checkpoint index) and ``.data-*`` files of a prefix, or a regular file whose content is
+    the output's kind (HDF5, an ``.npz`` of ``.npy`` members, a zip). Anything else at the
+    output's names (a plain file named like the prefix, the ``checkpoint`` state file, a
+    directory, a symlink, a FIFO, a file of another kind) is refused, with or without
+    ``force``. So is an output that would change what a source checkpoint directory resolves
+    to: a new ``*.index`` in it, or a file named ``checkpoint`` there.
 
     Args:
         dest: The output file, or the output prefix when ``prefix`` is set.
-        force: Allow replacing an existing output.
+        force: Allow replacing an existing output of the same kind.
         prefix: ``dest`` is a TF bundle prefix (``dest.index`` + ``dest.data-*``).
-        protected: Inputs that must never be overwritten (files, directories or TF prefixes).
+        kind: For a file output, what it holds: :data:`KIND_HDF5`, :data:`KIND_NPZ` or
+            :data:`KIND_ZIP` (default: from the suffix).
+        protected: Inputs that must never be overwritten (files, directories or TF prefixes);
+            a source directory, and the directory of a source prefix, must not change.
 
     Returns:
         The existing files the write will replace (empty unless ``force``).
 
     Raises:
-        UsageError: ``dest`` is remote, is a directory, or would overwrite a protected input.
-        OutputExistsError: ``dest`` exists and ``force`` is not set.
+        UsageError: ``dest`` is remote, is a directory, would overwrite a protected input or
+            change what a source directory resolves to, or something that is not an earlier
+            output of the same kind is in the way.
+        OutputExistsError: An earlier output is at ``dest`` and ``force`` is not set.
     """
     dest = os.fspath(dest)
+    protected = [os.fspath(p) for p in protected]
     if "://" in dest:
         raise UsageError(f"{dest}: outputs must be local paths (a rename on object stores is not atomic)")
     if not os.path.basename(dest):
         raise UsageError(f"{dest}: the output needs a file name, not a directory")
-    if os.path.isdir(dest):
+    if os.path.isdir(dest) and not os.path.islink(dest):
         raise UsageError(f"{dest}: is a directory; give an output file name or prefix inside it")
+    kind = KIND_TF if prefix else (kind or output_kind_for(dest))
     existing = prefix_files(dest) if prefix else ([dest] if os.path.lexists(dest) else [])
-    if prefix and os.path.lexists(dest) and dest not in existing:
-        existing.append(dest)
     targets = existing + ([dest + INDEX_SUFFIX] if prefix else [dest])
     for guarded in _protected_files(protected):
         for target in targets:
@@ -105,23 +250,76 @@ def check_output(dest: str, *, force: bool = False, prefix: bool = False, protec
                 raise UsageError(f"{dest}: is the input {guarded}; refusing to overwrite an input")
             if os.path.realpath(target) == os.path.realpath(guarded):
                 raise UsageError(f"{dest}: is the input {guarded}; refusing to overwrite an input")
+    if prefix and os.path.lexists(dest):
+        # TF never writes a file at the prefix itself: whatever is there is not our output.
+        _check_replaceable(dest, None, _KIND_NAMES[KIND_TF])
+    for path in existing:
+        if prefix:
+            _check_replaceable(path, *(("index", _INDEX_NAME) if path.endswith(INDEX_SUFFIX) else ("data", _DATA_NAME)))
+        else:
+            _check_replaceable(path, kind, _KIND_NAMES[kind])
+    directory = os.path.dirname(dest) or "."
+    guarded_dirs = _guarded_directories(protected)
+    real_dir = os.path.realpath(directory)
+    if real_dir in guarded_dirs:
+        shown = guarded_dirs[real_dir]
+        if os.path.basename(dest) == STATE_FILE and not prefix:
+            raise UsageError(f"{dest}: would be the checkpoint state file of {shown}, the source's directory; "
+                             "write the output elsewhere")
+        if prefix and not os.path.lexists(dest + INDEX_SUFFIX):
+            raise UsageError(f"{dest}: would add {os.path.basename(dest)}{INDEX_SUFFIX} to {shown}, the source "
+                             "checkpoint's directory, and change what it resolves to; write the output elsewhere")
     if existing and not force:
         what = dest if not prefix else f"{dest} ({', '.join(os.path.basename(p) for p in existing)})"
         raise OutputExistsError(f"{what}: output exists; pass --force (force=True) to replace it")
     return existing
 
 
-def _make_directory(dest: str) -> str:
+def _disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is a full disk or an exceeded quota, however the
+    writer (Python, h5py, TensorFlow) reported it."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in _DISK_FULL_ERRNOS:
+            return True
+        if any(text in str(exc).lower() for text in _DISK_FULL_TEXTS):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _disk_full_error(dest: str) -> OutputWriteError:
+    return OutputWriteError(f"{dest}: cannot write the output: no space left on device; nothing was written")
+
+
+def _make_directory(dest: str) -> tuple[str, list[str]]:
+    """Create ``dest``'s directory; return it and the directories created, outermost first."""
     directory = os.path.dirname(dest) or "."
+    created = []
+    parent = directory
+    while parent and not os.path.lexists(parent):
+        created.insert(0, parent)
+        parent = os.path.dirname(parent)
     try:
         os.makedirs(directory, exist_ok=True)
     except FileExistsError:
         raise UsageError(f"{dest}: cannot write there: {directory} exists and is not a directory") from None
     except OSError as e:
+        _remove_created(created)
+        if _disk_full(e):
+            raise _disk_full_error(dest) from None
         raise UsageError(f"{dest}: cannot create the output directory {directory}: {e.strerror or e}") from None
     if not os.access(directory, os.W_OK | os.X_OK):
         raise UsageError(f"{dest}: cannot write there: {directory} is not writable")
-    return directory
+    return directory, created
+
+
+def _remove_created(created: list[str]) -> None:
+    """Remove the directories a failed write created, innermost first, if they are empty."""
+    for path in reversed(created):
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
 
 
 def _remove(path: str) -> None:
@@ -133,33 +331,42 @@ def _remove(path: str) -> None:
 
 
 @contextlib.contextmanager
-def atomic_file(dest: str, *, force: bool = False, protected: Iterable[str] = ()) -> Iterator[str]:
+def atomic_file(
+    dest: str, *, force: bool = False, kind: str | None = None, protected: Iterable[str] = ()
+) -> Iterator[str]:
     """Write one file atomically.
 
     Yields a temporary path in ``dest``'s directory whose name ends with ``dest``'s whole
     file name (so suffix checks such as Keras' ``.weights.h5`` pass). When the ``with`` body
-    returns, the file is renamed to ``dest``; when it raises, the file is removed.
+    returns, the file is renamed to ``dest``; when it raises, the file (and any directory
+    created for it) is removed. A full disk is reported against ``dest``, not the temporary.
 
     Args:
         dest: The final path. Its directory is created when missing.
-        force: Replace an existing ``dest``.
+        force: Replace an existing ``dest`` of the same kind.
+        kind: What the file holds (:data:`KIND_HDF5`, :data:`KIND_NPZ`, :data:`KIND_ZIP`;
+            default from the suffix), which ``force`` checks an existing ``dest`` against.
         protected: Inputs that must never be overwritten.
 
     Raises:
         OutputExistsError, UsageError: See :func:`check_output`.
+        OutputWriteError: The disk is full (or the quota exceeded).
     """
     dest = os.fspath(dest)
-    check_output(dest, force=force, protected=protected)
-    directory = _make_directory(dest)
+    check_output(dest, force=force, kind=kind, protected=protected)
+    directory, created = _make_directory(dest)
     tmp = os.path.join(directory, f"{TMP_MARK}{uuid.uuid4().hex[:12]}.{os.path.basename(dest)}")
     try:
         yield tmp
         if not os.path.exists(tmp):
             raise UsageError(f"{dest}: nothing was written")
-        check_output(dest, force=force, protected=protected)  # someone may have created it meanwhile
+        check_output(dest, force=force, kind=kind, protected=protected)  # someone may have created it meanwhile
         os.replace(tmp, dest)
-    except BaseException:
+    except BaseException as e:
         _remove(tmp)
+        _remove_created(created)
+        if isinstance(e, Exception) and _disk_full(e):
+            raise _disk_full_error(dest) from e
         raise
 
 
@@ -171,8 +378,9 @@ def atomic_prefix(dest: str, *, force: bool = False, protected: Iterable[str] = 
     ``with`` body returns, every file the bundle wrote (``tmp.index``, ``tmp.data-*``) is
     renamed to ``dest.*``, data files first and the index last, so a reader never finds an
     index whose data is missing; stale files of a replaced output (a ``.data`` shard the new
-    bundle does not have) are removed. When the body raises, the temporary directory is
-    removed and any previous output is left as it was.
+    bundle does not have) are removed. When the body raises, the temporary directory (and
+    any directory created for the output) is removed and any previous output is left as it
+    was. A full disk is reported against ``dest``, not the temporary.
 
     Args:
         dest: The final prefix. Its directory is created when missing.
@@ -181,14 +389,16 @@ def atomic_prefix(dest: str, *, force: bool = False, protected: Iterable[str] = 
 
     Raises:
         OutputExistsError, UsageError: See :func:`check_output`.
+        OutputWriteError: The disk is full (or the quota exceeded).
     """
     dest = os.fspath(dest)
     check_output(dest, force=force, prefix=True, protected=protected)
-    directory = _make_directory(dest)
+    directory, created = _make_directory(dest)
     tmp_dir = os.path.join(directory, f"{TMP_MARK}{uuid.uuid4().hex[:12]}")
-    os.mkdir(tmp_dir)
     tmp_prefix = os.path.join(tmp_dir, os.path.basename(dest))
+    done = False
     try:
+        os.mkdir(tmp_dir)
         yield tmp_prefix
         written = prefix_files(tmp_prefix)
         if tmp_prefix + INDEX_SUFFIX not in written:
@@ -206,8 +416,17 @@ def atomic_prefix(dest: str, *, force: bool = False, protected: Iterable[str] = 
         for path in old:
             if path not in new_names:
                 _remove(path)
+        done = True
+    except Exception as e:
+        if _disk_full(e):
+            _remove(tmp_dir)
+            _remove_created(created)
+            raise _disk_full_error(dest) from e
+        raise
     finally:
         _remove(tmp_dir)
+        if not done:
+            _remove_created(created)
 
 
 def leftover_temporaries(directory: str) -> list[str]:

@@ -18,6 +18,7 @@ __all__ = [
     "CorruptCheckpointError",
     "UnsafeFileError",
     "OutputExistsError",
+    "OutputWriteError",
     "UsageError",
     "TransplantError",
     "VerificationError",
@@ -46,6 +47,10 @@ class UnsafeFileError(CkptError, ValueError):
 
 class OutputExistsError(CkptError, FileExistsError):
     """A write would overwrite an existing output and ``force`` was not given."""
+
+
+class OutputWriteError(CkptError, OSError):
+    """An output could not be written (a full disk); nothing was left under its name."""
 
 
 class UsageError(CkptError, ValueError):

@@ -305,8 +305,10 @@ def test_killed_write_leaves_nothing_under_the_final_name(tmp_path, mode, sig):
     """A writer killed mid-write (SIGKILL: no cleanup at all; SIGINT: KeyboardInterrupt) leaves
     the previous output untouched and no partial output under the final name."""
     dest = tmp_path / ("model.weights.h5" if mode == "file" else "ckpt")
-    old = {dest: b"old output"} if mode == "file" else {
-        pathlib.Path(f"{dest}.index"): b"old index", pathlib.Path(f"{dest}.data-00000-of-00001"): b"old data"}
+    # The previous output is a real one of the same kind: --force replaces nothing else.
+    old = {dest: (KERAS / "model.weights.h5").read_bytes()} if mode == "file" else {
+        pathlib.Path(f"{dest}.index"): (RUN / "ckpt-8.index").read_bytes(),
+        pathlib.Path(f"{dest}.data-00000-of-00001"): (RUN / "ckpt-8.data-00000-of-00001").read_bytes()}
     for p, data in old.items():
         p.write_bytes(data)
     proc = subprocess.Popen([sys.executable, "-c", SLOW_WRITER, str(dest), mode], stdout=subprocess.PIPE, text=True)

@@ -196,7 +196,8 @@ def extract(
                 files = [out + p[len(tmp):] for p in _atomic.prefix_files(tmp)]
                 out_bytes = _size(_atomic.prefix_files(tmp))
         else:
-            with _atomic.atomic_file(out, force=force, protected=protected) as tmp:
+            kind = _atomic.KIND_NPZ if fmt == FORMAT_NPZ else _atomic.KIND_HDF5
+            with _atomic.atomic_file(out, force=force, kind=kind, protected=protected) as tmp:
                 if fmt == FORMAT_NPZ:
                     planned, verified, notes = write_npz(ckpt, tmp, keep, progress)
                 elif fmt == FORMAT_H5:
