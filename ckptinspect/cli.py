@@ -8,6 +8,8 @@ found damage; 2 error, with one ``Error: ...`` line on stderr (a traceback only 
 from __future__ import annotations
 
 import functools
+import os
+import shutil
 import sys
 import time
 from typing import Callable, Optional
@@ -44,8 +46,11 @@ def _main(
 
 
 def fail(message: str) -> None:
-    """Print one ``Error:`` line and exit 2."""
-    typer.echo(f"Error: {message}", err=True)
+    """Print one ``Error:`` line (control characters escaped, so a name from a file cannot
+    break the line or drive the terminal) and exit 2."""
+    from .render import escape_controls  # noqa: PLC0415
+
+    typer.echo(f"Error: {escape_controls(message)}", err=True)
     raise typer.Exit(EXIT_ERROR)
 
 
@@ -68,14 +73,16 @@ def handle_errors(fn: Callable) -> Callable:
         except Exception as e:  # noqa: BLE001 - the CLI promises no traceback without --debug
             if _state["debug"]:
                 raise
-            fail(f"unexpected {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            text = str(e).strip()
+            fail(f"unexpected {type(e).__name__}: {text.splitlines()[0] if text else ''}"
                  " (run with --debug for the traceback)")
 
     return wrapper
 
 
 class Progress:
-    """A one-line progress indicator on stderr, only when stderr is a terminal and the work is long."""
+    """A one-line progress indicator on stderr, only when stderr is a terminal and the work is
+    long; the line fits the terminal's width, so it never wraps."""
 
     def __init__(self, label: str, min_seconds: float = 0.5):
         self.label = label
@@ -83,20 +90,28 @@ class Progress:
         self.start = time.monotonic()
         self.min_seconds = min_seconds
         self.shown = False
+        self.width = 0
+
+    def _columns(self) -> int:
+        try:
+            return os.get_terminal_size(sys.stderr.fileno()).columns
+        except (AttributeError, ValueError, OSError):
+            return shutil.get_terminal_size().columns
 
     def __call__(self, done: int, total: int, item=None) -> None:
         if not self.enabled or time.monotonic() - self.start < self.min_seconds:
             return
-        width = 30
-        filled = int(width * done / max(total, 1))
+        from .render import progress_line  # noqa: PLC0415
+
+        self.width = self._columns()
         name = getattr(item, "name", "") or ""
-        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} {name[:40]:<40}")
+        sys.stderr.write("\r" + progress_line(self.label, done, total, str(name), self.width))
         sys.stderr.flush()
         self.shown = True
 
     def close(self) -> None:
         if self.shown:
-            sys.stderr.write("\r" + " " * 100 + "\r")
+            sys.stderr.write("\r" + " " * max(self.width - 1, 1) + "\r")
             sys.stderr.flush()
 
 

@@ -2,6 +2,20 @@
 
 Every listing command builds one JSON document and one list of row dicts, and calls
 :func:`render` with the chosen :class:`OutputFormat`.
+
+Names come from files other people wrote, so they are shown safely:
+
+* tables (and the CLI's ``Error:`` line) show control characters as visible escapes
+  (``\\x1b``, ``\\n``, ``\\r``, ``\\t``, bidirectional overrides as ``\\u202e``), so a
+  name can neither clear the screen nor break a row;
+* CSV cells that a spreadsheet would run as a formula (starting with ``= + - @``, a tab or a
+  carriage return, and not a plain number) get a leading ``'`` (OWASP's advice);
+* JSON stays exact (``json`` escapes control characters itself).
+
+Tables fit the terminal: when stdout is a terminal, or ``COLUMNS`` is set, a table wider than
+the width shortens its name columns with a middle ellipsis (``enc…/kernel``) and wraps long
+header lines; piped output with ``COLUMNS`` unset keeps full names, for scripts that grep.
+JSON and CSV are never shortened.
 """
 
 from __future__ import annotations
@@ -11,13 +25,30 @@ import enum
 import io
 import json
 import math
+import os
+import re
+import shutil
+import sys
+import textwrap
+import unicodedata
 from typing import Any, Iterable, Sequence
-
-from tabulate import tabulate
 
 from .model import format_shape
 
-__all__ = ["OutputFormat", "render", "human_bytes", "fmt_shape", "fmt_float", "Column"]
+__all__ = [
+    "OutputFormat",
+    "render",
+    "human_bytes",
+    "fmt_shape",
+    "fmt_float",
+    "Column",
+    "escape_controls",
+    "csv_safe",
+    "middle_ellipsis",
+    "terminal_width",
+    "simple_table",
+    "progress_line",
+]
 
 
 class OutputFormat(str, enum.Enum):
@@ -29,6 +60,142 @@ class OutputFormat(str, enum.Enum):
 
 
 Column = tuple[str, str]  # (row key, table header)
+
+AUTO = -1  # width=AUTO: the terminal's width (see terminal_width); width=None: no fitting
+ELLIPSIS = "\u2026"
+MIN_SQUEEZED_WIDTH = 16  # a name column is never shortened below this (or its header)
+COLUMN_GAP = "  "
+# C0 and C1 controls, DEL, and the invisible bidirectional / line-separator marks that can
+# reorder or break what a terminal shows.
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+CSV_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+CSV_GUARD = "'"
+_PLAIN_NUMBER_RE = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:inf|nan)|-")
+_LABEL_RE = re.compile(r"^([^\s:][^:]{0,24}:\s+)\S")  # "path:    ", "note:     "...
+PROGRESS_BAR = 30
+PROGRESS_MIN_BAR = 10
+
+
+def escape_controls(text: Any) -> str:
+    """``text`` with control characters as visible escapes (``\\x1b``, ``\\n``, ``\\u202e``)."""
+    s = str(text)
+    if not _CONTROL_RE.search(s):
+        return s
+    return _CONTROL_RE.sub(_escape_one, s)
+
+
+def _escape_one(match: re.Match[str]) -> str:
+    c = match.group()
+    return _NAMED_ESCAPES.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+
+
+def csv_safe(value: Any) -> Any:
+    """A CSV cell a spreadsheet will not run: ``'`` before a text starting with ``= + - @``,
+    a tab or a carriage return (plain numbers such as ``-0.5`` stay as they are)."""
+    if isinstance(value, str) and value.startswith(CSV_FORMULA_STARTS) and not _PLAIN_NUMBER_RE.fullmatch(value):
+        return CSV_GUARD + value
+    return value
+
+
+def display_width(s: str) -> int:
+    """Terminal columns ``s`` takes (wide East Asian characters take two, combining marks none)."""
+    if s.isascii():
+        return len(s)
+    return sum(_char_width(c) for c in s)
+
+
+def _char_width(c: str) -> int:
+    if unicodedata.combining(c):
+        return 0
+    return 2 if unicodedata.east_asian_width(c) in "WF" else 1
+
+
+def _pad(s: str, width: int) -> str:
+    return s + " " * (width - display_width(s))
+
+
+def middle_ellipsis(s: str, width: int) -> str:
+    """``s`` shortened to ``width`` columns by an ellipsis in the middle (the end, which holds
+    the leaf name or file name, keeps two thirds)."""
+    if display_width(s) <= width:
+        return s
+    if width <= 1:
+        return ELLIPSIS[:width]
+    head_room = (width - 1) // 3
+    tail_room = width - 1 - head_room
+    head, used = [], 0
+    for c in s:
+        w = _char_width(c)
+        if used + w > head_room:
+            break
+        head.append(c)
+        used += w
+    tail, used = [], 0
+    for c in reversed(s):
+        w = _char_width(c)
+        if used + w > tail_room:
+            break
+        tail.append(c)
+        used += w
+    return "".join(head) + ELLIPSIS + "".join(reversed(tail))
+
+
+def terminal_width() -> int | None:
+    """The width tables fit: ``COLUMNS`` when set, else the terminal's when stdout is one,
+    else None (full names, for scripts)."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.strip().isdigit() and int(columns) > 0:
+        return int(columns)
+    try:
+        if sys.stdout.isatty():
+            return shutil.get_terminal_size().columns
+    except (AttributeError, ValueError, OSError):
+        pass
+    return None
+
+
+class _Fitted(str):
+    """A line already escaped and fitted (a row of a table in a header): never wrapped."""
+
+
+def _table_lines(*args: Any, **kwargs: Any) -> list[str]:
+    """:func:`simple_table` as lines to put in a header."""
+    return [_Fitted(line) for line in simple_table(*args, **kwargs).splitlines()]
+
+
+def fit_lines(lines: Iterable[str], width: int | None) -> list[str]:
+    """Text lines with control characters escaped, and, given a ``width``, longer lines
+    wrapped under their label (``totals:  ...`` continues under its value)."""
+    out: list[str] = []
+    for line in lines:
+        if isinstance(line, _Fitted):
+            out.append(line)
+            continue
+        line = escape_controls(line)
+        if width is None or display_width(line) <= width:
+            out.append(line)
+            continue
+        label = _LABEL_RE.match(line)
+        indent = " " * (len(label.group(1)) if label and len(label.group(1)) < width // 2 else 2)
+        out += _wrap(line, width, indent)
+    return out
+
+
+def _wrap(line: str, width: int, indent: str) -> list[str]:
+    """Wrap after the commas of a list (``a 1 (2 B), b 3 (4 B)``) when that fits, else at spaces."""
+    items = line.split(", ")
+    if len(items) > 1 and all(display_width(indent + item) + 1 <= width for item in items):
+        lines = [items[0]]
+        for item in items[1:]:
+            if display_width(lines[-1]) + 2 + display_width(item) + 1 <= width:
+                lines[-1] += ", " + item
+            else:
+                lines[-1] += ","
+                lines.append(indent + item)
+        return lines
+    return textwrap.wrap(line, width=width, subsequent_indent=indent, break_long_words=True,
+                         break_on_hyphens=False) or [line]
 
 
 def human_bytes(n: int | None) -> str:
@@ -92,6 +259,9 @@ def render(
     header: Sequence[str] = (),
     footer: Sequence[str] = (),
     csv_columns: Sequence[str] | None = None,
+    squeeze: Sequence[str] = ("name",),
+    optional: Sequence[str] = (),
+    width: int | None = AUTO,
 ) -> str:
     """Render one listing.
 
@@ -100,9 +270,13 @@ def render(
         doc: The whole JSON document (used for ``json``).
         rows: One dict per row (used for ``table`` and ``csv``).
         columns: (row key, header) pairs of the table.
-        header: Lines printed above the table.
+        header: Lines printed above the table (one line each; wrapped to the width).
         footer: Lines printed below the table.
         csv_columns: Row keys for CSV (default: the table's keys).
+        squeeze: Row keys of the table columns that may be shortened to fit the width.
+        optional: Row keys of table columns that may be left out, in this order, when the
+            table does not fit even with its names shortened.
+        width: Columns to fit the table into (default: :func:`terminal_width`).
 
     Returns:
         The text, ending with a newline.
@@ -118,37 +292,120 @@ def render(
         for row in rows:
             writer.writerow({k: _csv_cell(row.get(k)) for k in keys})
         return buf.getvalue()
-    parts = list(header)
+    if width == AUTO:
+        width = terminal_width()
+    parts = fit_lines(header, width)
     if rows:
-        table = simple_table([h for _, h in columns], [[row.get(k, "") for k, _ in columns] for row in rows])
+        keys = [k for k, _ in columns]
+        table = simple_table([h for _, h in columns], [[row.get(k, "") for k in keys] for row in rows], width=width,
+                             squeeze=[keys.index(k) for k in squeeze if k in keys],
+                             optional=[keys.index(k) for k in optional if k in keys])
         parts += ["", table] if header else [table]
-    parts += list(footer)
+    parts += fit_lines(footer, width)
     return "\n".join(parts) + "\n"
 
 
-def simple_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+def _table_width(widths: Sequence[int]) -> int:
+    return sum(widths) + len(COLUMN_GAP) * (len(widths) - 1)
+
+
+def _fit_widths(headers: Sequence[str], content: Sequence[int], squeeze: Sequence[int], width: int) -> list[int]:
+    """Column widths fitting ``width``: no header padding, then the widest squeezable column
+    shortened first, none below its floor."""
+    widths = [max(display_width(h), c) for h, c in zip(headers, content)]
+    floors = {i: max(MIN_SQUEEZED_WIDTH, display_width(headers[i])) for i in squeeze}
+    excess = _table_width(widths) - width
+    while excess > 0:
+        candidates = [i for i in squeeze if widths[i] > floors[i]]
+        if not candidates:
+            break
+        widest = max(candidates, key=lambda i: widths[i])
+        others = [widths[i] for i in candidates if i != widest]
+        step = min(excess, widths[widest] - floors[widest],
+                   max(1, widths[widest] - max(others)) if others else excess)
+        widths[widest] -= step
+        excess -= step
+    return widths
+
+
+def simple_table(
+    headers: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    *,
+    width: int | None = None,
+    squeeze: Sequence[int] = (),
+    optional: Sequence[int] = (),
+) -> str:
     """The layout of tabulate's ``simple`` format (cells as strings, left-aligned), built in
-    one pass: listings have thousands of rows and tabulate costs ~25 us a row."""
-    cells = [["" if c is None else str(c) for c in row] for row in rows]
-    widths = [len(h) + 2 for h in headers]
+    one pass: listings have thousands of rows and tabulate costs ~25 us a row.
+
+    Cells are shown with control characters escaped. Given a ``width``, a wider table drops
+    its header padding, shortens the ``squeeze`` columns (indexes) with a middle ellipsis, and
+    if that is not enough leaves out the ``optional`` columns in order (a last line says so).
+    """
+    headers = [escape_controls(h) for h in headers]
+    cells = [["" if c is None else escape_controls(c) for c in row] for row in rows]
+    keep = list(range(len(headers)))
+    hidden: list[str] = []
+    content = [0] * len(headers)
     for row in cells:
         for i, c in enumerate(row):
-            if len(c) > widths[i]:
-                widths[i] = len(c)
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip(), "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+            w = display_width(c)
+            if w > content[i]:
+                content[i] = w
+    widths = [max(display_width(h) + 2, c) for h, c in zip(headers, content)]
+    if width is not None and _table_width(widths) > width:
+        pending = [i for i in optional if 0 <= i < len(headers)]
+        while True:
+            widths = _fit_widths([headers[i] for i in keep], [content[i] for i in keep],
+                                 [keep.index(i) for i in squeeze if i in keep], width)
+            if _table_width(widths) <= width or not pending:
+                break
+            dropped = pending.pop(0)
+            keep.remove(dropped)
+            hidden.append(headers[dropped])
+        headers = [headers[i] for i in keep]
+        cells = [[row[i] for i in keep] for row in cells]
+        for row in cells:
+            for i, c in enumerate(row):
+                if display_width(c) > widths[i]:
+                    row[i] = middle_ellipsis(c, widths[i])
+        headers = [middle_ellipsis(h, w) for h, w in zip(headers, widths)]
+    lines = [COLUMN_GAP.join(_pad(h, w) for h, w in zip(headers, widths)).rstrip(),
+             COLUMN_GAP.join("-" * w for w in widths)]
+    lines += [COLUMN_GAP.join(_pad(c, w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    if hidden:
+        lines.append(f"({', '.join(hidden)} left out to fit {width} columns; --format csv or json has every column)")
     return "\n".join(lines)
 
 
 def _csv_cell(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
-        return " ".join(str(v) for v in value)
-    return "" if value is None else value
+        return csv_safe(" ".join(str(v) for v in value))
+    return "" if value is None else csv_safe(value)
+
+
+def progress_line(label: str, done: int, total: int, name: str, width: int) -> str:
+    """One progress line of at most ``width - 1`` columns (a full-width line wraps in some
+    terminals): ``label [#####.....] done/total name``, the name shortened in the middle."""
+    room = max(width - 1, 1)
+    counts = f"{done}/{total}"
+    bar = min(PROGRESS_BAR, max(PROGRESS_MIN_BAR, room - len(label) - len(counts) - 5 - MIN_SQUEEZED_WIDTH))
+    filled = int(bar * done / max(total, 1))
+    line = f"{label} [{'#' * filled}{'.' * (bar - filled)}] {counts}"
+    name_room = room - display_width(line) - 1
+    if name and name_room > 1:
+        line += " " + middle_ellipsis(escape_controls(name), name_room)
+    return _pad(line, room) if display_width(line) < room else middle_ellipsis(line, room)
 
 
 # -- views: one per command ---------------------------------------------------------------
-def diff_view(report, fmt: OutputFormat) -> str:
-    """Render a :class:`~ckptinspect.ops.diff.DiffReport`: variables by movement, layers, verdict."""
+def diff_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
+    """Render a :class:`~ckptinspect.ops.diff.DiffReport`: variables by movement, layers, verdict.
+
+    The table shows the NaN/Inf columns only when a variable has a NaN or an Inf; fitted to a
+    narrow terminal it leaves out ``differing``, then ``dtype`` and ``shape`` (and says so).
+    """
     def pair(x, y, show=str) -> str:
         if x is None or y is None:
             return show(x if y is None else y) if (x, y) != (None, None) else "-"
@@ -185,25 +442,31 @@ def diff_view(report, fmt: OutputFormat) -> str:
         + (f", --map {' '.join(report.mapping)}" if report.mapping else ""),
     ]
     header += [f"note: {n}" for n in report.notes]
+    if width == AUTO:
+        width = terminal_width()
     columns: list[Column] = [("shown_name", "name"), ("status", "status"), ("shape", "shape"), ("dtype", "dtype"),
                              ("max_abs", "max abs diff"), ("rel", "rel l2"), ("cos", "cosine"),
-                             ("diff_elems", "differing"), ("nan", "nan a/b"), ("inf", "inf a/b")]
+                             ("diff_elems", "differing")]
+    if any(v.nan_a or v.nan_b or v.inf_a or v.inf_b for v in report.variables):
+        columns += [("nan", "nan a/b"), ("inf", "inf a/b")]
     layers = report.layers
     moved = [s for s in layers if s.changed]
     footer: list[str] = []
     if layers:
         footer += ["", "layers:"]
         if moved:
-            footer += simple_table(
+            footer += _table_lines(
                 ["layer", "differ", "max rel l2", "max abs diff"],
                 [[s.layer or "(top level)", f"{s.changed}/{s.variables}", fmt_float(s.max_rel_l2),
                   fmt_float(s.max_abs_diff)] for s in moved],
-            ).splitlines()
+                width=width, squeeze=[0],
+            )
         unchanged = len(layers) - len(moved)
         footer.append(f"{unchanged} layer{'s' if unchanged != 1 else ''} unchanged" if moved else
                       f"all {len(layers)} layer{'s' if len(layers) != 1 else ''} unchanged")
     footer += ["", report.verdict]
-    return render(fmt, doc={}, rows=rows, columns=columns, header=header, footer=footer)
+    return render(fmt, doc={}, rows=rows, columns=columns, header=header, footer=footer, width=width,
+                  squeeze=["shown_name"], optional=["diff_elems", "dtype", "shape"])
 
 
 def transplant_summary(report) -> str:
@@ -223,7 +486,7 @@ def transplant_summary(report) -> str:
     return "\n".join(lines)
 
 
-def transplant_view(report, fmt: OutputFormat, output=None) -> str:
+def transplant_view(report, fmt: OutputFormat, output=None, width: int | None = AUTO) -> str:
     """Render a :class:`~ckptinspect.ops.transplant.TransplantReport` (and the written output)."""
     doc = report.to_dict()
     doc["output"] = output.to_dict() if output is not None else None
@@ -270,11 +533,14 @@ def transplant_view(report, fmt: OutputFormat, output=None) -> str:
     columns: list[Column] = [("target", "model variable"), ("shape", "shape"), ("dtype", "dtype"),
                              ("source", "source variable"), ("matched_by", "matched by"), ("status", "status")]
     return render(fmt, doc=doc, rows=rows, columns=columns, header=header,
-                  csv_columns=["target", "shape", "dtype", "source", "key", "matched_by", "status"])
+                  csv_columns=["target", "shape", "dtype", "source", "key", "matched_by", "status"],
+                  squeeze=["target", "source"], width=width)
 
 
-def ls_view(listing, fmt: OutputFormat, tree: bool = False) -> str:
+def ls_view(listing, fmt: OutputFormat, tree: bool = False, width: int | None = AUTO) -> str:
     """Render an :class:`~ckptinspect.ops.listing.Listing`."""
+    if width == AUTO and fmt == OutputFormat.table:
+        width = terminal_width()
     ckpt = listing.checkpoint
     stats = listing.stats
     step = "-" if ckpt.step is None else f"{ckpt.step} (from {ckpt.step_source})"
@@ -300,11 +566,12 @@ def ls_view(listing, fmt: OutputFormat, tree: bool = False) -> str:
         fields.append(("keras", info["keras_version"] + (f" ({info['backend']} backend)" if info.get("backend") else "")))
     if info.get("date_saved"):
         fields.append(("saved", info["date_saved"]))
-    width = max(9, *(len(label) + 2 for label, _ in fields))
-    header = [f"{label + ':':<{width}}{value}" for label, value in fields]
+    label_width = max(9, *(len(label) + 2 for label, _ in fields))
+    header = [f"{label + ':':<{label_width}}{value}" for label, value in fields]
     if ckpt.checkpoints:
         header += ["", "checkpoints:"]
-        header += tabulate(
+        header += _table_lines(
+            ["", "prefix", "step", "saved", "exists", "in state file"],
             [
                 [
                     "*" if c.latest else "",
@@ -316,12 +583,10 @@ def ls_view(listing, fmt: OutputFormat, tree: bool = False) -> str:
                 ]
                 for c in ckpt.checkpoints
             ],
-            headers=["", "prefix", "step", "saved", "exists", "in state file"],
-            tablefmt="simple",
-            disable_numparse=True,
-        ).splitlines()
+            width=width, squeeze=[1],
+        )
     if len(listing.variables) != len(ckpt.variables):
-        header.append(f"\nshowing {len(listing.variables)} of {len(ckpt.variables)} variables")
+        header += ["", f"showing {len(listing.variables)} of {len(ckpt.variables)} variables"]
     columns: list[Column] = [("name", "name"), ("shape", "shape"), ("dtype", "dtype"), ("size", "size"),
                              ("shards", "shard"), ("role", "role")]
     if stats is not None:
@@ -350,7 +615,8 @@ def ls_view(listing, fmt: OutputFormat, tree: bool = False) -> str:
     csv_cols = ["key", "name", "shape", "dtype", "nbytes", "shards", "role"]
     if stats is not None:
         csv_cols += ["min", "max", "mean", "std", "nan", "inf"]
-    return render(fmt, doc=listing.to_dict(), rows=rows, columns=columns, header=header, csv_columns=csv_cols)
+    return render(fmt, doc=listing.to_dict(), rows=rows, columns=columns, header=header, csv_columns=csv_cols,
+                  width=width)
 
 
 def _tree_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -378,8 +644,10 @@ def _fmt_time(ts: float | None) -> str:
     return datetime.datetime.fromtimestamp(ts, tz=datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def verify_view(report, fmt: OutputFormat) -> str:
+def verify_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
     """Render a :class:`~ckptinspect.ops.verify.VerifyReport`: verdict, checkpoints, damage."""
+    if width == AUTO and fmt == OutputFormat.table:
+        width = terminal_width()
     summary = report.summary()
     newest = report.newest_intact
     n = summary["checkpoints"]
@@ -405,16 +673,15 @@ def verify_view(report, fmt: OutputFormat) -> str:
         return text + (f" (+{len(c.problems) - 1} more)" if len(c.problems) > 1 else "")
 
     header += ["", "checkpoints:"]
-    header += tabulate(
+    header += _table_lines(
+        ["", "checkpoint", "step", "status", "tensors", "checked", "damaged", "problem"],
         [
             ["*" if c.latest else "", c.path, "-" if c.step is None else c.step, c.status, c.tensors,
              human_bytes(c.nbytes), len(c.damaged), problem_cell(c)]
             for c in report.checkpoints
         ],
-        headers=["", "checkpoint", "step", "status", "tensors", "checked", "damaged", "problem"],
-        tablefmt="simple",
-        disable_numparse=True,
-    ).splitlines()
+        width=width, squeeze=[1, 7],
+    )
     rows = []
     for c in report.checkpoints:
         for problem in c.problems:
@@ -429,14 +696,15 @@ def verify_view(report, fmt: OutputFormat) -> str:
                 "stored_crc32c", "actual_crc32c"]
     if fmt != OutputFormat.table:
         return render(fmt, doc=report.to_dict(), rows=rows, columns=columns, csv_columns=csv_cols)
-    text = "\n".join(header) + "\n"
+    text = "\n".join(fit_lines(header, width)) + "\n"
     tensor_rows = [r for r in rows if r["kind"] != "checkpoint"]
     if tensor_rows:
-        text += "\ndamaged tensors:\n" + render(fmt, doc={}, rows=tensor_rows, columns=columns)
+        text += "\ndamaged tensors:\n" + render(fmt, doc={}, rows=tensor_rows, columns=columns, width=width,
+                                                squeeze=["name", "file", "checkpoint"])
     return text
 
 
-def extract_view(report, fmt: OutputFormat) -> str:
+def extract_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
     """Render an :class:`~ckptinspect.ops.extract.ExtractReport`: a per-role kept/dropped table
     (table), one row per source variable (csv), or the whole report (json)."""
     kept, dropped = report.kept, report.dropped
@@ -470,7 +738,7 @@ def extract_view(report, fmt: OutputFormat) -> str:
         ]
         columns: list[Column] = [("role", "role"), ("kept", "kept"), ("kept_bytes", "kept size"),
                                  ("dropped", "dropped"), ("dropped_bytes", "dropped size")]
-        return render(fmt, doc={}, rows=rows, columns=columns, header=header, footer=footer)
+        return render(fmt, doc={}, rows=rows, columns=columns, header=header, footer=footer, width=width)
     rows = [
         {"name": v.name, "key": v.key, "output_key": v.output_key or "", "role": v.role,
          "shape": fmt_shape(v.shape), "dtype": v.dtype, "nbytes": v.nbytes, "kept": "yes" if v.kept else "no"}
@@ -478,4 +746,4 @@ def extract_view(report, fmt: OutputFormat) -> str:
     ]
     columns = [("name", "name"), ("key", "key"), ("output_key", "output key"), ("role", "role"),
                ("shape", "shape"), ("dtype", "dtype"), ("nbytes", "bytes"), ("kept", "kept")]
-    return render(fmt, doc=report.to_dict(), rows=rows, columns=columns)
+    return render(fmt, doc=report.to_dict(), rows=rows, columns=columns, width=width)
