@@ -11,6 +11,8 @@ Importing this package does not import TensorFlow; only reading values of TF che
 
 from __future__ import annotations
 
+import os as _os
+
 from .errors import (
     CheckpointNotFoundError,
     CkptError,
@@ -51,22 +53,28 @@ __all__ = [
 ]
 
 
-def open(path: str) -> Checkpoint:  # noqa: A001 - the natural name, as h5py.File / safe_open
+def open(path: str | _os.PathLike[str]) -> Checkpoint:  # noqa: A001 - the natural name, as h5py.File / safe_open
     """Open a checkpoint of any supported format.
 
     Args:
         path: A TF checkpoint prefix or ``.index`` file, a checkpoint or SavedModel
-            directory, or a Keras ``.h5`` / ``.weights.h5`` / ``.keras`` file.
+            directory, or a Keras ``.h5`` / ``.weights.h5`` / ``.keras`` file (a ``str`` or
+            an ``os.PathLike`` such as ``pathlib.Path``).
 
     Returns:
         The :class:`Checkpoint`: metadata now, values on ``read()``.
 
     Raises:
+        TypeError: ``path`` is not a ``str`` or ``os.PathLike`` of one (``None``, a number,
+            ``bytes``).
         CkptError: A subclass naming the file and the problem.
     """
     from .formats import open_checkpoint  # noqa: PLC0415
 
-    return open_checkpoint(path)
+    fspath = _os.fspath(path) if isinstance(path, _os.PathLike) else path
+    if not isinstance(fspath, str):
+        raise TypeError(f"path must be a str or os.PathLike of str. Received: {type(path).__name__} {path!r:.80}")
+    return open_checkpoint(fspath)
 
 
 # The operations are imported on first use (``ckptinspect.diff`` imports numpy, ``transplant``

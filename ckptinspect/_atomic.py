@@ -49,6 +49,9 @@ __all__ = [
     "atomic_prefix",
     "prefix_files",
     "check_output",
+    "output_kind_for",
+    "unknown_prefix_suffix",
+    "prefix_suffix_error",
     "leftover_temporaries",
 ]
 
@@ -56,6 +59,9 @@ TMP_MARK = ".ckptinspect-tmp-"
 INDEX_SUFFIX = ".index"
 STATE_FILE = "checkpoint"  # the CheckpointManager / Saver state file of a directory
 _PREFIX_FILE_RE = r"(\.index|\.data-\d{5}-of-\d{5})$"
+# Suffixes a TF prefix has: model.ckpt, model.ckpt-100, and numbers (weights.05-0.32, step.1000).
+_TF_PREFIX_SUFFIX_RE = re.compile(r"\.(?:ckpt(?:-\d+)?|[\d_-]+)", re.IGNORECASE)
+_BUNDLE_FILE_SUFFIX_RE = re.compile(r"\.(?:index|data-\d{5}-of-\d{5})$")
 
 # What an output is, so --force replaces only an earlier output of the same kind.
 KIND_TF = "tf"
@@ -189,6 +195,42 @@ def _check_replaceable(path: str, kind: str | None, what: str) -> None:
                          "of an earlier output, refusing")
     if not stat.S_ISREG(st.st_mode) or not _is_kind(path, st.st_size, kind):
         raise UsageError(f"{path}: exists and is {_describe(path, st)}, not {what}; {_REFUSE}")
+
+
+def unknown_prefix_suffix(dest: str) -> str | None:
+    """The suffix of ``dest`` when a TF prefix would not have it, else None.
+
+    ``out/model``, ``ckpt-5``, ``model.ckpt``, ``model.ckpt-100`` and numeric suffixes
+    (``weights.05-0.32``) are prefixes; ``out.safetensors`` is not (it would silently become
+    ``out.safetensors.index``), nor is ``X.index`` or ``X.data-00000-of-00001`` (a file of the
+    bundle whose prefix is ``X``).
+    """
+    name = os.path.basename(os.fspath(dest))
+    bundle_file = _BUNDLE_FILE_SUFFIX_RE.search(name)
+    if bundle_file:
+        return bundle_file.group()
+    suffix = os.path.splitext(name)[1]
+    if not suffix or _TF_PREFIX_SUFFIX_RE.fullmatch(suffix):
+        return None
+    return suffix
+
+
+def prefix_suffix_error(dest: str, writes: str, override: str) -> UsageError | None:
+    """The error for a TF prefix output whose name has a suffix a prefix would not have.
+
+    Args:
+        dest: The output.
+        writes: What the command writes, for the message (``a TF prefix, .weights.h5 or .npz``).
+        override: How to write a TF bundle under that name anyway ("" when there is no way).
+    """
+    suffix = unknown_prefix_suffix(dest)
+    if suffix is None:
+        return None
+    if _BUNDLE_FILE_SUFFIX_RE.fullmatch(suffix):
+        prefix = dest[: -len(suffix)]
+        return UsageError(f"{dest}: names a file of a TF checkpoint, not an output; give the prefix {prefix} "
+                          f"(it writes {os.path.basename(prefix)}.index and {os.path.basename(prefix)}.data-*)")
+    return UsageError(f"{dest}: unknown output suffix {suffix!r}; {writes}" + (f"; {override}" if override else ""))
 
 
 def output_kind_for(dest: str) -> str | None:

@@ -15,6 +15,7 @@ import time
 from typing import Callable, Optional
 
 import typer
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from . import errors
 from .render import OutputFormat
@@ -23,8 +24,54 @@ EXIT_OK = 0
 EXIT_DIFFERENT = 1
 EXIT_ERROR = 2
 
+
+# -- help that reads like a man page: "diff [OPTIONS] A B", "--atol FLOAT", flags bare -------
+class _Argument(TyperArgument):
+    """A positional argument shown by its metavar alone (``A``), not ``{a}`` and ``<str>``."""
+
+    def display_type_rich(self, ctx):  # noqa: ANN001, ANN201 - typer's signature
+        return None
+
+    def _usage_display_name(self) -> str:
+        name = self.display_name_raw
+        return (name if self.required else f"[{name}]") + ("..." if self.nargs != 1 else "")
+
+    def get_usage_pieces(self, ctx):  # noqa: ANN001, ANN201
+        return [self._usage_display_name()]
+
+
+class _Option(TyperOption):
+    """An option shown with its metavar (``--atol FLOAT``); a flag shows no type at all."""
+
+    def display_type_rich(self, ctx):  # noqa: ANN001, ANN201
+        if self.is_flag or self.count:
+            return None
+        return self.metavar or super().display_type_rich(ctx)
+
+
+def _clean(params: list) -> list:
+    """Give typer's parameters the clean help display (once; they are cached by the command)."""
+    for param in params:
+        if type(param) is TyperArgument:
+            param.__class__ = _Argument
+        elif type(param) is TyperOption:
+            param.__class__ = _Option
+    return params
+
+
+class _Command(TyperCommand):
+    def get_params(self, ctx):  # noqa: ANN001, ANN201
+        return _clean(super().get_params(ctx))
+
+
+class _Group(TyperGroup):
+    def get_params(self, ctx):  # noqa: ANN001, ANN201
+        return _clean(super().get_params(ctx))
+
+
 app = typer.Typer(
     name="ckptinspect",
+    cls=_Group,
     help="Inspect, compare and operate on TensorFlow and Keras checkpoints.",
     no_args_is_help=True,
     add_completion=False,
@@ -33,13 +80,24 @@ app = typer.Typer(
 )
 
 _state = {"debug": False}
+DEBUG_HELP = "Show tracebacks on errors (before or after the command)."
 
-FormatOption = typer.Option(OutputFormat.table, "--format", "-f", help="Output format.", case_sensitive=False)
+
+def _set_debug(value: bool) -> bool:
+    if value:
+        _state["debug"] = True
+    return value
+
+
+FormatOption = typer.Option(OutputFormat.table, "--format", "-f", help="Output format.", case_sensitive=False,
+                            metavar="[table|json|csv]")
+# --debug is accepted after the command too (`ckptinspect ls X --debug`): every command has it.
+DebugOption = typer.Option(False, "--debug", help=DEBUG_HELP, callback=_set_debug, expose_value=False)
 
 
 @app.callback()
 def _main(
-    debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors."),
+    debug: bool = typer.Option(False, "--debug", help=DEBUG_HELP),
 ) -> None:
     """Inspect, compare and operate on TensorFlow and Keras checkpoints."""
     _state["debug"] = debug
@@ -120,16 +178,17 @@ def emit(text: str) -> None:
     sys.stdout.write(text)
 
 
-@app.command("ls")
+@app.command("ls", cls=_Command)
 @handle_errors
 def ls_command(
-    path: str = typer.Argument(..., help="Checkpoint prefix, .index file, directory, SavedModel, or Keras file."),
-    filter: Optional[str] = typer.Option(None, "--filter", "-k", help="Regex searched in names and keys."),
-    role: Optional[str] = typer.Option(None, "--role", help="Only variables of this role: model, optimizer or metadata."),
+    path: str = typer.Argument(..., metavar="PATH", help="Checkpoint prefix, .index file, directory, SavedModel, or Keras file."),
+    filter: Optional[str] = typer.Option(None, "--filter", "-k", metavar="REGEX", help="Regex searched in names and keys."),
+    role: Optional[str] = typer.Option(None, "--role", metavar="ROLE", help="Only variables of this role: model, optimizer or metadata."),
     stats: bool = typer.Option(False, "--stats", help="Add min/max/mean/std/NaN/Inf (reads every tensor, one at a time)."),
     tree: bool = typer.Option(False, "--tree", help="Group variables by layer path."),
-    sort: str = typer.Option("role", "--sort", help="Order: role (model, optimizer, metadata), name, size or file."),
+    sort: str = typer.Option("role", "--sort", metavar="[role|name|size|file]", help="Order: role (model, optimizer, metadata), name, size or file."),
     format: OutputFormat = FormatOption,
+    _debug: bool = DebugOption,
 ) -> None:
     """List the variables of a checkpoint: shapes, dtypes, sizes, shards and roles."""
     from . import open as open_checkpoint  # noqa: PLC0415
@@ -147,16 +206,17 @@ def ls_command(
     emit(ls_view(listing, format, tree=tree))
 
 
-@app.command("diff")
+@app.command("diff", cls=_Command)
 @handle_errors
 def diff_command(
-    a: str = typer.Argument(..., help="Checkpoint A: TF prefix, .index, directory, SavedModel or Keras file."),
-    b: str = typer.Argument(..., help="Checkpoint B, of the same or another format."),
-    atol: float = typer.Option(0.0, "--atol", help="Absolute tolerance (numpy isclose semantics; 0 = exact)."),
-    rtol: float = typer.Option(0.0, "--rtol", help="Relative tolerance, of B's magnitude (0 = exact)."),
-    role: Optional[str] = typer.Option(None, "--role", help="Compare only model, optimizer or metadata variables."),
-    maps: list[str] = typer.Option([], "--map", help="'REGEX=REPLACEMENT' applied to every name of A before aligning (repeatable; see docs/INTERFACE.md)."),
+    a: str = typer.Argument(..., metavar="A", help="Checkpoint A: TF prefix, .index, directory, SavedModel or Keras file."),
+    b: str = typer.Argument(..., metavar="B", help="Checkpoint B, of the same or another format."),
+    atol: float = typer.Option(0.0, "--atol", metavar="FLOAT", help="Absolute tolerance (numpy isclose semantics; 0 = exact)."),
+    rtol: float = typer.Option(0.0, "--rtol", metavar="FLOAT", help="Relative tolerance, of B's magnitude (0 = exact)."),
+    role: Optional[str] = typer.Option(None, "--role", metavar="ROLE", help="Compare only model, optimizer or metadata variables."),
+    maps: list[str] = typer.Option([], "--map", metavar="REGEX=REPLACEMENT", help="Applied to every name of A before aligning (repeatable; see docs/INTERFACE.md)."),
     format: OutputFormat = FormatOption,
+    _debug: bool = DebugOption,
 ) -> None:
     """Compare two checkpoints, also across formats (exit 0 equal within tolerance, 1 different)."""
     from .ops.diff import diff  # noqa: PLC0415
@@ -172,11 +232,12 @@ def diff_command(
         raise typer.Exit(EXIT_DIFFERENT)
 
 
-@app.command("verify")
+@app.command("verify", cls=_Command)
 @handle_errors
 def verify_command(
-    path: str = typer.Argument(..., help="Checkpoint prefix, .index file, directory, SavedModel, or Keras file."),
+    path: str = typer.Argument(..., metavar="PATH", help="Checkpoint prefix, .index file, directory, SavedModel, or Keras file."),
     format: OutputFormat = FormatOption,
+    _debug: bool = DebugOption,
 ) -> None:
     """Check that a checkpoint is whole: index, shards and every tensor's checksum (exit 1 if damaged)."""
     from .ops.verify import verify  # noqa: PLC0415
@@ -206,17 +267,18 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
 
 
-@app.command("extract")
+@app.command("extract", cls=_Command)
 @handle_errors
 def extract_command(
-    src: str = typer.Argument(..., help="Source checkpoint: TF prefix or directory, SavedModel, Keras .h5/.weights.h5/.keras."),
-    output: str = typer.Option(..., "--output", "-o", help="Output: a TF prefix, or a .weights.h5 / .h5 / .npz file."),
-    format: Optional[str] = typer.Option(None, "--format", help="Output format: tf, weights-h5, h5 or npz (default: from the output's suffix)."),
-    builder: Optional[str] = typer.Option(None, "--builder", help="pkg.module:function building the model (needed for .weights.h5 from a TF checkpoint)."),
+    src: str = typer.Argument(..., metavar="SRC", help="Source checkpoint: TF prefix or directory, SavedModel, Keras .h5/.weights.h5/.keras."),
+    output: str = typer.Option(..., "--output", "-o", metavar="OUT", help="Output: a TF prefix (no suffix, or .ckpt / .ckpt-N), or a .weights.h5 / .h5 / .npz file."),
+    format: Optional[str] = typer.Option(None, "--format", metavar="[tf|weights-h5|h5|npz]", help="Output format (default: from OUT's suffix; needed for any other suffix)."),
+    builder: Optional[str] = typer.Option(None, "--builder", metavar="MODULE:FUNCTION", help="Function building the model (needed for .weights.h5 from a TF checkpoint)."),
     keep_metadata: bool = typer.Option(False, "--keep-metadata", help="Also keep step counters, save_counter, TF1 global_step."),
-    max_shard_size: Optional[str] = typer.Option(None, "--max-shard-size", help="TF output: bytes per data shard (e.g. 256MiB), which bounds memory. Default: the largest tensor, at least 64MiB; 0: one tensor per shard."),
-    force: bool = typer.Option(False, "--force", help="Replace an existing output."),
-    report_format: OutputFormat = typer.Option(OutputFormat.table, "--report", help="Report as table, json or csv (one row per variable).", case_sensitive=False),
+    max_shard_size: Optional[str] = typer.Option(None, "--max-shard-size", metavar="SIZE", help="TF output: bytes per data shard (e.g. 256MiB), which bounds memory. Default: the largest tensor, at least 64MiB; 0: one tensor per shard."),
+    force: bool = typer.Option(False, "--force", help="Replace an earlier output of the same kind (nothing else)."),
+    report_format: OutputFormat = typer.Option(OutputFormat.table, "--report", metavar="[table|json|csv]", help="Report as table, json or csv (one row per variable).", case_sensitive=False),
+    _debug: bool = DebugOption,
 ) -> None:
     """Write the model's weights alone (optimizer state stripped), still restorable, and check them."""
     from .ops.extract import extract  # noqa: PLC0415
@@ -233,21 +295,22 @@ def extract_command(
     emit(extract_view(report, report_format))
 
 
-@app.command("transplant")
+@app.command("transplant", cls=_Command)
 @handle_errors
 def transplant_command(
-    src: str = typer.Argument(..., help="Source checkpoint: TF prefix or directory, Keras .h5/.weights.h5/.keras."),
-    dst: str = typer.Argument(..., help="Output: a TF checkpoint prefix, or a .weights.h5 / .keras file (by suffix)."),
-    builder: str = typer.Option(..., "--builder", help="pkg.module:function returning the model (called inside the strategy scope)."),
-    strategy: str = typer.Option("default", "--strategy", help="default, mirrored or multi-worker (reads TF_CONFIG)."),
-    replicas: Optional[int] = typer.Option(None, "--replicas", help="Logical CPU devices for --strategy mirrored (default 2)."),
-    maps: list[str] = typer.Option([], "--map", help="'REGEX=REPLACEMENT' applied to every source name before pairing by name (repeatable; see docs/INTERFACE.md)."),
+    src: str = typer.Argument(..., metavar="SRC", help="Source checkpoint: TF prefix or directory, Keras .h5/.weights.h5/.keras."),
+    dst: str = typer.Argument(..., metavar="DST", help="Output: a TF checkpoint prefix, or a .weights.h5 / .keras file (by suffix)."),
+    builder: str = typer.Option(..., "--builder", metavar="MODULE:FUNCTION", help="Function returning the model (called inside the strategy scope)."),
+    strategy: str = typer.Option("default", "--strategy", metavar="[default|mirrored|multi-worker]", help="The tf.distribute strategy (multi-worker reads TF_CONFIG)."),
+    replicas: Optional[int] = typer.Option(None, "--replicas", metavar="N", help="Logical CPU devices for --strategy mirrored (default 2)."),
+    maps: list[str] = typer.Option([], "--map", metavar="REGEX=REPLACEMENT", help="Applied to every source name before pairing by name (repeatable; see docs/INTERFACE.md)."),
     skip_mismatch: bool = typer.Option(False, "--skip-mismatch", help="Leave variables whose shape/dtype differ at init instead of failing."),
     strict: bool = typer.Option(True, "--strict/--no-strict", help="Fail on any problem (default), or transplant what matches."),
     by_order: bool = typer.Option(False, "--by-order", help="Pair what is still unpaired by order and shape."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show the plan; assign and write nothing."),
-    force: bool = typer.Option(False, "--force", help="Replace an existing DST."),
+    force: bool = typer.Option(False, "--force", help="Replace an earlier DST of the same kind (nothing else)."),
     format: OutputFormat = FormatOption,
+    _debug: bool = DebugOption,
 ) -> None:
     """Load a checkpoint's weights into a freshly built model inside a tf.distribute strategy and write it."""
     from . import _atomic  # noqa: PLC0415
@@ -260,7 +323,8 @@ def transplant_command(
     ckpt = open_checkpoint(src)
     try:
         protected = [src, ckpt.path]
-        _atomic.check_output(dst, force=force, prefix=kind == tp.OUTPUT_TF, protected=protected)
+        if not dry_run:  # a dry run writes nothing: what is at DST does not matter
+            _atomic.check_output(dst, force=force, prefix=kind == tp.OUTPUT_TF, protected=protected)
         strat = tp.make_strategy(strategy, replicas)  # first TensorFlow work: devices are set up here
         model = tp.build_in_scope(builder, strat)
         report = tp.transplant(ckpt, model, mapping=maps, strategy=strat, strict=strict,
@@ -271,18 +335,19 @@ def transplant_command(
     emit(transplant_view(report, format, output=output))
 
 
-@app.command("train")
+@app.command("train", cls=_Command)
 @handle_errors
 def train_command(
-    out: str = typer.Argument(..., help="Directory to write the CheckpointManager run into."),
-    steps: int = typer.Option(6, "--steps", help="Training steps."),
-    save_every: int = typer.Option(2, "--save-every", help="Save a checkpoint every N steps (and after the last)."),
-    replicas: int = typer.Option(2, "--replicas", help="Logical CPU devices (MirroredStrategy replicas)."),
-    max_to_keep: int = typer.Option(3, "--max-to-keep", help="Checkpoints to retain (0 keeps all)."),
-    max_shard_bytes: Optional[int] = typer.Option(None, "--max-shard-bytes", help="Save multi-shard with MaxShardSizePolicy of this many bytes."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the initial weights and the synthetic data."),
+    out: str = typer.Argument(..., metavar="OUT", help="Directory to write the CheckpointManager run into."),
+    steps: int = typer.Option(6, "--steps", metavar="N", help="Training steps."),
+    save_every: int = typer.Option(2, "--save-every", metavar="N", help="Save a checkpoint every N steps (and after the last)."),
+    replicas: int = typer.Option(2, "--replicas", metavar="N", help="Logical CPU devices (MirroredStrategy replicas)."),
+    max_to_keep: int = typer.Option(3, "--max-to-keep", metavar="N", help="Checkpoints to retain (0 keeps all)."),
+    max_shard_bytes: Optional[int] = typer.Option(None, "--max-shard-bytes", metavar="BYTES", help="Save multi-shard with MaxShardSizePolicy of this many bytes."),
+    seed: int = typer.Option(0, "--seed", metavar="N", help="Seed of the initial weights and the synthetic data."),
     keras: bool = typer.Option(False, "--keras/--no-keras", help="Also write model.weights.h5, model.keras, model.h5 (and the Keras 2 files where tf_keras is installed)."),
     force: bool = typer.Option(False, "--force", help="Replace a non-empty OUT."),
+    _debug: bool = DebugOption,
 ) -> None:
     """Train the small fixture model under MirroredStrategy and save real checkpoints into OUT."""
     from . import trainer  # noqa: PLC0415

@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from cases_ux import CASES as UX_CASES
 from catalogue import BASE_CASES, FIXTURES, KERAS, RUN, SHARDED, Case, _copy_prefix  # noqa: F401
 from ckptinspect.cli import app
 
@@ -34,7 +35,7 @@ h5py = pytest.importorskip("h5py")
 runner = CliRunner()
 
 
-CATALOGUE = [*BASE_CASES]
+CATALOGUE = [*BASE_CASES, *UX_CASES]
 
 COMMANDS = {
     "ls": lambda p, out: ["ls", p],

@@ -85,10 +85,12 @@ def output_format_for(out: str, format: str | None = None) -> str:  # noqa: A002
     """The output format: ``format`` if given, else from ``out``'s suffix.
 
     ``.weights.h5`` -> weights-h5, ``.npz`` -> npz, ``.h5``/``.hdf5`` -> h5 (legacy Keras
-    sources), anything else -> a TF prefix.
+    sources), no suffix (``out/model``, ``ckpt-5``) or a TF prefix's (``model.ckpt``,
+    ``model.ckpt-100``) -> a TF prefix.
 
     Raises:
-        UsageError: Unknown format, or a ``.keras`` output.
+        UsageError: Unknown format, a ``.keras`` output, or any other suffix (``.safetensors``
+            would silently become ``out.safetensors.index``) without ``format``.
     """
     if format is not None:
         fmt = format.lower()
@@ -107,6 +109,11 @@ def output_format_for(out: str, format: str | None = None) -> str:  # noqa: A002
             f"{out}: extract does not write .keras archives (they hold the model config and "
             "optimizer); use a .weights.h5, .npz or TF prefix output"
         )
+    error = _atomic.prefix_suffix_error(
+        out, "extract writes a TF prefix (no suffix, .ckpt or .ckpt-N), .weights.h5, .h5/.hdf5 or .npz",
+        "pass --format tf, weights-h5, h5 or npz (format=...) to write one under this name")
+    if error is not None:
+        raise error
     return FORMAT_TF
 
 

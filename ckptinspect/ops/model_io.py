@@ -17,7 +17,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from .. import model as m
-from .._atomic import atomic_file, atomic_prefix, check_output
+from .._atomic import atomic_file, atomic_prefix, check_output, prefix_suffix_error
 from ..errors import CkptError, UsageError, VerificationError
 from .assign import MAX_PROBLEMS_IN_MESSAGE, expected_value, max_abs_diff, problems_text
 from .builder import load_builder
@@ -65,7 +65,8 @@ def output_kind(dest: str) -> str:
     """``tf-checkpoint`` (a prefix), ``keras-weights-h5`` or ``keras-zip``, by suffix.
 
     Raises:
-        UsageError: A legacy ``.h5`` name (use ``.weights.h5`` or ``.keras``).
+        UsageError: A legacy ``.h5`` name (use ``.weights.h5`` or ``.keras``), or a suffix a
+            TF prefix does not have (``out.safetensors``, ``X.index``).
     """
     if dest.endswith(WEIGHTS_H5_SUFFIX):
         return OUTPUT_WEIGHTS_H5
@@ -76,6 +77,10 @@ def output_kind(dest: str) -> str:
             f"{dest}: legacy .h5 output is not written; name it *.weights.h5 (weights) or *.keras (model), "
             "or give a TF checkpoint prefix"
         )
+    error = prefix_suffix_error(dest, "transplant writes a TF prefix (no suffix, .ckpt or .ckpt-N), "
+                                      "a .weights.h5 or a .keras file", "")
+    if error is not None:
+        raise error
     return OUTPUT_TF
 
 
