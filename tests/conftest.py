@@ -13,6 +13,8 @@ import pathlib
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Tables fit COLUMNS when it is set; the tests compare full tables (those that fit set it).
+os.environ.pop("COLUMNS", None)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "fixtures"
