@@ -254,8 +254,10 @@ def check_output(
     the output's kind (HDF5, an ``.npz`` of ``.npy`` members, a zip). Anything else at the
     output's names (a plain file named like the prefix, the ``checkpoint`` state file, a
     directory, a symlink, a FIFO, a file of another kind) is refused, with or without
-    ``force``. So is an output that would change what a source checkpoint directory resolves
-    to: a new ``*.index`` in it, or a file named ``checkpoint`` there.
+    ``force``. So is an output that would change a source checkpoint's directory (the
+    directory given, or the one holding a source prefix): a TF prefix there (a new ``*.index``
+    changes what it resolves to; an existing one is one of its checkpoints), or a file named
+    ``checkpoint`` there.
 
     Args:
         dest: The output file, or the output prefix when ``prefix`` is set.
@@ -311,6 +313,9 @@ def check_output(
         if prefix and not os.path.lexists(dest + INDEX_SUFFIX):
             raise UsageError(f"{dest}: would add {os.path.basename(dest)}{INDEX_SUFFIX} to {shown}, the source "
                              "checkpoint's directory, and change what it resolves to; write the output elsewhere")
+        if prefix:
+            raise UsageError(f"{dest}: would replace a checkpoint of {shown}, the source checkpoint's directory; "
+                             "write the output elsewhere")
     if existing and not force:
         what = dest if not prefix else f"{dest} ({', '.join(os.path.basename(p) for p in existing)})"
         raise OutputExistsError(f"{what}: output exists; pass --force (force=True) to replace it")

@@ -108,6 +108,21 @@ def new_index_in_source_directory_other_spelling(tmp):
         "would add slim.index to", "the source checkpoint's directory"]
 
 
+def existing_checkpoint_in_source_directory(tmp):
+    d = run_dir(tmp)
+    return ["extract", str(d), "-o", str(d / "ckpt-4"), "--force"], [
+        f"Error: {d}/ckpt-4: would replace a checkpoint of {d}, the source checkpoint's directory"]
+
+
+def savedmodel_variables_directory(tmp):
+    module = tf.Module()
+    module.v = tf.Variable([1.0, 2.0])
+    module.f = tf.function(lambda x: x * module.v, input_signature=[tf.TensorSpec([2], tf.float32)])
+    tf.saved_model.save(module, str(tmp / "sm"))
+    return ["extract", str(tmp / "sm"), "-o", str(tmp / "sm" / "variables" / "slim")], [
+        f"Error: {tmp}/sm/variables/slim: would add slim.index to {tmp}/sm/variables, the source checkpoint's directory"]
+
+
 def index_not_an_index(tmp):
     (tmp / "X.index").write_text("notes about X\n")
     return ["extract", str(RUN), "-o", str(tmp / "X"), "--force"], [
@@ -197,7 +212,8 @@ def transplant_keras_is_hdf5(tmp):
 REFUSALS = [
     plain_file_at_prefix, state_file_as_prefix, state_file_as_prefix_from_directory, state_file_as_npz,
     new_state_file_in_source_directory, new_index_in_source_directory, new_index_beside_source_prefix,
-    new_index_in_source_directory_other_spelling, index_not_an_index, index_is_a_directory, index_is_a_symlink,
+    new_index_in_source_directory_other_spelling, existing_checkpoint_in_source_directory,
+    savedmodel_variables_directory, index_not_an_index, index_is_a_directory, index_is_a_symlink,
     npz_is_text, npz_is_hdf5, npz_is_keras_zip, weights_h5_is_zip, h5_is_text, weights_h5_is_a_symlink,
     format_option_existing_other_kind, transplant_plain_file_at_prefix, transplant_state_file,
     transplant_new_index_in_source_directory, transplant_keras_is_hdf5,
@@ -281,8 +297,11 @@ def _unshare_works() -> bool:
 
 @pytest.mark.parametrize(
     ("source", "name"),
-    [(RUN, "out/model"), (RUN, "model.npz"), (KERAS / "model.keras", "model.weights.h5")],
-    ids=["tf-prefix", "npz", "weights-h5"],
+    [  # a TF source starts TensorFlow in the subprocess (~10 s): those two run with -m slow
+        pytest.param(RUN, "out/model", id="tf-prefix", marks=pytest.mark.slow),
+        pytest.param(RUN, "model.npz", id="npz", marks=pytest.mark.slow),
+        pytest.param(KERAS / "model.keras", "model.weights.h5", id="weights-h5"),
+    ],
 )
 def test_full_disk_names_the_output_and_leaves_nothing(tmp_path, source, name):
     if not _unshare_works():
