@@ -64,6 +64,7 @@ Column = tuple[str, str]  # (row key, table header)
 AUTO = -1  # width=AUTO: the terminal's width (see terminal_width); width=None: no fitting
 ELLIPSIS = "\u2026"
 MIN_SQUEEZED_WIDTH = 16  # a name column is never shortened below this (or its header)
+MIN_WRAPPED_WIDTH = 24  # a wrapped last column (a problem's text) keeps at least this
 COLUMN_GAP = "  "
 # C0 and C1 controls, DEL, and the invisible bidirectional / line-separator marks that can
 # reorder or break what a terminal shows.
@@ -124,6 +125,8 @@ def middle_ellipsis(s: str, width: int) -> str:
         return ELLIPSIS[:width]
     head_room = (width - 1) // 3
     tail_room = width - 1 - head_room
+    if s.isascii():
+        return s[:head_room] + ELLIPSIS + s[len(s) - tail_room:]
     head, used = [], 0
     for c in s:
         w = _char_width(c)
@@ -176,26 +179,28 @@ def fit_lines(lines: Iterable[str], width: int | None) -> list[str]:
         if width is None or display_width(line) <= width:
             out.append(line)
             continue
-        label = _LABEL_RE.match(line)
-        indent = " " * (len(label.group(1)) if label and len(label.group(1)) < width // 2 else 2)
-        out += _wrap(line, width, indent)
+        match = _LABEL_RE.match(line)
+        label = match.group(1) if match and len(match.group(1)) < width // 2 else ""
+        out += _wrap(line[len(label):], width - len(label), label, " " * (len(label) or 2))
     return out
 
 
-def _wrap(line: str, width: int, indent: str) -> list[str]:
-    """Wrap after the commas of a list (``a 1 (2 B), b 3 (4 B)``) when that fits, else at spaces."""
-    items = line.split(", ")
-    if len(items) > 1 and all(display_width(indent + item) + 1 <= width for item in items):
+def _wrap(body: str, room: int, first: str, indent: str) -> list[str]:
+    """``body`` in lines of ``room`` columns, the first after ``first`` and the others after
+    ``indent``: after the commas of a list (``a 1 (2 B), b 3 (4 B)``) when every item fits,
+    else at spaces, a word longer than a line (a path) cut where the line ends."""
+    items = body.split(", ")
+    if len(items) > 1 and all(display_width(item) + 1 <= room for item in items):
         lines = [items[0]]
         for item in items[1:]:
-            if display_width(lines[-1]) + 2 + display_width(item) + 1 <= width:
+            if display_width(lines[-1]) + 2 + display_width(item) + 1 <= room:
                 lines[-1] += ", " + item
             else:
                 lines[-1] += ","
-                lines.append(indent + item)
-        return lines
-    return textwrap.wrap(line, width=width, subsequent_indent=indent, break_long_words=True,
-                         break_on_hyphens=False) or [line]
+                lines.append(item)
+    else:
+        lines = textwrap.wrap(body, width=max(room, 1), break_long_words=True, break_on_hyphens=False) or [body]
+    return [first + lines[0], *(indent + line for line in lines[1:])]
 
 
 def human_bytes(n: int | None) -> str:
@@ -261,6 +266,7 @@ def render(
     csv_columns: Sequence[str] | None = None,
     squeeze: Sequence[str] = ("name",),
     optional: Sequence[str] = (),
+    wrap_last: bool = False,
     width: int | None = AUTO,
 ) -> str:
     """Render one listing.
@@ -276,6 +282,7 @@ def render(
         squeeze: Row keys of the table columns that may be shortened to fit the width.
         optional: Row keys of table columns that may be left out, in this order, when the
             table does not fit even with its names shortened.
+        wrap_last: The table's last column is free text: wrap it onto continuation lines.
         width: Columns to fit the table into (default: :func:`terminal_width`).
 
     Returns:
@@ -299,7 +306,7 @@ def render(
         keys = [k for k, _ in columns]
         table = simple_table([h for _, h in columns], [[row.get(k, "") for k in keys] for row in rows], width=width,
                              squeeze=[keys.index(k) for k in squeeze if k in keys],
-                             optional=[keys.index(k) for k in optional if k in keys])
+                             optional=[keys.index(k) for k in optional if k in keys], wrap_last=wrap_last)
         parts += ["", table] if header else [table]
     parts += fit_lines(footer, width)
     return "\n".join(parts) + "\n"
@@ -309,10 +316,15 @@ def _table_width(widths: Sequence[int]) -> int:
     return sum(widths) + len(COLUMN_GAP) * (len(widths) - 1)
 
 
-def _fit_widths(headers: Sequence[str], content: Sequence[int], squeeze: Sequence[int], width: int) -> list[int]:
-    """Column widths fitting ``width``: no header padding, then the widest squeezable column
+def _fit_widths(headers: Sequence[str], content: Sequence[int], squeeze: Sequence[int], wrap_last: bool,
+                width: int) -> list[int]:
+    """Column widths fitting ``width``: no header padding; then a wrappable last column
+    narrowed (to no less than :data:`MIN_WRAPPED_WIDTH`); then the widest squeezable column
     shortened first, none below its floor."""
     widths = [max(display_width(h), c) for h, c in zip(headers, content)]
+    if wrap_last and _table_width(widths) > width:
+        room = width - _table_width(widths[:-1]) - len(COLUMN_GAP)
+        widths[-1] = min(widths[-1], max(room, MIN_WRAPPED_WIDTH, display_width(headers[-1])))
     floors = {i: max(MIN_SQUEEZED_WIDTH, display_width(headers[i])) for i in squeeze}
     excess = _table_width(widths) - width
     while excess > 0:
@@ -325,6 +337,8 @@ def _fit_widths(headers: Sequence[str], content: Sequence[int], squeeze: Sequenc
                    max(1, widths[widest] - max(others)) if others else excess)
         widths[widest] -= step
         excess -= step
+    if wrap_last and excess < 0 and widths[-1] < content[-1]:  # room left by the shortened names
+        widths[-1] = min(content[-1], widths[-1] - excess)
     return widths
 
 
@@ -335,13 +349,15 @@ def simple_table(
     width: int | None = None,
     squeeze: Sequence[int] = (),
     optional: Sequence[int] = (),
+    wrap_last: bool = False,
 ) -> str:
     """The layout of tabulate's ``simple`` format (cells as strings, left-aligned), built in
     one pass: listings have thousands of rows and tabulate costs ~25 us a row.
 
     Cells are shown with control characters escaped. Given a ``width``, a wider table drops
-    its header padding, shortens the ``squeeze`` columns (indexes) with a middle ellipsis, and
-    if that is not enough leaves out the ``optional`` columns in order (a last line says so).
+    its header padding, wraps its last column onto continuation lines (``wrap_last``, for
+    free text), shortens the ``squeeze`` columns (indexes) with a middle ellipsis, and if that
+    is not enough leaves out the ``optional`` columns in order (a last line says so).
     """
     headers = [escape_controls(h) for h in headers]
     cells = [["" if c is None else escape_controls(c) for c in row] for row in rows]
@@ -354,11 +370,13 @@ def simple_table(
             if w > content[i]:
                 content[i] = w
     widths = [max(display_width(h) + 2, c) for h, c in zip(headers, content)]
+    wrap = False
     if width is not None and _table_width(widths) > width:
         pending = [i for i in optional if 0 <= i < len(headers)]
         while True:
+            wrap = wrap_last and keep[-1] == len(headers) - 1
             widths = _fit_widths([headers[i] for i in keep], [content[i] for i in keep],
-                                 [keep.index(i) for i in squeeze if i in keep], width)
+                                 [keep.index(i) for i in squeeze if i in keep], wrap, width)
             if _table_width(widths) <= width or not pending:
                 break
             dropped = pending.pop(0)
@@ -366,16 +384,24 @@ def simple_table(
             hidden.append(headers[dropped])
         headers = [headers[i] for i in keep]
         cells = [[row[i] for i in keep] for row in cells]
+        last = len(keep) - 1
         for row in cells:
             for i, c in enumerate(row):
-                if display_width(c) > widths[i]:
+                if display_width(c) > widths[i] and not (wrap and i == last):
                     row[i] = middle_ellipsis(c, widths[i])
         headers = [middle_ellipsis(h, w) for h, w in zip(headers, widths)]
     lines = [COLUMN_GAP.join(_pad(h, w) for h, w in zip(headers, widths)).rstrip(),
              COLUMN_GAP.join("-" * w for w in widths)]
-    lines += [COLUMN_GAP.join(_pad(c, w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    for row in cells:
+        if wrap and display_width(row[-1]) > widths[-1]:
+            pieces = textwrap.wrap(row[-1], width=widths[-1], break_long_words=True, break_on_hyphens=False)
+            offset = " " * (_table_width(widths[:-1]) + len(COLUMN_GAP))
+            lines.append(COLUMN_GAP.join(_pad(c, w) for c, w in zip(row[:-1] + [pieces[0]], widths)).rstrip())
+            lines += [offset + piece for piece in pieces[1:]]
+        else:
+            lines.append(COLUMN_GAP.join(_pad(c, w) for c, w in zip(row, widths)).rstrip())
     if hidden:
-        lines.append(f"({', '.join(hidden)} left out to fit {width} columns; --format csv or json has every column)")
+        lines.append(f"(left out to fit {width} columns: {', '.join(hidden)}; --format csv has every column)")
     return "\n".join(lines)
 
 
@@ -534,7 +560,7 @@ def transplant_view(report, fmt: OutputFormat, output=None, width: int | None = 
                              ("source", "source variable"), ("matched_by", "matched by"), ("status", "status")]
     return render(fmt, doc=doc, rows=rows, columns=columns, header=header,
                   csv_columns=["target", "shape", "dtype", "source", "key", "matched_by", "status"],
-                  squeeze=["target", "source"], width=width)
+                  squeeze=["target", "source"], wrap_last=True, width=width)
 
 
 def ls_view(listing, fmt: OutputFormat, tree: bool = False, width: int | None = AUTO) -> str:
@@ -680,7 +706,7 @@ def verify_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
              human_bytes(c.nbytes), len(c.damaged), problem_cell(c)]
             for c in report.checkpoints
         ],
-        width=width, squeeze=[1, 7],
+        width=width, squeeze=[1], wrap_last=True,
     )
     rows = []
     for c in report.checkpoints:
@@ -700,7 +726,8 @@ def verify_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
     tensor_rows = [r for r in rows if r["kind"] != "checkpoint"]
     if tensor_rows:
         text += "\ndamaged tensors:\n" + render(fmt, doc={}, rows=tensor_rows, columns=columns, width=width,
-                                                squeeze=["name", "file", "checkpoint"])
+                                                squeeze=["name", "file", "checkpoint"], wrap_last=True,
+                                                optional=["kind", "checkpoint"])
     return text
 
 

@@ -193,7 +193,26 @@ def test_the_issue_widths_before_and_after():
     diff80 = invoke("diff", RUN / "ckpt-4", RUN / "ckpt-8", env={"COLUMNS": "80"}).stdout
     assert max(widths(ls80)) <= 80 and max(widths(diff80)) <= 80
     assert "totals:  model 10 (2.1 KiB), optimizer 14 (1.9 KiB), metadata 2 (16 B)," in ls80
-    assert "(differing left out to fit 80 columns; --format csv or json has every column)" in diff80
+    assert "(left out to fit 80 columns: differing; --format csv has every column)" in diff80
+
+
+def test_damage_report_fits_and_keeps_every_word_of_the_problem(tmp_path):
+    d = tmp_path / "a_rather_long_directory_name_for_a_sharded_training_run"
+    shutil.copytree(SHARDED, d)
+    shard = d / "ckpt-4.data-00002-of-00005"
+    raw = bytearray(shard.read_bytes())
+    raw[10] ^= 1
+    shard.write_bytes(bytes(raw))
+    wide = invoke("verify", d)
+    problem = next(line for line in wide.stdout.splitlines() if line.startswith("first:")).split(": ", 2)[2]
+    for columns in (80, 120):
+        fitted = invoke("verify", d, env={"COLUMNS": str(columns)})
+        assert fitted.exit_code == 1
+        assert max(widths(fitted.stdout)) <= columns, fitted.stdout
+        damaged = fitted.stdout.split("damaged tensors:\n", 1)[1]
+        assert " ".join(damaged.split()).count(problem) == 1, damaged  # wrapped, not cut
+        first = fitted.stdout.split("first:", 1)[1].split("newest intact:", 1)[0]
+        assert problem in " ".join(first.split())
 
 
 def test_json_and_csv_never_shortened():
