@@ -65,8 +65,10 @@ __all__ = [
 
 DTYPE_ENUMS = {name: number for number, name in DTYPE_NAMES.items()}
 VARIABLE_LENGTH_DTYPES = ("string", "variant")
-# Dtypes written from numpy values: their bytes are a plain little-endian array.
-ENCODABLE_DTYPES = frozenset(m.NUMERIC_DTYPES) & frozenset(DTYPE_ENUMS)
+# Dtypes written from numpy values: their bytes are a plain little-endian array (int4 and
+# uint4 take one byte per element in TF bundles, as in ml_dtypes).
+PACKED_INT4_DTYPES = ("int4", "uint4")
+ENCODABLE_DTYPES = (frozenset(m.NUMERIC_DTYPES) | frozenset(PACKED_INT4_DTYPES)) & frozenset(DTYPE_ENUMS)
 BUNDLE_VERSION = b"\x08\x01"  # VersionDef {producer: kTensorBundleVersion = 1}, min_consumer 0
 WRITE_BUFFER_BYTES = 1 << 20  # small writes are gathered up to this size
 COPY_CHUNK_BYTES = 8 << 20  # read/write copies and checked copies move this much at a time
@@ -95,6 +97,18 @@ class StoredBytes:
     offset: int
     size: int
     crc32c: int
+
+
+def _numpy_dtype(name: str) -> np.dtype | None:
+    """The little-endian numpy dtype of an encodable dtype name, or None."""
+    if name in PACKED_INT4_DTYPES:
+        try:
+            import ml_dtypes  # noqa: PLC0415 - comes with TensorFlow and Keras
+        except ImportError:  # pragma: no cover
+            return None
+        return np.dtype(getattr(ml_dtypes, name))
+    dtype = m.numpy_dtype(name)
+    return None if dtype is None else dtype.newbyteorder("<")
 
 
 def _count(shape: tuple[int, ...]) -> int:
@@ -202,10 +216,11 @@ class TensorData:
         Raises:
             UsageError: ``dtype`` is not a numeric dtype TF bundles hold.
         """
-        if dtype not in ENCODABLE_DTYPES or m.numpy_dtype(dtype) is None:
+        np_dtype = _numpy_dtype(dtype) if dtype in ENCODABLE_DTYPES else None
+        if np_dtype is None:
             raise UsageError(f"cannot stream a {dtype} tensor into a TF bundle. Expected one of {sorted(ENCODABLE_DTYPES)}")
         shape = tuple(int(d) for d in shape)
-        return cls(dtype, shape, _count(shape) * m.ITEMSIZE[dtype], blocks=blocks)
+        return cls(dtype, shape, _count(shape) * np_dtype.itemsize, blocks=blocks)
 
     @classmethod
     def from_stored(cls, dtype: str, shape: Sequence[int], stored: StoredBytes) -> "TensorData":
@@ -515,7 +530,7 @@ class _Writer:
 
     def write_blocks(self, out: _ShardFile, run: _Run) -> int:
         data = run.data
-        want = np.dtype(m.numpy_dtype(data.dtype)).newbyteorder("<")
+        want = _numpy_dtype(data.dtype)
         total = _count(data.shape)
         crc, done = 0, 0
         for block in data.blocks():
@@ -826,7 +841,7 @@ def copy_tensor(checkpoint: m.Checkpoint, variable: m.Variable | str, key: str |
         if not runs[0].starts:
             return OutputTensor(key, var.dtype, var.shape, datas[0])
         return OutputTensor(key, var.dtype, var.shape, slices=tuple((r.starts, r.lengths, d) for r, d in zip(runs, datas)))
-    if var.dtype in ENCODABLE_DTYPES and m.numpy_dtype(var.dtype) is not None:
+    if var.dtype in ENCODABLE_DTYPES and _numpy_dtype(var.dtype) is not None:
         return OutputTensor(
             key, var.dtype, var.shape,
             TensorData.from_blocks(var.dtype, var.shape, lambda: checkpoint.iter_blocks(var, STREAM_BLOCK_ELEMENTS)),
