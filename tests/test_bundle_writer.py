@@ -225,7 +225,7 @@ def test_max_shard_bytes_fills_shards_in_turn_and_tensorflow_reads_them(tmp_path
     s = write_bundle_native(str(prefix), [OutputTensor.from_array(k, v) for k, v in values.items()], max_shard_bytes=100)
     # 40+40 | 40 | 400 (bigger than the budget: alone) | 20+0+20 | 80
     assert s.shard_bytes == (80, 40, 400, 40, 80)
-    assert [p.name for p in bundle_files(prefix)] == ["m.data-0000%d-of-00005" % i for i in range(5)] + ["m.index"]
+    assert [p.name for p in bundle_files(prefix)] == [f"m.data-0000{i}-of-00005" for i in range(5)] + ["m.index"]
     index = read_index(str(prefix))
     assert index.num_shards == 5
     assert {e.key: e.shard_id for e in index.entries} == {
@@ -565,7 +565,7 @@ def test_save_is_atomic_refuses_to_overwrite_and_protects_its_sources(tmp_path):
 
         s = save_bundle_native(str(dest), tensors[:3], force=True, max_shard_bytes=0)
         assert s.prefix == str(dest) and s.num_shards == 3
-        assert sorted(p.name for p in dest.parent.iterdir()) == ["ckpt.data-0000%d-of-00003" % i for i in range(3)] + ["ckpt.index"]
+        assert sorted(p.name for p in dest.parent.iterdir()) == [f"ckpt.data-0000{i}-of-00003" for i in range(3)] + ["ckpt.index"]
         with pytest.raises(UsageError, match="refusing to overwrite an input"):
             save_bundle_native(str(src), tensors, force=True)
     assert ckptinspect.verify(str(src)).intact

@@ -576,7 +576,7 @@ class _Writer:
         else:
             out.flush()
             done = self._copy_in_kernel(out, fd, stored.offset, stored.size) if self._copy_file_range else 0
-            self._copy_plain(out, fd, stored.offset + done, stored.size - done)
+            self._copy_plain(out, fd, stored.offset + done, stored.size - done, stored.path)
         self.copied += stored.size
         return stored.crc32c or 0
 
@@ -592,13 +592,14 @@ class _Writer:
                     self._copy_file_range = False
                     return done
                 raise
-            if n == 0:
-                raise CorruptCheckpointError(f"{out.path}: the source ended while copying bytes {offset}..{offset + size}")
+            if n == 0:  # a file system that copies nothing (or a source shrinking meanwhile)
+                self._copy_file_range = False
+                return done
             done += n
             out.offset += n
         return done
 
-    def _chunks(self, fd: int, offset: int, size: int) -> Iterable[memoryview]:
+    def _chunks(self, fd: int, offset: int, size: int, path: str) -> Iterable[memoryview]:
         if self._buffer is None:
             self._buffer = bytearray(min(COPY_CHUNK_BYTES, max(size, 1)))
         elif len(self._buffer) < min(COPY_CHUNK_BYTES, size):
@@ -608,12 +609,12 @@ class _Writer:
         while done < size:
             n = os.preadv(fd, [view[: min(len(view), size - done)]], offset + done)
             if n == 0:
-                raise CorruptCheckpointError(f"source ended while copying bytes {offset}..{offset + size}")
+                raise CorruptCheckpointError(f"{path}: truncated: ended while copying bytes {offset}..{offset + size}")
             yield view[:n]
             done += n
 
-    def _copy_plain(self, out: _ShardFile, fd: int, offset: int, size: int) -> None:
-        for chunk in self._chunks(fd, offset, size):
+    def _copy_plain(self, out: _ShardFile, fd: int, offset: int, size: int, path: str) -> None:
+        for chunk in self._chunks(fd, offset, size, path):
             out.flush()
             out._pwrite(chunk)
 
@@ -621,15 +622,15 @@ class _Writer:
         stored = run.data.stored
         assert stored is not None
         if run.data.dtype in VARIABLE_LENGTH_DTYPES:
-            raw = bytes(b"".join(bytes(c) for c in self._chunks(fd, stored.offset, stored.size)))
+            raw = bytes(b"".join(bytes(c) for c in self._chunks(fd, stored.offset, stored.size, stored.path)))
             out.write(raw)
             try:
                 return tensor_crc32c(run.data.dtype, run.data.shape, raw)
             except MalformedError as e:
                 raise CorruptCheckpointError(f"{stored.path}: {run.label!r}: {run.data.dtype} tensor does not decode: {e}") from None
         crc = 0
-        for chunk in self._chunks(fd, stored.offset, stored.size):
-            crc = self.crc32c.extend(crc, bytes(chunk))
+        for chunk in self._chunks(fd, stored.offset, stored.size, stored.path):
+            crc = self.crc32c.extend(crc, _readonly_bytes(np.frombuffer(chunk, dtype=np.uint8)))
             out.flush()
             out._pwrite(chunk)
         return mask(crc)
@@ -812,7 +813,7 @@ def save_bundle_native(
 
 
 # -- from an open checkpoint ------------------------------------------------------------------
-def copy_tensor(checkpoint: m.Checkpoint, variable: m.Variable | str, key: str | None = None) -> OutputTensor:
+def copy_tensor(checkpoint: m.Checkpoint, variable: m.Variable | str, key: str | None = None) -> "OutputTensor":
     """A variable of an open checkpoint, to write unchanged (under ``key``, default its own).
 
     From a local TF bundle the stored bytes are copied as they are (every slice of a sliced
