@@ -10,6 +10,9 @@ the write alone:
   (these processes never import TensorFlow);
 * ``native-nofsync``: the same without fsync (what TensorFlow's writer does);
 * ``native-checked``: the same with ``check_copies=True`` (bytes read through, crc32c compared);
+* ``native-stream``: every tensor decoded and re-encoded instead of copied (``iter_blocks`` of
+  1 Mi elements into ``TensorData.from_blocks``, crc32c computed), fsync'ed: the path of
+  tensors that change (cast, average);
 * ``savev2``: ``formats.tf_writer.write_bundle`` (SaveV2 groups + MergeV2Checkpoints) of every
   variable read with ``restore_tensor`` (RestoreV2), as ``extract`` writes today;
 * ``baseline``: a process that imports ckptinspect and TensorFlow and writes nothing (the
@@ -44,7 +47,14 @@ if not route.startswith("native"):
     from ckptinspect._tf import import_tf
     tf = import_tf()
 start = time.perf_counter()
-if route.startswith("native"):
+if route == "native-stream":
+    with ckptinspect.open(src) as ckpt:
+        tensors = [formats.OutputTensor(v.key, v.dtype, v.shape, formats.TensorData.from_blocks(
+                       v.dtype, v.shape, lambda v=v: ckpt.iter_blocks(v, 1 << 20)))
+                   for v in sorted(ckpt.variables, key=ckpt.storage_order)]
+        s = formats.write_bundle_native(out, tensors, object_graph=ckpt.source.object_graph())
+    shards = s.num_shards
+elif route.startswith("native"):
     with ckptinspect.open(src) as ckpt:
         tensors = [formats.copy_tensor(ckpt, v) for v in sorted(ckpt.variables, key=ckpt.storage_order)]
         s = formats.write_bundle_native(out, tensors, object_graph=ckpt.source.object_graph(),
@@ -62,7 +72,7 @@ else:
 print(json.dumps({"write_seconds": time.perf_counter() - start, "shards": shards}), file=sys.stderr)
 '''
 
-ROUTES = ("baseline", "native", "native-nofsync", "native-checked", "savev2")
+ROUTES = ("baseline", "native", "native-nofsync", "native-checked", "native-stream", "savev2")
 
 
 def run_route(route: str, src: str, out: pathlib.Path, env: dict[str, str]) -> dict:
