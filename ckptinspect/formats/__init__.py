@@ -12,6 +12,8 @@ picked by content (:func:`detect`) and registered once in :data:`_FORMATS`:
 * :mod:`.keras_h5` - Keras HDF5 files (legacy ``.h5``, ``.weights.h5``, sharded weights).
 * :mod:`.keras_zip` - ``.keras`` zip archives.
 * :mod:`.tf_writer` - writing TF bundles (``extract``, ``transplant``).
+* :mod:`.bundle_writer` - writing TF bundles without TensorFlow, copying unchanged tensors
+  byte for byte.
 """
 
 from __future__ import annotations
@@ -57,6 +59,14 @@ __all__ = [
     "prune_object_graph",
     "restore_tensor",
     "numpy_view",
+    # writing TF bundles without TensorFlow (bundle_writer)
+    "OutputTensor",
+    "TensorData",
+    "StoredBytes",
+    "WriteSummary",
+    "write_bundle_native",
+    "save_bundle_native",
+    "copy_tensor",
 ]
 SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
 SAVED_MODEL_VARIABLES = "variables/variables"
@@ -363,9 +373,17 @@ _WRITER_NAMES = ("BundleTensor", "write_bundle", "object_graph_tensor", "prune_o
                  "numpy_view")
 
 
+_NATIVE_WRITER_NAMES = ("OutputTensor", "TensorData", "StoredBytes", "WriteSummary", "write_bundle_native",
+                        "save_bundle_native", "copy_tensor")
+
+
 def __getattr__(name: str) -> Any:
     if name in _WRITER_NAMES:
         from . import tf_writer  # noqa: PLC0415
 
         return getattr(tf_writer, name)
+    if name in _NATIVE_WRITER_NAMES:
+        from . import bundle_writer  # noqa: PLC0415
+
+        return getattr(bundle_writer, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -31,6 +31,7 @@ from .. import model as m
 from ..errors import CkptError, CorruptCheckpointError, NotACheckpointError
 from . import _fs, _protos, tf_data
 from ._layout import INDEX_SUFFIX, data_path
+from ._ordered_code import decode_tensor_name_slice
 from ._sstable import iter_table
 from ._wire import MalformedError
 from .tf_data import DTYPE_NAMES, decode_string_scalar, read_raw
@@ -49,6 +50,7 @@ __all__ = [
     "open_bundle",
     "check_bundle",
     "BundleSource",
+    "StoredRun",
     "step_from_name",
 ]
 
@@ -193,6 +195,39 @@ def _decode_slice_key(key: bytes) -> str:
     return name.decode("utf-8", "replace")
 
 
+def _slice_extents(key: bytes) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(starts, lengths) of a stored-slice key, or None when its extents do not decode."""
+    try:
+        _, starts, lengths = decode_tensor_name_slice(key)
+    except MalformedError:
+        return None
+    return starts, lengths
+
+
+def _pair_slices(declared, stored) -> tuple:
+    """Each declared slice of a tensor with the stored entry keyed by the same extents.
+
+    TensorFlow declares slices in the order they were saved, while the index keys sort by
+    start, so the two orders can differ. Stored entries whose keys do not decode are paired,
+    in order, with the declared slices left over.
+    """
+    by_extents: dict = {}
+    undecoded = []
+    for extents, entry in stored:
+        if extents is None or extents in by_extents:
+            undecoded.append(entry)
+        else:
+            by_extents[extents] = entry
+    out = []
+    for st, ln in declared:
+        entry = by_extents.pop((st, ln), None)
+        if entry is None and undecoded:
+            entry = undecoded.pop(0)
+        if entry is not None:
+            out.append((st, ln, entry))
+    return tuple(out)
+
+
 def parse_index(data: bytes) -> BundleIndex:
     """Parse the bytes of a ``.index`` file.
 
@@ -216,7 +251,7 @@ def parse_index(data: bytes) -> BundleIndex:
         if raw_key[:1] == b"\x00":
             name = _decode_slice_key(raw_key)
             entry = _parse_entry(name, value)
-            slices[name].append(entry)
+            slices[name].append((_slice_extents(raw_key), entry))
             continue
         entries.append(_parse_entry(raw_key.decode("utf-8", "replace"), value))
     if num_shards is None:
@@ -226,14 +261,7 @@ def parse_index(data: bytes) -> BundleIndex:
     for e in entries:
         if e.shard_id >= num_shards:
             raise MalformedError(f"entry {e.key!r} is in shard {e.shard_id} of {num_shards}")
-    slice_map = {}
-    for e in entries:
-        if e.slices:
-            stored = slices.get(e.key, [])
-            # Stored slices are keyed in slice order; pair them with the declared ones.
-            slice_map[e.key] = tuple(
-                (st, ln, se) for (st, ln), se in zip(e.slices, stored)
-            )
+    slice_map = {e.key: _pair_slices(e.slices, slices.get(e.key, [])) for e in entries if e.slices}
     return BundleIndex(num_shards=num_shards, entries=tuple(entries), slice_entries=slice_map)
 
 
@@ -503,6 +531,25 @@ def _step_candidates(prefix: str, index: BundleIndex, variables: Iterable[m.Vari
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class StoredRun:
+    """One stored run of a tensor's bytes (the whole tensor, or one stored slice), as a
+    byte-exact copy needs it.
+
+    Attributes:
+        path: The data file holding it.
+        entry: Its index entry (dtype, stored shape, offset, size, masked crc32c).
+        starts: For a stored slice, its start in each dimension; empty otherwise.
+        lengths: For a stored slice, its length in each dimension (``-1``: the whole
+            dimension); empty otherwise.
+    """
+
+    path: str
+    entry: IndexEntry
+    starts: tuple[int, ...] = ()
+    lengths: tuple[int, ...] = ()
+
+
 class BundleSource(m.BaseSource):
     """Values of a bundle: whole tensors through TensorFlow's reader (opened on first use);
     streamed blocks of unsliced numeric tensors straight from the local data files, crc32c
@@ -512,6 +559,7 @@ class BundleSource(m.BaseSource):
         self.prefix = prefix
         self.num_shards = index.num_shards
         self._entries = {e.key: e for e in index.entries}
+        self._slices = index.slice_entries
         self._reader = None
         self._files = tf_data.DataFiles()
 
@@ -553,6 +601,26 @@ class BundleSource(m.BaseSource):
         if raw is None:
             return super().iter_blocks(variable, elements)
         return tf_data.iter_raw_blocks(raw[0], raw[1], raw[2], elements, self._files)
+
+    def stored_runs(self, variable: m.Variable) -> tuple[StoredRun, ...] | None:
+        """Where a variable's bytes lie, for byte-exact copies: one run for a whole tensor,
+        one per stored slice (in declared order) for a sliced one.
+
+        Returns:
+            The runs, or None when they cannot be copied directly (a remote checkpoint, a key
+            the index does not hold, slices declared but not stored).
+        """
+        entry = self._entries.get(variable.key)
+        if entry is None or _fs.is_remote(self.prefix):
+            return None
+        if not entry.slices:
+            return (StoredRun(data_path(self.prefix, entry.shard_id, self.num_shards), entry),)
+        stored = self._slices.get(entry.key, ())
+        if len(stored) != len(entry.slices):
+            return None
+        return tuple(
+            StoredRun(data_path(self.prefix, se.shard_id, self.num_shards), se, st, ln) for st, ln, se in stored
+        )
 
     def storage_order(self, variable: m.Variable) -> tuple:
         entry = self._entries.get(variable.key)
