@@ -210,6 +210,7 @@ def fresh_run(tmp_path_factory) -> pathlib.Path:
     return out
 
 
+@pytest.mark.slow  # trains under MirroredStrategy in a subprocess (~10 s)
 def test_fresh_mirrored_training_checkpoint_extracts_and_restores(fresh_run, tmp_path):
     meta = json.loads((fresh_run / "metadata.json").read_text())
     assert meta["replicas"] == 2 and meta["optimizer"]["class"] == "Adam"

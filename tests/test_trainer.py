@@ -128,6 +128,7 @@ def state_steps(directory: pathlib.Path) -> list[int]:
 # -- the library run with an odd number of steps ------------------------------------------------
 
 
+@pytest.mark.slow  # the `runs` fixture trains and regenerates the fixtures (~45 s)
 def test_retained_checkpoints_and_steps(runs):
     odd = runs["root"] / "odd"
     # Saves at 2, 4, 6 and the last step 7; max_to_keep=3 deleted ckpt-2.
@@ -145,6 +146,7 @@ def test_retained_checkpoints_and_steps(runs):
     assert runs["result"]["odd_summary"].startswith(f"{odd}: trained 7 steps on 2 replicas")
 
 
+@pytest.mark.slow  # the `runs` fixture trains and regenerates the fixtures (~45 s)
 def test_metadata_agrees_with_tensorflow(runs):
     odd = runs["root"] / "odd"
     meta = json.loads((odd / trainer.METADATA_FILE).read_text())
@@ -168,6 +170,7 @@ def test_metadata_agrees_with_tensorflow(runs):
     assert not {"frozen/kernel", "bn/moving_mean"} & trainable
 
 
+@pytest.mark.slow  # the `runs` fixture trains and regenerates the fixtures (~45 s)
 def test_frozen_weights_equal_across_saves_trained_ones_differ(runs):
     odd = runs["root"] / "odd"
     first, last = restore_model(str(odd / "ckpt-4")), restore_model(str(odd / "ckpt-7"))
@@ -186,6 +189,7 @@ def test_seed_changes_the_initial_weights():
     assert all(np.array_equal(x.numpy(), y.numpy()) for x, y in zip(a.weights, c.weights))
 
 
+@pytest.mark.slow  # the `runs` fixture trains and regenerates the fixtures (~45 s)
 def test_build_model_inside_a_strategy_scope_restores_the_checkpoint(runs):
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
     with strategy.scope():
@@ -197,6 +201,7 @@ def test_build_model_inside_a_strategy_scope_restores_the_checkpoint(runs):
     assert all(np.array_equal(w.numpy(), expected[w.path]) for w in model.weights)
 
 
+@pytest.mark.slow  # the `runs` fixture trains and regenerates the fixtures (~45 s)
 def test_refuses_to_add_devices_after_tensorflow_started(runs):
     message = runs["result"]["more_error"]
     assert message is not None and "already initialised with 2 logical CPU device(s)" in message
@@ -204,6 +209,7 @@ def test_refuses_to_add_devices_after_tensorflow_started(runs):
     assert not runs["result"]["more_exists"]
 
 
+@pytest.mark.slow  # the `runs` fixture trains and regenerates the fixtures (~45 s)
 def test_cli_refuses_non_empty_out(runs):
     refuse = runs["result"]["cli_refuse"]
     assert refuse["exit_code"] == 2
@@ -222,6 +228,7 @@ def test_library_refuses_non_empty_out_before_touching_tensorflow(tmp_path):
     assert (tmp_path / "keep.txt").read_text() == "x"
 
 
+@pytest.mark.slow  # the `runs` fixture trains and regenerates the fixtures (~45 s)
 def test_force_replaces_an_earlier_run(runs):
     forced = runs["root"] / "forced"
     assert sorted(p.name for p in forced.iterdir()) == [
@@ -251,6 +258,7 @@ def test_bad_arguments(tmp_path, kwargs, message):
 # -- the command line in a fresh process ---------------------------------------------------------
 
 
+@pytest.mark.slow  # the `runs` fixture trains and regenerates the fixtures (~45 s)
 def test_cli_train(runs):
     cli = runs["cli"]
     assert cli["code"] == 0, cli["stderr"][-3000:]
@@ -265,6 +273,7 @@ def test_cli_train(runs):
 # -- regenerate_fixtures into a temporary folder -------------------------------------------------
 
 
+@pytest.mark.slow  # the `runs` fixture trains and regenerates the fixtures (~45 s)
 def test_regenerated_run_matches_committed_layout(runs):
     fresh = runs["root"] / "fx"
     for name in trainer.FIXTURE_SUBDIRS:
@@ -282,6 +291,7 @@ def test_regenerated_run_matches_committed_layout(runs):
     assert not list(runs["root"].glob(".*")), "temporary folders left behind"
 
 
+@pytest.mark.slow  # the `runs` fixture trains and regenerates the fixtures (~45 s)
 def test_sharded_save_spans_several_files(runs):
     sharded = runs["root"] / "fx" / "sharded"
     meta = json.loads((sharded / trainer.METADATA_FILE).read_text())
@@ -302,6 +312,7 @@ def test_sharded_save_spans_several_files(runs):
                 assert np.array_equal(ckpt.read(var), reader.get_tensor(var.key)), var.name
 
 
+@pytest.mark.slow  # the `runs` fixture trains and regenerates the fixtures (~45 s)
 def test_keras_files_hold_the_final_model(runs):
     fx = runs["root"] / "fx"
     final = restore_model(str(fx / "run" / "ckpt-8"))
@@ -318,6 +329,7 @@ def test_keras_files_hold_the_final_model(runs):
     assert all(np.array_equal(w.numpy(), final[w.path]) for w in model.weights)
 
 
+@pytest.mark.slow  # the `runs` fixture trains and regenerates the fixtures (~45 s)
 def test_keras2_files(runs):
     tf_keras = pytest.importorskip("tf_keras")
     keras2 = runs["root"] / "fx" / "keras"

@@ -481,6 +481,7 @@ def _spawn(npz: pathlib.Path, args: list[str], env: dict[str, str]) -> subproces
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow  # trains under MirroredStrategy in a subprocess (~10 s)
 def test_mirrored_checkpoint_into_model_built_under_mirrored_strategy(tmp_path, expected):
     dst = tmp_path / "mirrored" / "ckpt"
     npz = tmp_path / "replicas.npz"
