@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Iterable
-
-import numpy as np
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from ..errors import UnallocatedDataError
 from ..model import NUMERIC_DTYPES, Checkpoint, Variable
+
+if TYPE_CHECKING:  # numpy is imported where values are read: `ls` without --stats does without
+    import numpy as np
 
 __all__ = ["Stats", "tensor_stats", "compute_stats", "CHUNK_ELEMENTS"]
 
@@ -45,6 +46,8 @@ class Stats:
 def _numeric_chunk(chunk: np.ndarray) -> np.ndarray | None:
     """The chunk as something numpy compares and sums: ints/floats as they are, bool as uint8,
     complex as magnitudes, bfloat16/float8 as float32; None for strings, objects, records."""
+    import numpy as np  # noqa: PLC0415
+
     kind = chunk.dtype.kind
     if kind in "fiu":
         return chunk
@@ -77,6 +80,8 @@ class _Running:
         lo, hi = finite.min(), finite.max()
         self.lo = lo if self.lo is None or lo < self.lo else self.lo
         self.hi = hi if self.hi is None or hi > self.hi else self.hi
+        import numpy as np  # noqa: PLC0415
+
         mean = float(f64.sum() / n)
         f64 -= mean
         m2 = float(np.square(f64, out=f64).sum())
@@ -92,6 +97,8 @@ class _Running:
 
 def _fold(blocks: Iterable[np.ndarray]) -> Stats | None:
     """Statistics of a value given as consecutive flat blocks; None if non-numeric."""
+    import numpy as np  # noqa: PLC0415
+
     run = _Running()
     nan = inf = 0
     numeric_seen = False
@@ -136,6 +143,8 @@ def tensor_stats(value: np.ndarray) -> Stats | None:
         :class:`Stats` (min/max/mean/std over the finite values; ``std`` is the population
         standard deviation, numpy's default), or None for strings, objects and records.
     """
+    import numpy as np  # noqa: PLC0415
+
     flat = np.asarray(value).reshape(-1)
     if flat.size == 0:
         return Stats(None, None, None, None, 0, 0) if _numeric_chunk(flat) is not None else None
