@@ -16,6 +16,7 @@ __all__ = [
     "CheckpointNotFoundError",
     "NotACheckpointError",
     "CorruptCheckpointError",
+    "UnallocatedDataError",
     "UnsafeFileError",
     "OutputExistsError",
     "OutputWriteError",
@@ -39,6 +40,21 @@ class NotACheckpointError(CkptError, ValueError):
 
 class CorruptCheckpointError(CkptError, ValueError):
     """The file looks like a checkpoint but its bytes are damaged or truncated."""
+
+
+class UnallocatedDataError(CorruptCheckpointError):
+    """A dataset declares a shape but no data was ever written for it (HDF5 storage not
+    allocated): reading it would only give its fill value. Raised instead of materialising it.
+
+    Attributes:
+        key: The dataset.
+        fill_value: The value every element would read as (a numpy scalar), or None.
+    """
+
+    def __init__(self, message: str, key: str = "", fill_value: Any = None):
+        super().__init__(message)
+        self.key = key
+        self.fill_value = fill_value
 
 
 class UnsafeFileError(CkptError, ValueError):

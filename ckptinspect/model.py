@@ -52,6 +52,7 @@ FORMAT_TF_V1 = "tf-v1-table"
 FORMAT_KERAS_H5 = "keras-h5"
 FORMAT_KERAS_WEIGHTS_H5 = "keras-weights-h5"
 FORMAT_KERAS_ZIP = "keras-zip"
+FORMAT_NPZ = "npz"
 FORMATS = (
     FORMAT_TF_BUNDLE,
     FORMAT_TF_SAVEDMODEL,
@@ -59,6 +60,7 @@ FORMATS = (
     FORMAT_KERAS_H5,
     FORMAT_KERAS_WEIGHTS_H5,
     FORMAT_KERAS_ZIP,
+    FORMAT_NPZ,
 )
 
 
@@ -206,6 +208,7 @@ DAMAGE_LAYOUT = "layout"
 DAMAGE_MISSING_SLICE = "missing-slice"
 DAMAGE_UNREADABLE = "unreadable"
 DAMAGE_DTYPE = "dtype"
+DAMAGE_UNALLOCATED = "unallocated"  # an HDF5 dataset declared but never written
 
 STATUS_INTACT = "intact"
 STATUS_DAMAGED = "damaged"
@@ -221,7 +224,7 @@ class Damage:
         name: Its readable name (the key when no better name is known).
         file: The file holding its bytes (the data shard for TF bundles).
         kind: One of the ``DAMAGE_*`` kinds: ``checksum``, ``truncated``, ``missing-shard``,
-            ``size``, ``layout``, ``missing-slice``, ``unreadable``, ``dtype``.
+            ``size``, ``layout``, ``missing-slice``, ``unreadable``, ``dtype``, ``unallocated``.
         problem: One line saying what is wrong.
         shard: The data shard number, or None.
         offset: Byte offset in ``file``, or None.

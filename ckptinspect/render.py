@@ -592,6 +592,11 @@ def ls_view(listing, fmt: OutputFormat, tree: bool = False, width: int | None = 
         fields.append(("keras", info["keras_version"] + (f" ({info['backend']} backend)" if info.get("backend") else "")))
     if info.get("date_saved"):
         fields.append(("saved", info["date_saved"]))
+    if info.get("unallocated"):  # datasets declared but never written: no values, no stats
+        empty = info["unallocated"]
+        more = f" (+{len(empty) - 3} more)" if len(empty) > 3 else ""
+        fields.append(("warning", f"{len(empty)} dataset{'s' if len(empty) != 1 else ''} declared but unallocated"
+                                  f" (never written, no values): {', '.join(empty[:3])}{more}"))
     label_width = max(9, *(len(label) + 2 for label, _ in fields))
     header = [f"{label + ':':<{label_width}}{value}" for label, value in fields]
     if ckpt.checkpoints:

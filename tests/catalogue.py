@@ -219,7 +219,8 @@ BASE_CASES = [
     }),
     Case("flipped-bit", flipped_bit, {
         "ls": (0, ""),
-        "ls-stats": (2, f"Error: {{p}}: cannot read '{FLIPPED_KEY}': … TensorBundle at {{p}} shard 0 (512 bytes): Checksum does not match"),
+        # ls --stats streams each tensor through its format's block reader (checksum-checked), as diff does.
+        "ls-stats": (2, f"Error: {{p}}.data-00000-of-00001: '{FLIPPED_KEY}': checksum does not match: the bytes have crc32c 0x"),
         "verify": (1, "first:   encoder/enc_dense/kernel in {p}.data-00000-of-00001: checksum does not match: the bytes have crc32c 0x … the index records 0x … (stored masked as TensorFlow does: 0x"),
         "diff": (2, f"Error: {{p}}.data-00000-of-00001: '{FLIPPED_KEY}': checksum does not match: the bytes have crc32c 0x"),
         "extract": (2, f"Error: {{p}}: cannot read '{FLIPPED_KEY}': … TensorBundle at {{p}} shard 0 (512 bytes): Checksum does not match"),

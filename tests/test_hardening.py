@@ -26,6 +26,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cases_ux import CASES as UX_CASES
+from cases_keras import CASES as KERAS_CASES
 from catalogue import BASE_CASES, FIXTURES, KERAS, RUN, SHARDED, Case, _copy_prefix  # noqa: F401
 from ckptinspect.cli import app
 
@@ -35,7 +36,7 @@ h5py = pytest.importorskip("h5py")
 runner = CliRunner()
 
 
-CATALOGUE = [*BASE_CASES, *UX_CASES]
+CATALOGUE = [*BASE_CASES, *UX_CASES, *KERAS_CASES]
 
 COMMANDS = {
     "ls": lambda p, out: ["ls", p],

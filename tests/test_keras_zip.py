@@ -125,7 +125,7 @@ def test_not_extracted_to_disk(k3, tmp_path, monkeypatch):
 
 
 def test_deflated_archive(k3, tmp_path):
-    """An archive re-packed with DEFLATE (not what Keras writes) is read through memory."""
+    """An archive re-packed with DEFLATE (not what Keras writes) is inflated on demand."""
     src = k3["paths"]["keras"]
     path = tmp_path / "deflated.keras"
     with zipfile.ZipFile(src) as zin, zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zout:
@@ -136,17 +136,28 @@ def test_deflated_archive(k3, tmp_path):
     assert_matches_inner_h5(ckpt, path)
 
 
-def test_large_deflated_member_streamed(k3, tmp_path, monkeypatch):
-    """Compressed weights above the in-memory limit are read through the zip stream."""
+def test_deflated_member_with_small_snapshot_interval(k3, tmp_path, monkeypatch):
+    """Snapshots every 4 KiB: every seek backwards resumes from a snapshot, and values match."""
     src = k3["paths"]["keras"]
-    path = tmp_path / "streamed.keras"
+    path = tmp_path / "snapshots.keras"
     with zipfile.ZipFile(src) as zin, zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zout:
         for info in zin.infolist():
             zout.writestr(info.filename, zin.read(info))
-    monkeypatch.setattr(keras_zip, "MAX_IN_MEMORY_BYTES", 0)
-    ckpt = ckptinspect.open(path)
-    assert_matches_inner_h5(ckpt, path)
-    ckpt.close()
+    monkeypatch.setattr(keras_zip, "INFLATE_SNAPSHOT_BYTES", 4096)
+    with ckptinspect.open(path) as ckpt:
+        assert_matches_inner_h5(ckpt, path)
+
+
+@pytest.mark.parametrize("method", [zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA])
+def test_other_compression_read_through_zip_stream(k3, tmp_path, method):
+    """bzip2 / lzma members (no snapshots possible) are read through zipfile's own stream."""
+    src = k3["paths"]["keras"]
+    path = tmp_path / "other.keras"
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(path, "w", method) as zout:
+        for info in zin.infolist():
+            zout.writestr(info.filename, zin.read(info))
+    with ckptinspect.open(path) as ckpt:
+        assert_matches_inner_h5(ckpt, path)
 
 
 # -- real-world corpus -------------------------------------------------------------------------

@@ -11,6 +11,7 @@ picked by content (:func:`detect`) and registered once in :data:`_FORMATS`:
 * :mod:`.tf_state` - checkpoint directories (``checkpoint`` state file).
 * :mod:`.keras_h5` - Keras HDF5 files (legacy ``.h5``, ``.weights.h5``, sharded weights).
 * :mod:`.keras_zip` - ``.keras`` zip archives.
+* :mod:`.npz` - numpy ``.npz`` files (what ``extract -o out.npz`` writes).
 * :mod:`.tf_writer` - writing TF bundles (``extract``, ``transplant``).
 * :mod:`.bundle_writer` - writing TF bundles without TensorFlow, copying unchanged tensors
   byte for byte.
@@ -28,6 +29,7 @@ from ..errors import (
     CheckpointNotFoundError,
     CorruptCheckpointError,
     NotACheckpointError,
+    UnallocatedDataError,
 )
 from . import _fs
 from ._layout import (
@@ -87,6 +89,7 @@ class Kind(enum.Enum):
     HDF5 = "hdf5"
     KERAS_SHARDED = "keras-sharded"
     ZIP = "zip"
+    NPZ = "npz"
 
 
 def _is_hdf5(path: str) -> bool:
@@ -147,7 +150,9 @@ def detect(path: str) -> tuple[Kind, str]:
         return Kind.HDF5, path
     head = _fs.read_head(path, 4)
     if head == ZIP_SIGNATURE:
-        return Kind.ZIP, path
+        from .npz import is_npz  # noqa: PLC0415 - numpy only for zip files
+
+        return (Kind.NPZ if is_npz(path) else Kind.ZIP), path
     if name.endswith(KERAS_SHARDED_INDEX_SUFFIX):
         return Kind.KERAS_SHARDED, path
     kind = _table_kind(path)
@@ -235,15 +240,15 @@ def _check_by_reading(path: str, opener: Callable[[str], m.Checkpoint]) -> Check
         damaged: list[m.Damage] = []
         nbytes = 0
         with ckpt:
-            if ckpt.format == m.FORMAT_KERAS_ZIP and not _fs.is_remote(path):
+            if ckpt.format in (m.FORMAT_KERAS_ZIP, m.FORMAT_NPZ) and not _fs.is_remote(path):
                 damaged = member_damage(path)
             for var in ckpt.variables:
                 try:
                     for block in ckpt.iter_blocks(var, CHECK_BLOCK_ELEMENTS):
                         nbytes += int(getattr(block, "nbytes", 0))
                 except CorruptCheckpointError as e:
-                    damaged.append(m.Damage(key=var.key, name=var.name, file=path, kind=m.DAMAGE_UNREADABLE,
-                                            problem=str(e)))
+                    kind = m.DAMAGE_UNALLOCATED if isinstance(e, UnallocatedDataError) else m.DAMAGE_UNREADABLE
+                    damaged.append(m.Damage(key=var.key, name=var.name, file=path, kind=kind, problem=str(e)))
                 done += 1
                 if progress is not None:
                     progress(done, total, var)
@@ -294,6 +299,7 @@ _FORMATS: dict[Kind, _Format] = {
     Kind.HDF5: _reading("keras_h5", "open_h5"),
     Kind.KERAS_SHARDED: _reading("keras_h5", "open_sharded"),
     Kind.ZIP: _reading("keras_zip", "open_zip"),
+    Kind.NPZ: _reading("npz", "open_npz"),
 }
 CHECK_BLOCK_ELEMENTS = 1 << 20
 

@@ -37,7 +37,7 @@ import io
 import json
 import math
 import re
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -47,6 +47,7 @@ from ..errors import (
     CkptError,
     CorruptCheckpointError,
     NotACheckpointError,
+    UnallocatedDataError,
     UnsafeFileError,
 )
 from . import _fs
@@ -62,6 +63,7 @@ __all__ = [
     "H5Source",
     "VarNamer",
     "iteration_counter",
+    "INFO_UNALLOCATED",
 ]
 
 
@@ -93,6 +95,24 @@ MAX_DECLARED_BYTES = 1 << 40
 BOMB_FLOOR_BYTES = 1 << 32
 BOMB_MAX_EXPANSION = 1000
 MAX_INDEX_JSON_BYTES = 64 << 20
+
+# Reading: variable-length values (strings, vlen sequences, references) become one Python
+# object each; a dataset holding more than MAX_OBJECT_ELEMENTS of them is refused.
+MAX_OBJECT_ELEMENTS = 1 << 21
+
+# Checkpoint.info key naming the datasets declared but never written (no storage allocated):
+# reading one raises UnallocatedDataError (with its fill value) instead of materialising it.
+INFO_UNALLOCATED = "unallocated"
+
+# dtype names of HDF5 types that are not numbers: no statistics; ``diff`` compares them by
+# value (references by the path of the object they point to, the rest by their bytes).
+DTYPE_REFERENCE = "reference"
+DTYPE_REGION_REFERENCE = "region-reference"
+DTYPE_COMPOUND = "compound"
+DTYPE_OPAQUE = "opaque"
+DTYPE_ARRAY = "array"
+DTYPE_OBJECT = "object"
+VLEN_PREFIX = "vlen-"
 
 # (path components, number of stored vars) -> variable names, or None for vars/N.
 VarNamer = Callable[[tuple[str, ...], int], "Sequence[str] | None"]
@@ -162,13 +182,31 @@ _DTYPE_NAMES: dict[np.dtype, str] = {}
 
 
 def _dtype_name(dtype: np.dtype, attr_dtype: str | None) -> str:
-    if attr_dtype == "bfloat16" and dtype.itemsize == 2:
+    """The dtype ``ls`` shows: numpy's name for numbers, else what the HDF5 type is."""
+    if attr_dtype == "bfloat16" and dtype.itemsize == 2 and dtype.kind == "V" and dtype.names is None:
         return "bfloat16"
+    if dtype.kind == "O":  # h5py keeps what the object is in the dtype's metadata; never cached
+        h5py = _h5py()
+        ref = h5py.check_ref_dtype(dtype)
+        if ref is not None:
+            return DTYPE_REGION_REFERENCE if ref is h5py.RegionReference else DTYPE_REFERENCE
+        base = h5py.check_vlen_dtype(dtype)
+        if base in (str, bytes):
+            return "string"
+        if base is not None:
+            return VLEN_PREFIX + _dtype_name(np.dtype(base), None)
+        return DTYPE_OBJECT
     name = _DTYPE_NAMES.get(dtype)
     if name is None:
-        name = "string" if dtype.kind in "SUO" else "bool" if dtype.kind == "b" else dtype.name
-        if dtype.kind != "O":  # object dtypes carry h5py metadata; do not keep them
-            _DTYPE_NAMES[dtype] = name
+        if dtype.kind in "SU":
+            name = "string"
+        elif dtype.kind == "b":
+            name = "bool"
+        elif dtype.kind == "V":
+            name = DTYPE_COMPOUND if dtype.names else DTYPE_ARRAY if dtype.subdtype else DTYPE_OPAQUE
+        else:
+            name = dtype.name
+        _DTYPE_NAMES[dtype] = name
     return name
 
 
@@ -183,6 +221,7 @@ class _Dataset:
     shape: tuple[int, ...]
     dtype: str
     nbytes: int
+    allocated: bool = True
 
 
 def _check_dataset(dsid: Any, key: str, label: str) -> None:
@@ -229,6 +268,31 @@ def _attr_text(oid: Any, name: bytes) -> str | None:
     return _text(value.reshape(-1)[0])
 
 
+def _is_unallocated(dsid: Any) -> bool:
+    """A dataset with elements but no storage: created, never written (metadata only)."""
+    h5py = _h5py()
+    if dsid.get_storage_size() != 0:
+        return False
+    space = dsid.get_space()
+    if space.get_simple_extent_type() == h5py.h5s.NULL or space.get_simple_extent_npoints() == 0:
+        return False
+    return dsid.get_create_plist().get_layout() in (h5py.h5d.CONTIGUOUS, h5py.h5d.CHUNKED)
+
+
+def _fill_value(dsid: Any) -> Any:
+    """What an unwritten element reads as (a numpy scalar), or None when HDF5 leaves it undefined."""
+    h5py = _h5py()
+    dtype = dsid.dtype
+    if dtype.kind == "O":
+        return None
+    dcpl = dsid.get_create_plist()
+    if dcpl.fill_value_defined() == h5py.h5d.FILL_VALUE_UNDEFINED:
+        return None
+    value = np.zeros((), dtype=dtype)
+    dcpl.get_fill_value(value)
+    return value[()]
+
+
 def _describe(dsid: Any, key: str) -> _Dataset:
     dtype = dsid.dtype
     attr_dtype = _attr_text(dsid, DTYPE_ATTR.encode()) if dtype.kind == "V" else None
@@ -238,7 +302,35 @@ def _describe(dsid: Any, key: str) -> _Dataset:
         nbytes = int(dsid.get_storage_size())
     else:
         nbytes = math.prod(shape) * dtype.itemsize
-    return _Dataset(key=key, shape=shape, dtype=name, nbytes=nbytes)
+    return _Dataset(key=key, shape=shape, dtype=name, nbytes=nbytes, allocated=not _is_unallocated(dsid))
+
+
+def _unallocated_error(dsid: Any, key: str, label: str) -> UnallocatedDataError:
+    shape = tuple(int(d) for d in (dsid.shape or ()))
+    declared = math.prod(shape) * dsid.dtype.itemsize
+    fill = _fill_value(dsid)
+    reads_as = "undefined values" if fill is None else f"its fill value {_fill_text(fill)}"
+    return UnallocatedDataError(
+        f"{label}: dataset {key!r} is declared but unallocated: shape {list(shape)}"
+        f" {_dtype_name(dsid.dtype, None)} ({_human(declared)}) was never written, it would read as {reads_as}",
+        key=key,
+        fill_value=fill,
+    )
+
+
+def _fill_text(value: Any) -> str:
+    if isinstance(value, (bytes, np.void)):
+        return repr(bytes(value))
+    return repr(value.item()) if hasattr(value, "item") else repr(value)
+
+
+def _human(n: int) -> str:
+    size = float(n)
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{n} bytes" if unit == "bytes" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} bytes"  # pragma: no cover
 
 
 @dataclasses.dataclass
@@ -337,27 +429,120 @@ def _safe_dataset(h5: Any, key: str, label: str) -> Any:
     return oid
 
 
-def _read_dataset(dsid: Any, variable: m.Variable, label: str) -> np.ndarray:
-    """The whole value of a low-level dataset, read into a fresh array."""
+def _is_variable_length(dtype: np.dtype) -> bool:
+    """Strings and other values h5py converts to Python objects (vlen, references)."""
+    h5py = _h5py()
+    return dtype.kind == "O" or (dtype.kind in "SU" and dtype.itemsize == 0) or h5py.check_string_dtype(dtype) is not None
+
+
+def _check_readable(dsid: Any, variable: m.Variable, label: str) -> None:
+    """Refuse, before allocating anything, what reading would get wrong or blow up on.
+
+    Raises:
+        CorruptCheckpointError: A null dataspace.
+        UnallocatedDataError: The dataset was never written (nothing is allocated for it).
+        UnsafeFileError: More variable-length elements than :data:`MAX_OBJECT_ELEMENTS`.
+    """
     h5py = _h5py()
     space = dsid.get_space()
     if space.get_simple_extent_type() == h5py.h5s.NULL:
         raise CorruptCheckpointError(f"{label}: dataset {variable.key!r} has no dataspace (an empty HDF5 dataset)")
-    dtype = dsid.dtype
-    if dtype.kind == "O" or (dtype.kind in "SU" and dtype.itemsize == 0) or h5py.check_string_dtype(dtype) is not None:
-        value = _read_high_level(dsid, variable, label)
+    if _is_unallocated(dsid):
+        raise _unallocated_error(dsid, variable.key, label)
+    count = space.get_simple_extent_npoints()
+    if dsid.dtype.kind == "O" and count > MAX_OBJECT_ELEMENTS:
+        raise UnsafeFileError(
+            f"{label}: dataset {variable.key!r} holds {count} variable-length elements (limit"
+            f" {MAX_OBJECT_ELEMENTS}, one Python object each); refusing to read it"
+        )
+
+
+def _read_numeric(dsid: Any, variable: m.Variable, label: str, start: tuple[int, ...] | None = None,
+                  count: tuple[int, ...] | None = None) -> np.ndarray:
+    """A fixed-size value (numbers, records, opaque, fixed-length strings): the whole dataset,
+    or the hyperslab ``count`` elements from ``start``, read into a fresh array."""
+    h5py = _h5py()
+    if start is None:
+        mspace = fspace = h5py.h5s.ALL
+        shape = tuple(dsid.get_space().shape)
     else:
-        value = np.empty(tuple(space.shape), dtype=dtype)
-        try:
-            if value.size:
-                dsid.read(h5py.h5s.ALL, h5py.h5s.ALL, value)
-        except (OSError, RuntimeError, ValueError, TypeError) as e:
-            raise CorruptCheckpointError(f"{label}: cannot read dataset {variable.key!r}: {_one_line(e)}") from None
+        fspace = dsid.get_space()
+        fspace.select_hyperslab(start, count)
+        mspace = h5py.h5s.create_simple(count)
+        shape = count
+    value = np.empty(shape, dtype=dsid.dtype)
+    try:
+        if value.size:
+            dsid.read(mspace, fspace, value)
+    except (OSError, RuntimeError, ValueError, TypeError) as e:
+        raise CorruptCheckpointError(f"{label}: cannot read dataset {variable.key!r}: {_one_line(e)}") from None
     if variable.dtype == "bfloat16" and value.dtype.kind == "V":
         import ml_dtypes  # noqa: PLC0415 - only for bfloat16 values
 
         value = value.view(ml_dtypes.bfloat16)
     return value
+
+
+def _read_dataset(dsid: Any, variable: m.Variable, label: str) -> np.ndarray:
+    """The whole value of a low-level dataset, read into a fresh array.
+
+    Raises:
+        UnallocatedDataError: The dataset was never written (nothing is allocated for it).
+        UnsafeFileError: More variable-length elements than :data:`MAX_OBJECT_ELEMENTS`.
+        CorruptCheckpointError: The value does not read.
+    """
+    h5py = _h5py()
+    _check_readable(dsid, variable, label)
+    if not _is_variable_length(dsid.dtype):
+        return _read_numeric(dsid, variable, label)
+    value = _read_high_level(dsid, variable, label)
+    if h5py.check_ref_dtype(dsid.dtype) is not None:
+        value = _dereference(dsid, value, variable, label)
+    return value
+
+
+def _hyperslabs(shape: tuple[int, ...], elements: int) -> Iterator[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """(start, count) of consecutive C-order runs of at most ``elements`` elements covering
+    ``shape``: whole trailing dimensions where they fit, a slab of the next one."""
+    elements = max(1, elements)
+    if math.prod(shape) == 0:
+        return
+    axis, inner = len(shape), 1
+    while axis > 0 and inner * shape[axis - 1] <= elements:
+        axis -= 1
+        inner *= shape[axis]
+    if axis == 0:
+        yield (0,) * len(shape), tuple(shape)
+        return
+    axis -= 1  # the dimension split into slabs of `step`
+    step = max(1, elements // inner)
+    tail = tuple(shape[axis + 1 :])
+    for outer in np.ndindex(*shape[:axis]):
+        for first in range(0, shape[axis], step):
+            n = min(step, shape[axis] - first)
+            yield (*outer, first, *(0,) * len(tail)), (*(1,) * axis, n, *tail)
+
+
+def _dereference(dsid: Any, refs: np.ndarray, variable: m.Variable, label: str) -> np.ndarray:
+    """References as what they point to: the target's path (``""`` for a null reference), and
+    for a region reference the selection too. The stored bytes are file addresses, which
+    differ between two copies of the same content; the targets do not."""
+    h5py = _h5py()
+    out = np.empty(refs.shape, dtype=object)
+    flat_in, flat_out = refs.reshape(-1), out.reshape(-1)
+    try:
+        for i, ref in enumerate(flat_in):
+            if not ref:
+                flat_out[i] = ""
+                continue
+            target = _text(h5py.h5r.get_name(ref, dsid))
+            if isinstance(ref, h5py.RegionReference):
+                region = h5py.h5r.get_region(ref, dsid)
+                target += "[" + region.encode().hex() + "]" if region is not None else ""
+            flat_out[i] = target
+    except (OSError, RuntimeError, ValueError, TypeError) as e:
+        raise CorruptCheckpointError(f"{label}: dataset {variable.key!r}: a reference does not resolve: {_one_line(e)}") from None
+    return out
 
 
 def _read_high_level(dsid: Any, variable: m.Variable, label: str) -> np.ndarray:
@@ -609,6 +794,9 @@ def _keras3_info(walks: Sequence[_Walk]) -> dict[str, Any]:
 
 
 ITERATION_NAMES = ("iterations", "iteration")
+NUMERIC_COUNTER_DTYPES = frozenset(
+    {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32", "float64", "bfloat16"}
+)
 
 
 def iteration_counter(variables: Sequence[m.Variable]) -> m.Variable | None:
@@ -633,6 +821,14 @@ def _with_counter(info: dict[str, Any], variables: Sequence[m.Variable]) -> dict
     return info
 
 
+def _with_unallocated(info: dict[str, Any], walks: Sequence[_Walk]) -> dict[str, Any]:
+    """Name the datasets declared but never written (``info["unallocated"]``), if any."""
+    keys = [k for w in walks for k, ds in w.datasets.items() if not ds.allocated]
+    if keys:
+        info[INFO_UNALLOCATED] = keys
+    return info
+
+
 def counter_step(read: Callable[[m.Variable], np.ndarray], variables: Sequence[m.Variable]) -> tuple[int | None, str | None]:
     """The step of a Keras file: its optimizer's iteration count, one scalar read (a few bytes).
 
@@ -644,9 +840,12 @@ def counter_step(read: Callable[[m.Variable], np.ndarray], variables: Sequence[m
         (step, where it came from), or (None, None) when the file has no counter.
     """
     counter = iteration_counter(variables)
-    if counter is None or counter.size != 1:
+    if counter is None or counter.size != 1 or counter.dtype not in NUMERIC_COUNTER_DTYPES:
         return None, None
-    value = float(np.asarray(read(counter)).reshape(()))
+    try:
+        value = float(np.asarray(read(counter)).reshape(()))
+    except UnallocatedDataError:  # never written: no step (verify reports the dataset)
+        return None, None
     if value != value or value in (float("inf"), float("-inf")):
         return None, None
     return int(value), f"optimizer:{counter.key}"
@@ -689,11 +888,11 @@ def list_h5_file(h5: Any, label: str, namer: VarNamer | None = None) -> H5Listin
     if layout in (LAYOUT_LEGACY_FULL, LAYOUT_LEGACY_WEIGHTS):
         base = MODEL_WEIGHTS if layout == LAYOUT_LEGACY_FULL else ""
         variables = tuple(_legacy_variables(h5, walk, base, label))
-        info = _with_counter(_legacy_info(h5, layout), variables)
+        info = _with_unallocated(_with_counter(_legacy_info(h5, layout), variables), [walk])
         return H5Listing(m.FORMAT_KERAS_H5, variables, info, *counter_step(read, variables))
     if layout == LAYOUT_KERAS3:
         variables = tuple(_keras3_variables([walk], namer))
-        info = _with_counter(_keras3_info([walk]), variables)
+        info = _with_unallocated(_with_counter(_keras3_info([walk]), variables), [walk])
         return H5Listing(m.FORMAT_KERAS_WEIGHTS_H5, variables, info, *counter_step(read, variables))
     raise NotACheckpointError(
         f"{label}: an HDF5 file but not Keras weights (no {MODEL_WEIGHTS} group, no"
@@ -820,6 +1019,33 @@ class H5Source(m.BaseSource):
 
         return _guard(label, go)
 
+    def iter_blocks(self, variable: m.Variable, elements: int) -> Iterator[np.ndarray]:
+        """The flattened value in blocks of at most ``elements`` elements, each read from the
+        file as one hyperslab: memory is one block, however large the dataset. Variable-length
+        values (strings, references; at most :data:`MAX_OBJECT_ELEMENTS`) are read whole.
+
+        Raises:
+            UnallocatedDataError: The dataset was never written (raised before any block).
+            CorruptCheckpointError: A block does not read.
+        """
+        shard = variable.shards[0] if variable.shards else 0
+        label = self._labels[shard]
+
+        def prepare() -> Any:
+            dsid = _safe_dataset(self._file(shard), variable.key, label)
+            _check_readable(dsid, variable, label)
+            return dsid
+
+        dsid = _guard(label, prepare)
+        shape = tuple(int(d) for d in (dsid.shape or ()))
+        if not shape or _is_variable_length(dsid.dtype) or shape != tuple(variable.shape):
+            yield from super().iter_blocks(variable, elements)
+            return
+        for start, count in _hyperslabs(shape, elements):
+            block = _guard(label, lambda: _read_numeric(dsid, variable, label, start, count))  # noqa: B023
+            yield block.reshape(-1)
+            del block
+
     def close(self) -> None:
         files, self._files = self._files, {}
         for f in files.values():
@@ -936,7 +1162,7 @@ def open_sharded(path: str) -> m.Checkpoint:
             shard_of[key] = i
         walks.append(walk)
     variables = _keras3_variables(walks, None, shard_of)
-    info = _with_counter(_keras3_info(walks), variables)
+    info = _with_unallocated(_with_counter(_keras3_info(walks), variables), walks)
     info["shard_files"] = shard_files
     metadata = index.get("metadata")
     if isinstance(metadata, dict) and isinstance(metadata.get("total_size"), (int, float)):
@@ -954,3 +1180,4 @@ def open_sharded(path: str) -> m.Checkpoint:
         info=info,
         source=source,
     )
+

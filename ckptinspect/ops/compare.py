@@ -4,7 +4,10 @@
 TF bundle tensors straight from their data file, checksum verified) and keeps
 running float64 sums, so memory stays at a few blocks for bundles and about twice the largest
 tensor for other formats. Equality follows numpy's ``isclose`` (``|a - b| <= atol + rtol * |b|``)
-with NaN equal to NaN and infinities equal to infinities of the same sign.
+with NaN equal to NaN and infinities equal to infinities of the same sign. Values that are not
+numbers (strings, HDF5 references, records, opaque and variable-length values) are equal when
+every element holds the same bytes; a dataset declared but never written compares as its fill
+value, without being materialised.
 
 :func:`bit_equal` is the one bit-for-bit equality of two arrays, shared by ``diff``,
 ``extract`` and ``transplant``.
@@ -17,7 +20,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from ..errors import CorruptCheckpointError
+from ..errors import CorruptCheckpointError, UnallocatedDataError
 from ..model import NUMERIC_DTYPES, Checkpoint, Variable, numpy_dtype
 
 __all__ = [
@@ -300,17 +303,109 @@ def _itemsize(dtype: str) -> int:
     return d.itemsize if d is not None else 8
 
 
+def _element_bytes(item: Any) -> bytes | None:
+    """One non-numeric element as the bytes it holds (None when it has no byte form)."""
+    if isinstance(item, bytes):  # also np.bytes_
+        return item
+    if isinstance(item, str):  # strings, and HDF5 references as the path they point to
+        return item.encode("utf-8", "surrogatepass")
+    if isinstance(item, np.ndarray):  # an HDF5 variable-length sequence
+        return f"{item.dtype.str}{item.shape}".encode() + np.ascontiguousarray(item).tobytes()
+    if isinstance(item, np.generic):  # a record or opaque scalar
+        return item.tobytes()
+    return None
+
+
+def _different_elements(x: np.ndarray, y: np.ndarray) -> int:
+    """How many elements of two equal-length 1-D non-numeric arrays are not identical."""
+    if x.dtype == y.dtype and x.dtype.kind != "O" and x.dtype.itemsize:
+        # Fixed-size records, opaque blobs, fixed-length strings: compare the bytes of each
+        # element (a NaN field equals itself; no field-wise float semantics).
+        bx = np.ascontiguousarray(x).view(np.uint8).reshape(x.size, x.dtype.itemsize)
+        by = np.ascontiguousarray(y).view(np.uint8).reshape(y.size, y.dtype.itemsize)
+        return int(np.count_nonzero((bx != by).any(axis=1)))
+    n = 0
+    for p, q in zip(x.tolist() if x.dtype.kind != "O" else x, y.tolist() if y.dtype.kind != "O" else y):
+        bp, bq = _element_bytes(p), _element_bytes(q)
+        if bp is None or bq is None:
+            try:
+                same = bool(p == q)
+            except (TypeError, ValueError):
+                same = False
+        else:
+            same = bp == bq
+        n += not same
+    return n
+
+
 def _compare_other(ckpt_a: Checkpoint, va: Variable, ckpt_b: Checkpoint, vb: Variable) -> dict[str, Any]:
-    """Strings and other non-numeric values: equal iff identical."""
+    """Strings, references, records, opaque and variable-length values: equal iff every
+    element holds the same bytes (references: point to the same path), in chunks."""
     x = np.asarray(ckpt_a.read(va)).reshape(-1)
     y = np.asarray(ckpt_b.read(vb)).reshape(-1)
     if x.shape != y.shape:
         return {"num_different": max(x.size, y.size)}
+    n = 0
+    for i in range(0, x.size, CHUNK_ELEMENTS):
+        n += _different_elements(x[i : i + CHUNK_ELEMENTS], y[i : i + CHUNK_ELEMENTS])
+    return {"num_different": n}
+
+
+def _unallocated_fill(ckpt: Checkpoint, var: Variable) -> tuple[bool, Any]:
+    """(True, fill value) when ``var`` is declared but never written, else (False, None).
+
+    Asks the format for a one-element first block: an unwritten dataset raises
+    :class:`~ckptinspect.errors.UnallocatedDataError` before anything is allocated.
+    """
+    blocks = ckpt.iter_blocks(var, 1)
     try:
-        same = np.asarray(x == y, dtype=bool).reshape(-1)
-    except (TypeError, ValueError):
-        same = np.array([bytes(p) == bytes(q) for p, q in zip(x, y)], dtype=bool)
-    return {"num_different": int(same.size - np.count_nonzero(same))}
+        next(blocks, None)
+    except UnallocatedDataError as e:
+        return True, e.fill_value
+    finally:
+        close = getattr(blocks, "close", None)
+        if close is not None:
+            close()
+    return False, None
+
+
+def _compare_unallocated(
+    ckpt_a: Checkpoint, va: Variable, ckpt_b: Checkpoint, vb: Variable, atol: float, rtol: float, numeric: bool
+) -> dict[str, Any]:
+    """A side declared but never written compares as its fill value (what h5py, and so Keras,
+    would load), without materialising it: two such sides by their fill values; one such side
+    against the other side's values, streamed block by block. An undefined fill value (or a
+    non-numeric one) equals only another unwritten side with the same (or no) fill value."""
+    empty_a, fill_a = _unallocated_fill(ckpt_a, va)
+    empty_b, fill_b = _unallocated_fill(ckpt_b, vb)
+    n = va.size
+    if not numeric or (empty_a and fill_a is None) or (empty_b and fill_b is None):
+        if empty_a and empty_b and (fill_a is None) == (fill_b is None) and _element_bytes(fill_a) == _element_bytes(fill_b):
+            return {"num_different": 0}
+        return {"num_different": n}
+    acc = _Accumulator(atol, rtol)
+    if empty_a and empty_b:
+        x = _arith_view(np.asarray([fill_a]))
+        y = _arith_view(np.asarray([fill_b]))
+        if x.dtype == y.dtype and bit_equal(x, y):
+            acc.equal_chunk(x)
+        else:
+            acc.chunk(x, y, x.dtype.kind in "iu" and y.dtype.kind in "iu")
+        out = acc.result()
+        for k in ("num_different", "nan_a", "inf_a", "nan_b", "inf_b", "nonfinite_mismatch"):
+            out[k] *= n  # every element is the fill value: counts scale, ratios do not
+        return out
+    full, fill = (vb, fill_a) if empty_a else (va, fill_b)
+    ckpt = ckpt_b if empty_a else ckpt_a
+    block = max(CHUNK_ELEMENTS, (BLOCK_BYTES // _itemsize(full.dtype)) // CHUNK_ELEMENTS * CHUNK_ELEMENTS)
+    for values in _block_source(ckpt, full, block)():
+        constant = np.full(values.size, fill)
+        xa, xb = (constant, values) if empty_a else (values, constant)
+        x, y = _arith_view(xa), _arith_view(xb)
+        exact_int = x.dtype.kind in "iu" and y.dtype.kind in "iu"
+        for i in range(0, x.size, CHUNK_ELEMENTS):
+            acc.chunk(x[i : i + CHUNK_ELEMENTS], y[i : i + CHUNK_ELEMENTS], exact_int)
+    return acc.result()
 
 
 def compare_variables(
@@ -342,10 +437,14 @@ def compare_variables(
         return {"status": STATUS_SHAPE}
     numeric = va.dtype in NUMERIC_DTYPES and vb.dtype in NUMERIC_DTYPES
     comparable = numeric and (("complex" in va.dtype) == ("complex" in vb.dtype))
-    if comparable:
-        stats = _compare_numeric(ckpt_a, va, ckpt_b, vb, atol, rtol)
-    elif va.dtype == vb.dtype:
-        stats = _compare_other(ckpt_a, va, ckpt_b, vb)
+    if comparable or va.dtype == vb.dtype:
+        try:
+            stats = (_compare_numeric(ckpt_a, va, ckpt_b, vb, atol, rtol) if comparable
+                     else _compare_other(ckpt_a, va, ckpt_b, vb))
+        except UnallocatedDataError:
+            stats = None  # compared below, once the values read so far are released
+        if stats is None:
+            stats = _compare_unallocated(ckpt_a, va, ckpt_b, vb, atol, rtol, comparable)
     else:
         return {"status": STATUS_DTYPE}
     if va.dtype != vb.dtype:

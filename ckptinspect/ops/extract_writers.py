@@ -269,6 +269,19 @@ def _h5_read(h5: Any, key: str) -> np.ndarray:
     return ds[()]
 
 
+def _require_written(ckpt: m.Checkpoint, variable: m.Variable) -> None:
+    """Raise for a dataset declared but never written (its format raises
+    :class:`~ckptinspect.errors.UnallocatedDataError` on the first block, before allocating):
+    a copy would pass its fill values off as weights."""
+    blocks = ckpt.iter_blocks(variable, 1)
+    try:
+        next(iter(blocks), None)
+    finally:
+        close = getattr(blocks, "close", None)
+        if close is not None:
+            close()
+
+
 def write_h5_copy(
     ckpt: m.Checkpoint, tmp: str, drop_group: str, open_source: Callable[[], Any], progress: Progress | None
 ) -> tuple[list[ExtractedVariable], int]:
@@ -285,6 +298,8 @@ def write_h5_copy(
             )
         planned.append(ExtractedVariable(v.name, v.key, None if in_dropped else v.key, v.role, v.shape, v.dtype, v.nbytes))
     kept = [p for p in planned if p.kept]
+    for p in kept:
+        _require_written(ckpt, ckpt[p.key])
     verifier = Verifier(progress, len(kept))
     src_h5 = open_source()
     try:

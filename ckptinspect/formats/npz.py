@@ -1,0 +1,279 @@
+"""``.npz`` files: numpy's ``savez`` layout, a zip of ``NAME.npy`` members.
+
+This is what ``ckptinspect extract -o out.npz`` writes (one member per kept variable, named by
+its readable name, e.g. ``encoder/enc_dense/kernel.npy``), and what ``numpy.savez`` /
+``savez_compressed`` write. A variable's key and name are the member name without ``.npy``,
+as ``numpy.load(path).files`` gives them.
+
+Listing parses only each member's ``.npy`` header (``numpy.lib.format``: magic, then a dict
+read with ``ast.literal_eval``); values are read one array at a time through ``numpy.load``'s
+lazy ``NpzFile`` with ``allow_pickle=False``, so memory stays at about one array.
+
+Untrusted files: an array whose dtype holds Python objects (stored pickled; unpickling can run
+code) is refused with :class:`~ckptinspect.errors.UnsafeFileError`, as are members that declare
+far more bytes than they store (zip bombs) and headers that declare absurd sizes. Two members
+with the same name, and a header whose shape does not match its member's size, are damage
+(:class:`~ckptinspect.errors.CorruptCheckpointError`, which ``verify`` reports), refused before
+anything is allocated. ``verify`` also streams every member through its CRC-32 check.
+
+Roles: a scalar named like a counter (``step``, ``global_step``, ``save_counter``, ``epoch``)
+is ``metadata``; a name TF1 optimizers give their slots or state is ``optimizer``; the rest is
+``model``.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import math
+import zipfile
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from .. import model as m
+from ..errors import CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError, UnsafeFileError
+from . import _fs
+from .keras_zip import member_head
+from .tf_bundle import TF1_OPTIMIZER_NAMES, TF1_SLOT_RE
+
+__all__ = ["NPY_SUFFIX", "KERAS_MEMBERS", "is_npz", "open_npz", "NpzSource"]
+
+NPY_SUFFIX = ".npy"
+# Members that make a zip a .keras archive rather than an npz.
+KERAS_MEMBERS = ("config.json", "metadata.json", "model.weights.h5", "model.weights.npz")
+# Limits: at most MAX_MEMBERS arrays; an array may declare at most MAX_DECLARED_BYTES; a member
+# larger than BOMB_FLOOR_BYTES may expand at most MAX_EXPANSION times its stored size.
+MAX_MEMBERS = 1 << 20
+MAX_DECLARED_BYTES = 1 << 40
+BOMB_FLOOR_BYTES = 64 << 20
+MAX_EXPANSION = 100
+MAX_NPY_HEADER_BYTES = 1 << 16  # numpy itself refuses headers over 10,000 bytes
+# Names of counters (metadata) and of TF1 optimizer state, as the TF reader's rules know them.
+COUNTER_NAMES = frozenset({"save_counter", "global_step", "step", "epoch", "epochs"})
+
+
+def _open_zip(path: str) -> tuple[zipfile.ZipFile, BinaryIO]:
+    if _fs.is_remote(path):
+        f: BinaryIO = io.BytesIO(_fs.read_bytes(path))
+    else:
+        try:
+            f = open(path, "rb")  # noqa: SIM115 - closed by the caller
+        except FileNotFoundError:
+            raise CheckpointNotFoundError(f"{path}: no such file") from None
+        except PermissionError:
+            raise CheckpointNotFoundError(f"{path}: permission denied") from None
+        except IsADirectoryError:
+            raise NotACheckpointError(f"{path}: is a directory, not an .npz file") from None
+    try:
+        return zipfile.ZipFile(f), f
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
+        f.close()
+        raise CorruptCheckpointError(
+            f"{path}: not a readable zip archive (truncated or damaged): {' '.join(str(e).split())}"
+        ) from None
+
+
+def is_npz(path: str) -> bool:
+    """True for a zip archive holding ``.npy`` members and none of a ``.keras`` archive's.
+
+    Only the central directory is read; an archive that does not read is not an npz here (the
+    ``.keras`` reader then says what is wrong with it).
+    """
+    try:
+        zf, f = _open_zip(str(path))
+    except (CorruptCheckpointError, NotACheckpointError, CheckpointNotFoundError):
+        return False
+    try:
+        names = zf.namelist()
+    finally:
+        zf.close()
+        f.close()
+    return any(n.endswith(NPY_SUFFIX) for n in names) and not any(n in KERAS_MEMBERS for n in names)
+
+
+def _role(name: str, shape: tuple[int, ...]) -> str:
+    if shape == () and name.rsplit("/", 1)[-1] in COUNTER_NAMES:
+        return m.ROLE_METADATA
+    if TF1_OPTIMIZER_NAMES.search(name) or TF1_SLOT_RE.search(name):
+        return m.ROLE_OPTIMIZER
+    return m.ROLE_MODEL
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    if dtype.kind in "SU":
+        return "string"
+    if dtype.kind == "b":
+        return "bool"
+    if dtype.kind == "V":
+        return "compound" if dtype.names else "opaque"
+    return dtype.name
+
+
+def _duplicates(zf: zipfile.ZipFile) -> dict[str, int]:
+    counts = collections.Counter(info.filename for info in zf.infolist())
+    return {name: n for name, n in counts.items() if n > 1}
+
+
+def _duplicate_text(count: int) -> str:
+    return f"appears {count} times (readers disagree on which copy counts: a known way to hide content)"
+
+
+def _check_bomb(path: str, info: zipfile.ZipInfo) -> None:
+    if info.file_size > BOMB_FLOOR_BYTES and info.file_size > MAX_EXPANSION * max(info.compress_size, 1):
+        raise UnsafeFileError(
+            f"{path}: member {info.filename!r} declares {info.file_size} bytes but stores only"
+            f" {info.compress_size} (more than {MAX_EXPANSION}:1); refusing a possible zip bomb"
+        )
+
+
+def _header(path: str, f: BinaryIO, info: zipfile.ZipInfo) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype from one member's ``.npy`` header, checked against the member's size.
+    Only the header's bytes are read (not through zipfile's stream, whose CRC-32 check needs
+    the whole member: damaged data is for reading values and ``verify`` to report).
+
+    Raises:
+        UnsafeFileError: Pickled objects, or an absurd declared size.
+        CorruptCheckpointError: The header does not parse, or does not match the member's size.
+    """
+    key = info.filename[: -len(NPY_SUFFIX)]
+    head = io.BytesIO(member_head(path, f, info, MAX_NPY_HEADER_BYTES))
+    try:
+        version = np.lib.format.read_magic(head)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read(head)
+        header_bytes = head.tell()
+    except (OSError, ValueError, EOFError, SyntaxError, RuntimeError) as e:
+        raise CorruptCheckpointError(f"{path}: array {key!r}: not a readable .npy header: {' '.join(str(e).split())}") from None
+    if dtype.hasobject:
+        raise UnsafeFileError(
+            f"{path}: array {key!r} holds pickled Python objects (dtype {dtype}); ckptinspect never loads"
+            " pickled objects (unpickling can run code; numpy.load(..., allow_pickle=False) refuses them too)"
+        )
+    shape = tuple(int(d) for d in shape)
+    declared = math.prod(shape) * dtype.itemsize
+    if declared > MAX_DECLARED_BYTES:
+        raise UnsafeFileError(
+            f"{path}: array {key!r} declares shape {list(shape)} ({declared} bytes, more than the"
+            f" {MAX_DECLARED_BYTES}-byte limit); refusing a possible shape bomb"
+        )
+    if header_bytes + declared != info.file_size:
+        raise CorruptCheckpointError(
+            f"{path}: array {key!r} declares shape {list(shape)} {dtype} ({declared} bytes) but its member"
+            f" holds {info.file_size - header_bytes} bytes of data (truncated or damaged)"
+        )
+    return shape, dtype
+
+
+def _list(path: str, zf: zipfile.ZipFile, f: BinaryIO) -> tuple[list[m.Variable], list[str]]:
+    infos = zf.infolist()
+    if len(infos) > MAX_MEMBERS:
+        raise UnsafeFileError(f"{path}: {len(infos)} archive members (limit {MAX_MEMBERS}); refusing")
+    for name, count in _duplicates(zf).items():
+        raise CorruptCheckpointError(f"{path}: member {name!r} {_duplicate_text(count)}; refusing")
+    variables: list[m.Variable] = []
+    others: list[str] = []
+    for info in infos:
+        _check_bomb(path, info)
+        if not info.filename.endswith(NPY_SUFFIX):
+            others.append(info.filename)
+            continue
+        shape, dtype = _header(path, f, info)
+        key = info.filename[: -len(NPY_SUFFIX)]
+        variables.append(m.Variable(
+            key=key, name=key, shape=shape, dtype=_dtype_name(dtype), nbytes=math.prod(shape) * dtype.itemsize,
+            role=_role(key, shape),
+        ))
+    return variables, others
+
+
+class NpzSource(m.BaseSource):
+    """Reads one array at a time through ``numpy.load``'s lazy ``NpzFile`` (``allow_pickle=False``).
+
+    Args:
+        path: The ``.npz`` file.
+    """
+
+    def __init__(self, path: str):
+        self._path = path
+        self._npz: Any = None
+        self._file: Any = None
+
+    def _open(self) -> Any:
+        if self._npz is None:
+            zf, f = _open_zip(self._path)  # the same checks as the listing, on the file as it is now
+            try:
+                _list(self._path, zf, f)
+            finally:
+                zf.close()
+            self._file = f
+            f.seek(0)
+            self._npz = np.load(f, allow_pickle=False)
+        return self._npz
+
+    def read(self, variable: m.Variable) -> np.ndarray:
+        """The array of ``variable``.
+
+        Raises:
+            CheckpointNotFoundError: No such member (the file changed since it was listed).
+            CorruptCheckpointError: The member does not read.
+        """
+        npz = self._open()
+        if variable.key not in npz.files:
+            raise CheckpointNotFoundError(f"{self._path}: no array {variable.key!r} (the file changed since it was listed?)")
+        try:
+            value = npz[variable.key]
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError, RuntimeError) as e:
+            raise CorruptCheckpointError(f"{self._path}: cannot read array {variable.key!r}: {' '.join(str(e).split())}") from None
+        if tuple(value.shape) != variable.shape:
+            raise CorruptCheckpointError(
+                f"{self._path}: array {variable.key!r} has shape {list(value.shape)}, listed as {list(variable.shape)}"
+            )
+        return value
+
+    def files(self) -> tuple[str, ...]:
+        return (self._path,)
+
+    def close(self) -> None:
+        npz, f, self._npz, self._file = self._npz, self._file, None, None
+        if npz is not None:
+            npz.close()
+        if f is not None:
+            f.close()
+
+
+def open_npz(path: str) -> m.Checkpoint:
+    """Open an ``.npz`` file (headers only; arrays are read on demand).
+
+    Args:
+        path: The ``.npz`` file.
+
+    Returns:
+        The :class:`~ckptinspect.model.Checkpoint` (format ``npz``); keys and names are the
+        member names without ``.npy``; ``info`` has ``members`` (count) and the names of any
+        members that are not ``.npy`` (``other_members``, not listed as variables).
+
+    Raises:
+        CheckpointNotFoundError: No such file.
+        CorruptCheckpointError: A damaged archive or ``.npy`` header.
+        UnsafeFileError: Pickled object arrays, duplicate members, zip or shape bombs.
+    """
+    path = str(path)
+    zf, f = _open_zip(path)
+    try:
+        variables, others = _list(path, zf, f)
+    finally:
+        zf.close()
+        f.close()
+    info: dict[str, Any] = {"members": len(variables) + len(others)}
+    if others:
+        info["other_members"] = others
+    return m.Checkpoint(
+        path=path,
+        format=m.FORMAT_NPZ,
+        variables=tuple(variables),
+        num_shards=1,
+        info=info,
+        source=NpzSource(path),
+    )
+
