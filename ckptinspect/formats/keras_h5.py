@@ -907,14 +907,14 @@ def _open_file(path: str, label: str | None = None) -> Any:
         data = _fs.read_bytes(path)
         if not is_hdf5_head(data[:HDF5_HEAD_BYTES]):
             raise NotACheckpointError(f"{label}: not an HDF5 file (no HDF5 signature)")
-        return _open_h5py(io.BytesIO(data), label)
+        return open_h5py(io.BytesIO(data), label)
     if not _fs.exists(path):
         raise CheckpointNotFoundError(f"{label}: no such file")
     if _fs.isdir(path):
         raise NotACheckpointError(f"{label}: is a directory, not an HDF5 file")
     if not is_hdf5_head(_fs.read_head(path, HDF5_HEAD_BYTES)):
         raise NotACheckpointError(f"{label}: not an HDF5 file (no HDF5 signature)")
-    return _open_h5py(path, label)
+    return open_h5py(path, label)
 
 
 _OWNING_FILE_CLASS: list[type] = []
@@ -940,7 +940,7 @@ def _owning_file_class() -> type:
     return _OWNING_FILE_CLASS[0]
 
 
-def _open_h5py(target: Any, label: str, owned: Any = None) -> Any:
+def open_h5py(target: Any, label: str, owned: Any = None) -> Any:
     """``h5py.File(target)`` read-only, h5py's errors turned into ours.
 
     Args:
@@ -971,7 +971,7 @@ def _open_h5py(target: Any, label: str, owned: Any = None) -> Any:
             owned.close()
 
 
-def _guard(label: str, fn: Callable[[], Any]) -> Any:
+def guard_h5(label: str, fn: Callable[[], Any]) -> Any:
     """Run ``fn``; h5py / HDF5 errors from a damaged file become CorruptCheckpointError."""
     try:
         return fn()
@@ -1017,7 +1017,7 @@ class H5Source(m.BaseSource):
             ds = _safe_dataset(self._file(shard), variable.key, label)
             return _read_dataset(ds, variable, label)
 
-        return _guard(label, go)
+        return guard_h5(label, go)
 
     def iter_blocks(self, variable: m.Variable, elements: int) -> Iterator[np.ndarray]:
         """The flattened value in blocks of at most ``elements`` elements, each read from the
@@ -1036,13 +1036,13 @@ class H5Source(m.BaseSource):
             _check_readable(dsid, variable, label)
             return dsid
 
-        dsid = _guard(label, prepare)
+        dsid = guard_h5(label, prepare)
         shape = tuple(int(d) for d in (dsid.shape or ()))
         if not shape or _is_variable_length(dsid.dtype) or shape != tuple(variable.shape):
             yield from super().iter_blocks(variable, elements)
             return
         for start, count in _hyperslabs(shape, elements):
-            block = _guard(label, lambda: _read_numeric(dsid, variable, label, start, count))  # noqa: B023
+            block = guard_h5(label, lambda: _read_numeric(dsid, variable, label, start, count))  # noqa: B023
             yield block.reshape(-1)
             del block
 
@@ -1074,7 +1074,7 @@ def open_h5(path: str) -> m.Checkpoint:
     path = str(path)
     h5 = _open_file(path)
     try:
-        listing = _guard(path, lambda: list_h5_file(h5, path))
+        listing = guard_h5(path, lambda: list_h5_file(h5, path))
     finally:
         h5.close()
     return m.Checkpoint(
@@ -1149,8 +1149,8 @@ def open_sharded(path: str) -> m.Checkpoint:
             raise CheckpointNotFoundError(f"{shard_path}: shard {i} named by {path} is missing")
         h5 = _open_file(shard_path)
         try:
-            walk = _guard(shard_path, lambda: _walk(h5, shard_path))
-            if _guard(shard_path, lambda: _layout(h5, walk)) not in (LAYOUT_KERAS3, None):
+            walk = guard_h5(shard_path, lambda: _walk(h5, shard_path))
+            if guard_h5(shard_path, lambda: _layout(h5, walk)) not in (LAYOUT_KERAS3, None):
                 raise NotACheckpointError(f"{shard_path}: shard named by {path} is not Keras 3 weights")
         finally:
             h5.close()

@@ -38,7 +38,7 @@ import numpy as np
 from .. import model as m
 from ..errors import CkptError, CorruptCheckpointError, NotACheckpointError, UnsafeFileError
 from . import _fs
-from .keras_h5 import INFO_UNALLOCATED, H5Source, _guard, _open_h5py, list_h5_file, summarize_model_config
+from .keras_h5 import INFO_UNALLOCATED, H5Source, guard_h5, open_h5py, list_h5_file, summarize_model_config
 
 __all__ = [
     "CONFIG_FILENAME",
@@ -397,7 +397,7 @@ def _open_weights(path: str) -> Any:
     Closing the returned file closes the archive too.
     """
     target = _open_member(path, WEIGHTS_FILENAME)
-    return _open_h5py(target, f"{path}/{WEIGHTS_FILENAME}", owned=target)
+    return open_h5py(target, f"{path}/{WEIGHTS_FILENAME}", owned=target)
 
 
 def _npz_object_member(path: str) -> tuple[str, str] | None:
@@ -596,7 +596,7 @@ def open_zip(path: str) -> m.Checkpoint:
     label = f"{path}/{WEIGHTS_FILENAME}"
     h5 = _open_weights(path)
     try:
-        listing = _guard(label, lambda: list_h5_file(h5, label, config_var_namer(config)))
+        listing = guard_h5(label, lambda: list_h5_file(h5, label, config_var_namer(config)))
     except CkptError:
         raise
     finally:
