@@ -41,6 +41,7 @@ from ._layout import (
     is_hdf5_head,
 )
 from ._sstable import is_table
+from ._torch_layout import hf_weights_in, is_hf_index, is_safetensors_head, is_torch_legacy_head, is_torch_zip
 from .tf_bundle import OBJECT_GRAPH_KEY, check_bundle, open_bundle
 from .tf_state import list_checkpoints
 from .tf_v1 import check_v1, is_v1_table, open_v1
@@ -69,13 +70,16 @@ __all__ = [
     "write_bundle_native",
     "save_bundle_native",
     "copy_tensor",
+    # writing safetensors (extract)
+    "write_safetensors",
 ]
 SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
 SAVED_MODEL_VARIABLES = "variables/variables"
 KERAS_SHARDED_INDEX_SUFFIX = ".weights.json"
 EXPECTED = (
     "expected a TF checkpoint prefix or its .index file, a checkpoint directory, a SavedModel "
-    "directory, or a Keras .h5/.weights.h5/.keras file"
+    "directory, a Keras .h5/.weights.h5/.keras file, a torch.save file, a .safetensors file or a Hugging Face"
+    " weights folder/index"
 )
 
 
@@ -90,6 +94,10 @@ class Kind(enum.Enum):
     KERAS_SHARDED = "keras-sharded"
     ZIP = "zip"
     NPZ = "npz"
+    SAFETENSORS = "safetensors"
+    TORCH_ZIP = "torch-zip"
+    TORCH_LEGACY = "torch-legacy"
+    HF_SHARDED = "hf-sharded"
 
 
 def _is_hdf5(path: str) -> bool:
@@ -134,6 +142,8 @@ def detect(path: str) -> tuple[Kind, str]:
     if _fs.isdir(path):
         if _is_savedmodel(path):
             return Kind.TF_SAVEDMODEL, path
+        if (hf := hf_weights_in(path)) is not None:
+            return detect(hf)
         return Kind.TF_DIRECTORY, path
     if data_match:
         prefix = path[: len(path) - len(name)] + data_match.group("prefix")
@@ -150,9 +160,15 @@ def detect(path: str) -> tuple[Kind, str]:
         return Kind.HDF5, path
     head = _fs.read_head(path, 4)
     if head == ZIP_SIGNATURE:
+        if is_torch_zip(path):
+            return Kind.TORCH_ZIP, path
         from .npz import is_npz  # noqa: PLC0415 - numpy only for zip files
 
         return (Kind.NPZ if is_npz(path) else Kind.ZIP), path
+    if is_hf_index(name):
+        return Kind.HF_SHARDED, path
+    if is_torch_legacy_head(_fs.read_head(path, 32)):
+        return Kind.TORCH_LEGACY, path
     if name.endswith(KERAS_SHARDED_INDEX_SUFFIX):
         return Kind.KERAS_SHARDED, path
     kind = _table_kind(path)
@@ -162,6 +178,8 @@ def detect(path: str) -> tuple[Kind, str]:
         return Kind.TF_BUNDLE, path[: -len(INDEX_SUFFIX)]
     if kind is Kind.TF_V1:
         return Kind.TF_V1, path
+    if is_safetensors_head(_fs.read_head(path, 10)):
+        return Kind.SAFETENSORS, path
     if name.endswith(INDEX_SUFFIX):
         size = _fs.getsize(path)
         raise CorruptCheckpointError(
@@ -292,6 +310,15 @@ def _reading(module: str, name: str) -> _Format:
     return _Format(opener, lambda path: _check_by_reading(path, opener))
 
 
+def _lazy(module: str, open_name: str, check_name: str) -> _Format:
+    """A format with its own check, its module imported on first use (it brings numpy)."""
+
+    def load(name: str) -> Callable[[str], Any]:
+        return getattr(importlib.import_module(f".{module}", __name__), name)
+
+    return _Format(lambda path: load(open_name)(path), lambda path: load(check_name)(path))
+
+
 _FORMATS: dict[Kind, _Format] = {
     Kind.TF_BUNDLE: _Format(open_bundle, _check_bundle),
     Kind.TF_SAVEDMODEL: _Format(_open_savedmodel, _check_savedmodel),
@@ -300,6 +327,10 @@ _FORMATS: dict[Kind, _Format] = {
     Kind.KERAS_SHARDED: _reading("keras_h5", "open_sharded"),
     Kind.ZIP: _reading("keras_zip", "open_zip"),
     Kind.NPZ: _reading("npz", "open_npz"),
+    Kind.SAFETENSORS: _lazy("safetensors", "open_safetensors", "check_safetensors"),
+    Kind.TORCH_ZIP: _lazy("torch_pickle", "open_torch_zip", "check_torch"),
+    Kind.TORCH_LEGACY: _lazy("torch_pickle", "open_torch_legacy", "check_torch"),
+    Kind.HF_SHARDED: _lazy("hf_sharded", "open_hf_sharded", "check_hf_sharded"),
 }
 CHECK_BLOCK_ELEMENTS = 1 << 20
 
@@ -392,4 +423,8 @@ def __getattr__(name: str) -> Any:
         from . import bundle_writer  # noqa: PLC0415
 
         return getattr(bundle_writer, name)
+    if name == "write_safetensors":
+        from .safetensors import write_safetensors  # noqa: PLC0415
+
+        return write_safetensors
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

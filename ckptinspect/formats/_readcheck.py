@@ -1,0 +1,74 @@
+"""``verify`` for formats checked by reading: damage found when opening (per tensor) plus every
+tensor read in blocks. Shared by the PyTorch and safetensors readers."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .. import model as m
+from ..errors import CorruptCheckpointError
+
+__all__ = ["Opened", "ReadCheck", "CHECK_BLOCK_ELEMENTS"]
+
+CHECK_BLOCK_ELEMENTS = 1 << 20
+
+
+class Opened:
+    """A checkpoint opened for checking: the checkpoint, the damage found while opening (keys
+    in ``damaged`` are not read again), and a function finding more damage (archive CRCs)."""
+
+    def __init__(self, ckpt: m.Checkpoint, damaged: list[m.Damage] | None = None,
+                 more: Callable[[], list[m.Damage]] | None = None):
+        self.ckpt = ckpt
+        self.damaged = list(damaged or [])
+        self.more = more
+
+
+class ReadCheck:
+    """A planned check: ``total`` tensors, checked by :meth:`run` (the ``Check`` protocol of
+    :func:`ckptinspect.formats.prepare_check`).
+
+    Args:
+        path: The checkpoint.
+        opener: Opens it leniently, recording damage instead of raising where it can.
+    """
+
+    def __init__(self, path: str, opener: Callable[[str], Opened]):
+        self.path = path
+        self._problem: str | None = None
+        self._opened: Opened | None = None
+        try:
+            self._opened = opener(path)
+        except CorruptCheckpointError as e:
+            self._problem = str(e)
+        self.total = len(self._opened.ckpt.variables) if self._opened else 0
+
+    def run(self, progress: m.Progress | None = None, done: int = 0, total: int | None = None) -> m.CheckResult:
+        """Read every tensor; return the verdict."""
+        if self._opened is None:
+            return m.CheckResult(self.path, None, m.STATUS_DAMAGED, problems=(self._problem or "unreadable",))
+        opened = self._opened
+        ckpt = opened.ckpt
+        total = self.total if total is None else total
+        damaged = list(opened.damaged)
+        skip = {d.key for d in damaged}
+        nbytes = 0
+        with ckpt:
+            if opened.more is not None:
+                more = opened.more()
+                damaged += more
+                skip |= {d.key for d in more}
+            for var in ckpt.variables:
+                if var.key not in skip:
+                    try:
+                        for block in ckpt.iter_blocks(var, CHECK_BLOCK_ELEMENTS):
+                            nbytes += int(block.nbytes)
+                    except CorruptCheckpointError as e:
+                        damaged.append(m.Damage(key=var.key, name=var.name, file=self.path,
+                                                kind=m.DAMAGE_UNREADABLE, problem=str(e)))
+                done += 1
+                if progress is not None:
+                    progress(done, total, var)
+        status = m.STATUS_DAMAGED if damaged else m.STATUS_INTACT
+        return m.CheckResult(self.path, ckpt.format, status, step=ckpt.step, tensors=len(ckpt.variables),
+                             nbytes=nbytes, damaged=tuple(damaged))

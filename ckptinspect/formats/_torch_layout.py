@@ -1,0 +1,109 @@
+"""Signatures and file names of PyTorch and Hugging Face checkpoints, for detection (standard
+library only: detection runs for every path, and must not import numpy)."""
+
+from __future__ import annotations
+
+import struct
+import zipfile
+
+from ..errors import CheckpointNotFoundError
+from . import _fs
+
+__all__ = [
+    "ZIP_LOCAL_HEADER",
+    "DATA_PKL",
+    "LEGACY_MAGIC",
+    "LEGACY_HEAD_BYTES",
+    "SAFETENSORS_HEADER_LENGTH",
+    "is_data_pkl",
+    "is_torch_zip",
+    "is_torch_legacy_head",
+    "is_safetensors_head",
+    "is_hf_index",
+    "hf_weights_in",
+]
+
+ZIP_SIGNATURE = b"PK\x03\x04"
+ZIP_LOCAL_HEADER = struct.Struct("<4s5HL2L2H")  # 30 bytes; fields 9 and 10: name and extra lengths
+DATA_PKL = "data.pkl"
+LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # torch/serialization.py MAGIC_NUMBER
+LEGACY_MAGIC_BYTES = LEGACY_MAGIC.to_bytes(10, "little")
+LEGACY_LONG1_10 = b"\x8a\x0a"  # pickle LONG1 opcode with 10 bytes: how the magic number is pickled
+LEGACY_HEAD_BYTES = 32
+SAFETENSORS_HEADER_LENGTH = struct.Struct("<Q")
+
+# Hugging Face weight folders: what a folder's weights are, in order of preference.
+HF_INDEX_SUFFIXES = (".safetensors.index.json", ".bin.index.json")
+HF_INDEX_NAMES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+HF_SINGLE_NAMES = ("model.safetensors", "pytorch_model.bin", "adapter_model.safetensors", "adapter_model.bin",
+                   "diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.bin")
+TF_FOLDER_MARKERS = ("checkpoint", "saved_model.pb", "saved_model.pbtxt")
+
+
+def is_data_pkl(name: str) -> bool:
+    """``data.pkl`` at the top of a torch zip (``<root>/data.pkl``)."""
+    return name == DATA_PKL or (name.endswith("/" + DATA_PKL) and name.count("/") == 1)
+
+
+def is_torch_zip(path: str) -> bool:
+    """True for a zip archive holding ``<root>/data.pkl`` (a torch zip, or TorchScript).
+
+    The first member's name decides for files torch wrote (data.pkl comes first, so a truncated
+    file is still recognised); otherwise the central directory is read.
+    """
+    head = _fs.read_head(path, ZIP_LOCAL_HEADER.size + 1024)
+    if head[:4] != ZIP_SIGNATURE or len(head) < ZIP_LOCAL_HEADER.size:
+        return False
+    name_len = ZIP_LOCAL_HEADER.unpack_from(head)[9]
+    first = head[ZIP_LOCAL_HEADER.size : ZIP_LOCAL_HEADER.size + name_len].decode("utf-8", "replace")
+    if is_data_pkl(first):
+        return True
+    if _fs.is_remote(path):
+        return False
+    try:
+        with zipfile.ZipFile(path) as zf:
+            return any(is_data_pkl(n) for n in zf.namelist())
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+        return False
+
+
+def is_torch_legacy_head(head: bytes) -> bool:
+    """True when a file starts with the pickled magic number of a legacy ``torch.save``."""
+    return head[:1] == b"\x80" and (LEGACY_LONG1_10 + LEGACY_MAGIC_BYTES) in head[:LEGACY_HEAD_BYTES]
+
+
+def is_safetensors_head(head: bytes, size: int) -> bool:
+    """True when a file's first bytes are a safetensors header length followed by ``{``."""
+    n = SAFETENSORS_HEADER_LENGTH.size
+    if len(head) < n + 1 or head[n : n + 1] != b"{":
+        return False
+    (length,) = SAFETENSORS_HEADER_LENGTH.unpack_from(head)
+    return 2 <= length <= max(size - n, 2)
+
+
+def is_hf_index(name: str) -> bool:
+    """True for the name of a sharded-weights index (``*.safetensors.index.json``, ``*.bin.index.json``)."""
+    return name.endswith(HF_INDEX_SUFFIXES)
+
+
+def hf_weights_in(directory: str) -> str | None:
+    """The weights file (or index) of a Hugging Face model folder, or None.
+
+    A folder holding TF checkpoint files (a ``checkpoint`` state file, ``*.index``, a
+    SavedModel) is not one.
+    """
+    try:
+        names = _fs.listdir(directory)
+    except (OSError, CheckpointNotFoundError):
+        return None
+    present = set(names)
+    if any(n in present for n in TF_FOLDER_MARKERS) or any(n.endswith(".index") for n in names):
+        return None
+    for group in (HF_INDEX_NAMES, [n for n in names if is_hf_index(n)], HF_SINGLE_NAMES):
+        for n in group:
+            if n in present and _fs.isfile(_fs.join(directory, n)):
+                return _fs.join(directory, n)
+    singles = [n for n in names if n.endswith(".safetensors")]
+    if len(singles) == 1:
+        return _fs.join(directory, singles[0])
+    return None
