@@ -270,9 +270,9 @@ def parse_size(text: str) -> int:
 @app.command("extract", cls=_Command)
 @handle_errors
 def extract_command(
-    src: str = typer.Argument(..., metavar="SRC", help="Source checkpoint: TF prefix or directory, SavedModel, Keras .h5/.weights.h5/.keras."),
-    output: str = typer.Option(..., "--output", "-o", metavar="OUT", help="Output: a TF prefix (no suffix, or .ckpt / .ckpt-N), or a .weights.h5 / .h5 / .npz file."),
-    format: Optional[str] = typer.Option(None, "--format", metavar="[tf|weights-h5|h5|npz]", help="Output format (default: from OUT's suffix; needed for any other suffix)."),
+    src: str = typer.Argument(..., metavar="SRC", help="Source checkpoint: TF prefix or directory, SavedModel, Keras .h5/.weights.h5/.keras, torch.save file, .safetensors, Hugging Face folder."),
+    output: str = typer.Option(..., "--output", "-o", metavar="OUT", help="Output: a TF prefix (no suffix, or .ckpt / .ckpt-N), or a .weights.h5 / .h5 / .npz / .safetensors file."),
+    format: Optional[str] = typer.Option(None, "--format", metavar="[tf|weights-h5|h5|npz|safetensors]", help="Output format (default: from OUT's suffix; needed for any other suffix)."),
     builder: Optional[str] = typer.Option(None, "--builder", metavar="MODULE:FUNCTION", help="Function building the model (needed for .weights.h5 from a TF checkpoint)."),
     keep_metadata: bool = typer.Option(False, "--keep-metadata", help="Also keep step counters, save_counter, TF1 global_step."),
     max_shard_size: Optional[str] = typer.Option(None, "--max-shard-size", metavar="SIZE", help="TF output: bytes per data shard (e.g. 256MiB), which bounds memory. Default: the largest tensor, at least 64MiB; 0: one tensor per shard."),

@@ -115,6 +115,8 @@ class Flat:
         strings: Short string values by name (shown in ``info``).
         step, step_source: The step and where it came from.
         tied: Groups of keys naming the same view of the same storage.
+        model_prefix: ``<key>/`` when every model tensor lies under one top-level model key
+            (``model_state_dict/``): their state_dict keys follow it.
     """
 
     variables: list[m.Variable]
@@ -124,6 +126,7 @@ class Flat:
     step: int | None
     step_source: str | None
     tied: list[list[str]]
+    model_prefix: str | None = None
 
 
 def _key_text(k: Any) -> str:
@@ -253,7 +256,9 @@ def flatten(obj: Any, label: str) -> Flat:
     for key, ref in tensors.items():
         groups.setdefault((ref.storage.key, ref.byte_start, ref.shape, ref.stride, ref.dtype), []).append(key)
     tied = [keys for keys in groups.values() if len(keys) > 1]
-    return Flat(variables, tensors, values, strings, step, step_source, tied)
+    roots = {v.key.split("/", 1)[0] for v in variables if v.role == m.ROLE_MODEL}
+    prefix = f"{roots.pop()}/" if has_model_key and len(roots) == 1 else None
+    return Flat(variables, tensors, values, strings, step, step_source, tied, prefix)
 
 
 # -- storages ----------------------------------------------------------------------------------
@@ -549,6 +554,8 @@ def _info(flat: Flat, storages: _Storages, extra: dict[str, Any]) -> dict[str, A
         info["storage_locations"] = dict(sorted(storages.locations.items()))
     if flat.tied:
         info["tied"] = flat.tied
+    if flat.model_prefix:
+        info["state_dict_prefix"] = flat.model_prefix
     if flat.strings:
         info["strings"] = flat.strings
     return info

@@ -24,6 +24,9 @@ Output formats (chosen from the output's suffix unless ``format`` says otherwise
   h5py, without ``optimizer_weights``; ``model_config`` and the other root attributes kept.
 * ``npz`` (``.npz``): numpy's ``savez`` layout, one ``<readable name>.npy`` per model variable,
   written one array at a time.
+* ``safetensors`` (``.safetensors``): one tensor per model variable, named by its readable name
+  (for a ``torch.save`` training dict, its state_dict key: ``model_state_dict/`` dropped), with
+  ``__metadata__`` ``{source, step, format: pt}``; from any readable source.
 
 The source is never modified. The output is written under a temporary name in its directory,
 read back and compared tensor by tensor, bit for bit, with the source (an unsliced tensor
@@ -46,7 +49,14 @@ from ..formats import (
 )
 from .builder import load_builder
 from .extract_report import ExtractedVariable, ExtractReport
-from .extract_writers import TF_SOURCE_FORMATS, write_h5_copy, write_npz, write_tf, write_weights_from_builder
+from .extract_writers import (
+    TF_SOURCE_FORMATS,
+    write_h5_copy,
+    write_npz,
+    write_safetensors_output,
+    write_tf,
+    write_weights_from_builder,
+)
 
 __all__ = [
     "OUTPUT_FORMATS",
@@ -65,7 +75,9 @@ FORMAT_TF = "tf"
 FORMAT_WEIGHTS_H5 = "weights-h5"
 FORMAT_H5 = "h5"
 FORMAT_NPZ = "npz"
-OUTPUT_FORMATS = (FORMAT_TF, FORMAT_WEIGHTS_H5, FORMAT_H5, FORMAT_NPZ)
+FORMAT_SAFETENSORS = "safetensors"
+OUTPUT_FORMATS = (FORMAT_TF, FORMAT_WEIGHTS_H5, FORMAT_H5, FORMAT_NPZ, FORMAT_SAFETENSORS)
+SUFFIX_SAFETENSORS = ".safetensors"
 
 SUFFIX_WEIGHTS_H5 = ".weights.h5"
 SUFFIXES_H5 = (".h5", ".hdf5")
@@ -102,6 +114,8 @@ def output_format_for(out: str, format: str | None = None) -> str:  # noqa: A002
         return FORMAT_WEIGHTS_H5
     if name.endswith(SUFFIX_NPZ):
         return FORMAT_NPZ
+    if name.endswith(SUFFIX_SAFETENSORS):
+        return FORMAT_SAFETENSORS
     if name.endswith(SUFFIXES_H5):
         return FORMAT_H5
     if name.endswith(SUFFIX_KERAS):
@@ -207,6 +221,8 @@ def extract(
             with _atomic.atomic_file(out, force=force, kind=kind, protected=protected) as tmp:
                 if fmt == FORMAT_NPZ:
                     planned, verified, notes = write_npz(ckpt, tmp, keep, progress)
+                elif fmt == FORMAT_SAFETENSORS:
+                    planned, verified, notes = write_safetensors_output(ckpt, tmp, keep, progress)
                 elif fmt == FORMAT_H5:
                     if ckpt.format != m.FORMAT_KERAS_H5:
                         raise UsageError(

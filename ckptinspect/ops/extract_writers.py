@@ -25,6 +25,7 @@ from ..formats import (
     prune_object_graph,
     restore_tensor,
     write_bundle,
+    write_safetensors,
 )
 from .compare import bit_equal
 from .matching import Item, graph_path_stage, items, match
@@ -32,7 +33,10 @@ from .targets import graph_paths, tf_variable
 
 from .extract_report import ExtractedVariable
 
-__all__ = ["Verifier", "write_tf", "write_npz", "write_h5_copy", "write_weights_from_builder", "source_matcher"]
+__all__ = [
+    "Verifier", "write_tf", "write_npz", "write_safetensors_output", "write_h5_copy", "write_weights_from_builder",
+    "source_matcher",
+]
 
 NPY_SUFFIX = ".npy"
 COMPARE_CHUNK = 4 << 20
@@ -245,6 +249,53 @@ def write_npz(
     with np.load(tmp, allow_pickle=False) as npz:
         verified = verifier.check(tmp, npz.files, lambda k: npz[k], source_matcher(ckpt))
     return planned, verified, ["npz: load with numpy.load(OUT); one array per readable name"]
+
+
+# -- safetensors output ------------------------------------------------------------------------
+SAFETENSORS_FORMAT = "safetensors"
+
+
+def _safetensors_name(ckpt: m.Checkpoint, v: m.Variable) -> str:
+    prefix = ckpt.info.get("state_dict_prefix") or ""
+    return v.name[len(prefix):] if prefix and v.name.startswith(prefix) else v.name
+
+
+def write_safetensors_output(
+    ckpt: m.Checkpoint, tmp: str, keep: tuple[str, ...], progress: Progress | None
+) -> tuple[list[ExtractedVariable], int, list[str]]:
+    """The kept variables as one safetensors file, ``__metadata__`` ``{source, step, format: pt}``,
+    read back through ckptinspect's safetensors reader and compared bit for bit."""
+    kept_vars = [v for v in ckpt.variables if v.role in keep]
+    names: dict[str, str] = {}
+    for v in kept_vars:
+        name = _safetensors_name(ckpt, v)
+        if name in names.values():
+            raise UsageError(f"{ckpt.path}: two kept variables share the name {name!r}; safetensors needs unique names")
+        if v.dtype not in m.NUMERIC_DTYPES or v.dtype == "complex128":
+            raise UsageError(f"{v.name}: dtype {v.dtype} cannot be stored in safetensors")
+        names[v.key] = name
+    planned = [
+        ExtractedVariable(v.name, v.key, names.get(v.key), v.role, v.shape, v.dtype, v.nbytes) for v in ckpt.variables
+    ]
+    verifier = Verifier(progress, len(kept_vars))
+    read = _value_reader(ckpt)
+    metadata = {"source": ckpt.path, "format": "pt"}
+    if ckpt.step is not None:
+        metadata["step"] = str(ckpt.step)
+
+    def reader(v: m.Variable) -> Callable[[], np.ndarray]:
+        def go() -> np.ndarray:
+            verifier.record(names[v.key], v)
+            return read(v)
+
+        return go
+
+    write_safetensors(tmp, [(names[v.key], v.dtype, v.shape, reader(v)) for v in kept_vars], metadata)
+    with open_checkpoint(tmp) as written:
+        if written.format != SAFETENSORS_FORMAT or written.info.get("metadata") != metadata or written.step != ckpt.step:
+            raise VerificationError(f"{tmp}: read-back check failed: the safetensors header is not what was written")
+        verified = verifier.check(tmp, written.keys(), written.read, source_matcher(ckpt))
+    return planned, verified, ["safetensors: load with safetensors' load_file(OUT); keys are the readable names"]
 
 
 # -- HDF5 outputs --------------------------------------------------------------------------
