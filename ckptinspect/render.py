@@ -563,6 +563,13 @@ def transplant_view(report, fmt: OutputFormat, output=None, width: int | None = 
                   squeeze=["target", "source"], wrap_last=True, width=width)
 
 
+INFO_CLIP = 160
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= INFO_CLIP else text[: INFO_CLIP - 3] + "..."
+
+
 def ls_view(listing, fmt: OutputFormat, tree: bool = False, width: int | None = AUTO) -> str:
     """Render an :class:`~ckptinspect.ops.listing.Listing`."""
     if width == AUTO and fmt == OutputFormat.table:
@@ -597,6 +604,10 @@ def ls_view(listing, fmt: OutputFormat, tree: bool = False, width: int | None = 
         more = f" (+{len(empty) - 3} more)" if len(empty) > 3 else ""
         fields.append(("warning", f"{len(empty)} dataset{'s' if len(empty) != 1 else ''} declared but unallocated"
                                   f" (never written, no values): {', '.join(empty[:3])}{more}"))
+    if isinstance(info.get("metadata"), dict) and info["metadata"]:  # safetensors __metadata__
+        fields.append(("metadata", _clip(", ".join(f"{k}={v}" for k, v in info["metadata"].items()))))
+    if info.get("tied"):  # torch: names sharing one tensor
+        fields.append(("tied", _clip("; ".join(" = ".join(group) for group in info["tied"]))))
     label_width = max(9, *(len(label) + 2 for label, _ in fields))
     header = [f"{label + ':':<{label_width}}{value}" for label, value in fields]
     if ckpt.checkpoints:
