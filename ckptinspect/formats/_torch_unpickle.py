@@ -452,6 +452,8 @@ def scan(data: bytes | memoryview, start: int = 0, label: str = "pickle") -> Sca
                 del strings[:-2]
             if name == "STOP":
                 return Scan(end=stream.tell(), globals=tuple(found), opcodes=count)
+    except (UnsafeFileError, CorruptCheckpointError):
+        raise
     except (ValueError, EOFError) as e:
         raise CorruptCheckpointError(f"{label}: not a complete pickle: {e}") from None
     raise CorruptCheckpointError(f"{label}: not a complete pickle (no STOP opcode)")

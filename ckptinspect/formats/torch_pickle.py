@@ -72,12 +72,15 @@ FIRST_READ_BYTES = 1 << 20
 # Limits: a compressed storage record is decompressed into memory up to MAX_INFLATE_BYTES and
 # may expand at most MAX_EXPANSION times; a view may declare more bytes than its storage holds
 # (a broadcast, stride 0) only up to MAX_BROADCAST_BYTES; names nest at most MAX_DEPTH deep and
-# a pickle expands to at most MAX_ENTRIES entries (shared containers counted each time).
-MAX_INFLATE_BYTES = 1 << 30
+# a pickle expands to at most MAX_ENTRIES entries, and to at most ENTRIES_PER_OPCODE per opcode
+# plus MIN_ENTRIES (shared containers are counted each time they are reached).
+MAX_INFLATE_BYTES = 256 << 20
 MAX_EXPANSION = 1100
 MAX_BROADCAST_BYTES = 256 << 20
 MAX_DEPTH = 200
 MAX_ENTRIES = 1_000_000
+ENTRIES_PER_OPCODE = 4
+MIN_ENTRIES = 10_000
 MAX_INFO_STRINGS = 64
 MAX_INFO_STRING_CHARS = 200
 READ_CHUNK_BYTES = 8 << 20
@@ -160,8 +163,13 @@ def _dtype_name(arr: np.ndarray) -> str:
     return "bool" if arr.dtype == np.bool_ else str(arr.dtype)
 
 
-def flatten(obj: Any, label: str) -> Flat:
+def flatten(obj: Any, label: str, opcodes: int | None = None) -> Flat:
     """Name every tensor and number of an unpickled object.
+
+    Args:
+        obj: The unpickled object.
+        label: How messages name the file.
+        opcodes: The pickle's opcode count, which bounds how many entries it may expand to.
 
     Raises:
         UnsafeFileError: Nesting deeper than :data:`MAX_DEPTH`, or more than
@@ -175,6 +183,7 @@ def flatten(obj: Any, label: str) -> Flat:
     strings: dict[str, str] = {}
     used: set[str] = set()
     entries = 0
+    limit = MAX_ENTRIES if opcodes is None else min(MAX_ENTRIES, ENTRIES_PER_OPCODE * opcodes + MIN_ENTRIES)
 
     def unique(name: str) -> str:
         if name not in used:
@@ -202,9 +211,9 @@ def flatten(obj: Any, label: str) -> Flat:
     while stack:
         value, parts, optimizer = stack.pop()
         entries += 1
-        if entries > MAX_ENTRIES:
+        if entries > limit:
             raise UnsafeFileError(
-                f"{label}: the pickle expands to more than {MAX_ENTRIES} entries (shared containers);"
+                f"{label}: the pickle expands to more than {limit} entries (shared containers);"
                 " refusing a possible pickle bomb"
             )
         if len(parts) > MAX_DEPTH:
@@ -526,7 +535,8 @@ def _check_inflate(label: str, info: zipfile.ZipInfo) -> None:
     if info.file_size > MAX_INFLATE_BYTES or info.file_size > MAX_EXPANSION * max(info.compress_size, 1) + (1 << 20):
         raise UnsafeFileError(
             f"{label}: archive member {info.filename!r} is compressed and declares {info.file_size} bytes from"
-            f" {info.compress_size}; refusing a possible zip bomb"
+            f" {info.compress_size} (limit {MAX_INFLATE_BYTES}; torch stores records uncompressed); refusing a"
+            " possible zip bomb"
         )
 
 
@@ -605,7 +615,7 @@ def _zip_opened(path: str, strict: bool) -> _Opened:
                 raise CorruptCheckpointError(f"{path}: cannot inflate {root}{DATA_PKL}: {_one_line(e)}") from None
         storages = _Storages(path, legacy=False)
         obj, scanned = unpickle(data, storages.load, path)
-        flat = flatten(obj, path)
+        flat = flatten(obj, path, scanned.opcodes)
         records: dict[str, _Record] = {}
         storage_problems: dict[str, str] = {}
         for key, storage in storages.by_key.items():
@@ -703,9 +713,11 @@ class _Growing:
         self.data = _fs.read_range(path, 0, min(self.size, FIRST_READ_BYTES))
 
     def unpickle(self, start: int, persistent_load: Callable[[Any], Any], what: str) -> tuple[Any, int]:
+        """The pickle at ``start``: (object, where it ends); :attr:`opcodes` its opcode count."""
         while True:
             try:
                 obj, scanned = unpickle(self.data, persistent_load, self.path, start=start)
+                self.opcodes = scanned.opcodes
                 return obj, scanned.end
             except CorruptCheckpointError as e:
                 if len(self.data) >= self.size or len(self.data) - start > MAX_PICKLE_BYTES:
@@ -736,11 +748,12 @@ def _legacy_opened(path: str, strict: bool) -> _Opened:
     big_endian = sys_info.get("little_endian", True) is False
     storages = _Storages(path, legacy=True)
     obj, pos = head.unpickle(pos, storages.load, "object")
+    opcodes = head.opcodes
     keys, pos = head.unpickle(pos, _no_storages(path), "storage key list")
     if not isinstance(keys, list) or not all(isinstance(k, (str, bytes)) for k in keys):
         raise CorruptCheckpointError(f"{path}: the legacy storage key list is not a list of strings")
     keys = [k.decode("ascii", "replace") if isinstance(k, bytes) else k for k in keys]
-    flat = flatten(obj, path)
+    flat = flatten(obj, path, opcodes)
     records: dict[str, _Record] = {}
     problem = ""
     size = head.size
