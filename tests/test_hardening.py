@@ -28,6 +28,7 @@ from typer.testing import CliRunner
 from cases_ux import CASES as UX_CASES
 from cases_keras import CASES as KERAS_CASES
 from catalogue import BASE_CASES, FIXTURES, KERAS, RUN, SHARDED, Case, _copy_prefix  # noqa: F401
+from cases_torch import CASES as TORCH_CASES
 from ckptinspect.cli import app
 
 tf = pytest.importorskip("tensorflow")
@@ -36,7 +37,7 @@ h5py = pytest.importorskip("h5py")
 runner = CliRunner()
 
 
-CATALOGUE = [*BASE_CASES, *UX_CASES, *KERAS_CASES]
+CATALOGUE = [*BASE_CASES, *UX_CASES, *KERAS_CASES, *TORCH_CASES]
 
 COMMANDS = {
     "ls": lambda p, out: ["ls", p],

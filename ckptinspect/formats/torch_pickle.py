@@ -622,6 +622,8 @@ def _zip_opened(path: str, strict: bool) -> _Opened:
             info = infos.get(f"{root}data/{key}")
             if info is None:
                 continue  # reported per tensor
+            if info.compress_type != zipfile.ZIP_STORED:
+                _check_inflate(path, info)  # before anything else: a bomb is refused, not reported
             try:
                 if info.file_size != storage.nbytes:
                     raise CorruptCheckpointError(
@@ -631,7 +633,6 @@ def _zip_opened(path: str, strict: bool) -> _Opened:
                 if info.compress_type == zipfile.ZIP_STORED:
                     records[key] = _Record(info.filename, _member_offset(f, info, size, path), info.file_size, info.CRC, info)
                 else:
-                    _check_inflate(path, info)
                     records[key] = _Record(info.filename, None, info.file_size, None, info)
             except CorruptCheckpointError as e:
                 if strict:
