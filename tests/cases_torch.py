@@ -11,7 +11,6 @@ import zipfile
 
 from catalogue import Case
 from torch_builders import (
-    TORCH_FIXTURES,
     copy_fixture,
     dict_pickle,
     legacy_file,
