@@ -11,8 +11,8 @@ class, ``os.system``, ``numpy...``) stops the reading at once with
 :class:`~ckptinspect.errors.UnsafeFileError` naming it: nothing outside this module is ever
 imported or called.
 
-Before the pickle is unpickled, :func:`scan` walks its opcodes (``pickletools.genops``, which
-decodes but builds nothing) and refuses what a torch pickle never holds and what could exhaust
+Before the pickle is unpickled, :func:`scan` walks its opcodes (decoding nothing but lengths,
+memo indices and global names) and refuses what a torch pickle never holds and what could exhaust
 memory: the opcodes that instantiate through other paths (``INST``, ``OBJ``, ``EXT*``,
 ``NEWOBJ_EX``, protocol-5 buffers), memo indices out of sequence (the C unpickler allocates
 up to the largest index), and pickles larger than :data:`MAX_PICKLE_BYTES`.
@@ -45,14 +45,9 @@ MAX_PICKLE_BYTES = 1 << 30  # a pickle (data.pkl) larger than this is refused
 MAX_KEY_CHARS = 4096  # storage keys are short decimal strings
 MAX_DIMS = 64
 
-# Opcodes a torch pickle never uses, refused before unpickling: other ways to instantiate
-# (INST/OBJ call a class with arguments, EXT* go through the copyreg registry, NEWOBJ_EX passes
-# keyword arguments), text persistent ids, and protocol-5 out-of-band buffers.
-REFUSED_OPCODES = frozenset({
-    "INST", "OBJ", "EXT1", "EXT2", "EXT4", "NEWOBJ_EX", "PERSID", "BYTEARRAY8", "NEXT_BUFFER",
-    "READONLY_BUFFER",
-})
-PUT_OPCODES = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
+# Opcodes a torch pickle never uses are refused before unpickling (see ``_REFUSED`` below):
+# other ways to instantiate (INST/OBJ call a class with arguments, EXT* go through the copyreg
+# registry, NEWOBJ_EX passes keyword arguments), text persistent ids, protocol-5 buffers.
 
 # Storage classes (``torch.FloatStorage``, ``torch.cuda.HalfStorage``...) -> dtype name.
 STORAGE_DTYPES = {
@@ -401,6 +396,40 @@ def _fix_name(module: str, name: str) -> tuple[str, str]:
     return _compat_pickle.IMPORT_MAPPING.get(module, module), name
 
 
+# The opcode walk, table-driven (pickletools.genops decodes every argument into Python objects
+# and is several times slower). Per opcode byte: how its argument is laid out, from pickletools'
+# own description of the opcodes.
+def _opcode_tables() -> tuple[dict[int, int], dict[int, tuple[int, bool]], dict[int, int], frozenset[int]]:
+    """From pickletools' opcode table: fixed-size arguments, counted ones (length bytes,
+    signed), newline-terminated ones (how many lines), and opcodes without an argument."""
+    fixed: dict[int, int] = {}
+    counted: dict[int, tuple[int, bool]] = {}
+    lines: dict[int, int] = {}
+    bare = set()
+    counts = {pickletools.TAKEN_FROM_ARGUMENT1: (1, False), pickletools.TAKEN_FROM_ARGUMENT4: (4, True),
+              pickletools.TAKEN_FROM_ARGUMENT4U: (4, False), pickletools.TAKEN_FROM_ARGUMENT8U: (8, False)}
+    for info in pickletools.opcodes:
+        code = ord(info.code.encode("latin-1"))
+        if info.arg is None:
+            bare.add(code)
+        elif info.arg.n >= 0:
+            fixed[code] = info.arg.n
+        elif info.arg.n == pickletools.UP_TO_NEWLINE:
+            lines[code] = 2 if info.name in ("GLOBAL", "INST") else 1
+        else:
+            counted[code] = counts[info.arg.n]
+    return fixed, counted, lines, frozenset(bare)
+
+
+_FIXED, _COUNTED, _LINES, _BARE = _opcode_tables()
+_REFUSED = {ord(info.code.encode("latin-1")): info.name for info in pickletools.opcodes if info.name in {
+    "INST", "OBJ", "EXT1", "EXT2", "EXT4", "NEWOBJ_EX", "PERSID", "BYTEARRAY8", "NEXT_BUFFER", "READONLY_BUFFER"}}
+_PUTS = {ord("q"), ord("r"), ord("p"), 0x94}
+_GETS = {ord("h"), ord("j"), ord("g")}
+_TEXTS = {ord("X"), 0x8C, 0x8D}
+_STOP, _GLOBAL, _STACK_GLOBAL, _MEMOIZE = ord("."), ord("c"), 0x93, 0x94
+
+
 def scan(data: bytes | memoryview, start: int = 0, label: str = "pickle") -> Scan:
     """Walk one pickle's opcodes without building anything.
 
@@ -413,50 +442,89 @@ def scan(data: bytes | memoryview, start: int = 0, label: str = "pickle") -> Sca
         UnsafeFileError: An opcode torch never writes, or memo indices out of sequence.
         CorruptCheckpointError: Not a complete pickle.
     """
-    stream = io.BytesIO(data)
-    stream.seek(start)
+    data = bytes(data) if not isinstance(data, bytes) else data
+    size = len(data)
+    pos = start
     found: dict[str, None] = {}
     puts = 0
     count = 0
-    strings: list[str] = []
-    memo_strings: dict[int, str] = {}
-    try:
-        for op, arg, pos in pickletools.genops(stream):
-            count += 1
-            name = op.name
-            if name in REFUSED_OPCODES:
-                raise UnsafeFileError(f"{label}: pickle opcode {name} at byte {pos}, which torch.save never writes; refusing")
-            if name in PUT_OPCODES or name == "MEMOIZE":
-                index = puts if name == "MEMOIZE" else arg
-                if index > puts:
+    last: list[str | None] = [None, None]  # the last two values pushed, when they are literal text
+    memo_text: dict[int, str] = {}
+    fixed, counted, lines, bare = _FIXED, _COUNTED, _LINES, _BARE
+    while pos < size:
+        op = data[pos]
+        at = pos
+        pos += 1
+        count += 1
+        text = None
+        if op in _REFUSED:
+            raise UnsafeFileError(f"{label}: pickle opcode {_REFUSED[op]} at byte {at}, which torch.save never writes; refusing")
+        if op in bare:
+            if op == _STOP:
+                return Scan(end=pos, globals=tuple(found), opcodes=count)
+            if op == _STACK_GLOBAL and last[0] is not None and last[1] is not None:
+                found.setdefault(f"{last[0]}.{last[1]}", None)
+            elif op == _MEMOIZE:
+                if last[1] is not None:
+                    memo_text[puts] = last[1]
+                puts += 1
+                continue
+        elif op in fixed:
+            n = fixed[op]
+            if pos + n > size:
+                break
+            if op in _PUTS or op in _GETS:
+                index = int.from_bytes(data[pos : pos + n], "little")
+                if op in _PUTS:
+                    if index > puts:
+                        raise UnsafeFileError(
+                            f"{label}: pickle memo index {index} at byte {at} is out of sequence ({puts} entries so"
+                            " far); refusing a possible memory bomb"
+                        )
+                    if last[1] is not None:
+                        memo_text[index] = last[1]
+                    puts += 1
+                    pos += n
+                    continue
+                text = memo_text.get(index)
+            pos += n
+        elif op in counted:
+            n, signed = counted[op]
+            if pos + n > size:
+                break
+            length = int.from_bytes(data[pos : pos + n], "little", signed=signed)
+            pos += n
+            if length < 0 or pos + length > size:
+                raise CorruptCheckpointError(
+                    f"{label}: not a complete pickle: opcode at byte {at} declares {length} bytes, {size - pos} remain"
+                )
+            if op in _TEXTS and length <= 256:
+                text = data[pos : pos + length].decode("utf-8", "replace")
+            pos += length
+        elif op in lines:
+            parts = []
+            for _ in range(lines[op]):
+                end = data.find(b"\n", pos)
+                if end < 0:
+                    raise CorruptCheckpointError(f"{label}: not a complete pickle: no newline after byte {at}")
+                parts.append(data[pos:end])
+                pos = end + 1
+            if op == _GLOBAL:
+                module, name = (x.decode("utf-8", "replace") for x in parts)
+                found.setdefault(".".join(_fix_name(module, name)), None)
+            elif op == ord("p"):
+                index = int(parts[0]) if parts[0].strip().isdigit() else -1
+                if not 0 <= index <= puts:
                     raise UnsafeFileError(
-                        f"{label}: pickle memo index {index} at byte {pos} is out of sequence ({puts} entries so far);"
-                        " refusing a possible memory bomb"
+                        f"{label}: pickle memo index {parts[0][:20]!r} at byte {at} is out of sequence ({puts} entries so"
+                        " far); refusing a possible memory bomb"
                     )
                 puts += 1
-                if strings and strings[-1] is not None:
-                    memo_strings[index] = strings[-1]
-            elif name == "GLOBAL":
-                module, _, attr = arg.partition(" ")
-                found.setdefault(".".join(_fix_name(module, attr)), None)
-            elif name == "STACK_GLOBAL":
-                if len(strings) >= 2 and strings[-1] is not None and strings[-2] is not None:
-                    found.setdefault(f"{strings[-2]}.{strings[-1]}", None)
-            if name in ("BINGET", "LONG_BINGET", "GET"):
-                strings.append(memo_strings.get(arg))
-            elif isinstance(arg, str) and "UNICODE" in name:
-                strings.append(arg)
-            elif name not in PUT_OPCODES and name != "MEMOIZE":
-                strings.append(None)
-            if len(strings) > 4:
-                del strings[:-2]
-            if name == "STOP":
-                return Scan(end=stream.tell(), globals=tuple(found), opcodes=count)
-    except (UnsafeFileError, CorruptCheckpointError):
-        raise
-    except (ValueError, EOFError) as e:
-        raise CorruptCheckpointError(f"{label}: not a complete pickle: {e}") from None
-    raise CorruptCheckpointError(f"{label}: not a complete pickle (no STOP opcode)")
+                continue
+        else:
+            raise CorruptCheckpointError(f"{label}: not a complete pickle: unknown opcode {op:#04x} at byte {at}")
+        last[0], last[1] = last[1], text
+    raise CorruptCheckpointError(f"{label}: not a complete pickle (no STOP opcode in {size - start} bytes)")
 
 
 WHOLE_MODULE_PREFIXES = ("torch.nn.modules.", "torch.nn.backends.")

@@ -321,16 +321,22 @@ class _Storages:
 
 
 # -- reading bytes -----------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class _Record:
-    """Where a storage's bytes are: ``size`` bytes at ``offset`` of the file (stored), or a zip
-    member to inflate (compressed)."""
+    """Where a storage's bytes are: ``size`` bytes at ``offset`` of the file (a legacy storage,
+    or a stored zip member once its local header was read: ``local_header`` says where that is),
+    or a zip member to inflate (compressed: ``offset`` and ``local_header`` None)."""
 
     name: str
     offset: int | None
     size: int
     crc: int | None = None
     member: zipfile.ZipInfo | None = None
+    local_header: int | None = None
+
+    @property
+    def stored(self) -> bool:
+        return self.offset is not None or self.local_header is not None
 
 
 def _tensor_problem(ref: TensorRef, record: _Record | None, label: str, key: str) -> str | None:
@@ -392,20 +398,27 @@ class TorchSource(m.BaseSource):
         if ref is None:
             return (-1, 0)
         record = self._records.get(ref.storage.key)
-        return ((record.offset or 0) if record else -1, ref.byte_start)
+        return ((record.local_header or record.offset or 0) if record else -1, ref.byte_start)
+
+    def _offset(self, record: _Record) -> int:
+        """Where a stored record's bytes start (its local header read on first use)."""
+        if record.offset is None:
+            record.offset = _member_offset(self._file(), record.member, os.fstat(self._file().fileno()).st_size,
+                                           self._path)
+        return record.offset
 
     def _read_range(self, record: _Record, start: int, size: int) -> np.ndarray:
         """``size`` bytes at ``start`` of a storage record, in a new uint8 array."""
         out = np.empty(size, np.uint8)
         if size == 0:
             return out
-        if record.offset is None:  # a compressed member: inflated whole (bounded when opened)
+        if not record.stored:  # a compressed member: inflated whole (bounded when opened)
             with zipfile.ZipFile(self._path) as zf, zf.open(record.member) as f:
                 f.read(start)
                 got = f.readinto(memoryview(out))
         else:
             f = self._file()
-            f.seek(record.offset + start)
+            f.seek(self._offset(record) + start)
             got = f.readinto(memoryview(out))
         if got != size:
             raise CorruptCheckpointError(
@@ -432,7 +445,7 @@ class TorchSource(m.BaseSource):
         return ref.byte_start == 0 and ref.byte_span == record.size and ref.contiguous
 
     def _check_crc(self, record: _Record, crc: int, key: str) -> None:
-        if record.crc is not None and record.offset is not None and crc != record.crc:
+        if record.crc is not None and record.stored and crc != record.crc:
             raise CorruptCheckpointError(
                 f"{self._path}: {key!r}: storage record {record.name!r} has CRC-32 {crc:#010x}, the archive"
                 f" records {record.crc:#010x}"
@@ -476,7 +489,7 @@ class TorchSource(m.BaseSource):
             yield from super().iter_blocks(variable, elements)
             return
         ref, record = self._lookup(variable)
-        if not (ref.contiguous and record.offset is not None and ref.byte_span == ref.numel * TORCH_ITEMSIZE[ref.dtype]):
+        if not (ref.contiguous and record.stored and ref.byte_span == ref.numel * TORCH_ITEMSIZE[ref.dtype]):
             yield from super().iter_blocks(variable, elements)
             return
         dtype = self._numpy_dtype(variable)
@@ -489,7 +502,7 @@ class TorchSource(m.BaseSource):
         whole = self._whole_record(ref, record)
         while pos < ref.byte_span:
             n = min(block_bytes, ref.byte_span - pos)
-            f.seek(record.offset + ref.byte_start + pos)
+            f.seek(self._offset(record) + ref.byte_start + pos)
             got = f.readinto(memoryview(buf)[:n])
             if got != n:
                 raise CorruptCheckpointError(
@@ -631,7 +644,16 @@ def _zip_opened(path: str, strict: bool) -> _Opened:
                         f" {storage.numel} {storage.dtype} ({storage.nbytes} bytes)"
                     )
                 if info.compress_type == zipfile.ZIP_STORED:
-                    records[key] = _Record(info.filename, _member_offset(f, info, size, path), info.file_size, info.CRC, info)
+                    if strict:  # the local header is read when the bytes are first read
+                        if info.header_offset + ZIP_LOCAL_HEADER.size + len(info.filename) + info.file_size > size:
+                            raise CorruptCheckpointError(
+                                f"{path}: archive member {info.filename!r} needs bytes past the end of the file"
+                                f" ({size} bytes, truncated)"
+                            )
+                        records[key] = _Record(info.filename, None, info.file_size, info.CRC, info, info.header_offset)
+                    else:
+                        records[key] = _Record(info.filename, _member_offset(f, info, size, path), info.file_size,
+                                               info.CRC, info, info.header_offset)
                 else:
                     records[key] = _Record(info.filename, None, info.file_size, None, info)
             except CorruptCheckpointError as e:
