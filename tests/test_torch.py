@@ -187,6 +187,7 @@ def test_extract_to_safetensors(source, keys, tmp_path, expected_values):
     assert (out.read_bytes()[8:9], int.from_bytes(out.read_bytes()[:8], "little") % 8) == (b"{", 0)
 
 
+@pytest.mark.slow  # TensorFlow reads the source
 def test_extract_tf_checkpoint_to_safetensors(tmp_path):
     src = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "run"
     out = tmp_path / "tf.safetensors"

@@ -92,7 +92,7 @@ def test_stand_ins_refuse_what_torch_save_does_not_write(body, message):
     (b"\x80\x02X\xff\xff\xff\x7fabc.", "not a complete pickle"),
     (b"\x80\x02K\x01", "not a complete pickle"),
     (b"\x80\x05\x97.", "pickle opcode NEXT_BUFFER"),
-])
+], ids=["memo", "inst", "short-string", "no-stop", "buffer"])
 def test_scan_refuses_before_unpickling(data, message):
     with pytest.raises((UnsafeFileError, CorruptCheckpointError), match=message):
         tu.unpickle(data, no_storage, "t.pkl")
@@ -101,7 +101,7 @@ def test_scan_refuses_before_unpickling(data, message):
 @pytest.mark.parametrize("data,message", [
     (nested_lists(300_000), "nests more than 200 levels deep"),
     (shared_lists(80), "expands to more than"),
-])
+], ids=["deep-nesting", "billion-laughs"])
 def test_bombs_refused_quickly(data, message, tmp_path):
     path = torch_zip(tmp_path / "bomb.pt", data, {})
     start = time.perf_counter()
