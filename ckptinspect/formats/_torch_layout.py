@@ -72,10 +72,14 @@ def is_torch_legacy_head(head: bytes) -> bool:
     return head[:1] == b"\x80" and (LEGACY_LONG1_10 + LEGACY_MAGIC_BYTES) in head[:LEGACY_HEAD_BYTES]
 
 
-def is_safetensors_head(head: bytes, size: int = 0) -> bool:
-    """True when a file's first bytes are a safetensors header length followed by ``{``."""
+SAFETENSORS_JSON_STARTS = (b'{"', b"{ ", b"{}", b"{\n", b"{\r", b"{\t")
+
+
+def is_safetensors_head(head: bytes) -> bool:
+    """True when a file's first 10 bytes are a safetensors header length followed by the start of
+    a JSON object (``{"``, or ``{`` and white space)."""
     n = SAFETENSORS_HEADER_LENGTH.size
-    if len(head) < n + 1 or head[n : n + 1] != b"{":
+    if len(head) < n + 2 or head[n : n + 2] not in SAFETENSORS_JSON_STARTS:
         return False
     (length,) = SAFETENSORS_HEADER_LENGTH.unpack_from(head)
     return length >= 2  # a length past the end is reported by the reader (truncated, or a bomb)

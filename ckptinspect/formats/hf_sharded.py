@@ -109,7 +109,7 @@ def _opened(path: str, strict: bool) -> tuple[m.Checkpoint, list[m.Damage]]:
     for i, p in enumerate(shard_paths):
         if not _fs.isfile(p):
             raise CheckpointNotFoundError(f"{p}: shard {i + 1} of {len(shard_paths)} named by {path} is missing")
-    first = _fs.read_head(shard_paths[0], 16)
+    first = _fs.read_head(shard_paths[0], 10)
     damaged: list[m.Damage] = []
     variables: list[m.Variable] = []
     seen: dict[str, int] = {}
@@ -126,7 +126,7 @@ def _opened(path: str, strict: bool) -> tuple[m.Checkpoint, list[m.Damage]]:
                 )
             seen[v.key] = i
 
-    if is_safetensors_head(first, _fs.getsize(shard_paths[0])):
+    if is_safetensors_head(first):
         entries = {}
         problems: dict[str, str] = {}
         step = step_source = None
