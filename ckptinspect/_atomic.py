@@ -45,6 +45,7 @@ __all__ = [
     "KIND_HDF5",
     "KIND_NPZ",
     "KIND_ZIP",
+    "KIND_SAFETENSORS",
     "atomic_file",
     "atomic_prefix",
     "prefix_files",
@@ -68,12 +69,15 @@ KIND_TF = "tf"
 KIND_HDF5 = "hdf5"
 KIND_NPZ = "npz"
 KIND_ZIP = "zip"
-_KIND_BY_SUFFIX = ((".h5", KIND_HDF5), (".hdf5", KIND_HDF5), (".npz", KIND_NPZ), (".keras", KIND_ZIP))
+KIND_SAFETENSORS = "safetensors"
+_KIND_BY_SUFFIX = ((".h5", KIND_HDF5), (".hdf5", KIND_HDF5), (".npz", KIND_NPZ), (".keras", KIND_ZIP),
+                   (".safetensors", KIND_SAFETENSORS))
 _KIND_NAMES = {
     KIND_TF: "a TF checkpoint prefix",
     KIND_HDF5: "an HDF5 file",
     KIND_NPZ: "a numpy .npz archive",
     KIND_ZIP: "a .keras zip archive",
+    KIND_SAFETENSORS: "a .safetensors file",
     None: "an output of a kind ckptinspect writes",
 }
 _INDEX_NAME = "a TF checkpoint index"
@@ -174,6 +178,9 @@ def _is_kind(path: str, size: int, kind: str | None) -> bool:
         if kind == KIND_HDF5:
             heads = _read_regular(path, [(o, len(HDF5_SIGNATURE)) for o in HDF5_USERBLOCK_OFFSETS])
             return HDF5_SIGNATURE in heads
+        if kind == KIND_SAFETENSORS:  # an 8-byte header length, then the JSON header
+            head = _read_regular(path, [(8, 1)])
+            return size > 8 and head == [b"{"]
         if kind in (KIND_NPZ, KIND_ZIP):
             head = _read_regular(path, [(0, 4)])
             if not head or head[0] not in ZIP_SIGNATURES:

@@ -96,13 +96,13 @@ Builder = Callable[[], Any]
 def output_format_for(out: str, format: str | None = None) -> str:  # noqa: A002
     """The output format: ``format`` if given, else from ``out``'s suffix.
 
-    ``.weights.h5`` -> weights-h5, ``.npz`` -> npz, ``.h5``/``.hdf5`` -> h5 (legacy Keras
-    sources), no suffix (``out/model``, ``ckpt-5``) or a TF prefix's (``model.ckpt``,
+    ``.weights.h5`` -> weights-h5, ``.npz`` -> npz, ``.safetensors`` -> safetensors,
+    ``.h5``/``.hdf5`` -> h5 (legacy Keras sources), no suffix (``out/model``, ``ckpt-5``) or a TF prefix's (``model.ckpt``,
     ``model.ckpt-100``) -> a TF prefix.
 
     Raises:
-        UsageError: Unknown format, a ``.keras`` output, or any other suffix (``.safetensors``
-            would silently become ``out.safetensors.index``) without ``format``.
+        UsageError: Unknown format, a ``.keras`` output, or any other suffix (``.pt`` would
+            silently become ``out.pt.index``) without ``format``.
     """
     if format is not None:
         fmt = format.lower()
@@ -124,8 +124,8 @@ def output_format_for(out: str, format: str | None = None) -> str:  # noqa: A002
             "optimizer); use a .weights.h5, .npz or TF prefix output"
         )
     error = _atomic.prefix_suffix_error(
-        out, "extract writes a TF prefix (no suffix, .ckpt or .ckpt-N), .weights.h5, .h5/.hdf5 or .npz",
-        "pass --format tf, weights-h5, h5 or npz (format=...) to write one under this name")
+        out, "extract writes a TF prefix (no suffix, .ckpt or .ckpt-N), .weights.h5, .h5/.hdf5, .npz or .safetensors",
+        "pass --format tf, weights-h5, h5, npz or safetensors (format=...) to write one under this name")
     if error is not None:
         raise error
     return FORMAT_TF
@@ -217,7 +217,7 @@ def extract(
                 files = [out + p[len(tmp):] for p in _atomic.prefix_files(tmp)]
                 out_bytes = _size(_atomic.prefix_files(tmp))
         else:
-            kind = _atomic.KIND_NPZ if fmt == FORMAT_NPZ else _atomic.KIND_HDF5
+            kind = {FORMAT_NPZ: _atomic.KIND_NPZ, FORMAT_SAFETENSORS: _atomic.KIND_SAFETENSORS}.get(fmt, _atomic.KIND_HDF5)
             with _atomic.atomic_file(out, force=force, kind=kind, protected=protected) as tmp:
                 if fmt == FORMAT_NPZ:
                     planned, verified, notes = write_npz(ckpt, tmp, keep, progress)
