@@ -309,7 +309,7 @@ def test_help_names_the_metavars():
     for metavar in ("FLOAT", "REGEX=REPLACEMENT", "ROLE", "[table|json|csv]"):
         assert metavar in text, metavar
     text = invoke("extract", "--help", env={"COLUMNS": "200"}).stdout
-    for metavar in ("OUT", "SIZE", "MODULE:FUNCTION", "[tf|weights-h5|h5|npz]"):
+    for metavar in ("OUT", "SIZE", "MODULE:FUNCTION", "[tf|weights-h5|h5|npz|safetensors]"):
         assert metavar in text, metavar
 
 
