@@ -15,9 +15,7 @@ two shards. Shard names must be plain file names in the index's folder.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Iterator
 
 from .. import model as m
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError, UnsafeFileError
@@ -31,7 +29,9 @@ from .safetensors import (
     read_header,
     variables_of,
 )
-from .torch_pickle import open_torch
+
+if TYPE_CHECKING:  # numpy comes with reading values (and with torch shards)
+    import numpy as np
 
 __all__ = ["open_hf_sharded", "check_hf_sharded"]
 
@@ -151,6 +151,8 @@ def _opened(path: str, strict: bool) -> tuple[m.Checkpoint, list[m.Damage]]:
         step = step_source = None
         fmt = None
         try:
+            from .torch_pickle import open_torch  # noqa: PLC0415 - brings numpy
+
             for i, p in enumerate(shard_paths):
                 shard = open_torch(p)
                 shards.append(shard)

@@ -22,15 +22,16 @@ import dataclasses
 import json
 import math
 import os
-from typing import Any, Callable, Iterable, Iterator, Sequence
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 from .. import model as m
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError, UnsafeFileError
 from . import _fs
 from ._readcheck import Opened, ReadCheck
 from ._torch_layout import SAFETENSORS_HEADER_LENGTH
+
+if TYPE_CHECKING:  # numpy is imported where values are read: listing goes without it
+    import numpy as np
 
 __all__ = [
     "FORMAT_SAFETENSORS",
@@ -282,6 +283,8 @@ class SafetensorsSource(m.BaseSource):
 
     def read(self, variable: m.Variable) -> np.ndarray:
         """The value of ``variable`` in a fresh array."""
+        import numpy as np  # noqa: PLC0415 - values only
+
         i, t, dtype = self._lookup(variable)
         out = np.empty(t.shape, dtype)
         if t.nbytes:
@@ -290,6 +293,8 @@ class SafetensorsSource(m.BaseSource):
 
     def iter_blocks(self, variable: m.Variable, elements: int) -> Iterator[np.ndarray]:
         """The flattened value streamed through one reused buffer."""
+        import numpy as np  # noqa: PLC0415 - values only
+
         i, t, dtype = self._lookup(variable)
         itemsize = dtype.itemsize
         step = max(1, min(elements, max(1, READ_CHUNK_BYTES // itemsize))) * itemsize
@@ -362,6 +367,8 @@ def write_safetensors(
         NotACheckpointError: A dtype safetensors cannot store (strings...), or a value whose
             shape or dtype differs from what was announced.
     """
+    import numpy as np  # noqa: PLC0415 - values only
+
     entries = list(tensors)
     header: dict[str, Any] = {}
     if metadata:
