@@ -193,7 +193,7 @@ def ls_command(
     """List the variables of a checkpoint: shapes, dtypes, sizes, shards and roles."""
     from . import open as open_checkpoint  # noqa: PLC0415
     from .ops.listing import list_variables  # noqa: PLC0415
-    from .render import ls_view  # noqa: PLC0415
+    from .render import ls_view, ls_warnings  # noqa: PLC0415
 
     ckpt = open_checkpoint(path)
     progress = Progress("stats") if stats else None
@@ -203,6 +203,7 @@ def ls_command(
         if progress:
             progress.close()
         ckpt.close()
+    sys.stderr.write(ls_warnings(listing))
     emit(ls_view(listing, format, tree=tree))
 
 

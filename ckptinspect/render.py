@@ -661,6 +661,11 @@ def ls_view(listing, fmt: OutputFormat, tree: bool = False, width: int | None = 
                   width=width)
 
 
+def ls_warnings(listing) -> str:
+    """The warning lines of an :class:`~ckptinspect.ops.listing.Listing`, for stderr."""
+    return "".join(f"warning: {w}\n" for w in listing.warnings)
+
+
 def _tree_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Group rows by layer path: a subtotal row per group, leaves indented under it."""
     out: list[dict[str, Any]] = []
@@ -693,14 +698,22 @@ def verify_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
     summary = report.summary()
     newest = report.newest_intact
     n = summary["checkpoints"]
+    rotated = summary.get("rotated", 0)
+    n_kept = n - rotated
+    gone = f" ({rotated} rotated out while checking)" if rotated else ""
     if report.intact:
-        verdict = (f"INTACT: {n} of {n} checkpoint{'s' if n != 1 else ''} whole, {summary['tensors']} tensors"
-                   f" ({human_bytes(summary['bytes'])}) checked")
-    else:
+        verdict = (f"INTACT: {n_kept} of {n_kept} checkpoint{'s' if n_kept != 1 else ''} whole{gone},"
+                   f" {summary['tensors']} tensors ({human_bytes(summary['bytes'])}) checked")
+    elif summary["damaged"] or summary["missing"] or not report.problems:
         word = "DAMAGED" if summary["damaged"] else "INCOMPLETE"
-        verdict = (f"{word}: {summary['damaged']} damaged, {summary['missing']} missing of {n} checkpoint"
-                   f"{'s' if n != 1 else ''}; {summary['damaged_tensors']} damaged tensors")
+        verdict = (f"{word}: {summary['damaged']} damaged, {summary['missing']} missing of {n_kept} checkpoint"
+                   f"{'s' if n_kept != 1 else ''}{gone}; {summary['damaged_tensors']} damaged tensors")
+    else:
+        verdict = (f"INCONSISTENT: the checkpoint{'s' if n_kept != 1 else ''} ({n_kept}{gone}) are whole, the"
+                   f" directory's state file is not")
     header = [f"path:    {report.path}", f"format:  {report.format}", f"verdict: {verdict}"]
+    header += [f"problem: {p}" for p in report.problems]
+    header += [f"note:    {p}" for p in report.notes]
     first = report.first_damaged
     if first is not None:
         _, d = first

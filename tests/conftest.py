@@ -29,3 +29,13 @@ def realworld() -> pathlib.Path:
     if not (REALWORLD / "MANIFEST.md").is_file():
         pytest.skip(f"real-world corpus not found at {REALWORLD}")
     return REALWORLD
+
+
+@pytest.fixture(scope="session")
+def limited():
+    """A worker that runs CLI commands with a 10 s and 500 MiB limit each (see ``limits.py``)."""
+    from limits import LimitedRunner  # noqa: PLC0415
+
+    runner = LimitedRunner()
+    yield runner
+    runner.close()

@@ -3,7 +3,9 @@
 Each bad input gives one ``Error:`` line on stderr naming the file and the problem and exit 2
 (``verify``: a report and exit 1 when the checkpoint is damaged), never a traceback; the input
 is byte-for-byte unchanged afterwards; a command that writes leaves no output and no temporary
-file behind when it fails. Inputs that are merely unusual (string, bool, bfloat16, float16, int,
+file behind when it fails. Every command runs in a worker process under a 10 s and 500 MiB
+limit (``limits.py``), so a hang (a FIFO), an unbounded read (``/dev/zero``) or a C++ abort
+fails its own test instead of stalling or killing the suite. Inputs that are merely unusual (string, bool, bfloat16, float16, int,
 0-d, 0-size tensors, unicode names) list and read correctly, checked against TensorFlow.
 A write killed mid-way leaves nothing under the final name.
 """
@@ -25,11 +27,13 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from cases_ux import CASES as UX_CASES
+from cases_io import CASES as IO_CASES
 from cases_keras import CASES as KERAS_CASES
+from cases_ux import CASES as UX_CASES
 from catalogue import BASE_CASES, FIXTURES, KERAS, RUN, SHARDED, Case, _copy_prefix  # noqa: F401
 from cases_torch import CASES as TORCH_CASES
 from ckptinspect.cli import app
+from limits import LIMIT_BYTES
 
 tf = pytest.importorskip("tensorflow")
 h5py = pytest.importorskip("h5py")
@@ -37,7 +41,7 @@ h5py = pytest.importorskip("h5py")
 runner = CliRunner()
 
 
-CATALOGUE = [*BASE_CASES, *UX_CASES, *KERAS_CASES, *TORCH_CASES]
+CATALOGUE = [*BASE_CASES, *UX_CASES, *KERAS_CASES, *TORCH_CASES, *IO_CASES]
 
 COMMANDS = {
     "ls": lambda p, out: ["ls", p],
@@ -55,9 +59,21 @@ for _case in CATALOGUE:
 
 
 def tree_digest(root: pathlib.Path) -> dict[str, str]:
-    """sha256 of every file under ``root`` (or of ``root`` itself)."""
-    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
-    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+    """sha256 of every regular file under ``root`` (or of ``root`` itself); FIFOs, devices and
+    symlinks to them are recorded by kind and target, never read."""
+    files = [root] if not root.is_dir() or root.is_symlink() else sorted(root.rglob("*"))
+    out = {}
+    for p in files:
+        if p.is_symlink():
+            out[str(p)] = "link:" + os.readlink(p)
+        elif p.is_file() and p.stat().st_size <= 1 << 30:
+            out[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest()
+        elif p.is_file():  # a huge sparse file: its size and mtime
+            st = p.stat()
+            out[str(p)] = f"big:{st.st_size}:{st.st_mtime_ns}"
+        elif p.exists() and not p.is_dir():
+            out[str(p)] = f"special:{p.stat().st_mode:o}"
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -75,25 +91,34 @@ PAIRS = [(case, cmd) for case in CATALOGUE for cmd in case.expect]
 
 
 @pytest.mark.parametrize("case,command", PAIRS, ids=[f"{c.id}:{cmd}" for c, cmd in PAIRS])
-def test_bad_input(case, command, catalogue, tmp_path):
+def test_bad_input(case, command, catalogue, tmp_path, limited):
+    """``expect[command]`` is (exit code, message) or (exit code, message, stderr warning):
+    for exit 2 the message is the one Error line; otherwise it is in stdout, and stderr holds
+    the warning's parts (or nothing)."""
     d, path = catalogue[case.id]
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     before = tree_digest(d) | tree_digest(RUN)
-    result = runner.invoke(app, COMMANDS[command](str(path), str(out_dir / "extracted")))
-    code, message = case.expect[command]
+    result = limited.run(COMMANDS[command](str(path), str(out_dir / "extracted")))
+    code, message, *warning = case.expect[command]
     message = message.format(p=path, d=d)
+    warning = warning[0].format(p=path, d=d) if warning else ""
     assert tree_digest(d) | tree_digest(RUN) == before, "an input was modified"
-    assert result.exit_code == code, result.output
-    assert "Traceback" not in result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert not result.timed_out and not result.crashed, result.describe()
+    assert result.rss_growth is None or result.rss_growth <= LIMIT_BYTES, f"RSS grew {result.rss_growth} bytes"
+    assert result.exit_code == code, result.describe()
+    assert "Traceback" not in result.stdout + result.stderr
+    assert result.exception is None, result.exception
     if code == 2:
         assert result.stdout == ""
         assert result.stderr.count("\n") == 1 and result.stderr.startswith("Error: "), result.stderr
         assert all(part in result.stderr for part in message.split(" … ")), result.stderr
         assert os.listdir(out_dir) == [], "a failed command left files behind"
     else:
-        assert result.stderr == ""
+        if warning:
+            assert all(part in result.stderr for part in warning.split(" … ")), result.stderr
+        else:
+            assert result.stderr == ""
         assert all(part in result.stdout for part in message.split(" … ")), result.stdout
 
 

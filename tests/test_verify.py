@@ -269,8 +269,8 @@ def test_directory_with_damaged_newest_names_the_newest_intact(tmp_path):
     assert result.exit_code == 1
     doc = json.loads(result.stdout)
     assert doc["newest_intact"] == str(d / "ckpt-6")
-    assert doc["summary"] == {"checkpoints": 3, "intact": 1, "damaged": 1, "missing": 1, "tensors": 54,
-                              "damaged_tensors": 1, "bytes": 2 * 7924}
+    assert doc["summary"] == {"checkpoints": 3, "intact": 1, "damaged": 1, "missing": 1, "rotated": 0, "problems": 0,
+                              "tensors": 54, "damaged_tensors": 1, "bytes": 2 * 7924}
     assert doc["first_damaged"]["checkpoint"] == str(d / "ckpt-8")
     first = doc["first_damaged"]
     assert first["file"] == str(shard) and first["offset"] <= 10 < first["offset"] + first["size"]

@@ -43,7 +43,14 @@ from ._layout import (
 from ._sstable import is_table
 from ._torch_layout import hf_weights_in, is_hf_index, is_safetensors_head, is_torch_legacy_head, is_torch_zip
 from .tf_bundle import OBJECT_GRAPH_KEY, check_bundle, open_bundle
-from .tf_state import list_checkpoints
+from .tf_state import (
+    DirectoryListing,
+    checkpoint_present,
+    checkpoint_step,
+    read_directory,
+    state_changed,
+    state_fingerprint,
+)
 from .tf_v1 import check_v1, is_v1_table, open_v1
 
 __all__ = [
@@ -53,6 +60,11 @@ __all__ = [
     "prepare_check",
     "Check",
     "list_directory",
+    "DirectoryListing",
+    "directory_fingerprint",
+    "directory_changed",
+    "checkpoint_step",
+    "checkpoint_present",
     "is_remote",
     # writing TF bundles (extract, transplant)
     "OBJECT_GRAPH_KEY",
@@ -76,6 +88,9 @@ __all__ = [
 SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
 SAVED_MODEL_VARIABLES = "variables/variables"
 KERAS_SHARDED_INDEX_SUFFIX = ".weights.json"
+KERAS_SUFFIXES = (".h5", ".hdf5", ".keras", KERAS_SHARDED_INDEX_SUFFIX)
+MAX_LISTED = 5  # paths named in a "pass one of them" message
+RESOLVE_ATTEMPTS = 3  # listings of a live directory whose resolved checkpoint vanished before it opened
 EXPECTED = (
     "expected a TF checkpoint prefix or its .index file, a checkpoint directory, a SavedModel "
     "directory, a Keras .h5/.weights.h5/.keras file, a torch.save file, a .safetensors file or a Hugging Face"
@@ -111,13 +126,19 @@ def _is_savedmodel(directory: str) -> bool:
 
 
 def _table_kind(path: str) -> Kind | None:
-    """TF_BUNDLE or TF_V1 for an SSTable file, None for anything else."""
-    if _fs.getsize(path) < 48:
+    """TF_BUNDLE or TF_V1 for an SSTable file, None for anything else (special files included).
+
+    Reads the 48-byte footer, and for a table the index block and first data block only.
+    """
+    if not _fs.is_regular(path):
         return None
-    tail = _fs.read_range(path, _fs.getsize(path) - 48, 48)
+    size = _fs.getsize(path)
+    if size < 48:
+        return None
+    tail = _fs.read_range(path, size - 48, 48)
     if not is_table(tail):
         return None
-    return Kind.TF_V1 if is_v1_table(_fs.read_bytes(path)) else Kind.TF_BUNDLE
+    return Kind.TF_V1 if is_v1_table(path) else Kind.TF_BUNDLE
 
 
 def detect(path: str) -> tuple[Kind, str]:
@@ -130,10 +151,17 @@ def detect(path: str) -> tuple[Kind, str]:
         CheckpointNotFoundError: Nothing at ``path``.
         NotACheckpointError: Something that is not a checkpoint, or a part of one.
     """
+    _fs.check_remote(path)  # an unsupported scheme or an unreachable file system: say so first
     name = _fs.basename(path)
     data_match = DATA_FILE_RE.match(name)
-    if name and _fs.exists(path + INDEX_SUFFIX) and (_fs.is_remote(path) or not _fs.isdir(path)):
-        # A prefix. (Remote file systems such as ram:// report prefixes as directories.)
+    if (
+        name
+        and _fs.exists(path + INDEX_SUFFIX)
+        and (_fs.is_remote(path) or not _fs.isdir(path))
+        and not (_fs.is_regular(path) and not _fs.is_regular(path + INDEX_SUFFIX))
+    ):
+        # A prefix. (Remote file systems such as ram:// report prefixes as directories.) A
+        # regular file next to a FIFO or device named like its index is that file.
         return Kind.TF_BUNDLE, path
     if not _fs.exists(path):
         if data_match:
@@ -145,11 +173,22 @@ def detect(path: str) -> tuple[Kind, str]:
         if (hf := hf_weights_in(path)) is not None:
             return detect(hf)
         return Kind.TF_DIRECTORY, path
+    if not _fs.is_remote(path):
+        _fs.check_regular(path)  # a FIFO would block every read below; a device never ends
     if data_match:
         prefix = path[: len(path) - len(name)] + data_match.group("prefix")
         raise NotACheckpointError(
             f"{path}: is a data shard, not a checkpoint; pass the prefix {prefix} (or {prefix}{INDEX_SUFFIX})"
         )
+    if name in SAVED_MODEL_FILES:
+        directory = _fs.dirname(path) or "."
+        if _is_savedmodel(directory):
+            raise NotACheckpointError(
+                f"{path}: is a SavedModel's graph, not a checkpoint; pass its directory {directory}"
+                f" (its variables are in {_fs.join(directory, SAVED_MODEL_VARIABLES)})"
+            )
+        raise NotACheckpointError(f"{path}: is a SavedModel's graph, and its directory holds no"
+                                  f" {SAVED_MODEL_VARIABLES}.index: no variables to inspect")
     if name == STATE_FILE and not _is_hdf5(path):
         directory = _fs.dirname(path) or "."
         raise NotACheckpointError(
@@ -201,25 +240,67 @@ def _v1_in_directory(directory: str) -> str | None:
     return None
 
 
-def _no_checkpoint(directory: str) -> NotACheckpointError:
-    return NotACheckpointError(
-        f"{directory}: no checkpoint found in the directory (no 'checkpoint' state file naming"
-        " existing files, no *.index, no saved_model.pb)"
-    )
+def _nothing_found(directory: str, problems: tuple[str, ...] = ()) -> NotACheckpointError:
+    """Why a directory holds no checkpoint, pointing at what it does hold."""
+    names = _fs.listdir(directory)
+    exports = [n for n in names if _fs.isdir(_fs.join(directory, n)) and _is_savedmodel(_fs.join(directory, n))]
+    if exports:
+        shown = sorted(exports, key=lambda n: (n.isdigit(), int(n) if n.isdigit() else 0, n), reverse=True)
+        listed = ", ".join(_fs.join(directory, n) for n in shown[:MAX_LISTED])
+        more = f" (+{len(shown) - MAX_LISTED} more)" if len(shown) > MAX_LISTED else ""
+        return NotACheckpointError(
+            f"{directory}: an export directory holding {len(exports)} SavedModel{'s' if len(exports) != 1 else ''},"
+            f" not a checkpoint; pass one of them: {listed}{more}"
+        )
+    keras = [n for n in names if n.endswith(KERAS_SUFFIXES) and _fs.isfile(_fs.join(directory, n))]
+    if keras:
+        listed = ", ".join(_fs.join(directory, n) for n in keras[:MAX_LISTED])
+        more = f" (+{len(keras) - MAX_LISTED} more)" if len(keras) > MAX_LISTED else ""
+        return NotACheckpointError(
+            f"{directory}: holds Keras file{'s' if len(keras) != 1 else ''}, not a TF checkpoint directory;"
+            f" pass one of them: {listed}{more}"
+        )
+    message = (f"{directory}: no checkpoint found in the directory (no 'checkpoint' state file naming"
+               " existing files, no *.index, no saved_model.pb)")
+    return NotACheckpointError(message + (f"; also: {problems[0]}" if problems else ""))
 
 
 def _open_directory(directory: str) -> m.Checkpoint:
+    """The checkpoint a directory resolves to, opened and pinned (its data files held open, so
+    a process saving into the directory can rotate it out while the command reads it); the
+    directory's problems (state file, leftover temporaries) ride along in ``info["warnings"]``.
 
-    retained, latest = list_checkpoints(directory)
-    if latest is None:
-        # A directory holding only V1 checkpoint files (export-00000-of-00001).
-        v1 = _v1_in_directory(directory)
-        if v1 is None:
-            raise _no_checkpoint(directory)
-        return open_v1(v1)
-    if not _fs.exists(latest + ".index") and _fs.isfile(latest):
-        return open_v1(latest, checkpoints=tuple(retained))
-    return open_bundle(latest, checkpoints=tuple(retained))
+    A checkpoint deleted between listing the directory and opening it (rotated out by a
+    CheckpointManager) is not an error: the directory is listed again, up to
+    :data:`RESOLVE_ATTEMPTS` times. Once open, the command sticks to that checkpoint.
+    """
+    for attempt in range(1, RESOLVE_ATTEMPTS + 1):
+        listing = list_directory(directory)
+        if listing.v1 is not None:  # a directory holding only V1 checkpoint files (export-00000-of-00001)
+            return _with_warnings(open_v1(listing.v1), listing.warnings)
+        latest = listing.latest
+        if latest is None:  # the state file names checkpoints, none of them exists
+            raise _nothing_found(directory, listing.problems)
+        try:
+            if not _fs.exists(latest + INDEX_SUFFIX) and _fs.isfile(latest):
+                ckpt = open_v1(latest, checkpoints=listing.checkpoints)
+            else:
+                ckpt = open_bundle(latest, checkpoints=listing.checkpoints)
+                pin = getattr(ckpt.source, "pin", None)
+                if pin is not None:
+                    pin()
+        except CheckpointNotFoundError:
+            if attempt < RESOLVE_ATTEMPTS and not checkpoint_present(latest):
+                continue  # rotated out before we could open it: resolve again
+            raise
+        return _with_warnings(ckpt, listing.warnings)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _with_warnings(ckpt: m.Checkpoint, warnings: tuple[str, ...]) -> m.Checkpoint:
+    if not warnings:
+        return ckpt
+    return dataclasses.replace(ckpt, info={**ckpt.info, "warnings": list(warnings)})
 
 
 def _open_savedmodel(directory: str) -> m.Checkpoint:
@@ -358,6 +439,7 @@ def open_checkpoint(path: str) -> m.Checkpoint:
 
 def _classify(path: str) -> tuple[Kind, str]:
     """Like :func:`detect`, but a damaged ``.index`` is still a bundle (to be reported)."""
+    _fs.check_remote(path)
     if path.endswith(INDEX_SUFFIX) and _fs.isfile(path):
         return Kind.TF_BUNDLE, path[: -len(INDEX_SUFFIX)]
     if (not _fs.exists(path) or _fs.basename(path) == "") and _fs.isfile(path + INDEX_SUFFIX):
@@ -382,26 +464,29 @@ def prepare_check(path: str) -> tuple[Kind, Any]:
     return kind, _FORMATS[kind].check(target)
 
 
-def list_directory(directory: str) -> tuple[list[m.RetainedCheckpoint], str | None, str | None]:
-    """The checkpoints of a checkpoint directory, without opening any.
+def list_directory(directory: str) -> DirectoryListing:
+    """A checkpoint directory, read once, without opening any checkpoint.
 
     Returns:
-        (retained checkpoints, the prefix it resolves to or None, a V1 file when the
-        directory holds no bundle but V1 checkpoint files, else None).
+        The :class:`~ckptinspect.formats.tf_state.DirectoryListing`: retained checkpoints, the
+        prefix it resolves to, its problems (state file) and leftover temporaries; ``v1`` is
+        a V1 file when the directory holds no bundle but V1 checkpoint files.
 
     Raises:
-        NotACheckpointError: No checkpoint at all in the directory.
+        NotACheckpointError: No checkpoint at all in the directory (saying what it holds
+            instead: SavedModel exports, Keras files).
     """
-
-    retained, latest = list_checkpoints(directory)
-    v1 = None
-    if latest is None and not retained:
+    listing = read_directory(directory)
+    if listing.latest is None and not listing.checkpoints:
         v1 = _v1_in_directory(directory)
         if v1 is None:
-            raise _no_checkpoint(directory)
-    return retained, latest, v1
+            raise _nothing_found(directory, listing.problems)
+        listing = dataclasses.replace(listing, v1=v1)
+    return listing
 
 
+directory_fingerprint = state_fingerprint
+directory_changed = state_changed
 is_remote = _fs.is_remote
 
 # Writing TF bundles (extract, transplant) goes through TensorFlow and numpy: those names are

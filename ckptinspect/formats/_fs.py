@@ -1,7 +1,15 @@
 """File access for local paths (plain ``os``) and remote ones (``tf.io.gfile``).
 
-Local paths never import TensorFlow. A path with a scheme (``gs://``, ``s3://``,
-``ram://``...) goes through ``tf.io.gfile``, imported on first use.
+Local paths never import TensorFlow. A path with a scheme (``gs://``, ``ram://``...) goes
+through ``tf.io.gfile``, imported (quietly) on first use; :func:`check_remote` says which
+schemes work when one does not.
+
+Every read of a local file goes through :func:`open_binary`, which opens only regular files:
+a FIFO would block ``open`` (or ``read``) forever and a device such as ``/dev/zero`` never
+ends, so both are refused with one clear error before anything is read. The file is opened
+with ``O_NONBLOCK`` and checked with ``fstat`` on the open descriptor, so a path swapped for a
+FIFO between a check and the open cannot hang either. Whole-file reads take a size limit,
+checked before reading, and read in bounded chunks.
 """
 
 from __future__ import annotations
@@ -9,9 +17,47 @@ from __future__ import annotations
 import contextlib
 import os
 import posixpath
-from typing import Iterator
+import stat
+from typing import BinaryIO, Iterator
 
-from ..errors import CheckpointNotFoundError
+from ..errors import CheckpointNotFoundError, UnsafeFileError
+
+__all__ = [
+    "READ_CHUNK_BYTES",
+    "is_remote",
+    "remote_schemes",
+    "check_remote",
+    "join",
+    "dirname",
+    "basename",
+    "exists",
+    "isdir",
+    "isfile",
+    "is_regular",
+    "listdir",
+    "getsize",
+    "check_regular",
+    "open_remote",
+    "open_binary",
+    "read_bytes",
+    "read_range",
+    "read_head",
+    "RangeReader",
+    "same_file",
+    "real_path",
+    "is_inside",
+]
+
+# Local "schemes" TensorFlow registers beside the remote ones (tf.io.gfile.get_registered_schemes).
+LOCAL_SCHEMES = ("", "file")
+READ_CHUNK_BYTES = 1 << 20  # bytes read at a time by whole-file reads
+
+_FILE_KINDS = (
+    (stat.S_ISFIFO, "FIFO"),
+    (stat.S_ISCHR, "character device"),
+    (stat.S_ISBLK, "block device"),
+    (stat.S_ISSOCK, "socket"),
+)
 
 
 def is_remote(path: str) -> bool:
@@ -19,10 +65,48 @@ def is_remote(path: str) -> bool:
     return "://" in path
 
 
-def _gfile():
-    import tensorflow as tf  # noqa: PLC0415 - remote paths only
+def scheme(path: str) -> str:
+    """The URL scheme of a remote path (``gs``), or ``""`` for a local one."""
+    return path.split("://", 1)[0].lower() if is_remote(path) else ""
 
-    return tf.io.gfile
+
+def _gfile():
+    from .._tf import import_tf  # noqa: PLC0415 - remote paths only; quiet start-up
+
+    return import_tf().io.gfile
+
+
+def remote_schemes() -> list[str]:
+    """The remote schemes this TensorFlow has file systems for (``gs``, ``ram`` in TF 2.16+;
+    ``s3`` and ``hdfs`` moved to the tensorflow-io package)."""
+    gfile = _gfile()
+    schemes = gfile.get_registered_schemes() if hasattr(gfile, "get_registered_schemes") else ["gs", "ram"]
+    return sorted(s for s in schemes if s not in LOCAL_SCHEMES)
+
+
+def check_remote(path: str) -> None:
+    """Make sure a remote path can be asked about: its scheme is one TensorFlow has a file
+    system for, and the file system answers. Local paths pass.
+
+    Raises:
+        CheckpointNotFoundError: An unsupported scheme (the message says which work), or a
+            file system that cannot be reached (no network, no credentials).
+    """
+    if not is_remote(path):
+        return
+    name = scheme(path)
+    supported = remote_schemes()
+    if name not in supported:
+        raise CheckpointNotFoundError(
+            f"{path}: the {name}:// scheme is not supported; remote paths work with "
+            f"{', '.join(s + '://' for s in supported)} (the file systems this TensorFlow has;"
+            " s3:// and hdfs:// moved out of TensorFlow into the tensorflow-io package)"
+        )
+    try:
+        _gfile().exists(path)
+    except Exception as e:  # noqa: BLE001 - tf.errors.OpError and friends, without importing them here
+        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointNotFoundError(f"{path}: cannot access ({text})") from None
 
 
 def join(a: str, *parts: str) -> str:
@@ -46,7 +130,18 @@ def isdir(path: str) -> bool:
 
 
 def isfile(path: str) -> bool:
+    """Exists and is not a directory (FIFOs and devices included: :func:`open_binary` refuses them)."""
     return exists(path) and not isdir(path)
+
+
+def is_regular(path: str) -> bool:
+    """True for a regular file (after symlinks); remote files count as regular."""
+    if is_remote(path):
+        return isfile(path)
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def listdir(path: str) -> list[str]:
@@ -57,6 +152,25 @@ def getsize(path: str) -> int:
     if is_remote(path):
         return _gfile().stat(path).length
     return os.path.getsize(path)
+
+
+def real_path(path: str) -> str:
+    """The canonical spelling of a path: symlinks and ``..`` resolved (normalised for remote)."""
+    return posixpath.normpath(path) if is_remote(path) else os.path.realpath(path)
+
+
+def same_file(a: str, b: str) -> bool:
+    """True when two spellings name the same path (after symlinks and ``..``)."""
+    return real_path(a) == real_path(b)
+
+
+def is_inside(path: str, directory: str) -> bool:
+    """True when ``path`` (after symlinks and ``..``) lies inside ``directory``."""
+    if is_remote(path) != is_remote(directory):
+        return False
+    inner, outer = real_path(path), real_path(directory)
+    sep = "/" if is_remote(path) else os.sep
+    return inner == outer or inner.startswith(outer.rstrip(sep) + sep)
 
 
 @contextlib.contextmanager
@@ -76,39 +190,176 @@ def _reading(path: str) -> Iterator[None]:
         raise
 
 
+def _kind(mode: int) -> str | None:
+    """What a non-regular file is (``FIFO``, ``character device``...), None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "directory"
+    return next((name for test, name in _FILE_KINDS if test(mode)), "special file")
+
+
+def _require_regular(path: str, mode: int) -> None:
+    kind = _kind(mode)
+    if kind == "directory":
+        raise CheckpointNotFoundError(f"{path}: is a directory, not a file")
+    if kind is not None:
+        raise UnsafeFileError(f"{path}: not a regular file ({kind}); refusing to read")
+
+
+def check_regular(path: str) -> int:
+    """The size of a regular file; anything else is refused before it is opened.
+
+    Symlinks are followed (a link to a regular file is fine; one to ``/dev/zero`` is not).
+    Remote paths are only checked to exist.
+
+    Returns:
+        The file size in bytes.
+
+    Raises:
+        CheckpointNotFoundError: Missing, unreadable, or a directory.
+        UnsafeFileError: A FIFO, device, socket or other special file.
+    """
+    if is_remote(path):
+        with _reading(path):
+            if not exists(path):
+                raise FileNotFoundError(path)
+            return getsize(path)
+    with _reading(path):
+        st = os.stat(path)
+    _require_regular(path, st.st_mode)
+    return st.st_size
+
+
 def open_remote(path: str):
     """A binary file object for a remote path (through ``tf.io.gfile``)."""
     return _gfile().GFile(path, "rb")
 
 
-def read_bytes(path: str) -> bytes:
-    """The whole file. Raises CheckpointNotFoundError if it is missing or unreadable."""
+def open_binary(path: str) -> BinaryIO:
+    """Open a regular file for binary reading (the caller closes it).
+
+    The local file is opened with ``O_NONBLOCK`` (so a FIFO cannot block the open) and checked
+    with ``fstat`` on the open descriptor before anything is read; remote paths go through
+    ``tf.io.gfile``.
+
+    Raises:
+        CheckpointNotFoundError: Missing, unreadable, or a directory.
+        UnsafeFileError: A FIFO, device, socket or other special file.
+    """
+    if is_remote(path):
+        with _reading(path):
+            return open_remote(path)
+    check_regular(path)  # no open() at all for special files in the common case
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_BINARY", 0)
     with _reading(path):
-        if is_remote(path):
-            with _gfile().GFile(path, "rb") as f:
-                return f.read()
-        with open(path, "rb") as f:
-            return f.read()
+        fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
+    try:
+        _require_regular(path, os.fstat(fd).st_mode)  # the path may have been swapped meanwhile
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _size_of(f: BinaryIO, path: str) -> int:
+    if is_remote(path):
+        return getsize(path)
+    return os.fstat(f.fileno()).st_size
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def read_bytes(path: str, *, limit: int, what: str = "file") -> bytes:
+    """The whole file, when it is a regular file of at most ``limit`` bytes.
+
+    Args:
+        path: Local or remote path.
+        limit: Most bytes the file may have; checked before reading.
+        what: What the file is, for the message (``checkpoint index``, ``state file``...).
+
+    Raises:
+        CheckpointNotFoundError: Missing or unreadable.
+        UnsafeFileError: Not a regular file, or larger than ``limit``.
+    """
+    with open_binary(path) as f:
+        with _reading(path):
+            size = _size_of(f, path)
+            if size > limit:
+                raise UnsafeFileError(
+                    f"{path}: {what} is {size} bytes ({_human(size)}), more than the {_human(limit)} a {what}"
+                    " may take; refusing to read"
+                )
+            chunks = []
+            left = size
+            while left > 0:
+                chunk = f.read(min(READ_CHUNK_BYTES, left))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                left -= len(chunk)
+            return b"".join(chunks)
 
 
 def read_range(path: str, offset: int, size: int) -> bytes:
-    """``size`` bytes at ``offset`` (fewer if the file is shorter).
+    """``size`` bytes at ``offset`` (fewer if the file is shorter); never more than the file holds.
 
-    Raises CheckpointNotFoundError if the file is missing or unreadable.
+    Raises:
+        CheckpointNotFoundError: Missing or unreadable.
+        UnsafeFileError: Not a regular file.
     """
-    with _reading(path):
-        if is_remote(path):
-            with _gfile().GFile(path, "rb") as f:
-                f.seek(offset)
-                return f.read(size)
-        with open(path, "rb") as f:
+    with open_binary(path) as f:
+        with _reading(path):
+            total = _size_of(f, path)
+            if offset >= total or size <= 0:
+                return b""
             f.seek(offset)
-            return f.read(size)
+            return f.read(min(size, total - offset))
 
 
 def read_head(path: str, size: int) -> bytes:
-    """The first ``size`` bytes (for content sniffing); b'' for unreadable files."""
+    """The first ``size`` bytes (for content sniffing); b'' for unreadable or special files."""
     try:
         return read_range(path, 0, size)
-    except OSError:
+    except (OSError, UnsafeFileError):
         return b""
+
+
+class RangeReader:
+    """Random-access reads of one open regular file (``size``, ``read_at``); close it after use."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._f = open_binary(path)
+        try:
+            with _reading(path):
+                self.size = _size_of(self._f, path)
+        except BaseException:
+            self._f.close()
+            raise
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        """Up to ``size`` bytes at ``offset`` (fewer at the end of the file)."""
+        if offset >= self.size or size <= 0:
+            return b""
+        with _reading(self.path):
+            self._f.seek(offset)
+            return self._f.read(min(size, self.size - offset))
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> "RangeReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+

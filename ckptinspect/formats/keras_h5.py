@@ -95,6 +95,7 @@ MAX_DECLARED_BYTES = 1 << 40
 BOMB_FLOOR_BYTES = 1 << 32
 BOMB_MAX_EXPANSION = 1000
 MAX_INDEX_JSON_BYTES = 64 << 20
+MAX_REMOTE_H5_BYTES = 2 << 30  # a remote HDF5 file is read into memory whole (h5py needs random access)
 
 # Reading: variable-length values (strings, vlen sequences, references) become one Python
 # object each; a dataset holding more than MAX_OBJECT_ELEMENTS of them is refused.
@@ -904,7 +905,7 @@ def _open_file(path: str, label: str | None = None) -> Any:
     """``h5py.File`` for a local or remote path, with h5py's errors turned into ours."""
     label = label or path
     if _fs.is_remote(path):
-        data = _fs.read_bytes(path)
+        data = _fs.read_bytes(path, limit=MAX_REMOTE_H5_BYTES, what="remote HDF5 file")
         if not is_hdf5_head(data[:HDF5_HEAD_BYTES]):
             raise NotACheckpointError(f"{label}: not an HDF5 file (no HDF5 signature)")
         return open_h5py(io.BytesIO(data), label)
@@ -912,6 +913,7 @@ def _open_file(path: str, label: str | None = None) -> Any:
         raise CheckpointNotFoundError(f"{label}: no such file")
     if _fs.isdir(path):
         raise NotACheckpointError(f"{label}: is a directory, not an HDF5 file")
+    _fs.check_regular(path)  # h5py opens by name: on a FIFO it would block forever
     if not is_hdf5_head(_fs.read_head(path, HDF5_HEAD_BYTES)):
         raise NotACheckpointError(f"{label}: not an HDF5 file (no HDF5 signature)")
     return open_h5py(path, label)
@@ -1130,9 +1132,7 @@ def open_sharded(path: str) -> m.Checkpoint:
         UnsafeFileError: A shard name leaves the index's directory, or a shard is unsafe.
     """
     path = str(path)
-    raw = _fs.read_bytes(path)
-    if len(raw) > MAX_INDEX_JSON_BYTES:
-        raise UnsafeFileError(f"{path}: sharded weights index is {len(raw)} bytes (limit {MAX_INDEX_JSON_BYTES})")
+    raw = _fs.read_bytes(path, limit=MAX_INDEX_JSON_BYTES, what="sharded weights index")
     try:
         index = json.loads(raw)
     except ValueError as e:

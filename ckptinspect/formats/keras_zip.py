@@ -75,6 +75,7 @@ ZIP_FLAG_ENCRYPTED = 0x1
 NPY_SUFFIX = ".npy"
 MAX_NPZ_MEMBERS_EXAMINED = 10_000
 MEMBER_CHUNK_BYTES = 8 << 20  # bytes of a member held at a time when checking its CRC
+MAX_REMOTE_ARCHIVE_BYTES = 2 << 30  # a remote archive is read into memory whole (zipfile needs seeks)
 
 # Keras 3 layer classes whose stored variables have known names, given the layer config.
 _CONV = ("kernel", "bias")
@@ -342,16 +343,11 @@ def member_head(path: str, f: BinaryIO, info: zipfile.ZipInfo, size: int) -> byt
 
 def _open_archive(path: str) -> tuple[zipfile.ZipFile, BinaryIO]:
     if _fs.is_remote(path):
-        f: BinaryIO = io.BytesIO(_fs.read_bytes(path))
+        f: BinaryIO = io.BytesIO(_fs.read_bytes(path, limit=MAX_REMOTE_ARCHIVE_BYTES, what="remote .keras archive"))
     else:
-        try:
-            f = open(path, "rb")  # noqa: SIM115 - closed by the caller
-        except FileNotFoundError:
-            from ..errors import CheckpointNotFoundError  # noqa: PLC0415
-
-            raise CheckpointNotFoundError(f"{path}: no such file") from None
-        except IsADirectoryError:
-            raise NotACheckpointError(f"{path}: is a directory, not a .keras archive") from None
+        if _fs.isdir(path):
+            raise NotACheckpointError(f"{path}: is a directory, not a .keras archive")
+        f = _fs.open_binary(path)  # regular files only: zipfile on a FIFO would block forever
     try:
         return zipfile.ZipFile(f), f
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:

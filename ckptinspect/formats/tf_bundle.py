@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import glob
+import os
 import re
 import struct
 from typing import TYPE_CHECKING, Iterable, Iterator
 
 from .. import model as m
-from ..errors import CkptError, CorruptCheckpointError, NotACheckpointError
+from ..errors import CheckpointNotFoundError, CkptError, CorruptCheckpointError, NotACheckpointError
 from . import _fs, _protos, tf_data
 from ._layout import INDEX_SUFFIX, data_path
 from ._ordered_code import decode_tensor_name_slice
@@ -51,6 +53,7 @@ __all__ = [
     "check_bundle",
     "BundleSource",
     "StoredRun",
+    "check_bundle_files",
     "step_from_name",
 ]
 
@@ -75,6 +78,10 @@ TF1_SLOT_RE = re.compile(
 )
 TF1_OPTIMIZER_NAMES = re.compile(r"(^|/)(beta1_power|beta2_power)(_\d+)?$|^training/|^(Adam|SGD|RMSprop|Adagrad|Ftrl|Nadam|Adamax|Adadelta|optimizer)(_\d+)?/")
 GENERIC_NAME_RE = re.compile(r"^(Variable|ResourceVariable)(_\d+)?(:\d+)?$")
+# Largest ``.index`` file read: an index holds ~100 bytes per tensor or slice, so this is far
+# beyond any real checkpoint, and it keeps a hostile file (a sparse 3 GB ``.index``) from being read.
+MAX_INDEX_BYTES = 256 << 20
+MAX_PINNED_SHARDS = 256  # data files held open for a checkpoint resolved from a live directory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -271,9 +278,10 @@ def read_index(prefix: str) -> BundleIndex:
     Raises:
         CheckpointNotFoundError: No index file.
         CorruptCheckpointError: The index does not parse.
+        UnsafeFileError: The index is not a regular file, or larger than :data:`MAX_INDEX_BYTES`.
     """
     path = prefix + INDEX_SUFFIX
-    data = _fs.read_bytes(path)
+    data = _fs.read_bytes(path, limit=MAX_INDEX_BYTES, what="checkpoint index")
     try:
         return parse_index(data)
     except MalformedError as e:
@@ -550,6 +558,32 @@ class StoredRun:
     lengths: tuple[int, ...] = ()
 
 
+def check_bundle_files(prefix: str, num_shards: int | None = None) -> None:
+    """Refuse a bundle whose index or data shards are FIFOs, devices or other special files.
+
+    TensorFlow's reader (and ``RestoreV2``) opens them by name and would block forever on a
+    FIFO or read ``/dev/zero`` without end, so they are checked before TensorFlow is handed
+    the prefix. Missing shards are left for the reader to report.
+
+    Args:
+        prefix: The bundle prefix.
+        num_shards: From its index; None checks every ``PREFIX.data-*-of-*`` on disk.
+
+    Raises:
+        UnsafeFileError: A special file; CheckpointNotFoundError: no index.
+    """
+    if _fs.is_remote(prefix):
+        return
+    _fs.check_regular(prefix + INDEX_SUFFIX)
+    if num_shards is None:
+        paths = glob.glob(glob.escape(prefix) + ".data-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9]")
+    else:
+        paths = [data_path(prefix, shard, num_shards) for shard in range(num_shards)]
+    for path in paths:
+        if os.path.lexists(path):
+            _fs.check_regular(path)
+
+
 class BundleSource(m.BaseSource):
     """Values of a bundle: whole tensors through TensorFlow's reader (opened on first use);
     streamed blocks of unsliced numeric tensors straight from the local data files, crc32c
@@ -562,13 +596,29 @@ class BundleSource(m.BaseSource):
         self._slices = index.slice_entries
         self._reader = None
         self._files = tf_data.DataFiles()
+        self._pinned = False
 
     def _open(self):
         if self._reader is None:
             from .._tf import load_checkpoint  # noqa: PLC0415 - TensorFlow only for values
 
+            check_bundle_files(self.prefix, self.num_shards)  # TensorFlow's reader would block on a FIFO
             self._reader = load_checkpoint(self.prefix)
         return self._reader
+
+    def pin(self) -> None:
+        """Hold the data shards open from now on (up to :data:`MAX_PINNED_SHARDS`), so the
+        checkpoint stays readable if it is deleted meanwhile (a CheckpointManager rotating it
+        out of its directory): streamed reads use the open files, and a whole-tensor read that
+        TensorFlow can no longer do by name falls back to them."""
+        if _fs.is_remote(self.prefix) or self.num_shards > MAX_PINNED_SHARDS:
+            return
+        for path in tf_data.shard_files(self.prefix, self.num_shards):
+            try:
+                self._files.pin(path)
+            except CkptError:
+                pass  # missing or special: reported by whatever reads it
+        self._pinned = True
 
     def read(self, variable: m.Variable) -> np.ndarray:
         from .._tf import get_tensor  # noqa: PLC0415
@@ -579,7 +629,28 @@ class BundleSource(m.BaseSource):
             # TF's BundleReader keeps the status of a failed sliced read and aborts the whole
             # process (a C++ CHECK) on its next lookup: never reuse a reader after a failure.
             self._reader = None
-            raise
+            if not (self._pinned and self._vanished()):
+                raise
+        import numpy as np  # noqa: PLC0415, F811 - loaded with tf_data already
+
+        raw = self._raw_entry(variable)
+        if raw is None:
+            directory = _fs.dirname(self.prefix) or "."
+            raise CheckpointNotFoundError(
+                f"{self.prefix}: deleted while being read (rotated out by the process saving into {directory});"
+                " run the command again"
+            ) from None
+        out = np.empty(variable.size, dtype=raw[2])
+        done = 0
+        for block in tf_data.iter_raw_blocks(raw[0], raw[1], raw[2], 1 << 20, self._files):
+            out[done : done + block.size] = block
+            done += block.size
+        return out.reshape(variable.shape)
+
+    def _vanished(self) -> bool:
+        """Whether the index or a data shard is gone from its path now."""
+        return not _fs.exists(self.prefix + INDEX_SUFFIX) or not all(
+            _fs.exists(p) for p in tf_data.shard_files(self.prefix, self.num_shards))
 
     def _raw_entry(self, variable: m.Variable) -> tuple[str, IndexEntry, np.dtype] | None:
         """Where ``variable``'s bytes can be read directly: a local, unsliced tensor of a plain

@@ -28,7 +28,7 @@ import struct
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
 from .. import model as m
-from ..errors import CheckpointNotFoundError, CorruptCheckpointError
+from ..errors import CheckpointNotFoundError, CkptError, CorruptCheckpointError
 from . import _fs
 from ._crc import crc32c_module, mask, unmask
 from ._layout import INDEX_SUFFIX, data_path
@@ -74,19 +74,32 @@ class DataFiles:
         self._buffers: list[bytearray] = []
 
     def size(self, path: str) -> int | None:
-        """The file's size, or None when it cannot be stat'ed."""
+        """The file's size, or None when it cannot be stat'ed or is not a regular file (a FIFO
+        or device is left for the checkpoint's reader, which refuses it)."""
         if path not in self._sizes:
-            try:
-                self._sizes[path] = os.path.getsize(path)
-            except OSError:
-                self._sizes[path] = None
+            self._sizes[path] = os.path.getsize(path) if _fs.is_regular(path) else None
         return self._sizes[path]
+
+    def pin(self, path: str) -> None:
+        """Open ``path`` now and keep it open: its bytes stay readable even if it is deleted
+        (a checkpoint rotated out of a live directory while a command reads it).
+
+        Raises:
+            CheckpointNotFoundError, UnsafeFileError: Missing, unreadable or not a regular file.
+        """
+        if path in self._fds:
+            return
+        with _fs.open_binary(path) as f:
+            fd = os.dup(f.fileno())
+        self._fds[path] = fd
+        self._sizes[path] = os.fstat(fd).st_size
 
     def pread_into(self, path: str, buffer: memoryview, offset: int) -> int:
         """Fill ``buffer`` from ``offset``; returns the bytes read (fewer at the end of the file)."""
         fd = self._fds.get(path)
         if fd is None:
-            fd = self._fds[path] = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+            with _fs.open_binary(path) as f:  # regular files only (never blocks on a FIFO)
+                fd = self._fds[path] = os.dup(f.fileno())
         return os.preadv(fd, [buffer], offset)
 
     def take_buffer(self, nbytes: int) -> bytearray:
@@ -352,9 +365,7 @@ def _check_item(f: Any, item: _Item, crc32c: Any) -> tuple[str, str, int | None]
 
 
 def _open_binary(path: str) -> Any:
-    if _fs.is_remote(path):
-        return _fs.open_remote(path)
-    return open(path, "rb", buffering=0)  # noqa: SIM115 - closed by the caller
+    return _fs.open_binary(path)  # regular files only: a FIFO shard must not block the check
 
 
 @dataclasses.dataclass
@@ -415,6 +426,8 @@ class BundleCheck:
                     if f is None:
                         try:
                             f = handles[it.shard] = _open_binary(path)
+                        except CkptError:
+                            raise
                         except PermissionError:
                             raise CheckpointNotFoundError(f"{path}: permission denied") from None
                         except OSError as e:
@@ -467,8 +480,8 @@ def plan_check(
     for shard in range(index.num_shards):
         path = data_path(prefix, shard, index.num_shards)
         try:
-            sizes[shard] = _fs.getsize(path)
-        except OSError:
+            sizes[shard] = _fs.check_regular(path)  # a FIFO or device shard is refused, not read
+        except CheckpointNotFoundError:
             sizes[shard] = None
             if _fs.exists(path):
                 raise CheckpointNotFoundError(f"{path}: data shard cannot be read") from None

@@ -9,35 +9,58 @@ shape=2, type=3, slice=4.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 from .. import model as m
-from ..errors import CorruptCheckpointError
+from ..errors import CkptError, CorruptCheckpointError
 from . import _fs
 from ._sstable import iter_table
 from ._wire import MalformedError, first, parse_message
-from .tf_bundle import IndexEntry, _parse_shape, _tf1_role
+from .tf_bundle import IndexEntry, _parse_shape, _tf1_role, step_from_name
 from .tf_data import DTYPE_NAMES
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["is_v1_table", "open_v1", "check_v1"]
+__all__ = ["is_v1_table", "iter_v1_table", "open_v1", "check_v1"]
 
 
-def is_v1_table(data: bytes) -> bool:
-    """True when a table's empty key holds ``SavedTensorSlices`` with a meta message."""
+def is_v1_table(data: bytes | str) -> bool:
+    """True when a table's empty key holds ``SavedTensorSlices`` with a meta message.
+
+    Args:
+        data: The table's bytes, or the path of a table file (then only its footer, index
+            block and first data block are read).
+    """
     try:
-        # Content sniffing ignores block checksums: a damaged V1 file is still a V1 file, and
-        # open_v1 / verify report the damage.
-        for key, value in iter_table(data, check_crc=False):
-            if key == b"":
-                fields = parse_message(value)
-                return isinstance(first(fields, 1), bytes)
-            return False
-    except MalformedError:
+        if isinstance(data, str):
+            with _fs.RangeReader(data) as reader:
+                return _first_is_meta(reader)
+        return _first_is_meta(data)
+    except (MalformedError, OSError, CkptError):
+        return False
+
+
+def _first_is_meta(source) -> bool:
+    # Content sniffing ignores block checksums: a damaged V1 file is still a V1 file, and
+    # open_v1 / verify report the damage.
+    for key, value in iter_table(source, check_crc=False):
+        if key == b"":
+            fields = parse_message(value)
+            return isinstance(first(fields, 1), bytes)
         return False
     return False
+
+
+def iter_v1_table(path: str, check_crc: bool = True) -> Iterator[tuple[bytes, bytes]]:
+    """Every (key, value) of a V1 table file, read one block at a time (memory: one block).
+
+    Raises:
+        CheckpointNotFoundError, UnsafeFileError: Missing, unreadable or not a regular file.
+        MalformedError: The table is damaged.
+    """
+    with _fs.RangeReader(path) as reader:
+        yield from iter_table(reader, check_crc=check_crc)
 
 
 class _V1Source(m.BaseSource):
@@ -55,6 +78,7 @@ class _V1Source(m.BaseSource):
 
             return numpy_view(restore_tensor(self.path, variable.key, variable.dtype))
         if self._reader is None:
+            _fs.check_regular(self.path)  # TensorFlow's reader would block on a FIFO
             self._reader = load_checkpoint(self.path)
         return get_tensor(self._reader, self.path, variable.key)
 
@@ -88,12 +112,12 @@ def open_v1(path: str, *, checkpoints: tuple[m.RetainedCheckpoint, ...] = ()) ->
     Raises:
         CorruptCheckpointError: The table or its meta entry does not parse.
     """
-    data = _fs.read_bytes(path)
     try:
         meta = None
-        for key, value in iter_table(data):
-            if key == b"":
-                meta = first(parse_message(value), 1)
+        with _fs.RangeReader(path) as reader:  # the meta entry is the first key: one block is read
+            for key, value in iter_table(reader):
+                if key == b"":
+                    meta = first(parse_message(value), 1)
                 break
         if not isinstance(meta, bytes):
             raise MalformedError("no SavedTensorSliceMeta entry")
@@ -113,10 +137,13 @@ def open_v1(path: str, *, checkpoints: tuple[m.RetainedCheckpoint, ...] = ()) ->
             )
     except MalformedError as e:
         raise CorruptCheckpointError(f"{path}: not a valid V1 checkpoint: {e}") from None
+    step = step_from_name(path)
     return m.Checkpoint(
         path=path,
         format=m.FORMAT_TF_V1,
         variables=tuple(sorted(variables, key=lambda v: v.key)),
+        step=step,
+        step_source="filename" if step is not None else None,
         num_shards=1,
         checkpoints=checkpoints,
         info={"kind": "tf1-name"},
@@ -126,11 +153,12 @@ def open_v1(path: str, *, checkpoints: tuple[m.RetainedCheckpoint, ...] = ()) ->
 
 def check_v1(path: str) -> m.CheckResult:
     """Verify a V1 table checkpoint: every block's checksum (its tensors live in the blocks)."""
+    step = step_from_name(path)
     try:
-        data = _fs.read_bytes(path)
         count = 0
-        for _ in iter_table(data, check_crc=True):
+        for _ in iter_v1_table(path, check_crc=True):  # one block at a time
             count += 1
     except MalformedError as e:
-        return m.CheckResult(path, m.FORMAT_TF_V1, m.STATUS_DAMAGED, problems=(f"{path}: {e}",))
-    return m.CheckResult(path, m.FORMAT_TF_V1, m.STATUS_INTACT, tensors=max(count - 1, 0), nbytes=len(data))
+        return m.CheckResult(path, m.FORMAT_TF_V1, m.STATUS_DAMAGED, step=step, problems=(f"{path}: {e}",))
+    return m.CheckResult(path, m.FORMAT_TF_V1, m.STATUS_INTACT, step=step, tensors=max(count - 1, 0),
+                         nbytes=_fs.getsize(path))

@@ -28,7 +28,7 @@ import numpy as np
 from .. import model as m
 from ..errors import CheckpointNotFoundError, CkptError, CorruptCheckpointError, UsageError
 from .._tf import import_tf
-from .tf_bundle import OBJECT_GRAPH_KEY, VARIABLE_VALUE, is_optimizer_node, parse_object_graph
+from .tf_bundle import OBJECT_GRAPH_KEY, VARIABLE_VALUE, check_bundle_files, is_optimizer_node, parse_object_graph
 
 __all__ = [
     "MIN_SHARD_BYTES",
@@ -240,7 +240,9 @@ def restore_tensor(prefix: str, key: str, dtype: str):
     Raises:
         CheckpointNotFoundError: No such key or file.
         CorruptCheckpointError: TensorFlow cannot read it.
+        UnsafeFileError: The index or a data shard is a FIFO or device.
     """
+    check_bundle_files(prefix)  # RestoreV2 opens the files by name: it would block on a FIFO
     tf = import_tf()
     try:
         with tf.device("/cpu:0"):

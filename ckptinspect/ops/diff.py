@@ -338,7 +338,9 @@ def diff(
     opened: list[Checkpoint] = []
     try:
         ca = _open(a, opened)
-        cb = _open(b, opened)
+        # The same path twice is opened once: a directory resolves to one checkpoint, even while
+        # another process rotates checkpoints in it.
+        cb = ca if _same_path(a, b) else _open(b, opened)
         va_list = ca.filter(role=role)
         vb_list = cb.filter(role=role)
         alignment = align(va_list, vb_list, same_format=ca.format == cb.format, mapping=rules)
@@ -367,6 +369,16 @@ def diff(
     finally:
         for c in opened:
             c.close()
+
+
+def _same_path(a: Any, b: Any) -> bool:
+    """True when ``a`` and ``b`` are two spellings of one path (or one open checkpoint)."""
+    if isinstance(a, Checkpoint) or isinstance(b, Checkpoint):
+        return a is b
+    a, b = os.fspath(a), os.fspath(b)
+    if "://" in a or "://" in b:
+        return a.rstrip("/") == b.rstrip("/")
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def _open(path_or_ckpt: Any, opened: list[Checkpoint]) -> Checkpoint:

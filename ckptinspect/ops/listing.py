@@ -20,6 +20,12 @@ class Listing:
     variables: tuple[Variable, ...]
     stats: dict[str, Stats | None] | None = None
 
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """What the reader found wrong around the checkpoint (a directory's state file,
+        leftover temporaries), one line each."""
+        return tuple(self.checkpoint.info.get("warnings", ()))
+
     def to_dict(self) -> dict[str, Any]:
         """The ``ls --format json`` document (see shared/INTERFACE.md)."""
         doc = self.checkpoint.to_dict()

@@ -11,11 +11,11 @@ every checkpoint a directory retains (as ``ckptinspect ls`` lists them).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 from .. import model as m
-from ..errors import NotACheckpointError
-from ..formats import Kind, list_directory, prepare_check
+from ..errors import CkptError, NotACheckpointError
+from ..formats import Kind, checkpoint_present, directory_changed, directory_fingerprint, list_directory, prepare_check
 from ..model import Damage, Progress
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "STATUS_INTACT",
     "STATUS_DAMAGED",
     "STATUS_MISSING",
+    "STATUS_ROTATED",
     "Damage",
     "CheckpointResult",
     "VerifyReport",
@@ -33,6 +34,9 @@ FORMAT_DIRECTORY = "tf-directory"  # VerifyReport.format for a checkpoint direct
 STATUS_INTACT = m.STATUS_INTACT
 STATUS_DAMAGED = m.STATUS_DAMAGED
 STATUS_MISSING = m.STATUS_MISSING
+# A checkpoint of a directory deleted while verify ran, as a CheckpointManager rotates old ones
+# out (the directory's state file changed meanwhile): not damage.
+STATUS_ROTATED = "rotated"
 STATE_FILE = "checkpoint"
 
 CheckpointResult = m.CheckResult  # the verdict on one checkpoint
@@ -48,18 +52,27 @@ class VerifyReport:
         format: The format of the checkpoint(s), or ``tf-directory`` for a directory.
         directory: True when ``path`` is a checkpoint directory.
         checkpoints: One result per checkpoint: for a directory every retained one (state
-            file order, then ones only on disk), otherwise exactly one.
+            file order, then ones only on disk), otherwise exactly one. A checkpoint deleted
+            while verify ran (rotated out by the process saving into the directory) has
+            status ``rotated``.
+        problems: Directory-level damage, one line each: a state file TensorFlow cannot
+            parse, that is not a regular file, or that names paths outside the directory.
+        notes: Worth knowing, not damage: temporaries left by interrupted ckptinspect writes.
     """
 
     path: str
     format: str
     directory: bool
     checkpoints: tuple[CheckpointResult, ...]
+    problems: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
 
     @property
     def intact(self) -> bool:
-        """Every checkpoint exists and is whole."""
-        return all(c.intact for c in self.checkpoints)
+        """Every checkpoint exists and is whole (rotated-out ones aside, as long as one is
+        left), and the directory has no problems."""
+        kept = [c for c in self.checkpoints if c.status != STATUS_ROTATED]
+        return not self.problems and all(c.intact for c in kept) and (bool(kept) or not self.checkpoints)
 
     @property
     def damaged(self) -> list[tuple[CheckpointResult, Damage]]:
@@ -88,6 +101,8 @@ class VerifyReport:
             STATUS_INTACT: sum(c.status == STATUS_INTACT for c in self.checkpoints),
             STATUS_DAMAGED: sum(c.status == STATUS_DAMAGED for c in self.checkpoints),
             STATUS_MISSING: sum(c.status == STATUS_MISSING for c in self.checkpoints),
+            STATUS_ROTATED: sum(c.status == STATUS_ROTATED for c in self.checkpoints),
+            "problems": len(self.problems),
             "tensors": sum(c.tensors for c in self.checkpoints),
             "damaged_tensors": sum(len(c.damaged) for c in self.checkpoints),
             "bytes": sum(c.nbytes for c in self.checkpoints),
@@ -104,32 +119,58 @@ class VerifyReport:
             "newest_intact": newest.path if newest else None,
             "first_damaged": ({"checkpoint": first[0].path, **first[1].to_dict()} if first else None),
             "summary": self.summary(),
+            "problems": list(self.problems),
+            "notes": list(self.notes),
             "checkpoints": [c.to_dict() for c in self.checkpoints],
         }
 
 
 # -- the operation -----------------------------------------------------------------------
 def _verify_directory(directory: str, progress: Progress | None) -> VerifyReport:
-    retained, _, v1 = list_directory(directory)
-    if v1 is not None:
-        _, check = prepare_check(v1)
-        return VerifyReport(directory, m.FORMAT_TF_V1, True, (check.run(progress),))
+    """Every checkpoint of a directory, resolved once: the listing is read at the start and
+    never re-read, so a checkpoint another process writes meanwhile is not looked at, and one
+    it deletes meanwhile (a CheckpointManager rotating it out) is reported as rotated."""
+    before = directory_fingerprint(directory)
+    listing = list_directory(directory)
+    if listing.v1 is not None:
+        _, check = prepare_check(listing.v1)
+        return VerifyReport(directory, m.FORMAT_TF_V1, True, (check.run(progress),), listing.problems, listing.notes)
     checks: list[tuple[m.RetainedCheckpoint, Any]] = []
-    for c in retained:
-        checks.append((c, prepare_check(c.path)[1] if c.exists else None))
-    total = sum(check.total for _, check in checks if check is not None)
+    for c in listing.checkpoints:
+        checks.append((c, _guarded(c.path, lambda c=c: prepare_check(c.path)[1]) if c.exists else None))
+    total = sum(check.total for _, check in checks if check is not None and not isinstance(check, CheckpointResult))
     done = 0
     results = []
     for c, check in checks:
-        if check is not None:
-            result = check.run(progress, done, total)
+        if isinstance(check, CheckpointResult):
+            result = check
+        elif check is not None:
+            result = _guarded(c.path, lambda check=check: check.run(progress, done, total))
             done += check.total
         else:
             result = CheckpointResult(c.path, None, STATUS_MISSING, problems=(
                 f"{c.path}: listed by {directory.rstrip('/')}/{STATE_FILE} but its files are missing",))
         step = result.step if result.step is not None else c.step
         results.append(dataclasses.replace(result, step=step, latest=c.latest, in_state_file=c.in_state_file))
-    return VerifyReport(directory, FORMAT_DIRECTORY, True, tuple(results))
+    if not all(r.intact for r in results) and directory_changed(directory, before):
+        # The directory changed while we read it: a checkpoint whose files are gone now was
+        # rotated out by the process saving into it, not damaged.
+        results = [_rotated(r, directory) if not r.intact and not checkpoint_present(r.path) else r for r in results]
+    return VerifyReport(directory, FORMAT_DIRECTORY, True, tuple(results), listing.problems, listing.notes)
+
+
+def _guarded(path: str, fn: Callable[[], Any]) -> Any:
+    """One checkpoint's check; a refusal (a FIFO or device, an absurd size) or a file that
+    vanished is that checkpoint's problem, not the end of the directory's report."""
+    try:
+        return fn()
+    except CkptError as e:
+        return CheckpointResult(path, None, STATUS_DAMAGED, problems=(str(e),))
+
+
+def _rotated(result: CheckpointResult, directory: str) -> CheckpointResult:
+    return dataclasses.replace(result, status=STATUS_ROTATED, tensors=0, nbytes=0, damaged=(), problems=(
+        f"{result.path}: deleted while verify ran (rotated out by the process saving into {directory}); not damage",))
 
 
 def verify(path: str, progress: Progress | None = None) -> VerifyReport:
