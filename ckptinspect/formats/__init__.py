@@ -280,7 +280,10 @@ def _open_directory(directory: str) -> m.Checkpoint:
             return _with_warnings(open_v1(listing.v1), listing.warnings)
         latest = listing.latest
         if latest is None:  # the state file names checkpoints, none of them exists
-            raise _nothing_found(directory, listing.problems)
+            v1 = _v1_in_directory(directory)  # a V1 Saver's state file may name a pattern
+            if v1 is None:
+                raise _nothing_found(directory, listing.problems)
+            return _with_warnings(open_v1(v1), listing.warnings)
         try:
             if not _fs.exists(latest + INDEX_SUFFIX) and _fs.isfile(latest):
                 ckpt = open_v1(latest, checkpoints=listing.checkpoints)

@@ -28,6 +28,8 @@ import numpy as np
 from .. import model as m
 from ..errors import CheckpointNotFoundError, CkptError, CorruptCheckpointError, UsageError
 from .._tf import import_tf
+from . import _fs
+from ._layout import INDEX_SUFFIX
 from .tf_bundle import OBJECT_GRAPH_KEY, VARIABLE_VALUE, check_bundle_files, is_optimizer_node, parse_object_graph
 
 __all__ = [
@@ -232,6 +234,17 @@ def numpy_view(tensor) -> np.ndarray:
     return view() if view is not None else tensor.numpy()
 
 
+def _check_regular_inputs(prefix: str) -> None:
+    """Refuse FIFOs and devices among the files RestoreV2 would open: a bundle's index and data
+    shards, or a V1 table file. What is missing is left for TensorFlow to report."""
+    if _fs.is_remote(prefix):
+        return
+    if os.path.lexists(prefix + INDEX_SUFFIX):
+        check_bundle_files(prefix)
+    elif os.path.lexists(prefix):
+        _fs.check_regular(prefix)
+
+
 def restore_tensor(prefix: str, key: str, dtype: str):
     """One full tensor of a checkpoint as an eager tensor, read by ``tf.raw_ops.RestoreV2``.
 
@@ -242,7 +255,7 @@ def restore_tensor(prefix: str, key: str, dtype: str):
         CorruptCheckpointError: TensorFlow cannot read it.
         UnsafeFileError: The index or a data shard is a FIFO or device.
     """
-    check_bundle_files(prefix)  # RestoreV2 opens the files by name: it would block on a FIFO
+    _check_regular_inputs(prefix)  # RestoreV2 opens the files by name: it would block on a FIFO
     tf = import_tf()
     try:
         with tf.device("/cpu:0"):
