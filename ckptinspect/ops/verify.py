@@ -152,10 +152,11 @@ def _verify_directory(directory: str, progress: Progress | None) -> VerifyReport
                 f"{c.path}: listed by {directory.rstrip('/')}/{STATE_FILE} but its files are missing",))
         step = result.step if result.step is not None else c.step
         results.append(dataclasses.replace(result, step=step, latest=c.latest, in_state_file=c.in_state_file))
-    if not all(r.intact for r in results) and directory_changed(directory, before):
+    gone = {r.path for r in results if not r.intact and not checkpoint_present(r.path)}
+    if gone and directory_changed(directory, before):
         # The directory changed while we read it: a checkpoint whose files are gone now was
         # rotated out by the process saving into it, not damaged.
-        results = [_rotated(r, directory) if not r.intact and not checkpoint_present(r.path) else r for r in results]
+        results = [_rotated(r, directory) if r.path in gone else r for r in results]
     return VerifyReport(directory, FORMAT_DIRECTORY, True, tuple(results), listing.problems, listing.notes)
 
 
