@@ -280,6 +280,29 @@ def keras_folder(d: pathlib.Path) -> pathlib.Path:
     return d
 
 
+def fifo_safetensors(d: pathlib.Path) -> pathlib.Path:
+    os.mkfifo(_dir(d) / "model.safetensors")
+    return d / "model.safetensors"
+
+
+def fifo_torch(d: pathlib.Path) -> pathlib.Path:
+    os.mkfifo(_dir(d) / "pytorch_model.bin")
+    return d / "pytorch_model.bin"
+
+
+def zero_safetensors(d: pathlib.Path) -> pathlib.Path:
+    (_dir(d) / "model.safetensors").symlink_to("/dev/zero")
+    return d / "model.safetensors"
+
+
+def hf_index_names_fifo(d: pathlib.Path) -> pathlib.Path:
+    """A Hugging Face sharded folder whose index names a FIFO as its shard."""
+    os.mkfifo(_dir(d) / "model-00001-of-00001.safetensors")
+    (d / "model.safetensors.index.json").write_text(
+        '{"metadata": {}, "weight_map": {"w": "model-00001-of-00001.safetensors"}}')
+    return d
+
+
 # -- expectations ---------------------------------------------------------------------------
 ALL = ("ls", "ls-stats", "verify", "diff", "extract")
 NOT_REGULAR = "not a regular file ({kind}); refusing to read"
@@ -404,6 +427,10 @@ CASES = [
                  " {p}/model.keras, {p}/model.weights.h5")
         for cmd in ALL
     }),
+    Case("fifo-safetensors", fifo_safetensors, refused("{p}", "FIFO")),
+    Case("fifo-torch-bin", fifo_torch, refused("{p}", "FIFO")),
+    Case("dev-zero-safetensors-link", zero_safetensors, refused("{p}", "character device")),
+    Case("hf-index-names-fifo", hf_index_names_fifo, refused("{p}/model-00001-of-00001.safetensors", "FIFO")),
     Case("keras-next-to-fifo", keras_file_in_fifo_directory, {
         "ls": (0, "format:    keras-zip"),
         "verify": (0, "INTACT"),

@@ -51,6 +51,7 @@ __all__ = [
 # Local "schemes" TensorFlow registers beside the remote ones (tf.io.gfile.get_registered_schemes).
 LOCAL_SCHEMES = ("", "file")
 READ_CHUNK_BYTES = 1 << 20  # bytes read at a time by whole-file reads
+DEFAULT_READ_LIMIT = 256 << 20  # a whole-file read of anything larger must say why it may
 
 _FILE_KINDS = (
     (stat.S_ISFIFO, "FIFO"),
@@ -278,12 +279,13 @@ def _human(n: int) -> str:
     return f"{n} B"  # pragma: no cover
 
 
-def read_bytes(path: str, *, limit: int, what: str = "file") -> bytes:
+def read_bytes(path: str, *, limit: int = DEFAULT_READ_LIMIT, what: str = "file") -> bytes:
     """The whole file, when it is a regular file of at most ``limit`` bytes.
 
     Args:
         path: Local or remote path.
-        limit: Most bytes the file may have; checked before reading.
+        limit: Most bytes the file may have; checked before reading (callers name the bound
+            that fits what they read: an index, a state file...).
         what: What the file is, for the message (``checkpoint index``, ``state file``...).
 
     Raises:

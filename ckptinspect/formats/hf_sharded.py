@@ -93,7 +93,7 @@ def _read_index(path: str) -> tuple[dict[str, Any], list[str]]:
     if size > MAX_INDEX_BYTES:
         raise UnsafeFileError(f"{path}: sharded weights index is {size} bytes (limit {MAX_INDEX_BYTES}); refusing")
     try:
-        index = json.loads(_fs.read_bytes(path))
+        index = json.loads(_fs.read_bytes(path, limit=MAX_INDEX_BYTES, what="sharded weights index"))
     except (ValueError, UnicodeDecodeError) as e:
         raise CorruptCheckpointError(f"{path}: not a valid sharded weights index (JSON): {' '.join(str(e).split())}") from None
     if not isinstance(index, dict):

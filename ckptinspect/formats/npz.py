@@ -48,6 +48,7 @@ MAX_MEMBERS = 1 << 20
 MAX_DECLARED_BYTES = 1 << 40
 BOMB_FLOOR_BYTES = 64 << 20
 MAX_EXPANSION = 100
+MAX_REMOTE_NPZ_BYTES = 2 << 30  # a remote .npz is read into memory whole (zipfile needs seeks)
 MAX_NPY_HEADER_BYTES = 1 << 16  # numpy itself refuses headers over 10,000 bytes
 # Names of counters (metadata) and of TF1 optimizer state, as the TF reader's rules know them.
 COUNTER_NAMES = frozenset({"save_counter", "global_step", "step", "epoch", "epochs"})
@@ -55,16 +56,11 @@ COUNTER_NAMES = frozenset({"save_counter", "global_step", "step", "epoch", "epoc
 
 def _open_zip(path: str) -> tuple[zipfile.ZipFile, BinaryIO]:
     if _fs.is_remote(path):
-        f: BinaryIO = io.BytesIO(_fs.read_bytes(path))
+        f: BinaryIO = io.BytesIO(_fs.read_bytes(path, limit=MAX_REMOTE_NPZ_BYTES, what="remote .npz file"))
     else:
-        try:
-            f = open(path, "rb")  # noqa: SIM115 - closed by the caller
-        except FileNotFoundError:
-            raise CheckpointNotFoundError(f"{path}: no such file") from None
-        except PermissionError:
-            raise CheckpointNotFoundError(f"{path}: permission denied") from None
-        except IsADirectoryError:
-            raise NotACheckpointError(f"{path}: is a directory, not an .npz file") from None
+        if _fs.isdir(path):
+            raise NotACheckpointError(f"{path}: is a directory, not an .npz file")
+        f = _fs.open_binary(path)  # regular files only: zipfile on a FIFO would block forever
     try:
         return zipfile.ZipFile(f), f
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:

@@ -247,7 +247,7 @@ class SafetensorsSource(m.BaseSource):
     def _file(self, i: int) -> Any:
         if i not in self._files:
             try:
-                self._files[i] = open(self._paths[i], "rb")
+                self._files[i] = _fs.open_binary(self._paths[i])  # regular files only
             except OSError as e:
                 raise CheckpointNotFoundError(f"{self._paths[i]}: cannot read: {_one_line(e)}") from None
         return self._files[i]

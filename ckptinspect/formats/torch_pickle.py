@@ -189,7 +189,7 @@ class TorchSource(m.BaseSource):
     def _file(self) -> Any:
         if self._f is None:
             try:
-                self._f = open(self._path, "rb")
+                self._f = _fs.open_binary(self._path)  # regular files only
             except OSError as e:
                 raise CheckpointNotFoundError(f"{self._path}: cannot read: {_one_line(e)}") from None
         return self._f
@@ -409,7 +409,7 @@ def _zip_opened(path: str, strict: bool) -> _Opened:
     if _fs.is_remote(path):
         raise NotACheckpointError(f"{path}: torch files are read from local paths only")
     _fs.read_range(path, 0, 1)  # the usual not-found / permission messages
-    with open(path, "rb") as f:
+    with _fs.open_binary(path) as f:  # regular files only (a FIFO would block)
         size = os.fstat(f.fileno()).st_size
         zf = _open_zipfile(path, f)
         infos = {i.filename: i for i in zf.infolist()}
@@ -499,7 +499,7 @@ def _zip_crc_damage(path: str, records: dict[str, _Record], flat: Flat) -> list[
     for key, ref in flat.tensors.items():
         users.setdefault(ref.storage.key, key)
     damage = []
-    with open(path, "rb") as f:
+    with _fs.open_binary(path) as f:  # regular files only (a FIFO would block)
         for skey, rec in records.items():
             if rec.offset is None or rec.crc is None or skey not in users:
                 continue
@@ -590,7 +590,7 @@ def _legacy_opened(path: str, strict: bool) -> _Opened:
     unknown = [k for k in keys if k not in storages.by_key]
     if unknown:
         raise CorruptCheckpointError(f"{path}: the legacy storage list names {unknown[0]!r}, which the pickle never uses")
-    with open(path, "rb") as f:
+    with _fs.open_binary(path) as f:  # regular files only (a FIFO would block)
         for key in keys:
             storage = storages.by_key[key]
             f.seek(offset)
