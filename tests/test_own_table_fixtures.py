@@ -42,11 +42,6 @@ COMPRESSED_INDEX = pathlib.Path(str(COMPRESSED_PREFIX) + ".index")
 INDEX_BLOCKS = EXPECTED["snappy"]["index_blocks"]
 SNAPPY_BLOCKS = [b for b in INDEX_BLOCKS if b["type"] == SNAPPY]
 
-# Defects these fixtures found (tests below are strict xfails until they are fixed):
-SHARDED_V1_STATE = (
-    "a sharded V1 Saver's state file names 'model.ckpt-7-?????-of-00001'; verify reports the "
-    "checkpoint missing (step 1) instead of checking model.ckpt-7-00000-of-00001"
-)
 
 runner = CliRunner()
 
@@ -200,11 +195,13 @@ def test_cli_verify_intact(path, tensors_checked):
     assert doc["checkpoints"][0]["tensors"] == tensors_checked
 
 
-@pytest.mark.xfail(strict=True, reason=SHARDED_V1_STATE)
 def test_cli_verify_sharded_v1_directory():
+    """The state file names the pattern 'model.ckpt-7-?????-of-00001': one shard, one file, step 7."""
     result = invoke("verify", V1_SHARDED)
     assert result.exit_code == 0, result.output
     assert "INTACT" in result.stdout and str(V1_SHARDED_FILE) in result.stdout
+    doc = json.loads(invoke("verify", V1_SHARDED, "--format", "json").stdout)
+    assert [(c["path"], c["step"], c["status"]) for c in doc["checkpoints"]] == [(str(V1_SHARDED_FILE), 7, "intact")]
 
 
 def test_v1_flipped_byte_is_reported(tmp_path):

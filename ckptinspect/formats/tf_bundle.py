@@ -62,6 +62,9 @@ ATTRIBUTES_MARK = "/.ATTRIBUTES/"
 VARIABLE_VALUE = "VARIABLE_VALUE"
 OPTIMIZER_SLOT_MARK = "/.OPTIMIZER_SLOT/"
 STEP_SUFFIX_RE = re.compile(r"[-_](\d+)$")
+# A sharded V1 Saver's file names end in the shard (model.ckpt-7-00000-of-00001), or in TF's
+# pattern for all of them in its state file (model.ckpt-7-?????-of-00001).
+V1_SHARD_SUFFIX_RE = re.compile(r"-(\d{5}|\?{5})-of-\d{5}$")
 
 # Children that only an optimizer has (Keras 2 OptimizerV2, Keras 3, TF1 optimizers in eager).
 OPTIMIZER_CHILD_MARKS = {"iter", "_iterations", "beta1_power", "beta2_power", "_learning_rate"}
@@ -427,8 +430,9 @@ def _tf1_role(key: str, entry: IndexEntry) -> str:
 
 
 def step_from_name(prefix: str) -> int | None:
-    """The number at the end of a prefix's file name (``ckpt-10``, ``model.ckpt-100``, ``ckpt_1``)."""
-    match = STEP_SUFFIX_RE.search(_fs.basename(prefix))
+    """The number at the end of a prefix's file name (``ckpt-10``, ``model.ckpt-100``, ``ckpt_1``;
+    ``model.ckpt-7-00000-of-00001``, a sharded V1 file, is step 7)."""
+    match = STEP_SUFFIX_RE.search(V1_SHARD_SUFFIX_RE.sub("", _fs.basename(prefix)))
     return int(match.group(1)) if match else None
 
 

@@ -165,10 +165,22 @@ def _resolve(directory: str, path: str) -> str:
     absolute one that does not exist (written on another machine) becomes its basename in the
     directory."""
     if not (os.path.isabs(path) or _fs.is_remote(path)):
-        return _fs.join(directory, path)
-    if _exists(path) or _fs.exists(path):
+        path = _fs.join(directory, path)
+    elif not (_exists(path) or _fs.exists(path)):
+        path = _fs.join(directory, _fs.basename(path))
+    return _one_v1_shard(path)
+
+
+def _one_v1_shard(path: str) -> str:
+    """A sharded V1 Saver names its checkpoint by a pattern (``model.ckpt-7-?????-of-00001``);
+    with one shard, that pattern is one file. (Several shards stay a pattern: not read.)"""
+    if V1_SHARD_PATTERN not in path or not path.endswith(V1_ONE_SHARD):
         return path
-    return _fs.join(directory, _fs.basename(path))
+    return path.replace(V1_SHARD_PATTERN + V1_ONE_SHARD, "-00000" + V1_ONE_SHARD)
+
+
+V1_SHARD_PATTERN = "-?????"
+V1_ONE_SHARD = "-of-00001"
 
 
 def _exists(prefix: str) -> bool:
