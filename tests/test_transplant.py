@@ -35,7 +35,7 @@ from ckptinspect.ops.transplant import (  # noqa: E402
     MATCH_GRAPH_PATH,
     MATCH_MAPPING,
     MATCH_NAME,
-    MATCH_ORDER,
+    MATCH_LAYER_ORDER,
     TransplantError,
     transplant,
 )
@@ -121,7 +121,7 @@ def test_same_architecture_matches_by_object_graph_path(run_prefix, expected):
     assert doc["assigned"][0] == {
         "target": "encoder/enc_dense/kernel", "source": "encoder/enc_dense/kernel",
         "key": "optimizer/_trainable_variables/0/.ATTRIBUTES/VARIABLE_VALUE", "shape": [8, 16],
-        "dtype": "float32", "source_dtype": "float32", "matched_by": "graph-path",
+        "dtype": "float32", "source_dtype": "float32", "matched_by": "graph-path", "fit": "equal",
     }
     assert "assigned 10, shape mismatches 0" in str(report)
 
@@ -214,7 +214,8 @@ def test_by_order_pairs_anonymous_layers_by_order_and_shape(keras2_layers):
     with pytest.raises(TransplantError, match=r"\(20 problems\)"):
         transplant(str(KERAS2_H5), model)
     report = transplant(str(KERAS2_H5), model, by_order=True)
-    assert len(report.assigned) == 10 and {a.matched_by for a in report.assigned} == {MATCH_ORDER}
+    # --by-order pairs whole layers by layer order and shape (issue 13), not one variable at a time.
+    assert len(report.assigned) == 10 and {a.matched_by for a in report.assigned} == {MATCH_LAYER_ORDER}
     # gamma/beta and moving mean/variance share a shape: the leaf names keep them apart.
     for mine, theirs in zip(("layer0", "layer2", "layer3", "layer4"), ("encoder", "frozen", "bn", "head")):
         for a, b in zip(model.get_layer(mine).get_weights(), keras2_layers[theirs]):

@@ -14,6 +14,7 @@ import numpy as np
 from .. import model as m
 from ..errors import VerificationError
 from .compare import bit_equal
+from .layouts import Fit, apply_fit
 from .targets import Target
 
 __all__ = ["MAX_PROBLEMS_IN_MESSAGE", "expected_value", "max_abs_diff", "assign_and_check", "problems_text"]
@@ -62,8 +63,14 @@ def _is_sum_on_read(tf: Any, variable: Any) -> bool:
     return sync == tf.VariableSynchronization.ON_READ and agg == tf.VariableAggregation.SUM
 
 
-def assign_and_check(tf: Any, strategy: Any, ckpt: m.Checkpoint, plan: Sequence[tuple[Target, m.Variable]]) -> None:
+def assign_and_check(
+    tf: Any, strategy: Any, ckpt: m.Checkpoint, plan: Sequence[tuple[Target, m.Variable] | tuple[Target, m.Variable, Fit | None]]
+) -> None:
     """Assign each source value to its target in ``strategy``'s scope, then check every replica.
+
+    A plan entry may carry the :class:`~ckptinspect.ops.layouts.Fit` that rearranges the source
+    value (a transposed dense kernel, OIHW conv kernels, a reshape); the value is compared
+    after it.
 
     A SUM-on-read variable holds ``value / replicas`` on each replica (compared with
     ``allclose``); every other one holds ``value`` exactly.
@@ -72,7 +79,7 @@ def assign_and_check(tf: Any, strategy: Any, ckpt: m.Checkpoint, plan: Sequence[
         tf: TensorFlow.
         strategy: The strategy the model's variables live in.
         ckpt: The source checkpoint.
-        plan: ``(target, source variable)`` pairs.
+        plan: ``(target, source variable[, fit])`` entries.
 
     Raises:
         VerificationError: A value differs from the source on some replica.
@@ -80,8 +87,10 @@ def assign_and_check(tf: Any, strategy: Any, ckpt: m.Checkpoint, plan: Sequence[
     """
     errors: list[str] = []
     replicas = max(int(strategy.num_replicas_in_sync), 1)
-    for target, source in plan:
-        value = expected_value(np.asarray(ckpt.read(source)), target.dtype)
+    for entry in plan:
+        target, source = entry[0], entry[1]
+        layout_fit = entry[2] if len(entry) > 2 else None
+        value = expected_value(apply_fit(np.asarray(ckpt.read(source)), layout_fit), target.dtype)
         with strategy.scope():
             target.variable.assign(value)
         sum_on_read = _is_sum_on_read(tf, target.variable)

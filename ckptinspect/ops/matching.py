@@ -23,6 +23,14 @@ The stages, in the order they run (the ``how`` of the pairs they make):
 7. ``order``: each remaining variable of B, in order, takes the first remaining variable of A
    with the same shape, in order, preferring the same last name component (opt-in).
 
+Loading a checkpoint into a model (``transplant``, ``doctor``) replaces stages 3-7 with one
+global stage, :func:`layer_stage` (:mod:`ckptinspect.ops.match_layers`): whole layers are paired
+on the evidence of the whole model (exact names, names after normalisation such as Keras
+auto-numbering offsets, leaf spellings, then, opt-in, layer order and shape), shapes are a hard
+constraint (through the :class:`~ckptinspect.ops.layouts.Layout` rules a user names), and its
+pairs report ``normalized-name`` or ``layer-order`` besides the name stages' ``how``.
+:func:`model_stages` is that pipeline.
+
 ``--map`` rules (:mod:`ckptinspect.ops.mapping`): every rule, in order, ``re.sub`` on every
 normalised name of A, before the name stages (3-6). A pair a name stage makes from a name a
 rule rewrote is reported as ``mapping``. Rules mean the names decide: when rules are given the
@@ -42,7 +50,9 @@ import dataclasses
 from typing import Any, Iterable, Sequence
 
 from .. import model as m
+from .layouts import PLAIN, Layout
 from .mapping import RulesLike, apply_rules, parse_mapping
+from .match_layers import HOW_LAYER_ORDER, HOW_NORMALIZED, layer_stage
 from .match_stages import (
     GRAPH_PATH,
     HOW_GRAPH_PATH,
@@ -53,7 +63,7 @@ from .match_stages import (
     HOW_ORDER,
     HOW_POSITIONAL,
     HOW_PREFIX,
-    HOWS,
+    HOWS as _NAME_STAGE_HOWS,
     KEY,
     NAME,
     NAME_STAGES,
@@ -80,7 +90,10 @@ __all__ = [
     "HOW_OPTIMIZER_POSITIONAL",
     "HOW_MAPPING",
     "HOW_ORDER",
+    "HOW_NORMALIZED",
+    "HOW_LAYER_ORDER",
     "HOWS",
+    "NAME_HOWS",
     "ALIGN_KEY",
     "ALIGN_NAME",
     "Item",
@@ -99,12 +112,18 @@ __all__ = [
     "ORDER",
     "NAME_STAGES",
     "graph_path_stage",
+    "layer_stage",
     "stages_for",
+    "model_stages",
     "items",
     "normalize_name",
     "match",
     "align",
 ]
+
+HOWS = (*_NAME_STAGE_HOWS, HOW_NORMALIZED, HOW_LAYER_ORDER)
+# Pairs made from names: one made from a name a --map rule rewrote reports ``mapping`` instead.
+NAME_HOWS = frozenset({HOW_NAME, HOW_PREFIX, HOW_POSITIONAL, HOW_OPTIMIZER_POSITIONAL, HOW_NORMALIZED})
 
 # What diff reports as its alignment: by key (same format, the key stage paired something) or name.
 ALIGN_KEY = "key"
@@ -184,6 +203,25 @@ def stages_for(*, key: bool = False, graph_path: bool = False, rules: bool = Fal
     stages += NAME_STAGES
     stages += [ORDER] if order else []
     return tuple(stages)
+
+
+def model_stages(
+    *, graph_path: bool = True, rules: bool = False, layout: Layout = PLAIN, order: bool = False, order_known: bool = True
+) -> tuple[Stage, ...]:
+    """The pipeline that pairs a checkpoint (A) with a model's variables (B).
+
+    Args:
+        graph_path: Start with the ``graph-path`` stage (all or nothing).
+        rules: ``--map`` rules are given: the graph-path stage is skipped (names decide).
+        layout: Layout rules shapes are compared through.
+        order: Also pair layers by layer order and shape.
+        order_known: A's order is topological (see :func:`layer_stage`).
+
+    Returns:
+        The stages, in order.
+    """
+    stages: list[Stage] = [GRAPH_PATH] if graph_path and not rules else []
+    return (*stages, layer_stage(layout, order=order, order_known=order_known))
 
 
 # -- the driver ----------------------------------------------------------------------------------
@@ -270,7 +308,7 @@ def match(
                 raise RuntimeError(f"stage {stage.how} paired an item twice")  # pragma: no cover - a stage bug
             done_a.add(p.a.index)
             done_b.add(p.b.index)
-            if stage.uses_names and p.a.index in renamed:
+            if stage.uses_names and p.a.index in renamed and p.how in NAME_HOWS:
                 p = p._replace(how=HOW_MAPPING)
             pairs.append(p)
         ambiguous += result.ambiguous

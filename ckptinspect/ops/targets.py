@@ -13,7 +13,9 @@ from typing import Any, Sequence
 
 from .. import model as m
 from ..errors import UsageError
-from .matching import Item, Match, match, stages_for
+from .layouts import PLAIN, Fit, Layout, fit
+from .match_layers import split_name
+from .matching import Item, Match, match, model_stages
 
 __all__ = [
     "CHECKPOINT_MODEL_CHILD",
@@ -33,7 +35,9 @@ __all__ = [
     "MISMATCH_DTYPE",
     "FLOAT_DTYPES",
     "mismatch",
+    "fit_of",
     "source_order",
+    "order_known",
     "pair_with_model",
 ]
 
@@ -60,6 +64,8 @@ MISMATCH_DTYPE = "dtype"
 # A value of one of these dtypes is assigned to a variable of another (a float cast).
 FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
 TF_SOURCE_FORMATS = (m.FORMAT_TF_BUNDLE, m.FORMAT_TF_SAVEDMODEL, m.FORMAT_TF_V1)
+# Object-graph path components Keras 2 gives a Functional/Sequential model's layers, in order.
+KERAS2_ORDERED_CHILD_RE = re.compile(r"(^|/)layer(_with_weights)?-\d+(/|$)")
 # How the matcher's notes name the two sides.
 SOURCE_LABEL = "the source"
 TARGET_LABEL = "the model"
@@ -79,6 +85,8 @@ class Target:
         shape: Its shape.
         dtype: Its dtype name.
         variable: The ``tf.Variable`` / distributed variable to assign.
+        tf_name: Its TensorFlow variable name without ``:0`` (what
+            ``tf.compat.v1.train.init_from_checkpoint`` resolves); ``name`` when it has none.
     """
 
     index: int
@@ -88,6 +96,12 @@ class Target:
     shape: tuple[int, ...]
     dtype: str
     variable: Any  # the tf.Variable / DistributedVariable to assign
+    tf_name: str = ""
+
+    @property
+    def leaf(self) -> str:
+        """The last component of its name (``kernel``, ``bias``, ``vars/0``...)."""
+        return split_name(self.name)[1]
 
 
 def is_keras(obj: Any) -> bool:
@@ -217,6 +231,7 @@ def targets(tf: Any, model: Any) -> list[Target]:
                 shape=tuple(int(d) for d in v.shape),
                 dtype=dtype_name(v.dtype),
                 variable=inner,
+                tf_name=tf_name or name,
             )
         )
     return out
@@ -270,9 +285,15 @@ def resolve_strategy(tf: Any, targets: Sequence[Target], given: Any) -> Any:
 # -- matching ----------------------------------------------------------------------------------
 
 
-def mismatch(source_shape: Sequence[int], source_dtype: str, target: Target) -> str | None:
-    """Why a source value cannot go into ``target``: ``shape``, ``dtype`` (not a float cast), or None."""
-    if tuple(source_shape) != target.shape:
+def fit_of(source_shape: Sequence[int], target: Target, layout: Layout = PLAIN) -> Fit | None:
+    """How a source value of ``source_shape`` goes into ``target`` under ``layout``, or None."""
+    return fit(source_shape, target.shape, target.leaf, layout)
+
+
+def mismatch(source_shape: Sequence[int], source_dtype: str, target: Target, layout: Layout = PLAIN) -> str | None:
+    """Why a source value cannot go into ``target``: ``shape`` (no fit under ``layout``),
+    ``dtype`` (not a float cast), or None."""
+    if fit_of(source_shape, target, layout) is None:
         return MISMATCH_SHAPE
     if source_dtype != target.dtype and not (source_dtype in FLOAT_DTYPES and target.dtype in FLOAT_DTYPES):
         return MISMATCH_DTYPE
@@ -292,6 +313,18 @@ def source_order(source_format: str, sources: Sequence[m.Variable]) -> list[m.Va
     return list(sources)
 
 
+def order_known(source_format: str, sources: Sequence[m.Variable]) -> bool:
+    """Whether :func:`source_order` is the layers' topological order: a legacy Keras ``.h5``
+    (its ``layer_names``), or a TF2 checkpoint of a Keras 2 model (``layer_with_weights-N``).
+    A TF1 checkpoint's names, or a Keras 3 file's groups, are sorted by name."""
+    if source_format == m.FORMAT_KERAS_H5:
+        return True
+    if source_format in TF_SOURCE_FORMATS:
+        paths = [s.graph_path for s in sources]
+        return bool(paths) and all(p is not None and KERAS2_ORDERED_CHILD_RE.search(p) for p in paths)
+    return False
+
+
 def pair_with_model(
     sources: Sequence[m.Variable],
     source_format: str,
@@ -299,19 +332,22 @@ def pair_with_model(
     *,
     rules: Any = None,
     by_order: bool = False,
+    layout: Layout = PLAIN,
 ) -> Match:
     """Pair a checkpoint's model variables (A) with the model's variables (B).
 
-    The stages are :func:`ckptinspect.ops.matching.stages_for` with the object-graph path
-    first (skipped when ``rules`` are given), then the name stages, then, with ``by_order``,
-    order and shape.
+    The stages are :func:`ckptinspect.ops.matching.model_stages`: the object-graph path first
+    (skipped when ``rules`` are given), then the global ``layers`` stage (names, names after
+    normalisation, and with ``by_order`` layer order and shape; shapes compared through
+    ``layout``).
 
     Args:
         sources: The checkpoint's variables to pair.
         source_format: The checkpoint's format (for the order of its variables).
         model_targets: The model's variables.
         rules: ``--map`` rules for the source names.
-        by_order: Pair what is still unpaired by order and shape.
+        by_order: Also pair layers by layer order and shape.
+        layout: Layout rules shapes are compared through.
 
     Returns:
         The :class:`~ckptinspect.ops.matching.Match`: ``pair.a.ref`` is the source
@@ -328,5 +364,6 @@ def pair_with_model(
              aliases=t.aliases[1:], ref=t)
         for t in model_targets
     ]
-    stages = stages_for(graph_path=True, rules=bool(rules), order=by_order)
+    stages = model_stages(graph_path=True, rules=bool(rules), layout=layout, order=by_order,
+                          order_known=order_known(source_format, ordered))
     return match(a, b, stages, rules=rules, labels=(SOURCE_LABEL, TARGET_LABEL))

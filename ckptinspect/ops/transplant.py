@@ -12,10 +12,20 @@ each stage seeing only what the stages before it left unpaired (``matched_by`` i
    model's variables also answer to their TF names, their Keras 3 ``.weights.h5`` positions
    (``bn/vars/0``) and those under the model's own name. This is how a Keras 2 ``.h5`` or a
    TF checkpoint lands in a Keras 3 model.
-3. ``prefix``: names equal once an outer prefix one side has is dropped; ``positional``: Keras 3
-   ``layer/vars/N`` names matched by layer, creation order and shape.
-4. ``order`` (only with ``by_order=True``): each remaining model variable takes the first
-   remaining source variable of the same shape (preferring the same leaf name).
+   ``prefix``: names equal once an outer prefix one side has is dropped; ``positional``: Keras 3
+   ``layer/vars/N`` names matched by layer, creation order and shape; ``normalized-name``: names
+   equal after normalisation (Keras auto-numbering offsets such as a Keras 2 file's ``dense_1``
+   for a Keras 3 model's ``dense``, doubled components, TF1 ``weights``/``biases`` spellings).
+   These are one global stage (:mod:`ckptinspect.ops.match_layers`) deciding whole layers at
+   once, with shapes a hard constraint: a name whose shape differs never takes a variable that
+   fits elsewhere.
+3. ``layer-order`` (only with ``by_order=True``): layers nothing else paired, by layer order
+   and shape; several layers of one shape signature only where the order is known, otherwise
+   an ambiguity (never a guess).
+
+Layout rules (``transpose_dense``, ``conv_layout="oihw"``, ``allow_reshape``;
+:mod:`ckptinspect.ops.layouts`) let a source from another framework fit: shapes are compared
+through them, and values rearranged the same way when assigned.
 
 ``mapping`` rules rewrite every source name (every rule, in order, ``re.sub``) before the name
 stages; pairs made from a rewritten name report ``mapping``, and with rules the object-graph
@@ -43,16 +53,28 @@ from ..errors import TransplantError, VerificationError
 from .assign import assign_and_check, problems_text
 from .builder import load_builder
 from .devices import STRATEGIES, import_tf, make_strategy
+from .layouts import CONV_HWIO, FIT_EQUAL, Fit, Layout
 from .mapping import Rules, RulesLike, parse_mapping
-from .matching import HOW_GRAPH_PATH, HOW_MAPPING, HOW_NAME, HOW_ORDER
+from .matching import HOW_GRAPH_PATH, HOW_LAYER_ORDER, HOW_MAPPING, HOW_NAME, HOW_NORMALIZED, HOW_ORDER
 from .model_io import OUTPUT_KERAS, OUTPUT_TF, OUTPUT_WEIGHTS_H5, WriteResult, build_in_scope, output_kind, write_model
-from .targets import MISMATCH_DTYPE, MISMATCH_SHAPE, Target, mismatch, pair_with_model, resolve_strategy, targets
+from .targets import (
+    MISMATCH_DTYPE,
+    MISMATCH_SHAPE,
+    Target,
+    fit_of,
+    mismatch,
+    pair_with_model,
+    resolve_strategy,
+    targets,
+)
 
 __all__ = [
     "MATCH_GRAPH_PATH",
     "MATCH_NAME",
     "MATCH_MAPPING",
     "MATCH_ORDER",
+    "MATCH_NORMALIZED",
+    "MATCH_LAYER_ORDER",
     "STRATEGIES",
     "OUTPUT_TF",
     "OUTPUT_WEIGHTS_H5",
@@ -79,6 +101,8 @@ MATCH_GRAPH_PATH = HOW_GRAPH_PATH
 MATCH_NAME = HOW_NAME
 MATCH_MAPPING = HOW_MAPPING
 MATCH_ORDER = HOW_ORDER
+MATCH_NORMALIZED = HOW_NORMALIZED
+MATCH_LAYER_ORDER = HOW_LAYER_ORDER
 
 
 # -- report ------------------------------------------------------------------------------------
@@ -96,7 +120,10 @@ class Assignment:
         dtype: The model variable's dtype.
         source_dtype: The source's dtype (differs only for a float cast).
         matched_by: How the pair was made: ``graph-path``, ``name``, ``prefix``, ``positional``,
-            ``mapping`` or ``order`` (:data:`ckptinspect.ops.matching.HOWS`).
+            ``mapping``, ``normalized-name`` or ``layer-order``
+            (:data:`ckptinspect.ops.matching.HOWS`).
+        fit: How the source value is rearranged: ``equal`` (not at all), ``transpose``,
+            ``permute`` or ``reshape`` (layout rules, :mod:`ckptinspect.ops.layouts`).
     """
 
     target: str
@@ -106,6 +133,7 @@ class Assignment:
     dtype: str
     source_dtype: str
     matched_by: str
+    fit: str = FIT_EQUAL
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "shape": list(self.shape)}
@@ -186,6 +214,7 @@ class TransplantReport:
         local_replicas: Replicas of this process that were checked.
         dry_run: Nothing was assigned.
         strict, skip_mismatch, by_order: The options used.
+        layout: The layout rules used, as the options that name them (``--transpose-dense``...).
         assigned: The pairs that received (or would receive) a value.
         mismatches: Pairs whose shape or dtype differ (not assigned).
         left_at_init: Model variables with no source: they keep their initial values.
@@ -215,6 +244,12 @@ class TransplantReport:
     metadata_skipped: int
     verified: bool = False
     notes: tuple[str, ...] = ()
+    layout: tuple[str, ...] = ()
+
+    @property
+    def complete(self) -> bool:
+        """Every model variable received (or, in a dry run, would receive) a value."""
+        return bool(self.assigned) and not self.mismatches and not self.left_at_init
 
     @property
     def shape_mismatches(self) -> tuple[Mismatch, ...]:
@@ -265,8 +300,10 @@ class TransplantReport:
             "strict": self.strict,
             "skip_mismatch": self.skip_mismatch,
             "by_order": self.by_order,
+            "layout": list(self.layout),
             "verified": self.verified,
             "ok": self.ok,
+            "complete": self.complete,
             "summary": self.summary(),
             "assigned": [a.to_dict() for a in self.assigned],
             "mismatches": [x.to_dict() for x in self.mismatches],
@@ -296,6 +333,9 @@ def transplant(
     skip_mismatch: bool = False,
     dry_run: bool = False,
     by_order: bool = False,
+    transpose_dense: bool = False,
+    conv_layout: str = CONV_HWIO,
+    allow_reshape: bool = False,
 ) -> TransplantReport:
     """Put a checkpoint's model weights into a built model, inside the model's strategy.
 
@@ -315,7 +355,11 @@ def transplant(
             initial values; the report lists them).
         dry_run: Plan only: nothing is read or assigned, and nothing is raised for problems
             (the report lists them).
-        by_order: Pair what is still unpaired by order and shape (the last stage).
+        by_order: Also pair layers nothing else paired by layer order and shape.
+        transpose_dense: Source 2-D kernels are ``[out, in]`` (PyTorch ``Linear``): transposed.
+        conv_layout: ``oihw``: source conv kernels are ``[out, in, *spatial]`` (PyTorch):
+            reordered to Keras' ``[*spatial, in, out]``; ``hwio`` (default): as Keras.
+        allow_reshape: A source value with as many elements as the model variable is reshaped.
 
     Returns:
         A :class:`TransplantReport`. Optimizer state is never transplanted; the report says how
@@ -329,6 +373,7 @@ def transplant(
         CkptError: The source cannot be opened or read.
     """
     rules = parse_mapping(mapping)
+    layout = Layout(transpose_dense=transpose_dense, conv_layout=conv_layout, allow_reshape=allow_reshape)
     tf = import_tf()
     model_targets = targets(tf, model)
     strat = resolve_strategy(tf, model_targets, strategy)
@@ -342,7 +387,7 @@ def transplant(
         ckpt = source
     try:
         report, plan = _plan(ckpt, model, model_targets, strat, rules, strict=strict, skip_mismatch=skip_mismatch,
-                             dry_run=dry_run, by_order=by_order)
+                             dry_run=dry_run, by_order=by_order, layout=layout)
         if dry_run:
             return report
         problems = report.problems
@@ -373,12 +418,13 @@ def _plan(
     skip_mismatch: bool,
     dry_run: bool,
     by_order: bool,
-) -> tuple[TransplantReport, list[tuple[Target, m.Variable]]]:
+    layout: Layout,
+) -> tuple[TransplantReport, list[tuple[Target, m.Variable, Fit | None]]]:
     sources = [v for v in ckpt.variables if v.role == m.ROLE_MODEL]
     optimizer_skipped = sum(1 for v in ckpt.variables if v.role == m.ROLE_OPTIMIZER)
     metadata_skipped = sum(1 for v in ckpt.variables if v.role == m.ROLE_METADATA)
 
-    paired = pair_with_model(sources, ckpt.format, model_targets, rules=rules, by_order=by_order)
+    paired = pair_with_model(sources, ckpt.format, model_targets, rules=rules, by_order=by_order, layout=layout)
     by_target = {p.b.ref.index: p for p in paired.pairs}
     assigned, mismatches, plan = [], [], []
     for t in model_targets:
@@ -386,10 +432,11 @@ def _plan(
         if p is None:
             continue
         s = p.a.ref
-        kind = mismatch(s.shape, s.dtype, t)
+        kind = mismatch(s.shape, s.dtype, t, layout)
         if kind is None:
-            assigned.append(Assignment(t.name, s.name, s.key, t.shape, t.dtype, s.dtype, p.how))
-            plan.append((t, s))
+            layout_fit = fit_of(s.shape, t, layout)
+            assigned.append(Assignment(t.name, s.name, s.key, t.shape, t.dtype, s.dtype, p.how, layout_fit.kind))
+            plan.append((t, s, layout_fit))
         else:
             mismatches.append(Mismatch(kind, t.name, s.name, s.key, t.shape, tuple(s.shape), t.dtype, s.dtype, p.how))
     left = [TargetInfo(t.name, t.shape, t.dtype) for t in model_targets if t.index not in by_target]
@@ -427,5 +474,6 @@ def _plan(
         metadata_skipped=metadata_skipped,
         verified=False,
         notes=tuple(notes),
+        layout=layout.describe(),
     )
     return report, plan
