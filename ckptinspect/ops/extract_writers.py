@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import zipfile
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -28,13 +28,20 @@ from ..formats import (
     write_safetensors,
 )
 from .compare import bit_equal
+from .layouts import Fit, apply_fit
 from .matching import Item, graph_path_stage, items, match
 from .targets import graph_paths, tf_variable
 
 from .extract_report import ExtractedVariable
 
 __all__ = [
-    "Verifier", "write_tf", "write_npz", "write_safetensors_output", "write_h5_copy", "write_weights_from_builder",
+    "Verifier",
+    "write_tf",
+    "write_npz",
+    "write_safetensors_output",
+    "write_h5_copy",
+    "write_weights_from_builder",
+    "write_weights_through_model",
     "source_matcher",
 ]
 
@@ -424,6 +431,57 @@ def _pair_with_built_model(ckpt: m.Checkpoint, model: Any) -> dict[int, m.Variab
     return {id(p.b.ref): p.a.ref for p in paired.pairs}
 
 
+def write_weights_through_model(
+    ckpt: m.Checkpoint, tmp: str, model: Any, plan: Sequence[tuple[Any, m.Variable, Fit | None]], progress: Progress | None
+) -> int:
+    """Assign each source value to its model weight, ``model.save_weights(tmp)``, and check the
+    file through Keras: every weight is poisoned, ``model.load_weights(tmp)`` is called, and each
+    weight must then equal its source value (rearranged by its layout fit, cast to the weight's
+    float dtype), bit for bit.
+
+    Args:
+        ckpt: The source checkpoint.
+        tmp: The ``.weights.h5`` path to write (a temporary name).
+        model: A built Keras 3 model.
+        plan: ``(model weight, source variable, fit or None)`` for every weight of the model.
+        progress: Called after each weight.
+
+    Returns:
+        How many weights were checked.
+
+    Raises:
+        VerificationError: A weight read back differs from its source value.
+    """
+    from .assign import expected_value  # noqa: PLC0415 - assign imports the model side (targets)
+
+    verifier = Verifier(progress, len(plan))
+    read = _value_reader(ckpt)
+    exact = True
+    for w, v, layout_fit in plan:
+        value = apply_fit(read(v), layout_fit)
+        dtype = np.dtype(w.dtype).name
+        if (layout_fit is not None and not layout_fit.identity) or str(value.dtype) != dtype:
+            exact = False
+        w.assign(expected_value(np.asarray(value), dtype))
+        verifier.record(v.key, v)
+        del value
+    model.save_weights(tmp)
+    # Read back through Keras: poison every weight, load the file, compare with the source.
+    weights = [w for w, _, _ in plan]
+    for w in weights:
+        w.assign(_sentinel(np.asarray(w.numpy())))
+    model.load_weights(tmp)
+    values = {v.key: w for w, v, _ in plan}
+    fits = {v.key: f for _, v, f in plan}
+    if exact:
+        matches = source_matcher(ckpt)
+    else:
+        def matches(value: Any, v: m.Variable) -> bool:
+            value = np.asarray(value)
+            return bit_equal(value, expected_value(np.asarray(apply_fit(ckpt.read(v), fits[v.key])), str(value.dtype)))
+    return verifier.check(tmp, values, lambda k: np.asarray(values[k].numpy()), matches)
+
+
 def write_weights_from_builder(
     ckpt: m.Checkpoint, tmp: str, builder: Builder, progress: Progress | None
 ) -> tuple[list[ExtractedVariable], int, list[str]]:
@@ -445,21 +503,7 @@ def write_weights_from_builder(
         raise UsageError("the builder returned a model without weights; build it (call it on an input or model.build(shape))")
     matches = _pair_with_built_model(ckpt, model)
     model_vars = list(model.weights)
-    verifier = Verifier(progress, len(model_vars))
-    read = _value_reader(ckpt)
-    for w in model_vars:
-        v = matches[id(w)]
-        value = read(v)
-        w.assign(value)
-        verifier.record(v.key, v)
-        del value
-    model.save_weights(tmp)
-    # Read back through Keras: poison every weight, load the file, compare with the source.
-    for w in model_vars:
-        w.assign(_sentinel(np.asarray(w.numpy())))
-    model.load_weights(tmp)
-    values = {matches[id(w)].key: w for w in model_vars}
-    verified = verifier.check(tmp, values, lambda k: np.asarray(values[k].numpy()), source_matcher(ckpt))
+    verified = write_weights_through_model(ckpt, tmp, model, [(w, matches[id(w)], None) for w in model_vars], progress)
     # The file's dataset paths are Keras's positional ones; name each kept value by its Keras path.
     keras_path = {matches[id(w)].key: str(getattr(w, "path", w.name)) for w in model_vars}
     planned = [
