@@ -36,6 +36,7 @@ __all__ = [
     "verify",
     "extract",
     "transplant",
+    "doctor",
     "Checkpoint",
     "Variable",
     "SliceInfo",
@@ -87,6 +88,7 @@ _OPERATIONS = {
     "extract": "ckptinspect.ops.extract",
     "verify": "ckptinspect.ops.verify",
     "transplant": "ckptinspect.ops.transplant",
+    "doctor": "ckptinspect.ops.doctor",
 }
 
 
