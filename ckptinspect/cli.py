@@ -7,6 +7,7 @@ found damage; 2 error, with one ``Error: ...`` line on stderr (a traceback only 
 
 from __future__ import annotations
 
+import enum
 import functools
 import os
 import shutil
@@ -254,6 +255,19 @@ def verify_command(
         raise typer.Exit(EXIT_DIFFERENT)
 
 
+TRANSPOSE_DENSE_HELP = "Source 2-D kernels are [out,in] (PyTorch Linear): transpose them to Keras' [in,out]."
+CONV_LAYOUT_HELP = "Source conv kernels' layout: hwio (Keras, default) or oihw (PyTorch: reordered to HWIO)."
+ALLOW_RESHAPE_HELP = "A source value with as many elements as the model variable fits (it is reshaped)."
+
+
+class Emit(str, enum.Enum):
+    """``doctor --emit``: the fix to print or write."""
+
+    map = "map"
+    assignment_map = "assignment-map"
+    weights = "weights"
+
+
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": 1024**2, "mb": 1000**2, "mib": 1024**2,
                "g": 1024**3, "gb": 1000**3, "gib": 1024**3}
 
@@ -307,13 +321,20 @@ def transplant_command(
     maps: list[str] = typer.Option([], "--map", metavar="REGEX=REPLACEMENT", help="Applied to every source name before pairing by name (repeatable; see docs/INTERFACE.md)."),
     skip_mismatch: bool = typer.Option(False, "--skip-mismatch", help="Leave variables whose shape/dtype differ at init instead of failing."),
     strict: bool = typer.Option(True, "--strict/--no-strict", help="Fail on any problem (default), or transplant what matches."),
-    by_order: bool = typer.Option(False, "--by-order", help="Pair what is still unpaired by order and shape."),
+    by_order: bool = typer.Option(False, "--by-order", help="Also pair layers nothing else paired by layer order and shape."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show the plan; assign and write nothing."),
     force: bool = typer.Option(False, "--force", help="Replace an earlier DST of the same kind (nothing else)."),
+    transpose_dense: bool = typer.Option(False, "--transpose-dense", help=TRANSPOSE_DENSE_HELP),
+    conv_layout: str = typer.Option("hwio", "--conv-layout", metavar="[hwio|oihw]", help=CONV_LAYOUT_HELP),
+    allow_reshape: bool = typer.Option(False, "--allow-reshape", help=ALLOW_RESHAPE_HELP),
     format: OutputFormat = FormatOption,
     _debug: bool = DebugOption,
 ) -> None:
-    """Load a checkpoint's weights into a freshly built model inside a tf.distribute strategy and write it."""
+    """Load a checkpoint's weights into a freshly built model inside a tf.distribute strategy and write it.
+
+    Exit 1 (after writing) when not every model variable received a value (--no-strict,
+    --skip-mismatch); nothing is written when nothing was assigned.
+    """
     from . import _atomic  # noqa: PLC0415
     from . import open as open_checkpoint  # noqa: PLC0415
     from .ops import transplant as tp  # noqa: PLC0415
@@ -329,11 +350,16 @@ def transplant_command(
         strat = tp.make_strategy(strategy, replicas)  # first TensorFlow work: devices are set up here
         model = tp.build_in_scope(builder, strat)
         report = tp.transplant(ckpt, model, mapping=maps, strategy=strat, strict=strict,
-                               skip_mismatch=skip_mismatch, dry_run=dry_run, by_order=by_order)
+                               skip_mismatch=skip_mismatch, dry_run=dry_run, by_order=by_order,
+                               transpose_dense=transpose_dense, conv_layout=conv_layout.lower(),
+                               allow_reshape=allow_reshape)
     finally:
         ckpt.close()
-    output = None if dry_run else tp.write_model(model, dst, force=force, protected=protected, strategy=strat)
+    write = not dry_run and bool(report.assigned)  # a model holding only its initial values is no transplant
+    output = tp.write_model(model, dst, force=force, protected=protected, strategy=strat) if write else None
     emit(transplant_view(report, format, output=output))
+    if not dry_run and not report.complete:
+        raise typer.Exit(EXIT_DIFFERENT)
 
 
 @app.command("train", cls=_Command)
@@ -360,6 +386,62 @@ def train_command(
     )
     extra = trainer.write_keras2_files(out, seed=seed) if keras and trainer.keras2_available() else []
     typer.echo(result.summary() + (f", {len(extra)} Keras 2 file(s)" if extra else ""), err=True)
+
+
+@app.command("doctor", cls=_Command)
+@handle_errors
+def doctor_command(
+    src: str = typer.Argument(..., metavar="SRC", help="Source checkpoint: TF prefix or directory, SavedModel, Keras .h5/.weights.h5/.keras."),
+    builder: str = typer.Option(..., "--builder", metavar="MODULE:FUNCTION", help="Function returning the built model the weights should load into."),
+    maps: list[str] = typer.Option([], "--map", metavar="REGEX=REPLACEMENT", help="Applied to every source name before pairing by name (repeatable; see docs/INTERFACE.md)."),
+    allow_reshape: bool = typer.Option(False, "--allow-reshape", help=ALLOW_RESHAPE_HELP),
+    transpose_dense: bool = typer.Option(False, "--transpose-dense", help=TRANSPOSE_DENSE_HELP),
+    conv_layout: str = typer.Option("hwio", "--conv-layout", metavar="[hwio|oihw]", help=CONV_LAYOUT_HELP),
+    emit_fix: Optional[Emit] = typer.Option(None, "--emit", metavar="[map|assignment-map|weights]", case_sensitive=False,
+                                            help="Print the --map rules, print the init_from_checkpoint assignment map, or write the weights (-o)."),
+    output: Optional[str] = typer.Option(None, "--output", "-o", metavar="OUT", help="With --emit weights: the .weights.h5 to write (model.load_weights(OUT) loads it)."),
+    force: bool = typer.Option(False, "--force", help="Replace an earlier OUT (an HDF5 file; nothing else)."),
+    format: OutputFormat = FormatOption,
+    _debug: bool = DebugOption,
+) -> None:
+    """Explain how a checkpoint's weights would load into a model, and the fix (exit 0 all load, 1 not)."""
+    from . import open as open_checkpoint  # noqa: PLC0415
+    from .ops import transplant as tp  # noqa: PLC0415
+    from .ops.doctor import doctor  # noqa: PLC0415
+    from .ops.layouts import Layout  # noqa: PLC0415
+    from .render import doctor_assignment_map_view, doctor_map_view, doctor_view  # noqa: PLC0415
+
+    if emit_fix == Emit.weights and not output:
+        raise errors.UsageError("--emit weights needs -o OUT.weights.h5")
+    if output and emit_fix != Emit.weights:
+        raise errors.UsageError("-o OUT is for --emit weights")
+    tp.parse_mapping(maps)  # bad rules and layouts fail before any work
+    Layout(conv_layout=conv_layout.lower())
+    ckpt = open_checkpoint(src)
+    progress = Progress("doctor")
+    try:
+        model = tp.build_in_scope(builder, tp.make_strategy("default", None))
+        report = doctor(ckpt, model, mapping=maps, allow_reshape=allow_reshape, transpose_dense=transpose_dense,
+                        conv_layout=conv_layout.lower(), out=output if emit_fix == Emit.weights else None, force=force,
+                        progress=progress)
+    finally:
+        progress.close()
+        ckpt.close()
+    if emit_fix == Emit.map:
+        emit(doctor_map_view(report, format))
+    elif emit_fix == Emit.assignment_map:
+        if report.assignment_map is None:
+            raise errors.UsageError(f"{report.source}: no assignment map: tf.compat.v1.train.init_from_checkpoint reads "
+                                    f"TF checkpoints only (this is {report.source_format}); use --emit map or --emit weights")
+        emit(doctor_assignment_map_view(report, format))
+    else:
+        emit(doctor_view(report, format))
+    if emit_fix in (Emit.map, Emit.assignment_map) and not report.ok:
+        from .render import doctor_verdict  # noqa: PLC0415
+
+        typer.echo(f"warning: not every weight is covered; {doctor_verdict(report).split(':', 1)[1].strip()}", err=True)
+    if not report.ok:
+        raise typer.Exit(EXIT_DIFFERENT)
 
 
 # -- each operation's command is defined above this line, in the style of `ls` ---------------

@@ -558,7 +558,15 @@ def transplant_view(report, fmt: OutputFormat, output=None, width: int | None = 
                      "matched_by": "-", "status": "unused source"})
     columns: list[Column] = [("target", "model variable"), ("shape", "shape"), ("dtype", "dtype"),
                              ("source", "source variable"), ("matched_by", "matched by"), ("status", "status")]
-    return render(fmt, doc=doc, rows=rows, columns=columns, header=header,
+    footer = []
+    if not report.dry_run and not report.complete:  # the last line says it (exit 1 in the CLI)
+        s_left = s["shape_mismatch"] + s["dtype_mismatch"] + s["left_at_init"]
+        footer = ["", "incomplete: nothing was assigned" + ("; no output written" if output is None else "")
+                  if not report.assigned else
+                  f"incomplete: {s_left} of {s_left + s['assigned']} model variables did not receive a value "
+                  f"(shape mismatches {s['shape_mismatch']}, dtype mismatches {s['dtype_mismatch']}, "
+                  f"left at init {s['left_at_init']})"]
+    return render(fmt, doc=doc, rows=rows, columns=columns, header=header, footer=footer,
                   csv_columns=["target", "shape", "dtype", "source", "key", "matched_by", "status"],
                   squeeze=["target", "source"], wrap_last=True, width=width)
 
@@ -803,3 +811,113 @@ def extract_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
     columns = [("name", "name"), ("key", "key"), ("output_key", "output key"), ("role", "role"),
                ("shape", "shape"), ("dtype", "dtype"), ("nbytes", "bytes"), ("kept", "kept")]
     return render(fmt, doc=report.to_dict(), rows=rows, columns=columns, width=width)
+
+
+# -- doctor (issue 13) -----------------------------------------------------------------------
+DOCTOR_REASON_TITLES = {
+    "missing": "missing in source",
+    "shape_mismatch": "shape mismatch",
+    "dtype_mismatch": "dtype mismatch",
+    "ambiguous": "ambiguous",
+    "unused": "unused source variables",
+}
+DOCTOR_MAX_REASONS = 5  # lines shown per reason group in a table (JSON lists them all)
+
+
+def doctor_verdict(report) -> str:
+    """The verdict line of a :class:`~ckptinspect.ops.doctor.DoctorReport`."""
+    s = report.summary()
+    total = s["weights"]
+    if report.ok:
+        return f"verdict:  OK: every model weight has a source value that fits ({s['matched']} of {total})"
+    parts = [f"{DOCTOR_REASON_TITLES[k]} {s[k]}" for k in ("missing", "shape_mismatch", "dtype_mismatch", "ambiguous") if s[k]]
+    return f"verdict:  FAIL: {total - s['matched']} of {total} model weights cannot be loaded ({', '.join(parts)})"
+
+
+def _doctor_status(w) -> str:
+    if w.status == "matched":
+        return "matched" if w.fit in (None, "equal") else f"matched ({w.fit})"
+    if w.status == "shape-mismatch":
+        return f"shape mismatch: source {fmt_shape(w.source_shape)}"
+    if w.status == "dtype-mismatch":
+        return f"dtype mismatch: source {w.source_dtype}"
+    if w.status == "ambiguous":
+        return f"ambiguous: {len(w.candidates)} candidate{'s' if len(w.candidates) != 1 else ''}"
+    return "missing in source"
+
+
+def doctor_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
+    """Render a :class:`~ckptinspect.ops.doctor.DoctorReport`: one row per model weight and per
+    source variable left over, the reasons grouped, the fix, and the verdict as the last line."""
+    rows: list[dict[str, Any]] = []
+    for w in report.weights:
+        rows.append({"target": w.target, "shape": fmt_shape(w.shape), "dtype": w.dtype, "source": w.source or "-",
+                     "key": w.key or "", "source_shape": fmt_shape(w.source_shape) if w.source_shape is not None else "",
+                     "matched_by": w.matched_by or "-", "fit": w.fit or "", "status": _doctor_status(w)})
+    for s in report.leftovers:
+        rows.append({"target": "-", "shape": fmt_shape(s.shape), "dtype": s.dtype, "source": s.source, "key": s.key,
+                     "source_shape": fmt_shape(s.shape), "matched_by": "-", "fit": "",
+                     "status": "unused source" if s.status == "unused" else "ambiguous source"})
+    header = [
+        f"source:   {report.source} ({report.source_format})",
+        f"model:    {report.model} ({report.model_class})",
+    ]
+    if report.layout:
+        header.append(f"layout:   {' '.join(report.layout)}")
+    if report.mapping:
+        header.append(f"map:      {' '.join(report.mapping)}")
+    if report.output is not None:
+        header.append(f"output:   {report.output.path} ({report.output.format}), read back through "
+                      f"model.load_weights: {report.output.checked} weights equal to the source")
+    header += [f"note:     {n}" for n in report.notes]
+    footer: list[str] = []
+    reasons = report.reasons()
+    shown = [(k, v) for k, v in reasons.items() if v]
+    if shown:
+        footer += ["", "reasons:"]
+        for key, lines in shown:
+            footer.append(f"  {DOCTOR_REASON_TITLES[key]} ({len(lines)}):")
+            footer += [f"    {line}" for line in lines[:DOCTOR_MAX_REASONS]]
+            if len(lines) > DOCTOR_MAX_REASONS:
+                footer.append(f"    ... and {len(lines) - DOCTOR_MAX_REASONS} more (--format json lists them all)")
+    footer.append("")
+    if report.matched and report.output is None:
+        renames = len(report.map_rules) - len(report.mapping)
+        fixes = []
+        if renames > 0:
+            fixes.append(f"--emit map ({renames} --map rule{'s' if renames != 1 else ''}"
+                         f"{', checked' if report.map_verified else ', NOT reproducing every pair'})")
+        if report.assignment_map is not None:
+            fixes.append("--emit assignment-map (tf.compat.v1.train.init_from_checkpoint)")
+        if report.ok:
+            fixes.append("--emit weights -o OUT.weights.h5 (then model.load_weights(OUT))")
+        if fixes:
+            footer.append("fix:      " + "; ".join(fixes))
+    footer.append(doctor_verdict(report))
+    columns: list[Column] = [("target", "model variable"), ("shape", "shape"), ("dtype", "dtype"),
+                             ("source", "source variable"), ("matched_by", "matched by"), ("status", "status")]
+    return render(fmt, doc=report.to_dict(), rows=rows, columns=columns, header=header, footer=footer,
+                  csv_columns=["target", "shape", "dtype", "source", "key", "source_shape", "matched_by", "fit", "status"],
+                  squeeze=["target", "source"], wrap_last=True, width=width)
+
+
+def doctor_map_view(report, fmt: OutputFormat) -> str:
+    """The proposed ``--map`` rules: one ``--map 'RULE'`` per line, shell-quoted (table), the
+    list (json: ``{"map": [...], "verified": ...}``) or one ``rule`` per row (csv)."""
+    import shlex  # noqa: PLC0415
+
+    if fmt == OutputFormat.json:
+        return to_json({"map": list(report.map_rules), "verified": report.map_verified, "ok": report.ok}) + "\n"
+    if fmt == OutputFormat.csv:
+        return render(fmt, doc={}, rows=[{"rule": r} for r in report.map_rules], columns=[("rule", "rule")])
+    return "".join(f"--map {shlex.quote(r)}\n" for r in report.map_rules)
+
+
+def doctor_assignment_map_view(report, fmt: OutputFormat) -> str:
+    """The ``tf.compat.v1.train.init_from_checkpoint`` assignment map: a JSON object (also a
+    Python dict literal) of checkpoint key -> model variable name; csv: one row per entry."""
+    amap = report.assignment_map or {}
+    if fmt == OutputFormat.csv:
+        return render(fmt, doc={}, rows=[{"checkpoint_key": k, "variable": v} for k, v in amap.items()],
+                      columns=[("checkpoint_key", "checkpoint_key"), ("variable", "variable")])
+    return json.dumps(amap, indent=2) + "\n"
