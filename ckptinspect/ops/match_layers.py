@@ -342,7 +342,7 @@ def _align_groups(
     undecided = []
     for ga, gb, kind in groups:
         if len(ga) == 1 and len(gb) == 1:
-            plan.layer_pairs.append((ga[0], gb[0], kind))
+            plan.layer_pairs.append((ga[0], gb[0], _numbered(ga[0], gb[0], kind)))
             continue
         scored = []
         for label, pairs in _alignments(ga, gb):
