@@ -37,7 +37,7 @@ from ..errors import UsageError
 from .devices import import_tf
 from .layouts import CONV_HWIO, FIT_EQUAL, Fit, Layout
 from .mapping import Rules, RulesLike, apply_rules, parse_mapping, rules_text
-from .matching import HOW_MAPPING, HOW_NAME, Item, match, model_stages, normalize_name
+from .matching import HOW_LAYER_ORDER, HOW_MAPPING, HOW_NAME, Item, match, model_stages, normalize_name
 from .model_io import OUTPUT_WEIGHTS_H5, WEIGHTS_H5_SUFFIX, WriteResult
 from .targets import (
     FLOAT_DTYPES,
@@ -398,6 +398,10 @@ def _diagnose(
                                             f"{s.name} {m.format_shape(s.shape)} matches no model weight"))
 
     notes = list(paired.notes)
+    by_order = sum(1 for w in weights if w.matched_by == HOW_LAYER_ORDER)
+    if by_order:
+        notes.append(f"{by_order} weight(s) paired by layer order and shape alone: transplant needs --by-order "
+                     "or the --map rules (--emit map) to take them")
     given = rules_text(rules_as_given(rules))
     proposal, verified, more = _propose(ckpt, sources, model_targets, matched_pairs, rules, layout)
     notes += more

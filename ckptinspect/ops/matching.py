@@ -39,9 +39,9 @@ others. docs/INTERFACE.md ("Pairing variables") is the user-facing description.
 
 Ambiguity is a result, never a guess: a name matching several variables on the other side (or
 wanted by several), or a structure found twice, leaves those variables unpaired and is returned
-as an :class:`Ambiguity` with a note. A later scoring stage (global assignment by shape, name
-similarity and order) is one more :class:`Stage` with the same signature. The records and the
-stages live in :mod:`ckptinspect.ops.match_stages`; this module runs them.
+as an :class:`Ambiguity` with a note. The records and the per-variable stages live in
+:mod:`ckptinspect.ops.match_stages`, the global ``layers`` stage in
+:mod:`ckptinspect.ops.match_layers` (same signature); this module runs them.
 """
 
 from __future__ import annotations
