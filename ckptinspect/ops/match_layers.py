@@ -424,6 +424,9 @@ def _order_tier(
     for sig, (la_list, lb_list) in buckets.items():
         if not la_list or not lb_list:
             continue
+        if len(la_list) == len(lb_list) > 1 and _in_order_fast(la_list, lb_list, score, order_known, plan):
+            paired += len(la_list)
+            continue
         edges = []
         for i, la in enumerate(la_list):
             for j, lb in enumerate(lb_list):
@@ -460,6 +463,23 @@ def _order_tier(
             )
     if paired:
         plan.notes.append(f"paired {paired} layer(s) whose names differ by layer order and shape")
+
+
+def _in_order_fast(la_list: list[_Layer], lb_list: list[_Layer], score: _Scorer, order_known: bool, plan: _Plan) -> bool:
+    """Pair a bucket of as many layers on each side in order when every in-order pair is complete
+    and the order may be used: the per-component answer, without scoring every pair of layers
+    (each in-order pair is an edge, so every component holds whole in-order pairs)."""
+    one_base = len({layer.base for layer in la_list}) == 1 and len({layer.numbers for layer in la_list}) == len(la_list)
+    if not (order_known or one_base):
+        return False
+    ca = sorted(la_list, key=lambda layer: layer.first if order_known else layer.numbers)
+    cb = sorted(lb_list, key=lambda layer: layer.first)
+    for x, y in zip(ca, cb):
+        w = score(x, y)
+        if not (w.count == len(x.items) == len(y.items) and not w.ambiguous):
+            return False
+    plan.layer_pairs += [(x, y, _LAYER_ORDER) for x, y in zip(ca, cb)]
+    return True
 
 
 def _how(x: Item, y: Item, layer_kind: str, leaf_kind: str, ctx: Context) -> str:
