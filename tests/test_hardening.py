@@ -51,11 +51,13 @@ COMMANDS = {
     "extract": lambda p, out: ["extract", p, "-o", out],
     # The source is opened before the builder is imported, so a bad source fails first.
     "transplant": lambda p, out: ["transplant", p, out + ".weights.h5", "--builder", "no_such_module:build"],
+    "doctor": lambda p, out: ["doctor", p, "--builder", "no_such_module:build"],
 }
 # transplant opens its source exactly as ls does: wherever ls fails, transplant fails the same way.
 for _case in CATALOGUE:
     if _case.expect.get("ls", (0, ""))[0] == 2:
         _case.expect["transplant"] = _case.expect["ls"]
+        _case.expect["doctor"] = _case.expect["ls"]  # doctor opens its source first too
 
 
 def tree_digest(root: pathlib.Path) -> dict[str, str]:
