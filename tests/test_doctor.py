@@ -24,7 +24,7 @@ keras = pytest.importorskip("keras")
 
 import ckptinspect  # noqa: E402
 import doctor_builders as db  # noqa: E402 - tests/ is on sys.path
-import transplant_builders  # noqa: E402
+import transplant_builders  # noqa: E402 - after the importorskip lines above
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 KERAS2_TF = ROOT / "fixtures" / "keras" / "keras2_tf" / "ckpt"

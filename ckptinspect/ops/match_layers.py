@@ -421,7 +421,7 @@ def _order_tier(
     for layer in free_b:
         buckets[_signature(layer, layout)][1].append(layer)
     paired = 0
-    for sig, (la_list, lb_list) in buckets.items():
+    for la_list, lb_list in buckets.values():
         if not la_list or not lb_list:
             continue
         if len(la_list) == len(lb_list) > 1 and _in_order_fast(la_list, lb_list, score, order_known, plan):
