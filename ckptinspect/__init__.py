@@ -37,6 +37,7 @@ __all__ = [
     "extract",
     "transplant",
     "doctor",
+    "mark_optimizer",
     "Checkpoint",
     "Variable",
     "SliceInfo",
@@ -89,6 +90,7 @@ _OPERATIONS = {
     "verify": "ckptinspect.ops.verify",
     "transplant": "ckptinspect.ops.transplant",
     "doctor": "ckptinspect.ops.doctor",
+    "mark_optimizer": "ckptinspect.ops.roles",
 }
 
 

@@ -67,7 +67,8 @@ def get_tensor(reader, prefix: str, key: str) -> np.ndarray:
     """One tensor's value, with TensorFlow's errors turned into ours."""
     tf = import_tf()
     try:
-        value = reader.get_tensor(key)
+        # The exact bytes: a key that is not UTF-8 is held as surrogate escapes (formats.tf_bundle).
+        value = reader.get_tensor(key.encode("utf-8", "surrogateescape"))
     except tf.errors.NotFoundError as e:
         raise CheckpointNotFoundError(f"{prefix}: {key!r}: {_first_line(e)}") from None
     except IndexError as e:  # TF's reader raises IndexError("Read less bytes than requested")

@@ -94,6 +94,10 @@ FormatOption = typer.Option(OutputFormat.table, "--format", "-f", help="Output f
                             metavar="[table|json|csv]")
 # --debug is accepted after the command too (`ckptinspect ls X --debug`): every command has it.
 DebugOption = typer.Option(False, "--debug", help=DEBUG_HELP, callback=_set_debug, expose_value=False)
+OptimizerPatternOption = typer.Option(
+    None, "--optimizer-pattern", metavar="REGEX",
+    help="Also treat variables whose name or key matches REGEX as optimizer state (for names no rule knows).",
+)
 
 
 @app.callback()
@@ -188,6 +192,7 @@ def ls_command(
     stats: bool = typer.Option(False, "--stats", help="Add min/max/mean/std/NaN/Inf (reads every tensor, one at a time)."),
     tree: bool = typer.Option(False, "--tree", help="Group variables by layer path."),
     sort: str = typer.Option("role", "--sort", metavar="[role|name|size|file]", help="Order: role (model, optimizer, metadata), name, size or file."),
+    optimizer_pattern: Optional[str] = OptimizerPatternOption,
     format: OutputFormat = FormatOption,
     _debug: bool = DebugOption,
 ) -> None:
@@ -199,7 +204,8 @@ def ls_command(
     ckpt = open_checkpoint(path)
     progress = Progress("stats") if stats else None
     try:
-        listing = list_variables(ckpt, pattern=filter, role=role, sort=sort, stats=stats, progress=progress)
+        listing = list_variables(ckpt, pattern=filter, role=role, sort=sort, stats=stats, progress=progress,
+                                 optimizer_pattern=optimizer_pattern)
     finally:
         if progress:
             progress.close()
@@ -217,6 +223,7 @@ def diff_command(
     rtol: float = typer.Option(0.0, "--rtol", metavar="FLOAT", help="Relative tolerance, of B's magnitude (0 = exact)."),
     role: Optional[str] = typer.Option(None, "--role", metavar="ROLE", help="Compare only model, optimizer or metadata variables."),
     maps: list[str] = typer.Option([], "--map", metavar="REGEX=REPLACEMENT", help="Applied to every name of A before aligning (repeatable; see docs/INTERFACE.md)."),
+    optimizer_pattern: Optional[str] = OptimizerPatternOption,
     format: OutputFormat = FormatOption,
     _debug: bool = DebugOption,
 ) -> None:
@@ -226,7 +233,8 @@ def diff_command(
 
     progress = Progress("diff")
     try:
-        report = diff(a, b, atol=atol, rtol=rtol, role=role, mapping=maps, progress=progress)
+        report = diff(a, b, atol=atol, rtol=rtol, role=role, mapping=maps, progress=progress,
+                      optimizer_pattern=optimizer_pattern)
     finally:
         progress.close()
     emit(diff_view(report, format))
@@ -292,6 +300,7 @@ def extract_command(
     keep_metadata: bool = typer.Option(False, "--keep-metadata", help="Also keep step counters, save_counter, TF1 global_step."),
     max_shard_size: Optional[str] = typer.Option(None, "--max-shard-size", metavar="SIZE", help="TF output: bytes per data shard (e.g. 256MiB), which bounds memory. Default: the largest tensor, at least 64MiB; 0: one tensor per shard."),
     force: bool = typer.Option(False, "--force", help="Replace an earlier output of the same kind (nothing else)."),
+    optimizer_pattern: Optional[str] = OptimizerPatternOption,
     report_format: OutputFormat = typer.Option(OutputFormat.table, "--report", metavar="[table|json|csv]", help="Report as table, json or csv (one row per variable).", case_sensitive=False),
     _debug: bool = DebugOption,
 ) -> None:
@@ -304,7 +313,7 @@ def extract_command(
         report = extract(src, output, format=format, force=force, builder=builder,
                          keep=("model", "metadata") if keep_metadata else ("model",),
                          max_shard_bytes=None if max_shard_size is None else parse_size(max_shard_size),
-                         progress=progress)
+                         progress=progress, optimizer_pattern=optimizer_pattern)
     finally:
         progress.close()
     emit(extract_view(report, report_format))

@@ -39,6 +39,7 @@ __all__ = [
     "INTEGER_DTYPES",
     "FLOAT_DTYPES",
     "numpy_dtype",
+    "display_name",
 ]
 
 ROLE_MODEL = "model"
@@ -347,6 +348,21 @@ class BaseSource:
 
     def close(self) -> None:
         pass
+
+
+def display_name(text: str) -> str:
+    """A key or name as shown to people: bytes that are not UTF-8 as backslash escapes.
+
+    Formats keep such bytes in ``Variable.key``/``name`` as surrogate escapes (``b"w\\xff"``
+    is ``"w\\udcff"``), so the str is the exact identity of the key; it cannot be printed as
+    is. This shows it as ``w\\xff``; valid UTF-8 is returned unchanged.
+    """
+    if text.isascii():
+        return text
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # surrogates that are not escaped bytes
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 OUTPUT_INDEX_RE = re.compile(r":\d+$")

@@ -33,7 +33,7 @@ import textwrap
 import unicodedata
 from typing import Any, Iterable, Sequence
 
-from .model import format_shape
+from .model import display_name, format_shape
 
 __all__ = [
     "OutputFormat",
@@ -48,6 +48,7 @@ __all__ = [
     "terminal_width",
     "simple_table",
     "progress_line",
+    "warnings_view",
 ]
 
 
@@ -60,6 +61,7 @@ class OutputFormat(str, enum.Enum):
 
 
 Column = tuple[str, str]  # (row key, table header)
+UNREADABLE_MARK = " (unreadable)"  # after the dtype of an ls row whose entry TensorFlow cannot read
 
 AUTO = -1  # width=AUTO: the terminal's width (see terminal_width); width=None: no fitting
 ELLIPSIS = "\u2026"
@@ -79,8 +81,9 @@ PROGRESS_MIN_BAR = 10
 
 
 def escape_controls(text: Any) -> str:
-    """``text`` with control characters as visible escapes (``\\x1b``, ``\\n``, ``\\u202e``)."""
-    s = str(text)
+    """``text`` with control characters as visible escapes (``\\x1b``, ``\\n``, ``\\u202e``),
+    and bytes of a key that are not UTF-8 as ``\\xff`` (:func:`~ckptinspect.model.display_name`)."""
+    s = display_name(str(text))
     if not _CONTROL_RE.search(s):
         return s
     return _CONTROL_RE.sub(_escape_one, s)
@@ -407,8 +410,15 @@ def simple_table(
 
 def _csv_cell(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
-        return csv_safe(" ".join(str(v) for v in value))
+        return csv_safe(display_name(" ".join(str(v) for v in value)))
+    if isinstance(value, str):
+        return csv_safe(display_name(value))
     return "" if value is None else csv_safe(value)
+
+
+def warnings_view(warnings: Iterable[str]) -> str:
+    """Warning lines for stderr (``warning: ...``, control characters escaped), or ``""``."""
+    return "".join(f"warning: {escape_controls(w)}\n" for w in warnings)
 
 
 def progress_line(label: str, done: int, total: int, name: str, width: int) -> str:
@@ -642,12 +652,13 @@ def ls_view(listing, fmt: OutputFormat, tree: bool = False, width: int | None = 
     if stats is not None:
         columns += [("min", "min"), ("max", "max"), ("mean", "mean"), ("std", "std"), ("nan", "nan"), ("inf", "inf")]
     rows = []
+    unreadable = info.get("unreadable") or {}
     for v in (sorted(listing.variables, key=lambda v: v.name) if tree else listing.variables):
         row = {
             "key": v.key,
             "name": v.name,
             "shape": fmt_shape(v.shape),
-            "dtype": v.dtype,
+            "dtype": v.dtype + (UNREADABLE_MARK if v.key in unreadable and fmt == OutputFormat.table else ""),
             "size": human_bytes(v.nbytes),
             "nbytes": v.nbytes,
             "shards": ",".join(str(s) for s in v.shards) or "-",

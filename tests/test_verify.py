@@ -233,7 +233,7 @@ def test_truncated_and_missing_shards(tmp_path):
     for key, slices in index.slice_entries.items():
         for st, ln, se in slices:
             if se.shard_id == 3:
-                assert (key, tf_data._fmt_slice(st, ln), "missing-shard") in kinds
+                assert (key, tf_data.fmt_slice(st, ln), "missing-shard") in kinds
     assert all(d.kind == "truncated" for d in result.damaged if d.shard == 2 and d.offset + d.size > 300)
     assert all(d.offset + d.size > 300 for d in result.damaged if d.shard == 2)
     assert {d.key for d in result.damaged} == tf_unreadable_keys(prefix)

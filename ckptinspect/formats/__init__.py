@@ -303,7 +303,8 @@ def _open_directory(directory: str) -> m.Checkpoint:
 def _with_warnings(ckpt: m.Checkpoint, warnings: tuple[str, ...]) -> m.Checkpoint:
     if not warnings:
         return ckpt
-    return dataclasses.replace(ckpt, info={**ckpt.info, "warnings": list(warnings)})
+    # The directory's first, then the checkpoint's own (an unreadable entry or object graph).
+    return dataclasses.replace(ckpt, info={**ckpt.info, "warnings": [*warnings, *ckpt.info.get("warnings", ())]})
 
 
 def _open_savedmodel(directory: str) -> m.Checkpoint:

@@ -167,7 +167,7 @@ def encode_tensor_name_slice(name: str, starts: tuple[int, ...], lengths: tuple[
         raise ValueError(f"slice of {name!r}: {len(starts)} starts and {len(lengths)} lengths")
     out = bytearray()
     write_num_increasing(out, 0)
-    write_string(out, name.encode("utf-8"))
+    write_string(out, name.encode("utf-8", "surrogateescape"))
     write_num_increasing(out, len(starts))
     for start, length in zip(starts, lengths):
         write_signed_num_increasing(out, start)
@@ -196,4 +196,4 @@ def decode_tensor_name_slice(key: bytes) -> tuple[str, tuple[int, ...], tuple[in
         lengths.append(length)
     if pos != len(key):
         raise MalformedError(f"{len(key) - pos} bytes after the slice key's extents")
-    return name.decode("utf-8", "replace"), tuple(starts), tuple(lengths)
+    return name.decode("utf-8", "surrogateescape"), tuple(starts), tuple(lengths)

@@ -320,7 +320,7 @@ def _fmt_slice(starts: tuple[int, ...], lengths: tuple[int, ...]) -> str:
 def _check_key(key: str, seen: set[bytes]) -> bytes:
     if not isinstance(key, str) or not key:
         raise UsageError(f"a tensor key must be a non-empty string. Received: {key!r}")
-    raw = key.encode("utf-8")
+    raw = key.encode("utf-8", "surrogateescape")  # a key read as surrogate escapes: its bytes
     if raw[:1] == b"\x00":
         raise UsageError(f"tensor key {key!r} starts with a zero byte (reserved for stored slices)")
     if raw in seen:

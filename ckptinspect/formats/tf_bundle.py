@@ -27,7 +27,7 @@ import glob
 import os
 import re
 import struct
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 from .. import model as m
 from ..errors import CheckpointNotFoundError, CkptError, CorruptCheckpointError, NotACheckpointError
@@ -36,7 +36,7 @@ from ._layout import INDEX_SUFFIX, data_path
 from ._ordered_code import decode_tensor_name_slice
 from ._sstable import iter_table
 from ._wire import MalformedError
-from .tf_data import DTYPE_NAMES, decode_string_scalar, read_raw
+from .tf_data import DTYPE_NAMES, decode_string_scalar, expected_nbytes, read_raw
 
 if TYPE_CHECKING:
     import numpy as np
@@ -55,6 +55,13 @@ __all__ = [
     "StoredRun",
     "check_bundle_files",
     "step_from_name",
+    "decode_key",
+    "encode_key",
+    "entry_problem",
+    "parse_object_graph",
+    "analyse_object_graph",
+    "walk",
+    "ObjectPaths",
 ]
 
 OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
@@ -78,6 +85,9 @@ METADATA_LOCAL_NAMES = {"save_counter", "global_step", "step", "epoch", "epochs"
 TF1_SLOT_RE = re.compile(
     r"/(Adam|Momentum|Ftrl|RMSProp|Adagrad|AdagradDA|Adadelta|Adamax|Nadam|ProximalAdagrad|"
     r"LazyAdam)(_\d+)?$"
+    # BERT's AdamWeightDecayOptimizer (google-research/bert optimization.py) and the TF1 ports
+    # of it name its slots ``<var>/adam_m`` and ``<var>/adam_v``.
+    r"|/adam_[mv]$"
 )
 TF1_OPTIMIZER_NAMES = re.compile(r"(^|/)(beta1_power|beta2_power)(_\d+)?$|^training/|^(Adam|SGD|RMSprop|Adagrad|Ftrl|Nadam|Adamax|Adadelta|optimizer)(_\d+)?/")
 GENERIC_NAME_RE = re.compile(r"^(Variable|ResourceVariable)(_\d+)?(:\d+)?$")
@@ -85,11 +95,49 @@ GENERIC_NAME_RE = re.compile(r"^(Variable|ResourceVariable)(_\d+)?(:\d+)?$")
 # beyond any real checkpoint, and it keeps a hostile file (a sparse 3 GB ``.index``) from being read.
 MAX_INDEX_BYTES = 256 << 20
 MAX_PINNED_SHARDS = 256  # data files held open for a checkpoint resolved from a live directory
+# A Keras 2 SavedModel tracks its compiled metrics under ``keras_api/metrics`` (and layers'
+# ``keras_api/layer_metrics``); their accumulators (``total``, ``count``) are not model weights.
+KERAS_API_CHILD = "keras_api"
+METRIC_CONTAINERS = frozenset({"metrics", "layer_metrics"})
+KERAS_METRICS_KEY_RE = re.compile(r"(^|/)keras_api/(layer_)?metrics/")
+OPTIMIZER_KEY_PART = "optimizer"
+
+# Keys are bytes; a key that is not UTF-8 keeps its bytes as surrogate escapes, so the str is
+# the identity of the key (two keys never collide) and encodes back to the exact bytes.
+KEY_ENCODING = "utf-8"
+KEY_ERRORS = "surrogateescape"
+# TensorFlow's limits on a shape (tensorflow/core/framework/tensor_shape.h): it aborts the
+# process on more dimensions or on an element count that overflows int64.
+MAX_DIMS = 254
+MAX_ELEMENTS = (1 << 63) - 1
+# The object graph is read whole: far beyond any real one (a few MB for thousands of layers).
+MAX_OBJECT_GRAPH_BYTES = 64 << 20
+# Object-graph paths are built only for nodes holding values, by walking parent pointers; this
+# bounds the total work (path elements over all such nodes) on a hostile graph (a long chain).
+MAX_PATH_ELEMENTS = 4_000_000
+
+DAMAGE_KINDS = (m.DAMAGE_DTYPE, m.DAMAGE_SIZE)
+
+
+def decode_key(raw: bytes) -> str:
+    """An index key as a str that encodes back to the exact bytes (see :func:`encode_key`)."""
+    return raw.decode(KEY_ENCODING, KEY_ERRORS)
+
+
+def encode_key(key: str) -> bytes:
+    """The exact bytes of a key (what TensorFlow's reader and writer take)."""
+    return key.encode(KEY_ENCODING, KEY_ERRORS)
 
 
 @dataclasses.dataclass(frozen=True)
 class IndexEntry:
-    """One ``BundleEntryProto`` record."""
+    """One ``BundleEntryProto`` record.
+
+    ``problem`` is set when TensorFlow cannot read the entry (unknown dtype, a resource
+    handle, a shape it aborts on, a size that disagrees with shape x dtype): ``(kind, text)``,
+    kind ``dtype`` or ``size``. Such an entry is damage for ``verify`` and is never handed to
+    TensorFlow.
+    """
 
     key: str
     dtype: str
@@ -99,6 +147,7 @@ class IndexEntry:
     size: int
     crc32c: int | None
     slices: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
+    problem: tuple[str, str] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,7 +185,56 @@ def _parse_shape(buf: bytes) -> tuple[int, ...]:
     return _shape_of(shape)
 
 
-def _parse_entry(key: str, value: bytes) -> IndexEntry:
+def entry_problem(
+    code: int, shape: tuple[int, ...], size: int, *, holds_data: bool
+) -> tuple[str, str] | None:
+    """Why TensorFlow cannot read an index entry, or None when it can.
+
+    Args:
+        code: The ``DataType`` number.
+        shape: The declared shape.
+        size: The bytes the entry records.
+        holds_data: False for the entry of a sliced tensor (its slices hold the bytes).
+
+    Returns:
+        ``(kind, problem)`` with kind ``dtype`` or ``size``, or None.
+    """
+    dtype = DTYPE_NAMES.get(code)
+    if dtype is None or code == 0:
+        return m.DAMAGE_DTYPE, f"unknown dtype {code}: TensorFlow cannot read it"
+    if dtype == "resource":
+        return m.DAMAGE_DTYPE, "dtype resource: a resource handle, not a stored value; TensorFlow cannot read it"
+    if len(shape) > MAX_DIMS:
+        return m.DAMAGE_SIZE, f"shape has {len(shape)} dimensions, more than TensorFlow's {MAX_DIMS}"
+    if not _fits_tensorflow(shape):  # multiplied in order, as TensorFlow does: an overflow on the way aborts it too
+        return m.DAMAGE_SIZE, f"shape {list(shape)} holds more elements than int64 can count"
+    count = 1
+    for d in shape:
+        count *= d
+    if not holds_data:
+        return None
+    expected = expected_nbytes(dtype, shape)
+    if expected is not None and expected != size:
+        return m.DAMAGE_SIZE, (f"the index records {size} bytes, a {dtype} tensor of shape {list(shape)}"
+                               f" takes {expected}")
+    if expected is None and count > size:
+        return m.DAMAGE_SIZE, f"the index records {size} bytes, too few for {count} {dtype} elements"
+    return None
+
+
+def _fits_tensorflow(shape: tuple[int, ...]) -> bool:
+    """Whether TensorFlow can build this shape (else it aborts the process)."""
+    if len(shape) > MAX_DIMS:
+        return False
+    count = 1
+    for d in shape:
+        count *= d
+        if count > MAX_ELEMENTS:
+            return False
+    return True
+
+
+def _parse_entry(key: str, value: bytes, *, stored_slice: bool = False) -> IndexEntry:
     entry = _protos.BundleEntryProto()
     try:
         entry.ParseFromString(value)
@@ -144,21 +242,24 @@ def _parse_entry(key: str, value: bytes) -> IndexEntry:
         raise MalformedError(f"entry {key!r} is not a BundleEntryProto: {e}") from None
     if entry.offset < 0 or entry.size < 0 or entry.shard_id < 0:
         raise MalformedError(f"entry {key!r} has a negative offset, size or shard")
+    shape = _shape_of(entry.shape)
+    slices = tuple(
+        (
+            tuple(e.start for e in sl.extent),
+            tuple(e.length if e.HasField("length") else -1 for e in sl.extent),
+        )
+        for sl in entry.slices
+    )
     return IndexEntry(
         key=key,
         dtype=DTYPE_NAMES.get(entry.dtype, f"dtype{entry.dtype}"),
-        shape=_shape_of(entry.shape),
+        shape=shape,
         shard_id=entry.shard_id,
         offset=entry.offset,
         size=entry.size,
         crc32c=entry.crc32c if entry.HasField("crc32c") else None,
-        slices=tuple(
-            (
-                tuple(e.start for e in sl.extent),
-                tuple(e.length if e.HasField("length") else -1 for e in sl.extent),
-            )
-            for sl in entry.slices
-        ),
+        slices=slices,
+        problem=entry_problem(entry.dtype, shape, entry.size, holds_data=stored_slice or not slices),
     )
 
 
@@ -202,7 +303,7 @@ def _decode_slice_key(key: bytes) -> str:
     """The tensor name of a stored-slice key (``EncodeTensorNameSlice``)."""
     _, pos = _oc_read_num(key, 0)
     name, _ = _oc_read_string(key, pos)
-    return name.decode("utf-8", "replace")
+    return decode_key(name)
 
 
 def _slice_extents(key: bytes) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
@@ -260,10 +361,10 @@ def parse_index(data: bytes) -> BundleIndex:
             continue
         if raw_key[:1] == b"\x00":
             name = _decode_slice_key(raw_key)
-            entry = _parse_entry(name, value)
+            entry = _parse_entry(name, value, stored_slice=True)
             slices[name].append((_slice_extents(raw_key), entry))
             continue
-        entries.append(_parse_entry(raw_key.decode("utf-8", "replace"), value))
+        entries.append(_parse_entry(decode_key(raw_key), value))
     if num_shards is None:
         raise MalformedError("no header entry")
     if num_shards < 1 or num_shards > 1_000_000:
@@ -293,50 +394,60 @@ def read_index(prefix: str) -> BundleIndex:
 
 # -- small values read without TensorFlow ---------------------------------------------
 def _read_int_scalar(prefix: str, index: BundleIndex, entry: IndexEntry) -> int | None:
-    if entry.shape != () or entry.slices:
+    if entry.shape != () or entry.slices or entry.problem is not None:
         return None
     fmt = {"int64": "<q", "int32": "<i", "uint64": "<Q", "uint32": "<I", "float32": "<f", "float64": "<d"}.get(entry.dtype)
     if fmt is None or entry.size != struct.calcsize(fmt):
         return None
-    value = struct.unpack(fmt, read_raw(prefix, index.num_shards, entry))[0]
+    if not _fs.exists(data_path(prefix, entry.shard_id, index.num_shards)):
+        return None  # a missing shard is for verify (and for reading its values) to report
+    try:
+        raw = read_raw(prefix, index.num_shards, entry)
+    except CorruptCheckpointError:
+        return None  # a short shard, likewise
+    value = struct.unpack(fmt, raw)[0]
     return int(value) if value == value else None
 
 
 # -- object graph ------------------------------------------------------------------------
-@dataclasses.dataclass
 class _Node:
-    children: list[tuple[int, str]]
-    attributes: list[tuple[str, str, str]]
-    slots: list[tuple[int, str, int]]
+    """One ``TrackableObject``: (child node id, local name) pairs, (attribute name, full
+    name, checkpoint key) triples, (original, slot name, slot variable) triples."""
+
+    __slots__ = ("children", "attributes", "slots")
+
+    def __init__(self, children: tuple, attributes: tuple, slots: tuple):
+        self.children = children
+        self.attributes = attributes
+        self.slots = slots
 
 
 def parse_object_graph(blob: bytes) -> list[_Node]:
-    """Decode a serialized ``TrackableObjectGraph``."""
+    """Decode a serialized ``TrackableObjectGraph``.
+
+    Raises:
+        MalformedError: The bytes are not a graph, or a reference points outside it.
+    """
     graph = _protos.TrackableObjectGraph()
     try:
         graph.ParseFromString(blob)
     except _protos.DecodeError as e:
         raise MalformedError(f"bad TrackableObjectGraph: {e}") from None
-
-    def text(b: bytes) -> str:
-        return b.decode("utf-8", "replace")
-
-    nodes = [
-        _Node(
-            children=[(c.node_id, text(c.local_name)) for c in node.children],
-            attributes=[(text(a.name), text(a.full_name), text(a.checkpoint_key)) for a in node.attributes],
-            slots=[(s.original_variable_node_id, text(s.slot_name), s.slot_variable_node_id) for s in node.slot_variables],
-        )
-        for node in graph.nodes
-    ]
-    n = len(nodes)
-    for node in nodes:
-        for cid, _ in node.children:
+    n = len(graph.nodes)
+    nodes = []
+    for node in graph.nodes:
+        children = tuple((c.node_id, decode_key(c.local_name)) for c in node.children)
+        for cid, _ in children:
             if not 0 <= cid < n:
                 raise MalformedError(f"object graph child {cid} out of range ({n} nodes)")
-        for orig, _, slot in node.slots:
+        slots = tuple((s.original_variable_node_id, decode_key(s.slot_name), s.slot_variable_node_id)
+                      for s in node.slot_variables)
+        for orig, _, slot in slots:
             if not (0 <= orig < n and 0 <= slot < n):
                 raise MalformedError("object graph slot variable out of range")
+        attributes = tuple((decode_key(a.name), decode_key(a.full_name), decode_key(a.checkpoint_key))
+                           for a in node.attributes)
+        nodes.append(_Node(children, attributes, slots))
     return nodes
 
 
@@ -345,6 +456,66 @@ def is_optimizer_node(node: _Node) -> bool:
         return True
     names = {name for _, name in node.children}
     return bool(names & OPTIMIZER_CHILD_MARKS) or {"_variables", "_iterations"} <= names
+
+
+def metric_containers(nodes: list[_Node]) -> set[int]:
+    """Nodes that hold a Keras 2 SavedModel's compiled metrics (``keras_api/metrics``)."""
+    keras_api = {cid for node in nodes for cid, name in node.children if name == KERAS_API_CHILD}
+    return {cid for k in keras_api for cid, name in nodes[k].children if name in METRIC_CONTAINERS}
+
+
+def walk(nodes: list[_Node], expand: Callable[[int], bool], enter: Callable[[int], bool] | None = None
+         ) -> tuple[list[int], list[str | None]]:
+    """Breadth-first from the root, iteratively: each reached node's parent and the local
+    name it was reached by (the first, shortest path), in time linear in nodes and edges.
+
+    Args:
+        nodes: The graph.
+        expand: Whether to follow a reached node's children.
+        enter: Whether a node may be reached at all (default: every node).
+
+    Returns:
+        ``(parent, local)``: per node, its parent (-1 for the root, -2 if not reached) and its
+        local name (None for the root and nodes not reached).
+    """
+    parent = [-2] * len(nodes)
+    local: list[str | None] = [None] * len(nodes)
+    parent[0] = -1
+    queue = collections.deque([0])
+    while queue:
+        i = queue.popleft()
+        if not expand(i):
+            continue
+        for cid, name in nodes[i].children:
+            if parent[cid] == -2 and (enter is None or enter(cid)):
+                parent[cid] = i
+                local[cid] = name
+                queue.append(cid)
+    return parent, local
+
+
+class ObjectPaths:
+    """Paths (local names from the root) of reached nodes, built on demand by walking parent
+    pointers, within a total budget of :data:`MAX_PATH_ELEMENTS`."""
+
+    def __init__(self, parent: list[int], local: list[str | None], budget: int = MAX_PATH_ELEMENTS):
+        self.parent = parent
+        self.local = local
+        self.budget = budget
+
+    def __call__(self, i: int) -> tuple[str, ...]:
+        parts = []
+        while self.parent[i] >= 0:
+            parts.append(self.local[i])
+            i = self.parent[i]
+            self.budget -= 1
+            if self.budget < 0:
+                raise MalformedError(
+                    f"object graph paths add up to more than {MAX_PATH_ELEMENTS} elements (a chain "
+                    f"{len(parts)}+ objects deep)"
+                )
+        parts.reverse()
+        return tuple(parts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -361,52 +532,57 @@ def analyse_object_graph(nodes: list[_Node]) -> dict[str, _KeyFacts]:
 
     A variable is a model variable when the root reaches it without passing through an
     optimizer; one reached only through an optimizer (slots, iterations, learning rates) is
-    optimizer state; save counters and step counters are metadata.
+    optimizer state; save counters and step counters are metadata, and so are the metric
+    accumulators a Keras 2 SavedModel keeps under ``keras_api/metrics``.
+
+    Time and memory are linear in the graph: the walks keep parent pointers, and paths are
+    built only for the nodes that hold values.
+
+    Raises:
+        MalformedError: Paths too long to build (see :data:`MAX_PATH_ELEMENTS`).
     """
     if not nodes:
         return {}
-    optimizer_nodes = {i for i, n in enumerate(nodes) if is_optimizer_node(n)}
+    optimizer_nodes = [is_optimizer_node(n) for n in nodes]
     slot_nodes = {slot for n in nodes for _, _, slot in n.slots}
+    metrics = metric_containers(nodes)
 
-    def bfs(skip_optimizers: bool) -> dict[int, tuple[str, ...]]:
-        paths: dict[int, tuple[str, ...]] = {0: ()}
-        queue = collections.deque([0])
-        while queue:
-            i = queue.popleft()
-            if skip_optimizers and i in optimizer_nodes:
-                continue
-            for cid, name in nodes[i].children:
-                if cid not in paths:
-                    paths[cid] = (*paths[i], name)
-                    queue.append(cid)
-        return paths
+    def not_optimizer(i: int) -> bool:
+        return not optimizer_nodes[i]
 
-    model_paths = {i: p for i, p in bfs(True).items() if i not in optimizer_nodes}
-    all_paths = bfs(False)
+    model_parent, model_local = walk(nodes, not_optimizer)
+    all_parent, all_local = walk(nodes, lambda i: True)
+    outside_metrics, _ = walk(nodes, not_optimizer, lambda i: i not in metrics)
+    model_path = ObjectPaths(model_parent, model_local)
     root_children = {cid for cid, _ in nodes[0].children}
 
     facts: dict[str, _KeyFacts] = {}
     for i, node in enumerate(nodes):
+        if not node.attributes:
+            continue
+        in_model = model_parent[i] != -2 and not optimizer_nodes[i]
+        reached = all_parent[i] != -2
+        local = all_local[i]
         for attr_name, full_name, key in node.attributes:
             if not key:
                 continue
-            path = model_paths.get(i)
-            local = (all_paths.get(i) or ("",))[-1] if all_paths.get(i) else None
             if attr_name != VARIABLE_VALUE:
                 role = m.ROLE_METADATA
-            elif i in slot_nodes or (path is None and i in all_paths):
+            elif i in slot_nodes or (not in_model and reached):
                 role = m.ROLE_OPTIMIZER
-            elif path is not None and (local in METADATA_LOCAL_NAMES and i in root_children or local == "save_counter"):
+            elif in_model and (local in METADATA_LOCAL_NAMES and i in root_children or local == "save_counter"):
                 role = m.ROLE_METADATA
-            elif path is None:
+            elif not in_model:
                 role = m.ROLE_METADATA
+            elif outside_metrics[i] == -2:
+                role = m.ROLE_METADATA  # reached only through keras_api/metrics
             else:
                 role = m.ROLE_MODEL
             name = full_name if full_name and not GENERIC_NAME_RE.match(full_name) else None
             facts[key] = _KeyFacts(
                 name=name,
                 role=role,
-                graph_path="/".join(path) if path is not None and role == m.ROLE_MODEL else None,
+                graph_path="/".join(model_path(i)) if role == m.ROLE_MODEL else None,
                 local_name=local,
                 root_child=i in root_children,
             )
@@ -448,7 +624,7 @@ def _entry_shards(index: BundleIndex, entry: IndexEntry) -> tuple[tuple[int, ...
 
 def _nbytes(entry: IndexEntry, stored: int) -> int:
     item = m.ITEMSIZE.get(entry.dtype)
-    if item is None:
+    if item is None or entry.problem is not None:
         return stored
     n = item
     for d in entry.shape:
@@ -456,25 +632,92 @@ def _nbytes(entry: IndexEntry, stored: int) -> int:
     return n
 
 
+def _keyed_role(key: str, entry: IndexEntry) -> str:
+    """The role of a TF2 key when the object graph cannot be read: a guess from the key alone
+    (an ``optimizer`` path element or an optimizer slot: optimizer; Keras metrics, counters at
+    the top level and non-variable attributes: metadata; else model)."""
+    if OPTIMIZER_SLOT_MARK in key:
+        return m.ROLE_OPTIMIZER
+    if not key.endswith(ATTRIBUTES_MARK + VARIABLE_VALUE) or KERAS_METRICS_KEY_RE.search(key):
+        return m.ROLE_METADATA
+    parts = _key_name(key).split("/")
+    if OPTIMIZER_KEY_PART in parts[:-1]:
+        return m.ROLE_OPTIMIZER
+    if len(parts) == 1 and parts[0] in METADATA_LOCAL_NAMES:
+        return m.ROLE_METADATA
+    return m.ROLE_MODEL
+
+
+def _read_object_graph(prefix: str, index: BundleIndex, entry: IndexEntry) -> list[_Node]:
+    """The object graph's nodes.
+
+    Raises:
+        MalformedError: The entry, its bytes or the graph are damaged, or its shard is missing.
+        CheckpointNotFoundError: The shard exists but cannot be read (permission denied).
+    """
+    if entry.problem is not None:
+        raise MalformedError(entry.problem[1])
+    if entry.dtype != "string" or entry.shape != () or entry.slices:
+        raise MalformedError(f"the entry is a {entry.dtype} tensor of shape {list(entry.shape)}, not a scalar string")
+    path = data_path(prefix, entry.shard_id, index.num_shards)
+    if not _fs.exists(path):
+        raise MalformedError(f"its data shard {path} is missing")
+    try:
+        raw = read_raw(prefix, index.num_shards, entry, limit=MAX_OBJECT_GRAPH_BYTES)
+    except CorruptCheckpointError as e:
+        raise MalformedError(str(e).removeprefix(f"{path}: ")) from None
+    return parse_object_graph(decode_string_scalar(raw))
+
+
+def _unreadable(index: BundleIndex) -> dict[str, str]:
+    """Keys TensorFlow cannot read (see :attr:`IndexEntry.problem`), with why."""
+    out = {}
+    for e in index.entries:
+        if e.problem is not None:
+            out[e.key] = e.problem[1]
+        elif e.slices:
+            bad = next((se.problem[1] for *_, se in index.slice_entries.get(e.key, ()) if se.problem), None)
+            if bad is not None:
+                out[e.key] = f"a stored slice: {bad}"
+    return out
+
+
 def build_variables(prefix: str, index: BundleIndex) -> tuple[list[m.Variable], dict[str, object]]:
     """The variables of a bundle, with names and roles, and header facts.
 
+    An object graph that cannot be read (missing or short shard, bytes that do not parse, a
+    hostile shape) does not stop the listing: names and roles then come from the keys, and
+    ``info["warnings"]`` says so. Entries TensorFlow cannot read are listed, named in
+    ``info["unreadable"]`` (key -> why) and in a warning.
+
     Returns:
-        (variables in key order, info dict with ``object_graph`` and step candidates).
+        (variables in key order, info dict with ``kind``, ``object_graph``, and when there is
+        something to say ``warnings`` and ``unreadable``).
+
+    Raises:
+        CheckpointNotFoundError: The object graph's shard exists but cannot be read.
     """
     info: dict[str, object] = {}
+    warnings: list[str] = []
     facts: dict[str, _KeyFacts] = {}
     graph_entry = next((e for e in index.entries if e.key == OBJECT_GRAPH_KEY), None)
+    graph_read = False
     if graph_entry is not None:
-        try:
-            nodes = parse_object_graph(decode_string_scalar(read_raw(prefix, index.num_shards, graph_entry)))
-        except MalformedError as e:
-            raise CorruptCheckpointError(
-                f"{data_path(prefix, graph_entry.shard_id, index.num_shards)}: the object graph does not parse: {e}"
-            ) from None
-        facts = analyse_object_graph(nodes)
-        info["object_graph"] = {"nodes": len(nodes), "shard": graph_entry.shard_id, "nbytes": graph_entry.size}
         info["kind"] = "tf2-object"
+        graph_info: dict[str, object] = {"nodes": None, "shard": graph_entry.shard_id, "nbytes": graph_entry.size}
+        try:
+            nodes = _read_object_graph(prefix, index, graph_entry)
+            facts = analyse_object_graph(nodes)
+            graph_info["nodes"] = len(nodes)
+            graph_read = True
+        except MalformedError as e:
+            shard = data_path(prefix, graph_entry.shard_id, index.num_shards)
+            graph_info["error"] = str(e)
+            warnings.append(
+                f"{shard}: the object graph ({OBJECT_GRAPH_KEY}) cannot be read: {e}; names and roles"
+                " below come from the keys (`ckptinspect verify` checks the files)"
+            )
+        info["object_graph"] = graph_info
     else:
         info["kind"] = "tf1-name"
 
@@ -485,11 +728,14 @@ def build_variables(prefix: str, index: BundleIndex) -> tuple[list[m.Variable], 
         if entry.key == OBJECT_GRAPH_KEY:
             continue
         fact = facts.get(entry.key)
-        if graph_entry is not None:
+        if graph_read:
             role = fact.role if fact else (m.ROLE_OPTIMIZER if OPTIMIZER_SLOT_MARK in entry.key else m.ROLE_METADATA)
             if role == m.ROLE_MODEL and fact.root_child and entry.shape == () and entry.dtype in m.INTEGER_DTYPES:
                 role = m.ROLE_METADATA  # a counter tracked by the root (episode_counter, epoch...)
             name = (fact.name if fact else None) or _key_name(entry.key)
+        elif graph_entry is not None:
+            role = _keyed_role(entry.key, entry)
+            name = _key_name(entry.key)
         else:
             role = _tf1_role(entry.key, entry)
             name = entry.key
@@ -512,6 +758,15 @@ def build_variables(prefix: str, index: BundleIndex) -> tuple[list[m.Variable], 
                 graph_path=fact.graph_path if fact else None,
             )
         )
+    unreadable = {k: v for k, v in _unreadable(index).items() if k != OBJECT_GRAPH_KEY}
+    if unreadable:
+        info["unreadable"] = unreadable
+        index_path = prefix + INDEX_SUFFIX
+        names = {v.key: v.name for v in variables}
+        warnings += [f"{index_path}: '{m.display_name(names[k])}': {why} (`ckptinspect verify` reports it)"
+                     for k, why in unreadable.items()]
+    if warnings:
+        info["warnings"] = warnings
     return variables, info
 
 
@@ -598,9 +853,24 @@ class BundleSource(m.BaseSource):
         self.num_shards = index.num_shards
         self._entries = {e.key: e for e in index.entries}
         self._slices = index.slice_entries
+        self._unreadable = _unreadable(index)
+        # TensorFlow's CheckpointReader builds every entry's shape when it opens and aborts the
+        # process on a shape it cannot hold; RestoreV2 looks up one key only.
+        stored = [se for slices in index.slice_entries.values() for *_, se in slices]
+        self._reader_aborts = any(not _fits_tensorflow(e.shape) for e in (*index.entries, *stored))
         self._reader = None
         self._files = tf_data.DataFiles()
         self._pinned = False
+
+    def _check_readable(self, variable: m.Variable) -> None:
+        """Refuse, before TensorFlow sees the key, an entry it cannot read: it would abort the
+        process (unknown dtype, an element count that overflows) or read the wrong bytes."""
+        why = self._unreadable.get(variable.key)
+        if why is not None:
+            raise CorruptCheckpointError(
+                f"{self.prefix}{INDEX_SUFFIX}: cannot read '{m.display_name(variable.key)}': {why}"
+                " (`ckptinspect verify` reports it)"
+            )
 
     def _open(self):
         if self._reader is None:
@@ -627,6 +897,9 @@ class BundleSource(m.BaseSource):
     def read(self, variable: m.Variable) -> np.ndarray:
         from .._tf import get_tensor  # noqa: PLC0415
 
+        self._check_readable(variable)
+        if self._reader_aborts:
+            return self._restore(variable)
         try:
             return get_tensor(self._open(), self.prefix, variable.key)
         except Exception:
@@ -656,11 +929,24 @@ class BundleSource(m.BaseSource):
         return not _fs.exists(self.prefix + INDEX_SUFFIX) or not all(
             _fs.exists(p) for p in tf_data.shard_files(self.prefix, self.num_shards))
 
+    def _restore(self, variable: m.Variable) -> np.ndarray:
+        """One value through ``RestoreV2`` (which reads one entry, not the whole index)."""
+        import numpy as np  # noqa: PLC0415
+
+        from .tf_writer import restore_tensor  # noqa: PLC0415 - TensorFlow only for values
+
+        value = restore_tensor(self.prefix, variable.key, variable.dtype).numpy()
+        if isinstance(value, bytes):  # a scalar string: keep trailing NUL bytes (see _tf.get_tensor)
+            out = np.empty((), dtype=object)
+            out[()] = value
+            return out
+        return np.asarray(value)
+
     def _raw_entry(self, variable: m.Variable) -> tuple[str, IndexEntry, np.dtype] | None:
         """Where ``variable``'s bytes can be read directly: a local, unsliced tensor of a plain
         numeric dtype whose shard is long enough (else the TF reader reports the problem)."""
         entry = self._entries.get(variable.key)
-        if entry is None or entry.slices or _fs.is_remote(self.prefix):
+        if entry is None or entry.slices or entry.problem is not None or _fs.is_remote(self.prefix):
             return None
         dtype = m.numpy_dtype(entry.dtype)
         if dtype is None or entry.size != variable.size * dtype.itemsize:
@@ -672,6 +958,7 @@ class BundleSource(m.BaseSource):
         return path, entry, dtype
 
     def iter_blocks(self, variable: m.Variable, elements: int) -> Iterator[np.ndarray]:
+        self._check_readable(variable)
         raw = self._raw_entry(variable)
         if raw is None:
             return super().iter_blocks(variable, elements)
@@ -685,6 +972,7 @@ class BundleSource(m.BaseSource):
             The runs, or None when they cannot be copied directly (a remote checkpoint, a key
             the index does not hold, slices declared but not stored).
         """
+        self._check_readable(variable)  # bytes TensorFlow cannot read are not copied on
         entry = self._entries.get(variable.key)
         if entry is None or _fs.is_remote(self.prefix):
             return None
@@ -709,7 +997,9 @@ class BundleSource(m.BaseSource):
     def object_graph(self) -> bytes | None:
         """The serialized object graph (exact bytes), or None for a name-based checkpoint."""
         entry = self._entries.get(OBJECT_GRAPH_KEY)
-        return None if entry is None else decode_string_scalar(read_raw(self.prefix, self.num_shards, entry))
+        if entry is None:
+            return None
+        return decode_string_scalar(read_raw(self.prefix, self.num_shards, entry, limit=MAX_OBJECT_GRAPH_BYTES))
 
     def close(self) -> None:
         self._reader = None
@@ -757,7 +1047,8 @@ def check_bundle(prefix: str, *, format: str = m.FORMAT_TF_BUNDLE) -> tf_data.Bu
     """Plan the check of one bundle (``verify``): index parsed, shards stat'ed.
 
     A damaged index is a result, not an error; names come from the object graph when it
-    parses (the object graph itself may be what is damaged).
+    parses (the object graph itself may be what is damaged). Entries TensorFlow cannot read
+    (:attr:`IndexEntry.problem`) are damage, named, and their bytes are not read.
 
     Raises:
         CheckpointNotFoundError: The index (or a data shard) exists but cannot be read.
@@ -774,4 +1065,25 @@ def check_bundle(prefix: str, *, format: str = m.FORMAT_TF_BUNDLE) -> tf_data.Bu
         step = next(iter(candidates.values()), step)
     except (CkptError, MalformedError, OSError):
         names = {}
-    return tf_data.plan_check(prefix, index, names, format=format, step=step)
+    return tf_data.plan_check(prefix, index, names, format=format, step=step,
+                              extra_damage=_entry_damage(prefix, index, names))
+
+
+def _entry_damage(prefix: str, index: BundleIndex, names: dict[str, str]) -> list[m.Damage]:
+    """One :class:`~ckptinspect.model.Damage` per entry (or stored slice) TensorFlow cannot read."""
+    out = []
+
+    def damage(e: IndexEntry, key: str, slice_text: str | None = None) -> m.Damage:
+        kind, problem = e.problem
+        return m.Damage(
+            key=key, name=names.get(key, _key_name(key)), file=data_path(prefix, e.shard_id, index.num_shards),
+            kind=kind, problem=problem, shard=e.shard_id, offset=e.offset, size=e.size, slice=slice_text,
+        )
+
+    for e in index.entries:
+        if e.problem is not None:
+            out.append(damage(e, e.key))
+        for starts, lengths, se in index.slice_entries.get(e.key, ()):
+            if se.problem is not None:
+                out.append(damage(se, e.key, tf_data.fmt_slice(starts, lengths)))
+    return out

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DTYPE_NAMES",
+    "STORED_ITEMSIZE",
     "DataFiles",
     "read_raw",
     "decode_string_scalar",
@@ -56,9 +57,18 @@ DTYPE_NAMES = {
     8: "complex64", 9: "int64", 10: "bool", 11: "qint8", 12: "quint8", 13: "qint32",
     14: "bfloat16", 15: "qint16", 16: "quint16", 17: "uint16", 18: "complex128",
     19: "float16", 20: "resource", 21: "variant", 22: "uint32", 23: "uint64",
-    24: "float8_e5m2", 25: "float8_e4m3fn", 29: "int4", 30: "uint4",
+    24: "float8_e5m2", 25: "float8_e4m3fn", 26: "float8_e4m3fnuz", 27: "float8_e4m3b11fnuz",
+    28: "float8_e5m2fnuz", 29: "int4", 30: "uint4", 31: "int2", 32: "uint2", 33: "float4_e2m1fn",
 }
 VARIABLE_LENGTH_DTYPES = ("string", "variant")
+# Bytes per element as a bundle stores them (TensorFlow's DataTypeSize): the model's table,
+# plus the narrow types TensorFlow keeps one per byte. ``string`` and ``variant`` have no fixed
+# size; ``resource`` handles are never stored values.
+STORED_ITEMSIZE = {
+    **m.ITEMSIZE,
+    **dict.fromkeys(("float8_e4m3fnuz", "float8_e4m3b11fnuz", "float8_e5m2fnuz", "int4", "uint4", "int2",
+                     "uint2", "float4_e2m1fn"), 1),
+}
 CHUNK_BYTES = 8 << 20  # bytes read (and checksummed) at a time when checking
 _UINT32_MAX = 0xFFFFFFFF
 
@@ -119,16 +129,36 @@ class DataFiles:
             os.close(fd)
 
 
-def read_raw(prefix: str, num_shards: int, entry: IndexEntry) -> bytes:
+def read_raw(prefix: str, num_shards: int, entry: IndexEntry, limit: int | None = None) -> bytes:
     """The stored bytes of one (small) entry, whole.
+
+    The shard's size is checked before anything is read, so an entry declaring a huge size
+    or offset costs nothing.
+
+    Args:
+        prefix: The checkpoint prefix.
+        num_shards: Its number of data shards.
+        entry: The index entry.
+        limit: Refuse entries larger than this many bytes.
 
     Raises:
         CheckpointNotFoundError: Its data shard is missing.
-        CorruptCheckpointError: The shard ends before the entry does.
+        CorruptCheckpointError: The shard ends before the entry does, or the entry is larger
+            than ``limit``.
     """
     path = data_path(prefix, entry.shard_id, num_shards)
     if not _fs.exists(path):
         raise CheckpointNotFoundError(f"{path}: data shard is missing (named by {prefix}{INDEX_SUFFIX})")
+    if limit is not None and entry.size > limit:
+        raise CorruptCheckpointError(
+            f"{path}: {entry.key!r} declares {entry.size} bytes, more than the {limit} this entry may take"
+        )
+    size = _fs.getsize(path)
+    if entry.offset + entry.size > size:
+        raise CorruptCheckpointError(
+            f"{path}: truncated: {entry.key!r} needs bytes {entry.offset}..{entry.offset + entry.size},"
+            f" the file has {size}"
+        )
     raw = _fs.read_range(path, entry.offset, entry.size)
     if len(raw) != entry.size:
         raise CorruptCheckpointError(
@@ -281,7 +311,7 @@ class _Item:
     slice: str | None = None
 
 
-def _fmt_slice(starts: tuple[int, ...], lengths: tuple[int, ...]) -> str:
+def fmt_slice(starts: tuple[int, ...], lengths: tuple[int, ...]) -> str:
     parts = [":" if ln < 0 else f"{st}:{st + ln}" for st, ln in zip(starts, lengths)]
     return "[" + ",".join(parts) + "]"
 
@@ -292,14 +322,18 @@ def _items(prefix: str, index: BundleIndex, names: Mapping[str, str]) -> tuple[l
     missing: list[m.Damage] = []
     for e in index.entries:
         name = names.get(e.key, e.key)
+        if e.problem is not None:
+            continue  # reported by the index parser (extra_damage), never read
         if not e.slices:
             items.append(_Item(e.key, name, e.dtype, e.shape, e.shard_id, e.offset, e.size, e.crc32c))
             continue
         stored = index.slice_entries.get(e.key, ())
         for starts, lengths, se in stored:
+            if se.problem is not None:
+                continue
             items.append(
                 _Item(e.key, name, se.dtype, se.shape, se.shard_id, se.offset, se.size, se.crc32c,
-                      slice=_fmt_slice(starts, lengths))
+                      slice=fmt_slice(starts, lengths))
             )
         if len(stored) < len(e.slices):
             missing.append(m.Damage(
@@ -310,11 +344,12 @@ def _items(prefix: str, index: BundleIndex, names: Mapping[str, str]) -> tuple[l
     return items, missing
 
 
-def _expected_size(item: _Item) -> int | None:
-    itemsize = m.ITEMSIZE.get(item.dtype)
+def expected_nbytes(dtype: str, shape: tuple[int, ...]) -> int | None:
+    """Bytes a tensor of a fixed-size dtype takes in a bundle; None for other dtypes."""
+    itemsize = STORED_ITEMSIZE.get(dtype)
     if itemsize is None:
         return None
-    for d in item.shape:
+    for d in shape:
         itemsize *= d
     return itemsize
 
@@ -337,7 +372,7 @@ def _check_item(f: Any, item: _Item, crc32c: Any) -> tuple[str, str, int | None]
         None when intact, else (damage kind, problem, computed masked crc or None).
     """
     stored = item.crc32c if item.crc32c is not None else 0  # proto3 omits a zero field
-    expected = _expected_size(item)
+    expected = expected_nbytes(item.dtype, item.shape)
     if item.dtype not in VARIABLE_LENGTH_DTYPES and expected is not None and expected != item.size:
         return (m.DAMAGE_SIZE, f"the index records {item.size} bytes, a {item.dtype} tensor of shape "
                 f"{list(item.shape)} takes {expected}", None)

@@ -30,7 +30,17 @@ from ..errors import CheckpointNotFoundError, CkptError, CorruptCheckpointError,
 from .._tf import import_tf
 from . import _fs
 from ._layout import INDEX_SUFFIX
-from .tf_bundle import OBJECT_GRAPH_KEY, VARIABLE_VALUE, check_bundle_files, is_optimizer_node, parse_object_graph
+from ._wire import MalformedError
+from .tf_bundle import (
+    OBJECT_GRAPH_KEY,
+    VARIABLE_VALUE,
+    ObjectPaths,
+    check_bundle_files,
+    encode_key,
+    is_optimizer_node,
+    parse_object_graph,
+    walk,
+)
 
 __all__ = [
     "MIN_SHARD_BYTES",
@@ -120,19 +130,12 @@ def prune_object_graph(blob: bytes, keep_keys: Collection[str], *, keep_object_s
     nodes = source.nodes
     if not nodes:
         raise CorruptCheckpointError("the object graph has no nodes")
-    optimizer = {i for i, n in enumerate(ours) if is_optimizer_node(n)}
+    optimizer = [is_optimizer_node(n) for n in ours]
     keep_keys = set(keep_keys)
 
-    # 1. Objects the root reaches without entering an optimizer.
-    reach: dict[int, tuple[str, ...]] = {0: ()}
-    queue = collections.deque([0])
-    while queue:
-        i = queue.popleft()
-        for ref in nodes[i].children:
-            if ref.node_id in optimizer or ref.node_id in reach:
-                continue
-            reach[ref.node_id] = (*reach[i], ref.local_name)
-            queue.append(ref.node_id)
+    # 1. Objects the root reaches without entering an optimizer (parent pointers: linear).
+    reach, local = walk(ours, lambda i: True, lambda i: not optimizer[i])
+    reached = [p != -2 for p in reach]
 
     def kept_attrs(i: int) -> list:
         return [
@@ -141,73 +144,91 @@ def prune_object_graph(blob: bytes, keep_keys: Collection[str], *, keep_object_s
             if a.checkpoint_key in keep_keys or (keep_object_state and i != 0 and a.name != VARIABLE_VALUE)
         ]
 
-    # 2. Among the root's children, only those whose part holds a kept value.
-    holds: dict[int, bool] = {}
-
-    def subtree_holds(start: int) -> bool:
-        seen, stack = {start}, [start]
-        while stack:
-            i = stack.pop()
-            if kept_attrs(i):
-                return True
-            for ref in nodes[i].children:
-                if ref.node_id in reach and ref.node_id not in seen and ref.node_id != 0:
-                    seen.add(ref.node_id)
-                    stack.append(ref.node_id)
-        return False
-
-    root_refs = [ref for ref in nodes[0].children if ref.node_id in reach and ref.node_id != 0]
-    for ref in root_refs:
-        holds[ref.node_id] = holds.get(ref.node_id) or subtree_holds(ref.node_id)
+    # 2. Among the root's children, only those whose part holds a kept value: one walk back
+    # from every object holding one, along reached edges that do not pass through the root.
+    parents: list[list[int]] = [[] for _ in ours]
+    for i, node in enumerate(ours):
+        if i != 0 and reached[i]:
+            for cid, _ in node.children:
+                if cid != 0 and reached[cid]:
+                    parents[cid].append(i)
+    holds = [False] * len(ours)
+    stack = [i for i in range(1, len(ours)) if reached[i] and kept_attrs(i)]
+    for i in stack:
+        holds[i] = True
+    while stack:
+        for q in parents[stack.pop()]:
+            if not holds[q]:
+                holds[q] = True
+                stack.append(q)
+    del parents
+    root_refs = [ref for ref in nodes[0].children if reached[ref.node_id] and ref.node_id != 0]
     kept_root_refs = [ref for ref in root_refs if holds[ref.node_id]]
 
-    # 3. Breadth-first from the root over the kept part: new ids and TensorFlow's paths.
+    # 3. Breadth-first from the root over the kept part: new ids and TensorFlow's paths, kept
+    # as parent pointers (a path is built only for an object that keeps attributes).
     new_id: dict[int, int] = {0: 0}
     order = [0]
-    path: dict[int, tuple[str, ...]] = {0: ()}
+    parent = [-2] * len(ours)
+    name_of: list[str | None] = [None] * len(ours)
+    parent[0] = -1
     queue = collections.deque([0])
     while queue:
         i = queue.popleft()
-        refs = kept_root_refs if i == 0 else [r for r in nodes[i].children if r.node_id in reach]
+        refs = kept_root_refs if i == 0 else [r for r in nodes[i].children if reached[r.node_id]]
         for ref in refs:
             if ref.node_id not in new_id:
                 new_id[ref.node_id] = len(order)
                 order.append(ref.node_id)
-                path[ref.node_id] = (*path[i], ref.local_name)
+                parent[ref.node_id] = i
+                name_of[ref.node_id] = ref.local_name
                 queue.append(ref.node_id)
+    path_of = ObjectPaths(parent, name_of)
 
     out = trackable_object_graph_pb2.TrackableObjectGraph()
     key_map: dict[str, str] = {}
     paths: dict[str, str] = {}
-    for old in order:
-        src = nodes[old]
-        node = out.nodes.add()
-        if src.HasField("registered_saver") and src.registered_saver.name:
-            raise UsageError(
-                f"object {'/'.join(path[old]) or '(root)'} is saved by the registered saver "
-                f"{src.registered_saver.name!r}; extracting such checkpoints is not supported"
-            )
-        refs = kept_root_refs if old == 0 else [r for r in src.children if r.node_id in new_id]
-        for ref in refs:
-            child = node.children.add()
-            child.CopyFrom(ref)
-            child.node_id = new_id[ref.node_id]
-        prefix = "/".join(escape_local_name(p) for p in path[old])
-        for attr in kept_attrs(old):
-            new_attr = node.attributes.add()
-            new_attr.CopyFrom(attr)
-            new_attr.checkpoint_key = prefix + attr.checkpoint_key[_object_prefix(attr.checkpoint_key):]
-            key_map[attr.checkpoint_key] = new_attr.checkpoint_key
-            paths[attr.checkpoint_key] = "/".join(path[old])
+    try:
+        for old in order:
+            src = nodes[old]
+            node = out.nodes.add()
+            if src.HasField("registered_saver") and src.registered_saver.name:
+                raise UsageError(
+                    f"object {'/'.join(path_of(old)) or '(root)'} is saved by the registered saver "
+                    f"{src.registered_saver.name!r}; extracting such checkpoints is not supported"
+                )
+            refs = kept_root_refs if old == 0 else [r for r in src.children if r.node_id in new_id]
+            for ref in refs:
+                child = node.children.add()
+                child.CopyFrom(ref)
+                child.node_id = new_id[ref.node_id]
+            attrs = kept_attrs(old)
+            if not attrs:
+                continue
+            path = path_of(old)
+            prefix = "/".join(escape_local_name(p) for p in path)
+            for attr in attrs:
+                new_attr = node.attributes.add()
+                new_attr.CopyFrom(attr)
+                new_attr.checkpoint_key = prefix + attr.checkpoint_key[_object_prefix(attr.checkpoint_key):]
+                key_map[attr.checkpoint_key] = new_attr.checkpoint_key
+                paths[attr.checkpoint_key] = "/".join(path)
+    except MalformedError as e:
+        raise CorruptCheckpointError(f"the object graph cannot be pruned: {e}") from None
 
-    # has_checkpoint_values: the node or something below it holds a value.
+    # has_checkpoint_values: the node or something below it holds a value (one walk back
+    # from the nodes holding values, linear).
+    back: list[list[int]] = [[] for _ in out.nodes]
+    for i, n in enumerate(out.nodes):
+        for c in n.children:
+            back[c.node_id].append(i)
     has_values = [bool(n.attributes) for n in out.nodes]
-    changed = True
-    while changed:
-        changed = False
-        for i, n in enumerate(out.nodes):
-            if not has_values[i] and any(has_values[c.node_id] for c in n.children):
-                has_values[i] = changed = True
+    stack = [i for i, v in enumerate(has_values) if v]
+    while stack:
+        for q in back[stack.pop()]:
+            if not has_values[q]:
+                has_values[q] = True
+                stack.append(q)
     for i, n in enumerate(out.nodes):
         n.has_checkpoint_values.value = has_values[i]
 
@@ -259,7 +280,8 @@ def restore_tensor(prefix: str, key: str, dtype: str):
     tf = import_tf()
     try:
         with tf.device("/cpu:0"):
-            return tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[key], shape_and_slices=[""], dtypes=[tf.as_dtype(dtype)])[0]
+            return tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[encode_key(key)], shape_and_slices=[""],
+                                        dtypes=[tf.as_dtype(dtype)])[0]
     except tf.errors.NotFoundError as e:
         raise CheckpointNotFoundError(f"{prefix}: {key!r}: {e.message.splitlines()[0]}") from None
     except (tf.errors.OpError, TypeError, ValueError) as e:
@@ -364,11 +386,11 @@ def write_bundle(
                     on_value(t, numpy_view(value))
                 if t.slices:
                     for info in t.slices:
-                        names.append(t.key)
+                        names.append(encode_key(t.key))
                         specs.append(slice_spec(tuple(value.shape), info))
                         values.append(_slice_of(value, info))
                 else:
-                    names.append(t.key)
+                    names.append(encode_key(t.key))
                     specs.append("")
                     values.append(value)
                 del value

@@ -34,6 +34,7 @@ from .compare import (
     compare_variables,
 )
 from .mapping import parse_mapping, rules_text
+from .roles import OPTIMIZER_PATTERN_INFO, mark_optimizer, optimizer_regex
 from .matching import ALIGN_KEY, ALIGN_NAME, Match, align, normalize_name
 
 __all__ = [
@@ -306,6 +307,7 @@ def diff(
     role: str | None = None,
     mapping: Mapping[str, str] | Iterable[str | tuple[str, str]] | None = None,
     progress: Progress | None = None,
+    optimizer_pattern: str | None = None,
 ) -> DiffReport:
     """Compare two checkpoints, of the same or of different formats.
 
@@ -320,6 +322,8 @@ def diff(
             strings, ``(regex, replacement)`` pairs or a dict; every rule applies, in order, to
             every name (docs/INTERFACE.md, "Pairing variables"). Forces alignment by name.
         progress: Called as ``progress(done, total, variable_diff)`` after each variable.
+        optimizer_pattern: Regex of names (or keys) to treat as optimizer state on both sides
+            (see :func:`ckptinspect.ops.roles.mark_optimizer`), before ``role`` filters.
 
     Returns:
         A :class:`DiffReport`; ``report.identical`` is the verdict.
@@ -334,17 +338,24 @@ def diff(
     if role is not None and role not in ROLES:
         raise UsageError(f"unknown role {role!r}; expected one of {', '.join(ROLES)}")
     rules = parse_mapping(mapping)  # fail on bad rules before opening anything
+    optimizer_regex(optimizer_pattern)
 
     opened: list[Checkpoint] = []
     try:
-        ca = _open(a, opened)
+        ca = mark_optimizer(_open(a, opened), optimizer_pattern)
         # The same path twice is opened once: a directory resolves to one checkpoint, even while
         # another process rotates checkpoints in it.
-        cb = ca if _same_path(a, b) else _open(b, opened)
+        cb = ca if _same_path(a, b) else mark_optimizer(_open(b, opened), optimizer_pattern)
         va_list = ca.filter(role=role)
         vb_list = cb.filter(role=role)
         alignment = align(va_list, vb_list, same_format=ca.format == cb.format, mapping=rules)
-        notes = list(alignment.notes)
+        sides = (("A", ca),) if cb is ca else (("A", ca), ("B", cb))
+        notes = [f"{side}: {w}" for side, c in sides for w in c.info.get("warnings", ())]
+        notes += alignment.notes
+        if optimizer_pattern:
+            marked = [c.info.get(OPTIMIZER_PATTERN_INFO, {}).get("marked", 0) for c in (ca, cb)]
+            notes.append(f"--optimizer-pattern {optimizer_pattern!r} marked {marked[0]} variable(s) of A and"
+                         f" {marked[1]} of B as optimizer state")
         if role is not None and not va_list and not vb_list:
             notes.append(f"neither checkpoint has {role}-role variables")
         entries = sorted(_entries(alignment), key=_read_order(ca, cb))

@@ -43,11 +43,12 @@ from typing import Any, Callable, Iterable, Sequence
 
 from .. import _atomic
 from .. import model as m
-from ..errors import UsageError
+from ..errors import CorruptCheckpointError, UsageError
 from ..formats import (
     open_checkpoint,
 )
 from .builder import load_builder
+from .roles import mark_optimizer, optimizer_regex
 from .extract_report import ExtractedVariable, ExtractReport
 from .extract_writers import (
     TF_SOURCE_FORMATS,
@@ -162,6 +163,7 @@ def extract(
     builder: Builder | str | None = None,
     max_shard_bytes: int | None = None,
     progress: Progress | None = None,
+    optimizer_pattern: str | None = None,
 ) -> ExtractReport:
     """Write the model's weights of ``src`` to ``out``, optimizer state stripped.
 
@@ -178,6 +180,8 @@ def extract(
             largest kept tensor (at least 64 MiB), so memory stays about one tensor; a bigger
             tensor gets its own shard; 0 puts every tensor in its own shard.
         progress: Called as ``progress(done, total, variable)`` after each kept tensor.
+        optimizer_pattern: Regex of names (or keys) that are optimizer state although no rule
+            knows them (see :func:`ckptinspect.ops.roles.mark_optimizer`): they are stripped too.
 
     Returns:
         The :class:`ExtractReport`.
@@ -197,9 +201,12 @@ def extract(
         raise UsageError(f"max_shard_bytes must be >= 0. Received: {max_shard_bytes}")
     if isinstance(builder, str):
         builder = load_builder(builder)
+    optimizer_regex(optimizer_pattern)
 
     ckpt = open_checkpoint(src)
     try:
+        ckpt = mark_optimizer(ckpt, optimizer_pattern)
+        _refuse_unreadable(ckpt, keep)
         if not any(v.role == m.ROLE_MODEL for v in ckpt.variables):
             raise UsageError(f"{ckpt.path}: no model variables to extract (roles: {_role_summary(ckpt)})")
         protected = [src, ckpt.path, *_source_files(ckpt)]
@@ -266,6 +273,19 @@ def extract(
         object_graph=object_graph,
         notes=tuple(notes),
     )
+
+
+def _refuse_unreadable(ckpt: m.Checkpoint, keep: Sequence[str]) -> None:
+    """Fail before anything is read or written when a kept variable cannot be read (the
+    format names such entries in ``info["unreadable"]``: TensorFlow would abort or misread)."""
+    unreadable = ckpt.info.get("unreadable") or {}
+    for v in ckpt.variables:
+        if v.role in keep and v.key in unreadable:
+            name, key = m.display_name(v.name), m.display_name(v.key)
+            label = f"'{name}'" if name == key else f"'{name}' (key '{key}')"
+            raise CorruptCheckpointError(
+                f"{ckpt.path}: cannot read {label}: {unreadable[v.key]} (`ckptinspect verify` reports it)"
+            )
 
 
 def _role_summary(ckpt: m.Checkpoint) -> str:

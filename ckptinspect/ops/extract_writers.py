@@ -14,8 +14,8 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from .. import model as m
-from .._tf import import_tf, load_checkpoint
-from ..errors import CkptError, UsageError, VerificationError
+from .._tf import import_tf
+from ..errors import CkptError, CorruptCheckpointError, UsageError, VerificationError
 from ..formats import (
     OBJECT_GRAPH_KEY,
     BundleTensor,
@@ -128,6 +128,20 @@ class Verifier:
 
 
 # -- TF output -----------------------------------------------------------------------------
+def need_object_graph(ckpt: m.Checkpoint) -> None:
+    """A TF2 output (or a builder's match by object-graph path) needs the source's object graph.
+
+    Raises:
+        CorruptCheckpointError: The reader could not read it (``info["object_graph"]["error"]``).
+    """
+    graph = ckpt.info.get("object_graph") or {}
+    if graph.get("error"):
+        raise CorruptCheckpointError(
+            f"{ckpt.path}: the object graph cannot be read ({graph['error']}); extract needs it to write a"
+            " restorable checkpoint (an .npz output does not)"
+        )
+
+
 def write_tf(
     ckpt: m.Checkpoint, tmp: str, keep: tuple[str, ...], max_shard_bytes: int | None, progress: Progress | None
 ) -> tuple[list[ExtractedVariable], int, int, dict[str, Any] | None, list[str]]:
@@ -135,6 +149,7 @@ def write_tf(
     object_graph = None
     kept_keys = {v.key for v in ckpt.variables if v.role in keep}
     if ckpt.info.get("kind") == "tf2-object":
+        need_object_graph(ckpt)
         # Through RestoreV2 (a scalar string comes back as exact bytes; numpy's fixed-width
         # bytes would drop a serialized graph's trailing NUL bytes).
         blob = restore_tensor(ckpt.path, OBJECT_GRAPH_KEY, "string").numpy()
@@ -199,22 +214,21 @@ def write_tf(
 
     num_shards = write_bundle(tmp, list(tensors()), max_shard_bytes=max_shard_bytes, on_value=on_value)
 
-    # Read back: the keys, every value, the object graph, and the roles our reader gives.
-    reader = load_checkpoint(tmp)
-    keys = set(reader.get_variable_to_shape_map())
-    if blob is not None:
-        if OBJECT_GRAPH_KEY not in keys or restore_tensor(tmp, OBJECT_GRAPH_KEY, "string").numpy() != blob:
-            raise VerificationError(f"{tmp}: read-back check failed: the object graph was not written as built")
-        keys.discard(OBJECT_GRAPH_KEY)
-    dtypes = {p.output_key: p.dtype for p in kept}
-    verified = verifier.check(
-        tmp,
-        keys,
-        lambda k: numpy_view(restore_tensor(tmp, k, dtypes[k])),
-        source_matcher(ckpt),
-    )
-    del reader
+    # Read back: the keys (from the written index: TensorFlow's key listing cannot return keys
+    # that are not UTF-8), every value and the object graph (through TensorFlow), and the roles
+    # our reader gives.
     with open_checkpoint(tmp) as written:
+        keys = {v.key for v in written.variables}
+        if blob is not None:
+            if "object_graph" not in written.info or restore_tensor(tmp, OBJECT_GRAPH_KEY, "string").numpy() != blob:
+                raise VerificationError(f"{tmp}: read-back check failed: the object graph was not written as built")
+        dtypes = {p.output_key: p.dtype for p in kept}
+        verified = verifier.check(
+            tmp,
+            keys,
+            lambda k: numpy_view(restore_tensor(tmp, k, dtypes[k])),
+            source_matcher(ckpt),
+        )
         for v in written.variables:
             if by_out[v.key].role == m.ROLE_MODEL and v.role != m.ROLE_MODEL:
                 raise VerificationError(f"{tmp}: read-back check failed: {v.key!r} is no longer a model variable")
@@ -490,6 +504,7 @@ def write_weights_from_builder(
             f"{ckpt.path}: a .weights.h5 output needs a TF2 object-based source (its object graph "
             "maps weights to the built model); this one is name-based"
         )
+    need_object_graph(ckpt)
     import_tf()  # quietly, before the builder touches TensorFlow
     try:
         model = builder()

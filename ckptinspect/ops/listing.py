@@ -7,6 +7,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..model import ROLES, Checkpoint, Variable
+from .roles import mark_optimizer
 from .stats import Progress, Stats
 
 __all__ = ["Listing", "list_variables"]
@@ -61,6 +62,7 @@ def list_variables(
     sort: str = "role",
     stats: bool = False,
     progress: Progress | None = None,
+    optimizer_pattern: str | None = None,
 ) -> Listing:
     """Choose variables by regex and role, and compute statistics when asked.
 
@@ -72,10 +74,13 @@ def list_variables(
             ``size`` (largest first) or ``file`` (the order in the file).
         stats: Read every chosen tensor (one at a time) for min/max/mean/std/NaN/Inf.
         progress: Called after each tensor when ``stats`` is set.
+        optimizer_pattern: Regex of names (or keys) to mark as optimizer state first (see
+            :func:`ckptinspect.ops.roles.mark_optimizer`); the listing's checkpoint carries them.
 
     Raises:
         UsageError: Bad role or regex.
     """
+    ckpt = mark_optimizer(ckpt, optimizer_pattern)
     if role is not None and role not in ROLES:
         raise UsageError(f"unknown role {role!r}; expected one of {', '.join(ROLES)}")
     import re  # noqa: PLC0415
