@@ -16,6 +16,8 @@ import sys
 import textwrap
 from typing import Callable, Iterable
 
+import numpy as np
+
 from ckptinspect.formats import _protos
 from ckptinspect.formats._crc import mask, masked_crc32c, crc32c_module
 from ckptinspect.formats._sstable import FOOTER_SIZE, TABLE_MAGIC, iter_table
@@ -127,50 +129,95 @@ def string_tensor_crc(value: bytes) -> int:
     return tensor_crc32c("string", (), string_scalar_bytes(value))
 
 
-SAVE_SCRIPT = textwrap.dedent("""
-    import sys, json, numpy as np, os
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+def save_tensors(prefix: pathlib.Path | str, tensors: dict[bytes, np.ndarray]) -> pathlib.Path:
+    """Write a bundle with TensorFlow's own SaveV2 kernel (what every TF save runs); keys are
+    raw bytes, values numpy arrays (or ``bytes`` for a scalar string)."""
     import tensorflow as tf
-    spec = json.loads(sys.argv[2])
-    names = [bytes.fromhex(n) for n in spec["names"]]
-    values = [tf.constant(np.array(v, dtype=d)) for v, d in zip(spec["values"], spec["dtypes"])]
-    tf.raw_ops.SaveV2(prefix=sys.argv[1], tensor_names=names, shape_and_slices=[""] * len(names), tensors=values)
-""")
 
-
-def save_tensors(prefix: pathlib.Path | str, tensors: dict[bytes, tuple[list, str]]) -> pathlib.Path:
-    """Write a name-based (TF1-style) bundle with TensorFlow's SaveV2, in a subprocess (so a
-    test process need not import TensorFlow). Keys are raw bytes."""
-    import json
-
-    spec = {
-        "names": [k.hex() for k in tensors],
-        "values": [v for v, _ in tensors.values()],
-        "dtypes": [d for _, d in tensors.values()],
-    }
-    proc = subprocess.run([sys.executable, "-c", SAVE_SCRIPT, str(prefix), json.dumps(spec)],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    with tf.device("/cpu:0"):
+        tf.raw_ops.SaveV2(
+            prefix=str(prefix),
+            tensor_names=list(tensors),
+            shape_and_slices=[""] * len(tensors),
+            tensors=[tf.constant(v) for v in tensors.values()],
+        )
     return pathlib.Path(prefix)
+
+
+def graph_in_own_shard(src: pathlib.Path, dest: pathlib.Path) -> pathlib.Path:
+    """A copy of the one-shard TF2 checkpoint ``src`` whose object graph lives alone in a
+    second data shard (as a multi-device save can place it): the same bytes, re-indexed."""
+    dest.mkdir(parents=True, exist_ok=True)
+    prefix = dest / src.name
+    data = pathlib.Path(f"{src}.data-00000-of-00001").read_bytes()
+    entries = read_entries(pathlib.Path(f"{src}.index"))
+    out = []
+    graph = b""
+    for key, value in entries:
+        if key == b"":
+            header = _protos.BundleHeaderProto()
+            header.ParseFromString(value)
+            header.num_shards = 2
+            value = header.SerializeToString()
+        elif key == b"_CHECKPOINTABLE_OBJECT_GRAPH":
+            e = parse_entry(value)
+            graph = data[e.offset : e.offset + e.size]
+            e.shard_id, e.offset = 1, 0
+            value = e.SerializeToString()
+        out.append((key, value))
+    pathlib.Path(f"{prefix}.data-00000-of-00002").write_bytes(data)
+    pathlib.Path(f"{prefix}.data-00001-of-00002").write_bytes(graph)
+    pathlib.Path(f"{prefix}.index").write_bytes(write_table(out))
+    return prefix
+
+
+def chain_graph(depth: int, *, every_node_holds: bool = False) -> bytes:
+    """A serialized ``TrackableObjectGraph``: the root, then a chain of ``depth`` objects each
+    the only child (``c``) of the one before; the last one (or, with ``every_node_holds``,
+    every one) holds a variable keyed as TensorFlow keys it (``c/c/.../.ATTRIBUTES/VARIABLE_VALUE``,
+    shortened to ``v<i>`` for ``every_node_holds``)."""
+    graph = _protos.TrackableObjectGraph()
+    for i in range(depth + 1):
+        node = graph.nodes.add()
+        if i < depth:
+            node.children.add(node_id=i + 1, local_name=b"c")
+        if i == depth and not every_node_holds:
+            node.attributes.add(name=b"VARIABLE_VALUE", full_name=b"deep/v", checkpoint_key=DEEP_KEY)
+        elif every_node_holds and i > 0:
+            node.attributes.add(name=b"VARIABLE_VALUE", full_name=b"v%d" % i, checkpoint_key=b"v%d/.ATTRIBUTES/VARIABLE_VALUE" % i)
+    return graph.SerializeToString()
+
+
+DEEP_KEY = b"deep/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+def graph_checkpoint(prefix: pathlib.Path, blob: bytes, values: dict[bytes, np.ndarray]) -> pathlib.Path:
+    """A TF2-style bundle holding the object graph ``blob`` and ``values``, written by SaveV2."""
+    return save_tensors(prefix, {b"_CHECKPOINTABLE_OBJECT_GRAPH": np.array(blob, dtype=object), **values})
 
 
 TF_PROBE = textwrap.dedent("""
     import os, sys
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     import tensorflow as tf
-    r = tf.train.load_checkpoint(sys.argv[1])
-    shapes = r.get_variable_to_shape_map()
-    print("listed", len(shapes), flush=True)
-    for k in sorted(shapes):
-        r.get_tensor(k)
+    reader = tf.train.load_checkpoint(sys.argv[1])
+    print("opened", flush=True)
+    for key in sys.argv[2:]:
+        reader.get_tensor(bytes.fromhex(key))
     print("read all", flush=True)
 """)
 
 
-def tf_reads(prefix: pathlib.Path | str) -> tuple[int, str]:
-    """What TensorFlow itself does with a bundle: (exit code, last stdout/stderr line) of a
-    subprocess that lists it with ``tf.train.load_checkpoint`` and reads every tensor (a
-    subprocess, since TensorFlow may abort: -6 is SIGABRT)."""
-    proc = subprocess.run([sys.executable, "-c", TF_PROBE, str(prefix)], capture_output=True, text=True, timeout=120)
-    lines = (proc.stdout + proc.stderr).strip().splitlines()
-    return proc.returncode, lines[-1] if lines else ""
+def tf_reads(prefix: pathlib.Path | str) -> str:
+    """What TensorFlow itself does with a bundle: ``tf.train.load_checkpoint``, then
+    ``get_tensor`` of every key of the index (as bytes), in a subprocess, since TensorFlow may
+    abort. Returns ``"ok"``, ``"abort"`` (SIGABRT) or ``"error: <last line of the message>"``."""
+    keys = [k.hex() for k, _ in read_entries(pathlib.Path(f"{prefix}.index")) if k and k[:1] != b"\x00"]
+    proc = subprocess.run([sys.executable, "-c", TF_PROBE, str(prefix), *keys], capture_output=True, text=True,
+                          timeout=300)
+    if proc.returncode == -6:
+        return "abort"
+    if proc.returncode == 0 and proc.stdout.strip().endswith("read all"):
+        return "ok"
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    return "error: " + (lines[-1] if lines else f"exit {proc.returncode}")

@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from cases_bundle import CASES as BUNDLE_CASES
 from cases_io import CASES as IO_CASES
 from cases_keras import CASES as KERAS_CASES
 from cases_ux import CASES as UX_CASES
@@ -41,7 +42,7 @@ h5py = pytest.importorskip("h5py")
 runner = CliRunner()
 
 
-CATALOGUE = [*BASE_CASES, *UX_CASES, *KERAS_CASES, *TORCH_CASES, *IO_CASES]
+CATALOGUE = [*BASE_CASES, *UX_CASES, *KERAS_CASES, *TORCH_CASES, *IO_CASES, *BUNDLE_CASES]
 
 COMMANDS = {
     "ls": lambda p, out: ["ls", p],

@@ -101,6 +101,7 @@ KERAS_API_CHILD = "keras_api"
 METRIC_CONTAINERS = frozenset({"metrics", "layer_metrics"})
 KERAS_METRICS_KEY_RE = re.compile(r"(^|/)keras_api/(layer_)?metrics/")
 OPTIMIZER_KEY_PART = "optimizer"
+KERAS3_MODEL_VARIABLES = "_trainable_variables"
 
 # Keys are bytes; a key that is not UTF-8 keeps its bytes as surrogate escapes, so the str is
 # the identity of the key (two keys never collide) and encodes back to the exact bytes.
@@ -410,6 +411,10 @@ def _read_int_scalar(prefix: str, index: BundleIndex, entry: IndexEntry) -> int 
 
 
 # -- object graph ------------------------------------------------------------------------
+# TrackableObject field numbers (see the module docstring).
+NODE_CHILDREN, NODE_ATTRIBUTES, NODE_SLOT_VARIABLES = 1, 2, 3
+
+
 class _Node:
     """One ``TrackableObject``: (child node id, local name) pairs, (attribute name, full
     name, checkpoint key) triples, (original, slot name, slot variable) triples."""
@@ -435,18 +440,24 @@ def parse_object_graph(blob: bytes) -> list[_Node]:
         raise MalformedError(f"bad TrackableObjectGraph: {e}") from None
     n = len(graph.nodes)
     nodes = []
-    for node in graph.nodes:
-        children = tuple((c.node_id, decode_key(c.local_name)) for c in node.children)
-        for cid, _ in children:
-            if not 0 <= cid < n:
-                raise MalformedError(f"object graph child {cid} out of range ({n} nodes)")
-        slots = tuple((s.original_variable_node_id, decode_key(s.slot_name), s.slot_variable_node_id)
-                      for s in node.slot_variables)
-        for orig, _, slot in slots:
-            if not (0 <= orig < n and 0 <= slot < n):
-                raise MalformedError("object graph slot variable out of range")
-        attributes = tuple((decode_key(a.name), decode_key(a.full_name), decode_key(a.checkpoint_key))
-                           for a in node.attributes)
+    empty = ()
+    for node in graph.nodes:  # the hot loop of a large graph: only the fields that are set
+        children = attributes = slots = empty
+        for field, values in node.ListFields():
+            if field.number == NODE_CHILDREN:
+                children = tuple((c.node_id, c.local_name.decode(KEY_ENCODING, KEY_ERRORS)) for c in values)
+                for cid, _ in children:
+                    if not 0 <= cid < n:
+                        raise MalformedError(f"object graph child {cid} out of range ({n} nodes)")
+            elif field.number == NODE_ATTRIBUTES:
+                attributes = tuple((decode_key(a.name), decode_key(a.full_name), decode_key(a.checkpoint_key))
+                                   for a in values)
+            elif field.number == NODE_SLOT_VARIABLES:
+                slots = tuple((v.original_variable_node_id, decode_key(v.slot_name), v.slot_variable_node_id)
+                              for v in values)
+                for orig, _, slot in slots:
+                    if not (0 <= orig < n and 0 <= slot < n):
+                        raise MalformedError("object graph slot variable out of range")
         nodes.append(_Node(children, attributes, slots))
     return nodes
 
@@ -511,8 +522,8 @@ class ObjectPaths:
             self.budget -= 1
             if self.budget < 0:
                 raise MalformedError(
-                    f"object graph paths add up to more than {MAX_PATH_ELEMENTS} elements (a chain "
-                    f"{len(parts)}+ objects deep)"
+                    f"object graph paths add up to more than {MAX_PATH_ELEMENTS} elements (reached an "
+                    f"object {len(parts)}+ levels deep)"
                 )
         parts.reverse()
         return tuple(parts)
@@ -623,8 +634,10 @@ def _entry_shards(index: BundleIndex, entry: IndexEntry) -> tuple[tuple[int, ...
 
 
 def _nbytes(entry: IndexEntry, stored: int) -> int:
+    """Bytes the value takes: shape x dtype where both make sense (an entry whose recorded size
+    is wrong shows what it should take), else what the index records."""
     item = m.ITEMSIZE.get(entry.dtype)
-    if item is None or entry.problem is not None:
+    if item is None or not _fits_tensorflow(entry.shape):
         return stored
     n = item
     for d in entry.shape:
@@ -632,15 +645,24 @@ def _nbytes(entry: IndexEntry, stored: int) -> int:
     return n
 
 
+def _label(variable: m.Variable) -> str:
+    """``'name'``, or ``'name' (key 'key')`` when they differ, for messages."""
+    name, key = m.display_name(variable.name), m.display_name(variable.key)
+    return f"'{name}'" if name == key else f"'{name}' (key '{key}')"
+
+
 def _keyed_role(key: str, entry: IndexEntry) -> str:
     """The role of a TF2 key when the object graph cannot be read: a guess from the key alone
-    (an ``optimizer`` path element or an optimizer slot: optimizer; Keras metrics, counters at
-    the top level and non-variable attributes: metadata; else model)."""
+    (an ``optimizer`` path element or an optimizer slot: optimizer, except a Keras 3
+    optimizer's ``_trainable_variables``, which are the model's; Keras metrics, counters at the
+    top level and non-variable attributes: metadata; else model)."""
     if OPTIMIZER_SLOT_MARK in key:
         return m.ROLE_OPTIMIZER
     if not key.endswith(ATTRIBUTES_MARK + VARIABLE_VALUE) or KERAS_METRICS_KEY_RE.search(key):
         return m.ROLE_METADATA
     parts = _key_name(key).split("/")
+    if KERAS3_MODEL_VARIABLES in parts[:-1]:
+        return m.ROLE_MODEL  # a Keras 3 optimizer's list of the model's trainable variables
     if OPTIMIZER_KEY_PART in parts[:-1]:
         return m.ROLE_OPTIMIZER
     if len(parts) == 1 and parts[0] in METADATA_LOCAL_NAMES:
@@ -661,7 +683,7 @@ def _read_object_graph(prefix: str, index: BundleIndex, entry: IndexEntry) -> li
         raise MalformedError(f"the entry is a {entry.dtype} tensor of shape {list(entry.shape)}, not a scalar string")
     path = data_path(prefix, entry.shard_id, index.num_shards)
     if not _fs.exists(path):
-        raise MalformedError(f"its data shard {path} is missing")
+        raise MalformedError("the data shard is missing")
     try:
         raw = read_raw(prefix, index.num_shards, entry, limit=MAX_OBJECT_GRAPH_BYTES)
     except CorruptCheckpointError as e:
@@ -868,8 +890,7 @@ class BundleSource(m.BaseSource):
         why = self._unreadable.get(variable.key)
         if why is not None:
             raise CorruptCheckpointError(
-                f"{self.prefix}{INDEX_SUFFIX}: cannot read '{m.display_name(variable.key)}': {why}"
-                " (`ckptinspect verify` reports it)"
+                f"{self.prefix}{INDEX_SUFFIX}: cannot read {_label(variable)}: {why} (`ckptinspect verify` reports it)"
             )
 
     def _open(self):
