@@ -100,6 +100,12 @@ def _chain_case(depth: int, every_node_holds: bool = False):
     return make
 
 
+def too_many_objects(d: pathlib.Path) -> pathlib.Path:
+    """An object graph of 2,000,000 empty objects (4 MB): decoded, it would take gigabytes."""
+    d.mkdir(parents=True, exist_ok=True)
+    return graph_checkpoint(d / "ckpt-1", b"\n\x00" * 2_000_000, {DEEP_KEY: np.arange(3, dtype=np.float32)})
+
+
 def _index_warning(problem: str) -> str:
     return f"warning: {{p}}.index: '{NAME}': {problem} (`ckptinspect verify` reports it)"
 
@@ -211,7 +217,7 @@ CASES = [
     # -- the object graph (of run/ckpt-8) -------------------------------------------------------------
     # TF: reads every key, the graph too (a string's size is not checked against the entry).
     Case("object-graph-huge-size", _graph_entry_case(size=10**12), _graph_expect(
-        SHARD0, "'_CHECKPOINTABLE_OBJECT_GRAPH' declares 1000000000000 bytes, more than the 67108864 this entry may take",
+        SHARD0, "'_CHECKPOINTABLE_OBJECT_GRAPH' declares 1000000000000 bytes, more than the 33554432 this entry may take",
         f"first:   _CHECKPOINTABLE_OBJECT_GRAPH in {SHARD0}: needs bytes 4172..1000000004172, the shard has 7924 … truncated")),
     # TF: get_tensor of the graph raises IndexError ("Read less bytes than requested").
     Case("object-graph-huge-offset", _graph_entry_case(offset=2**62), _graph_expect(
@@ -240,6 +246,13 @@ CASES = [
     Case("object-graph-chain-300k", _chain_case(300_000), {
         "ls": (0, "deep/v … [3] … model"),
         "verify": (0, "verdict: INTACT: 1 of 1 checkpoint whole, 2 tensors"),
+    }),
+    # 2,000,000 empty objects: counted on the wire and refused before anything is decoded.
+    Case("object-graph-too-many-objects", too_many_objects, {
+        "ls": (0, "deep … [3] … model", f"warning: {SHARD0}: {GRAPH_UNREAD}object graph holds more than 1000000"
+               " objects"),
+        "verify": (0, "verdict: INTACT: 1 of 1 checkpoint whole, 2 tensors"),
+        "extract": (2, EXTRACT_NEEDS_GRAPH),
     }),
     # 3,000 chained objects each holding a value: 4.5 million path elements, over the budget.
     Case("object-graph-paths-over-budget", _chain_case(3_000, every_node_holds=True), {
@@ -271,5 +284,6 @@ TF_OUTCOME = {
     "object-graph-shard-garbage": "error: IndexError: Parsed past limit.",
     "object-graph-chain-40k": "ok",
     "object-graph-chain-300k": "ok",
+    "object-graph-too-many-objects": "ok",
     "object-graph-paths-over-budget": "ok",
 }

@@ -216,6 +216,14 @@ def test_object_graph_walk_is_linear():
     assert fact.graph_path == "/".join(["c"] * 300_000)
 
 
+def test_graph_objects_are_counted_before_decoding():
+    assert tf_bundle.count_graph_objects(chain_graph(10)) == 22  # 11 nodes, 10 child references, 1 attribute
+    start = time.perf_counter()
+    with pytest.raises(tf_bundle.MalformedError, match="object graph holds more than 1000000 objects"):
+        tf_bundle.parse_object_graph(b"\n\x00" * 8_000_000)  # decoded: ~400 MB in protobuf alone
+    assert time.perf_counter() - start < 10
+
+
 def test_path_budget_is_a_clear_error():
     nodes = tf_bundle.parse_object_graph(chain_graph(3_000, every_node_holds=True))
     with pytest.raises(tf_bundle.MalformedError, match="object graph paths add up to more than 4000000 elements"):

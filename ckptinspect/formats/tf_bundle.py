@@ -35,7 +35,7 @@ from . import _fs, _protos, tf_data
 from ._layout import INDEX_SUFFIX, data_path
 from ._ordered_code import decode_tensor_name_slice
 from ._sstable import iter_table
-from ._wire import MalformedError
+from ._wire import WIRE_FIXED32, WIRE_FIXED64, WIRE_LEN, WIRE_VARINT, MalformedError, read_varint
 from .tf_data import DTYPE_NAMES, decode_string_scalar, expected_nbytes, read_raw
 
 if TYPE_CHECKING:
@@ -59,6 +59,7 @@ __all__ = [
     "encode_key",
     "entry_problem",
     "parse_object_graph",
+    "count_graph_objects",
     "analyse_object_graph",
     "walk",
     "ObjectPaths",
@@ -111,8 +112,11 @@ KEY_ERRORS = "surrogateescape"
 # process on more dimensions or on an element count that overflows int64.
 MAX_DIMS = 254
 MAX_ELEMENTS = (1 << 63) - 1
-# The object graph is read whole: far beyond any real one (a few MB for thousands of layers).
-MAX_OBJECT_GRAPH_BYTES = 64 << 20
+# The object graph is read whole and decoded: bounds far beyond any real one (tens of KB for
+# hundreds of variables), which keep a hostile graph (millions of empty objects) from taking
+# gigabytes. Objects are nodes plus their child references, attributes and slot references.
+MAX_OBJECT_GRAPH_BYTES = 32 << 20
+MAX_OBJECT_GRAPH_OBJECTS = 1_000_000
 # Object-graph paths are built only for nodes holding values, by walking parent pointers; this
 # bounds the total work (path elements over all such nodes) on a hostile graph (a long chain).
 MAX_PATH_ELEMENTS = 4_000_000
@@ -413,6 +417,7 @@ def _read_int_scalar(prefix: str, index: BundleIndex, entry: IndexEntry) -> int 
 # -- object graph ------------------------------------------------------------------------
 # TrackableObject field numbers (see the module docstring).
 NODE_CHILDREN, NODE_ATTRIBUTES, NODE_SLOT_VARIABLES = 1, 2, 3
+NODES_FIELD = 1  # TrackableObjectGraph.nodes
 
 
 class _Node:
@@ -427,12 +432,61 @@ class _Node:
         self.slots = slots
 
 
-def parse_object_graph(blob: bytes) -> list[_Node]:
-    """Decode a serialized ``TrackableObjectGraph``.
+def count_graph_objects(blob: bytes, limit: int = MAX_OBJECT_GRAPH_OBJECTS) -> int:
+    """The objects a serialized ``TrackableObjectGraph`` holds (nodes, and each node's child
+    references, attributes and slot references), counted on the wire before anything is
+    decoded.
 
     Raises:
-        MalformedError: The bytes are not a graph, or a reference points outside it.
+        MalformedError: More than ``limit`` objects, or bytes that do not scan.
     """
+    n = len(blob)
+    pos = objects = 0
+    while pos < n:
+        tag, pos = (blob[pos], pos + 1) if blob[pos] < 0x80 else read_varint(blob, pos)
+        end = _skip_field(blob, pos, tag & 7)
+        if tag == (NODES_FIELD << 3 | WIRE_LEN):
+            objects += 1
+            inner, _ = read_varint(blob, pos)  # the record's length prefix
+            p = end - inner
+            while p < end:
+                t, p = (blob[p], p + 1) if blob[p] < 0x80 else read_varint(blob, p)
+                if t & 7 == WIRE_LEN:
+                    objects += 1
+                p = _skip_field(blob, p, t & 7)
+            if objects > limit:
+                raise MalformedError(f"object graph holds more than {limit} objects")
+        pos = end
+    return objects
+
+
+def _skip_field(buf: bytes, pos: int, wire: int) -> int:
+    """The position after a field's value of wire type ``wire`` starting at ``pos``."""
+    if wire == WIRE_LEN:
+        size, pos = read_varint(buf, pos)
+        end = pos + size
+    elif wire == WIRE_VARINT:
+        _, end = read_varint(buf, pos)
+    elif wire == WIRE_FIXED64:
+        end = pos + 8
+    elif wire == WIRE_FIXED32:
+        end = pos + 4
+    else:
+        raise MalformedError(f"unsupported protobuf wire type {wire}")
+    if end > len(buf):
+        raise MalformedError("object graph field runs past the end")
+    return end
+
+
+def parse_object_graph(blob: bytes) -> list[_Node]:
+    """Decode a serialized ``TrackableObjectGraph`` (at most :data:`MAX_OBJECT_GRAPH_OBJECTS`
+    objects, counted before decoding).
+
+    Raises:
+        MalformedError: The bytes are not a graph, hold too many objects, or a reference
+            points outside the graph.
+    """
+    count_graph_objects(blob)
     graph = _protos.TrackableObjectGraph()
     try:
         graph.ParseFromString(blob)

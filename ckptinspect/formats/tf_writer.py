@@ -123,8 +123,8 @@ def prune_object_graph(blob: bytes, keep_keys: Collection[str], *, keep_object_s
 
     source = trackable_object_graph_pb2.TrackableObjectGraph()
     try:
+        ours = parse_object_graph(blob)  # first: it bounds the graph's size before decoding
         source.ParseFromString(blob)
-        ours = parse_object_graph(blob)
     except Exception as e:  # noqa: BLE001 - MalformedError, or protobuf's DecodeError (no stable home)
         raise CorruptCheckpointError(f"the object graph does not parse: {e}") from None
     nodes = source.nodes
