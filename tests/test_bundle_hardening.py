@@ -201,6 +201,11 @@ def test_raw_keys_through_every_command(raw_keys, tmp_path):
     tf = pytest.importorskip("tensorflow")
     reader = tf.train.load_checkpoint(str(out))
     np.testing.assert_array_equal(reader.get_tensor(b"w\xff"), [1.0, 2.0])  # TensorFlow reads them by bytes
+    for suffix in (".npz", ".safetensors"):  # text names: a clear refusal, not UnicodeEncodeError
+        refused = runner.invoke(app, ["extract", p, "-o", str(tmp_path / f"out{suffix}")])
+        assert refused.exit_code == 2
+        assert refused.stderr == (f"Error: {p}: 'w\\xfe' is not valid UTF-8 (its key holds raw bytes), and a"
+                                  f" {suffix} output names its tensors with text; write a TF checkpoint instead\n")
 
 
 # -- 4. deep object graphs: linear walks ---------------------------------------------------------

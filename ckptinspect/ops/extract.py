@@ -207,6 +207,8 @@ def extract(
     try:
         ckpt = mark_optimizer(ckpt, optimizer_pattern)
         _refuse_unreadable(ckpt, keep)
+        if fmt in (FORMAT_NPZ, FORMAT_SAFETENSORS):
+            _require_text_names(ckpt, keep, fmt)
         if not any(v.role == m.ROLE_MODEL for v in ckpt.variables):
             raise UsageError(f"{ckpt.path}: no model variables to extract (roles: {_role_summary(ckpt)})")
         protected = [src, ckpt.path, *_source_files(ckpt)]
@@ -286,6 +288,20 @@ def _refuse_unreadable(ckpt: m.Checkpoint, keep: Sequence[str]) -> None:
             raise CorruptCheckpointError(
                 f"{ckpt.path}: cannot read {label}: {unreadable[v.key]} (`ckptinspect verify` reports it)"
             )
+
+
+def _require_text_names(ckpt: m.Checkpoint, keep: Sequence[str], fmt: str) -> None:
+    """``.npz`` member names and ``.safetensors`` header keys are text: a name holding bytes
+    that are not UTF-8 (a raw TF key, kept as surrogate escapes) cannot be written there."""
+    for v in ckpt.variables:
+        if v.role in keep:
+            try:
+                v.name.encode("utf-8")
+            except UnicodeEncodeError:
+                raise UsageError(
+                    f"{ckpt.path}: '{m.display_name(v.name)}' is not valid UTF-8 (its key holds raw bytes), and a"
+                    f" .{fmt} output names its tensors with text; write a TF checkpoint instead"
+                ) from None
 
 
 def _role_summary(ckpt: m.Checkpoint) -> str:
