@@ -48,7 +48,6 @@ __all__ = [
     "terminal_width",
     "simple_table",
     "progress_line",
-    "warnings_view",
 ]
 
 
@@ -416,11 +415,6 @@ def _csv_cell(value: Any) -> Any:
     return "" if value is None else csv_safe(value)
 
 
-def warnings_view(warnings: Iterable[str]) -> str:
-    """Warning lines for stderr (``warning: ...``, control characters escaped), or ``""``."""
-    return "".join(f"warning: {escape_controls(w)}\n" for w in warnings)
-
-
 def progress_line(label: str, done: int, total: int, name: str, width: int) -> str:
     """One progress line of at most ``width - 1`` columns (a full-width line wraps in some
     terminals): ``label [#####.....] done/total name``, the name shortened in the middle."""
@@ -681,8 +675,9 @@ def ls_view(listing, fmt: OutputFormat, tree: bool = False, width: int | None = 
 
 
 def ls_warnings(listing) -> str:
-    """The warning lines of an :class:`~ckptinspect.ops.listing.Listing`, for stderr."""
-    return "".join(f"warning: {w}\n" for w in listing.warnings)
+    """The warning lines of an :class:`~ckptinspect.ops.listing.Listing`, for stderr (control
+    characters and bytes that are not UTF-8 escaped, as in tables)."""
+    return "".join(f"warning: {escape_controls(w)}\n" for w in listing.warnings)
 
 
 def _tree_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

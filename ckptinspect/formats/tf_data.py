@@ -143,6 +143,7 @@ def read_raw(prefix: str, num_shards: int, entry: IndexEntry, limit: int | None 
 
     Raises:
         CheckpointNotFoundError: Its data shard is missing.
+        UnsafeFileError: The shard is not a regular file.
         CorruptCheckpointError: The shard ends before the entry does, or the entry is larger
             than ``limit``.
     """
@@ -153,7 +154,7 @@ def read_raw(prefix: str, num_shards: int, entry: IndexEntry, limit: int | None 
         raise CorruptCheckpointError(
             f"{path}: {entry.key!r} declares {entry.size} bytes, more than the {limit} this entry may take"
         )
-    size = _fs.getsize(path)
+    size = _fs.check_regular(path)  # a FIFO or device is refused, not read as 0 bytes
     if entry.offset + entry.size > size:
         raise CorruptCheckpointError(
             f"{path}: truncated: {entry.key!r} needs bytes {entry.offset}..{entry.offset + entry.size},"
