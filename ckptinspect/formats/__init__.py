@@ -289,6 +289,10 @@ def _open_directory(directory: str) -> m.Checkpoint:
                 ckpt = open_v1(latest, checkpoints=listing.checkpoints)
             else:
                 ckpt = open_bundle(latest, checkpoints=listing.checkpoints)
+                if (ckpt.info.get("object_graph") or {}).get("error") and attempt < RESOLVE_ATTEMPTS \
+                        and not checkpoint_present(latest):
+                    ckpt.close()  # its files went while it was read (rotated out), not damage: resolve again
+                    continue
                 pin = getattr(ckpt.source, "pin", None)
                 if pin is not None:
                     pin()
