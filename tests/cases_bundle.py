@@ -23,7 +23,6 @@ from bundle_craft import (
     graph_checkpoint,
     graph_in_own_shard,
     read_entries,
-    rewrite_index,
     save_tensors,
 )
 from catalogue import RUN, SHARDED, Case, _copy_prefix

@@ -6,7 +6,8 @@ tensor source, or check one with :func:`prepare_check`. One module per format fa
 picked by content (:func:`detect`) and registered once in :data:`_FORMATS`:
 
 * :mod:`.tf_bundle` - TF bundle checkpoints (``.index`` + ``.data-*``), TF1 and TF2, with
-  :mod:`.tf_data` for their data files at the byte level.
+  :mod:`.tf_data` for their data files at the byte level and :mod:`.tf_object_graph` for a
+  TF2 checkpoint's object graph (names and roles).
 * :mod:`.tf_v1` - TF V1 table checkpoints (one file, no ``.index``).
 * :mod:`.tf_state` - checkpoint directories (``checkpoint`` state file).
 * :mod:`.keras_h5` - Keras HDF5 files (legacy ``.h5``, ``.weights.h5``, sharded weights).

@@ -6,6 +6,10 @@ from __future__ import annotations
 import re
 
 INDEX_SUFFIX = ".index"
+# Keys are bytes; a key that is not UTF-8 keeps its bytes as surrogate escapes, so the str is
+# the identity of the key (two keys never collide) and encodes back to the exact bytes.
+KEY_ENCODING = "utf-8"
+KEY_ERRORS = "surrogateescape"
 STATE_FILE = "checkpoint"
 DATA_FILE_RE = re.compile(r"^(?P<prefix>.*)\.data-(?P<shard>\d{5})-of-(?P<num>\d{5})$")
 
@@ -24,3 +28,13 @@ ZIP_SIGNATURE = b"PK\x03\x04"
 def is_hdf5_head(head: bytes) -> bool:
     """True when the first :data:`HDF5_HEAD_BYTES` bytes of a file hold an HDF5 signature."""
     return any(head[o : o + len(HDF5_SIGNATURE)] == HDF5_SIGNATURE for o in HDF5_USERBLOCK_OFFSETS)
+
+
+def decode_key(raw: bytes) -> str:
+    """A TF bundle key (or object-graph name) as a str that encodes back to the exact bytes."""
+    return raw.decode(KEY_ENCODING, KEY_ERRORS)
+
+
+def encode_key(key: str) -> bytes:
+    """The exact bytes of a key (what TensorFlow's reader and writer take)."""
+    return key.encode(KEY_ENCODING, KEY_ERRORS)

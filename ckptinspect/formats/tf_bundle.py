@@ -6,17 +6,18 @@ checkpoints, the object graph (``_CHECKPOINTABLE_OBJECT_GRAPH``, a ``TrackableOb
 stored as a string tensor). TensorFlow is not imported for that. Values come from
 ``tf.train.load_checkpoint``, one tensor at a time.
 
-Field numbers used here (tensorflow/core/protobuf/tensor_bundle.proto,
-trackable_object_graph.proto, tensor_shape.proto, tensor_slice.proto):
+Field numbers used here (tensorflow/core/protobuf/tensor_bundle.proto, tensor_shape.proto,
+tensor_slice.proto; the object graph's are in :mod:`.tf_object_graph`):
 
 * BundleHeaderProto: num_shards=1, endianness=2, version=3.
 * BundleEntryProto: dtype=1, shape=2, shard_id=3, offset=4, size=5, crc32c=6, slices=7.
 * TensorShapeProto: dim=2 (Dim: size=1, name=2), unknown_rank=3.
 * TensorSliceProto: extent=1 (Extent: start=1, length=2).
-* TrackableObjectGraph: nodes=1. TrackableObject: children=1 (ObjectReference: node_id=1,
-  local_name=2), attributes=2 (SerializedTensor: name=1, full_name=2, checkpoint_key=3),
-  slot_variables=3 (SlotVariableReference: original_variable_node_id=1, slot_name=2,
-  slot_variable_node_id=3).
+
+Every entry is checked when the index is parsed (:func:`entry_problem`): one TensorFlow cannot
+read (an unknown dtype, a resource handle, a shape it aborts on, a size other than shape x
+dtype) is listed, reported by ``verify``, and never handed to TensorFlow. Keys keep their exact
+bytes (:func:`~._layout.decode_key`).
 """
 
 from __future__ import annotations
@@ -27,16 +28,33 @@ import glob
 import os
 import re
 import struct
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 from .. import model as m
-from ..errors import CheckpointNotFoundError, CkptError, CorruptCheckpointError, NotACheckpointError
+from ..errors import (
+    CheckpointNotFoundError,
+    CkptError,
+    CorruptCheckpointError,
+    NotACheckpointError,
+)
 from . import _fs, _protos, tf_data
-from ._layout import INDEX_SUFFIX, data_path
+from ._layout import INDEX_SUFFIX, data_path, decode_key, encode_key
 from ._ordered_code import decode_tensor_name_slice
 from ._sstable import iter_table
-from ._wire import WIRE_FIXED32, WIRE_FIXED64, WIRE_LEN, WIRE_VARINT, MalformedError, read_varint
+from ._wire import MalformedError
 from .tf_data import DTYPE_NAMES, decode_string_scalar, expected_nbytes, read_raw
+from .tf_object_graph import (
+    METADATA_LOCAL_NAMES,
+    VARIABLE_VALUE,
+    GraphNode,
+    KeyFacts,
+    ObjectPaths,
+    analyse_object_graph,
+    count_graph_objects,
+    is_optimizer_node,
+    parse_object_graph,
+    walk,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -58,27 +76,26 @@ __all__ = [
     "decode_key",
     "encode_key",
     "entry_problem",
+    # the object graph (tf_object_graph), for the bundle writers
+    "VARIABLE_VALUE",
     "parse_object_graph",
     "count_graph_objects",
     "analyse_object_graph",
+    "is_optimizer_node",
     "walk",
     "ObjectPaths",
 ]
 
 OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 ATTRIBUTES_MARK = "/.ATTRIBUTES/"
-VARIABLE_VALUE = "VARIABLE_VALUE"
 OPTIMIZER_SLOT_MARK = "/.OPTIMIZER_SLOT/"
 STEP_SUFFIX_RE = re.compile(r"[-_](\d+)$")
 # A sharded V1 Saver's file names end in the shard (model.ckpt-7-00000-of-00001), or in TF's
 # pattern for all of them in its state file (model.ckpt-7-?????-of-00001).
 V1_SHARD_SUFFIX_RE = re.compile(r"-(\d{5}|\?{5})-of-\d{5}$")
 
-# Children that only an optimizer has (Keras 2 OptimizerV2, Keras 3, TF1 optimizers in eager).
-OPTIMIZER_CHILD_MARKS = {"iter", "_iterations", "beta1_power", "beta2_power", "_learning_rate"}
 # Names of step / counter variables (metadata).
 STEP_NAMES = ("global_step", "step")
-METADATA_LOCAL_NAMES = {"save_counter", "global_step", "step", "epoch", "epochs"}
 # TF1 name-based optimizer slots: ``<var>/<OptimizerName>[_N]`` as tf.compat.v1 optimizers name
 # them. (Keras optimizer-v2 slots in graph mode live under ``training/`` or ``<Optimizer>/``,
 # matched by TF1_OPTIMIZER_NAMES; bare suffixes such as ``/m`` or ``/linear`` are not used,
@@ -91,47 +108,22 @@ TF1_SLOT_RE = re.compile(
     r"|/adam_[mv]$"
 )
 TF1_OPTIMIZER_NAMES = re.compile(r"(^|/)(beta1_power|beta2_power)(_\d+)?$|^training/|^(Adam|SGD|RMSprop|Adagrad|Ftrl|Nadam|Adamax|Adadelta|optimizer)(_\d+)?/")
-GENERIC_NAME_RE = re.compile(r"^(Variable|ResourceVariable)(_\d+)?(:\d+)?$")
 # Largest ``.index`` file read: an index holds ~100 bytes per tensor or slice, so this is far
 # beyond any real checkpoint, and it keeps a hostile file (a sparse 3 GB ``.index``) from being read.
 MAX_INDEX_BYTES = 256 << 20
 MAX_PINNED_SHARDS = 256  # data files held open for a checkpoint resolved from a live directory
-# A Keras 2 SavedModel tracks its compiled metrics under ``keras_api/metrics`` (and layers'
-# ``keras_api/layer_metrics``); their accumulators (``total``, ``count``) are not model weights.
-KERAS_API_CHILD = "keras_api"
-METRIC_CONTAINERS = frozenset({"metrics", "layer_metrics"})
 KERAS_METRICS_KEY_RE = re.compile(r"(^|/)keras_api/(layer_)?metrics/")
 OPTIMIZER_KEY_PART = "optimizer"
 KERAS3_MODEL_VARIABLES = "_trainable_variables"
 
-# Keys are bytes; a key that is not UTF-8 keeps its bytes as surrogate escapes, so the str is
-# the identity of the key (two keys never collide) and encodes back to the exact bytes.
-KEY_ENCODING = "utf-8"
-KEY_ERRORS = "surrogateescape"
 # TensorFlow's limits on a shape (tensorflow/core/framework/tensor_shape.h): it aborts the
 # process on more dimensions or on an element count that overflows int64.
 MAX_DIMS = 254
 MAX_ELEMENTS = (1 << 63) - 1
-# The object graph is read whole and decoded: bounds far beyond any real one (tens of KB for
-# hundreds of variables), which keep a hostile graph (millions of empty objects) from taking
-# gigabytes. Objects are nodes plus their child references, attributes and slot references.
+# The object graph is read whole: far beyond any real one (tens of KB for hundreds of
+# variables); tf_object_graph bounds what is decoded.
 MAX_OBJECT_GRAPH_BYTES = 32 << 20
-MAX_OBJECT_GRAPH_OBJECTS = 1_000_000
-# Object-graph paths are built only for nodes holding values, by walking parent pointers; this
-# bounds the total work (path elements over all such nodes) on a hostile graph (a long chain).
-MAX_PATH_ELEMENTS = 4_000_000
 
-DAMAGE_KINDS = (m.DAMAGE_DTYPE, m.DAMAGE_SIZE)
-
-
-def decode_key(raw: bytes) -> str:
-    """An index key as a str that encodes back to the exact bytes (see :func:`encode_key`)."""
-    return raw.decode(KEY_ENCODING, KEY_ERRORS)
-
-
-def encode_key(key: str) -> bytes:
-    """The exact bytes of a key (what TensorFlow's reader and writer take)."""
-    return key.encode(KEY_ENCODING, KEY_ERRORS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -414,246 +406,6 @@ def _read_int_scalar(prefix: str, index: BundleIndex, entry: IndexEntry) -> int 
     return int(value) if value == value else None
 
 
-# -- object graph ------------------------------------------------------------------------
-# TrackableObject field numbers (see the module docstring).
-NODE_CHILDREN, NODE_ATTRIBUTES, NODE_SLOT_VARIABLES = 1, 2, 3
-NODES_FIELD = 1  # TrackableObjectGraph.nodes
-
-
-class _Node:
-    """One ``TrackableObject``: (child node id, local name) pairs, (attribute name, full
-    name, checkpoint key) triples, (original, slot name, slot variable) triples."""
-
-    __slots__ = ("children", "attributes", "slots")
-
-    def __init__(self, children: tuple, attributes: tuple, slots: tuple):
-        self.children = children
-        self.attributes = attributes
-        self.slots = slots
-
-
-def count_graph_objects(blob: bytes, limit: int = MAX_OBJECT_GRAPH_OBJECTS) -> int:
-    """The objects a serialized ``TrackableObjectGraph`` holds (nodes, and each node's child
-    references, attributes and slot references), counted on the wire before anything is
-    decoded.
-
-    Raises:
-        MalformedError: More than ``limit`` objects, or bytes that do not scan.
-    """
-    n = len(blob)
-    pos = objects = 0
-    while pos < n:
-        tag, pos = (blob[pos], pos + 1) if blob[pos] < 0x80 else read_varint(blob, pos)
-        end = _skip_field(blob, pos, tag & 7)
-        if tag == (NODES_FIELD << 3 | WIRE_LEN):
-            objects += 1
-            inner, _ = read_varint(blob, pos)  # the record's length prefix
-            p = end - inner
-            while p < end:
-                t, p = (blob[p], p + 1) if blob[p] < 0x80 else read_varint(blob, p)
-                if t & 7 == WIRE_LEN:
-                    objects += 1
-                p = _skip_field(blob, p, t & 7)
-            if objects > limit:
-                raise MalformedError(f"object graph holds more than {limit} objects")
-        pos = end
-    return objects
-
-
-def _skip_field(buf: bytes, pos: int, wire: int) -> int:
-    """The position after a field's value of wire type ``wire`` starting at ``pos``."""
-    if wire == WIRE_LEN:
-        size, pos = read_varint(buf, pos)
-        end = pos + size
-    elif wire == WIRE_VARINT:
-        _, end = read_varint(buf, pos)
-    elif wire == WIRE_FIXED64:
-        end = pos + 8
-    elif wire == WIRE_FIXED32:
-        end = pos + 4
-    else:
-        raise MalformedError(f"unsupported protobuf wire type {wire}")
-    if end > len(buf):
-        raise MalformedError("object graph field runs past the end")
-    return end
-
-
-def parse_object_graph(blob: bytes) -> list[_Node]:
-    """Decode a serialized ``TrackableObjectGraph`` (at most :data:`MAX_OBJECT_GRAPH_OBJECTS`
-    objects, counted before decoding).
-
-    Raises:
-        MalformedError: The bytes are not a graph, hold too many objects, or a reference
-            points outside the graph.
-    """
-    count_graph_objects(blob)
-    graph = _protos.TrackableObjectGraph()
-    try:
-        graph.ParseFromString(blob)
-    except _protos.DecodeError as e:
-        raise MalformedError(f"bad TrackableObjectGraph: {e}") from None
-    n = len(graph.nodes)
-    nodes = []
-    empty = ()
-    for node in graph.nodes:  # the hot loop of a large graph: only the fields that are set
-        children = attributes = slots = empty
-        for field, values in node.ListFields():
-            if field.number == NODE_CHILDREN:
-                children = tuple((c.node_id, c.local_name.decode(KEY_ENCODING, KEY_ERRORS)) for c in values)
-                for cid, _ in children:
-                    if not 0 <= cid < n:
-                        raise MalformedError(f"object graph child {cid} out of range ({n} nodes)")
-            elif field.number == NODE_ATTRIBUTES:
-                attributes = tuple((decode_key(a.name), decode_key(a.full_name), decode_key(a.checkpoint_key))
-                                   for a in values)
-            elif field.number == NODE_SLOT_VARIABLES:
-                slots = tuple((v.original_variable_node_id, decode_key(v.slot_name), v.slot_variable_node_id)
-                              for v in values)
-                for orig, _, slot in slots:
-                    if not (0 <= orig < n and 0 <= slot < n):
-                        raise MalformedError("object graph slot variable out of range")
-        nodes.append(_Node(children, attributes, slots))
-    return nodes
-
-
-def is_optimizer_node(node: _Node) -> bool:
-    if node.slots:
-        return True
-    names = {name for _, name in node.children}
-    return bool(names & OPTIMIZER_CHILD_MARKS) or {"_variables", "_iterations"} <= names
-
-
-def metric_containers(nodes: list[_Node]) -> set[int]:
-    """Nodes that hold a Keras 2 SavedModel's compiled metrics (``keras_api/metrics``)."""
-    keras_api = {cid for node in nodes for cid, name in node.children if name == KERAS_API_CHILD}
-    return {cid for k in keras_api for cid, name in nodes[k].children if name in METRIC_CONTAINERS}
-
-
-def walk(nodes: list[_Node], expand: Callable[[int], bool], enter: Callable[[int], bool] | None = None
-         ) -> tuple[list[int], list[str | None]]:
-    """Breadth-first from the root, iteratively: each reached node's parent and the local
-    name it was reached by (the first, shortest path), in time linear in nodes and edges.
-
-    Args:
-        nodes: The graph.
-        expand: Whether to follow a reached node's children.
-        enter: Whether a node may be reached at all (default: every node).
-
-    Returns:
-        ``(parent, local)``: per node, its parent (-1 for the root, -2 if not reached) and its
-        local name (None for the root and nodes not reached).
-    """
-    parent = [-2] * len(nodes)
-    local: list[str | None] = [None] * len(nodes)
-    parent[0] = -1
-    queue = collections.deque([0])
-    while queue:
-        i = queue.popleft()
-        if not expand(i):
-            continue
-        for cid, name in nodes[i].children:
-            if parent[cid] == -2 and (enter is None or enter(cid)):
-                parent[cid] = i
-                local[cid] = name
-                queue.append(cid)
-    return parent, local
-
-
-class ObjectPaths:
-    """Paths (local names from the root) of reached nodes, built on demand by walking parent
-    pointers, within a total budget of :data:`MAX_PATH_ELEMENTS`."""
-
-    def __init__(self, parent: list[int], local: list[str | None], budget: int = MAX_PATH_ELEMENTS):
-        self.parent = parent
-        self.local = local
-        self.budget = budget
-
-    def __call__(self, i: int) -> tuple[str, ...]:
-        parts = []
-        while self.parent[i] >= 0:
-            parts.append(self.local[i])
-            i = self.parent[i]
-            self.budget -= 1
-            if self.budget < 0:
-                raise MalformedError(
-                    f"object graph paths add up to more than {MAX_PATH_ELEMENTS} elements (reached an "
-                    f"object {len(parts)}+ levels deep)"
-                )
-        parts.reverse()
-        return tuple(parts)
-
-
-@dataclasses.dataclass(frozen=True)
-class _KeyFacts:
-    name: str | None
-    role: str
-    graph_path: str | None
-    local_name: str | None
-    root_child: bool = False
-
-
-def analyse_object_graph(nodes: list[_Node]) -> dict[str, _KeyFacts]:
-    """Readable names, roles and model paths for every checkpoint key of a TF2 graph.
-
-    A variable is a model variable when the root reaches it without passing through an
-    optimizer; one reached only through an optimizer (slots, iterations, learning rates) is
-    optimizer state; save counters and step counters are metadata, and so are the metric
-    accumulators a Keras 2 SavedModel keeps under ``keras_api/metrics``.
-
-    Time and memory are linear in the graph: the walks keep parent pointers, and paths are
-    built only for the nodes that hold values.
-
-    Raises:
-        MalformedError: Paths too long to build (see :data:`MAX_PATH_ELEMENTS`).
-    """
-    if not nodes:
-        return {}
-    optimizer_nodes = [is_optimizer_node(n) for n in nodes]
-    slot_nodes = {slot for n in nodes for _, _, slot in n.slots}
-    metrics = metric_containers(nodes)
-
-    def not_optimizer(i: int) -> bool:
-        return not optimizer_nodes[i]
-
-    model_parent, model_local = walk(nodes, not_optimizer)
-    all_parent, all_local = walk(nodes, lambda i: True)
-    outside_metrics, _ = walk(nodes, not_optimizer, lambda i: i not in metrics)
-    model_path = ObjectPaths(model_parent, model_local)
-    root_children = {cid for cid, _ in nodes[0].children}
-
-    facts: dict[str, _KeyFacts] = {}
-    for i, node in enumerate(nodes):
-        if not node.attributes:
-            continue
-        in_model = model_parent[i] != -2 and not optimizer_nodes[i]
-        reached = all_parent[i] != -2
-        local = all_local[i]
-        for attr_name, full_name, key in node.attributes:
-            if not key:
-                continue
-            if attr_name != VARIABLE_VALUE:
-                role = m.ROLE_METADATA
-            elif i in slot_nodes or (not in_model and reached):
-                role = m.ROLE_OPTIMIZER
-            elif in_model and (local in METADATA_LOCAL_NAMES and i in root_children or local == "save_counter"):
-                role = m.ROLE_METADATA
-            elif not in_model:
-                role = m.ROLE_METADATA
-            elif outside_metrics[i] == -2:
-                role = m.ROLE_METADATA  # reached only through keras_api/metrics
-            else:
-                role = m.ROLE_MODEL
-            name = full_name if full_name and not GENERIC_NAME_RE.match(full_name) else None
-            facts[key] = _KeyFacts(
-                name=name,
-                role=role,
-                graph_path="/".join(model_path(i)) if role == m.ROLE_MODEL else None,
-                local_name=local,
-                root_child=i in root_children,
-            )
-    return facts
-
-
 def _key_name(key: str) -> str:
     """A readable name derived from a key: ``a/b/.ATTRIBUTES/VARIABLE_VALUE`` -> ``a/b``."""
     if key.endswith(ATTRIBUTES_MARK + VARIABLE_VALUE):
@@ -724,7 +476,7 @@ def _keyed_role(key: str, entry: IndexEntry) -> str:
     return m.ROLE_MODEL
 
 
-def _read_object_graph(prefix: str, index: BundleIndex, entry: IndexEntry) -> list[_Node]:
+def _read_object_graph(prefix: str, index: BundleIndex, entry: IndexEntry) -> list[GraphNode]:
     """The object graph's nodes.
 
     Raises:
@@ -775,7 +527,7 @@ def build_variables(prefix: str, index: BundleIndex) -> tuple[list[m.Variable], 
     """
     info: dict[str, object] = {}
     warnings: list[str] = []
-    facts: dict[str, _KeyFacts] = {}
+    facts: dict[str, KeyFacts] = {}
     graph_entry = next((e for e in index.entries if e.key == OBJECT_GRAPH_KEY), None)
     graph_read = False
     if graph_entry is not None:
