@@ -31,10 +31,13 @@ def silenced_stderr():
 
 
 def import_tf():
-    """Import TensorFlow with its start-up chatter silenced (set CKPTINSPECT_TF_LOGS=1 to see it)."""
+    """Import TensorFlow with its chatter silenced (set CKPTINSPECT_TF_LOGS=1 to see it): the
+    start-up lines, and the C++ log lines it prints later (``failed call to cuInit`` on a
+    machine without a GPU); its errors reach us as Python exceptions, turned into ours."""
     if "tensorflow" in sys.modules:
         return sys.modules["tensorflow"]
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if not os.environ.get("CKPTINSPECT_TF_LOGS"):
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     if os.environ.get("CKPTINSPECT_TF_LOGS"):
         import tensorflow as tf  # noqa: PLC0415
     else:

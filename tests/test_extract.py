@@ -583,3 +583,16 @@ def test_realworld_keras_files_lose_exactly_the_optimizer_group(realworld, tmp_p
         assert all(same_bits(out_sets[k], src_sets[k]) for k in out_sets)
         assert {k: np.asarray(v).tobytes() for k, v in source.attrs.items()} == {k: np.asarray(v).tobytes() for k, v in out.attrs.items()}
     assert tree_hash(src) == before
+
+
+def test_a_real_extract_prints_nothing_on_stderr(tmp_path):
+    """TensorFlow's C++ log lines (``failed call to cuInit`` on a machine without a GPU) stay
+    out of a successful run's stderr; CKPTINSPECT_TF_LOGS=1 brings them back."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "CKPTINSPECT_TF_LOGS")}
+    proc = subprocess.run([sys.executable, "-m", "ckptinspect", "extract", str(FIXTURES / "run"), "-o", str(tmp_path / "out" / "m")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""

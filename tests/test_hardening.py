@@ -125,6 +125,36 @@ def test_bad_input(case, command, catalogue, tmp_path, limited):
         assert all(part in result.stdout for part in message.split(" … ")), result.stdout
 
 
+# Every other (input, command) pair keeps the general contract, without a pinned message: a
+# clean exit (0), a damage or difference report (1), or exactly one Error line (2); in bounded
+# time and memory, inputs unchanged, nothing left behind.
+OTHER_PAIRS = [(case, cmd) for case in CATALOGUE for cmd in COMMANDS if cmd not in case.expect]
+
+
+def test_every_input_meets_every_command():
+    assert len(CATALOGUE) >= 60
+    assert len(PAIRS) + len(OTHER_PAIRS) == len(CATALOGUE) * len(COMMANDS)
+
+
+@pytest.mark.parametrize("case,command", OTHER_PAIRS, ids=[f"{c.id}:{cmd}" for c, cmd in OTHER_PAIRS])
+def test_bad_input_general_contract(case, command, catalogue, tmp_path, limited):
+    d, path = catalogue[case.id]
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    before = tree_digest(d) | tree_digest(RUN)
+    result = limited.run(COMMANDS[command](str(path), str(out_dir / "extracted")))
+    assert tree_digest(d) | tree_digest(RUN) == before, "an input was modified"
+    assert not result.timed_out and not result.crashed, result.describe()
+    assert result.rss_growth is None or result.rss_growth <= LIMIT_BYTES, f"RSS grew {result.rss_growth} bytes"
+    assert result.exit_code in (0, 1, 2), result.describe()
+    assert "Traceback" not in result.stdout + result.stderr
+    assert result.exception is None, result.exception
+    if result.exit_code == 2:
+        assert result.stdout == "", result.describe()
+        assert result.stderr.count("\n") == 1 and result.stderr.startswith("Error: "), result.stderr
+        assert os.listdir(out_dir) == [], "a failed command left files behind"
+
+
 UNREADABLE_RUNNER = textwrap.dedent("""
     import json, sys
     from typer.testing import CliRunner

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import re
 from typing import Callable
 
@@ -129,9 +130,11 @@ def _skip_field(buf: bytes, pos: int, wire: int) -> int:
     return end
 
 
+@functools.lru_cache(maxsize=1)
 def parse_object_graph(blob: bytes) -> list[GraphNode]:
     """Decode a serialized ``TrackableObjectGraph`` (at most :data:`MAX_OBJECT_GRAPH_OBJECTS`
-    objects, counted before decoding).
+    objects, counted before decoding). The last graph decoded is kept: ``extract`` opens the
+    source and then prunes the same graph (the result is shared: do not modify it).
 
     Raises:
         MalformedError: The bytes are not a graph, hold too many objects, or a reference
