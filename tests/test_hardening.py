@@ -136,6 +136,7 @@ def test_every_input_meets_every_command():
     assert len(PAIRS) + len(OTHER_PAIRS) == len(CATALOGUE) * len(COMMANDS)
 
 
+@pytest.mark.slow  # ~140 pairs, ~25 s: in CI's slow run
 @pytest.mark.parametrize("case,command", OTHER_PAIRS, ids=[f"{c.id}:{cmd}" for c, cmd in OTHER_PAIRS])
 def test_bad_input_general_contract(case, command, catalogue, tmp_path, limited):
     d, path = catalogue[case.id]
