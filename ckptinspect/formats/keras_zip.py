@@ -341,13 +341,27 @@ def member_head(path: str, f: BinaryIO, info: zipfile.ZipInfo, size: int) -> byt
         raise CorruptCheckpointError(f"{path}: archive member {info.filename!r}: damaged deflate stream: {e}") from None
 
 
-def _open_archive(path: str) -> tuple[zipfile.ZipFile, BinaryIO]:
+def open_zip_archive(path: str, what: str = ".keras archive") -> tuple[zipfile.ZipFile, BinaryIO]:
+    """A zip archive read in place (regular local files only: zipfile on a FIFO would block
+    forever), or a remote one read whole (at most :data:`MAX_REMOTE_ARCHIVE_BYTES`).
+
+    Args:
+        path: The archive.
+        what: How messages name it (``.keras archive``, ``.npz file``).
+
+    Returns:
+        (the ``ZipFile``, the underlying file, which the caller closes).
+
+    Raises:
+        NotACheckpointError: A directory.
+        CorruptCheckpointError: Not a readable zip archive.
+    """
     if _fs.is_remote(path):
-        f: BinaryIO = io.BytesIO(_fs.read_bytes(path, limit=MAX_REMOTE_ARCHIVE_BYTES, what="remote .keras archive"))
+        f: BinaryIO = io.BytesIO(_fs.read_bytes(path, limit=MAX_REMOTE_ARCHIVE_BYTES, what=f"remote {what}"))
     else:
         if _fs.isdir(path):
-            raise NotACheckpointError(f"{path}: is a directory, not a .keras archive")
-        f = _fs.open_binary(path)  # regular files only: zipfile on a FIFO would block forever
+            raise NotACheckpointError(f"{path}: is a directory, not a {what}")
+        f = _fs.open_binary(path)
     try:
         return zipfile.ZipFile(f), f
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
@@ -364,7 +378,7 @@ def _open_member(path: str, name: str) -> io.RawIOBase:
     The archive is checked again (traversal, duplicates, bombs): it may have changed since it
     was listed. Closing the stream closes the archive file.
     """
-    zf, f = _open_archive(path)
+    zf, f = open_zip_archive(path)
     try:
         _check_archive(path, zf)
         info = zf.getinfo(name)
@@ -572,7 +586,7 @@ def open_zip(path: str) -> m.Checkpoint:
         UnsafeFileError: Path traversal, zip bombs, or an unsafe inner HDF5 file.
     """
     path = str(path)
-    zf, f = _open_archive(path)
+    zf, f = open_zip_archive(path)
     try:
         _check_archive(path, zf)
         names = zf.namelist()

@@ -33,8 +33,7 @@ import numpy as np
 
 from .. import model as m
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError, UnsafeFileError
-from . import _fs
-from .keras_zip import member_head
+from .keras_zip import member_head, open_zip_archive
 from .tf_bundle import TF1_OPTIMIZER_NAMES, TF1_SLOT_RE
 
 __all__ = ["NPY_SUFFIX", "KERAS_MEMBERS", "is_npz", "open_npz", "NpzSource"]
@@ -48,26 +47,13 @@ MAX_MEMBERS = 1 << 20
 MAX_DECLARED_BYTES = 1 << 40
 BOMB_FLOOR_BYTES = 64 << 20
 MAX_EXPANSION = 100
-MAX_REMOTE_NPZ_BYTES = 2 << 30  # a remote .npz is read into memory whole (zipfile needs seeks)
 MAX_NPY_HEADER_BYTES = 1 << 16  # numpy itself refuses headers over 10,000 bytes
 # Names of counters (metadata) and of TF1 optimizer state, as the TF reader's rules know them.
 COUNTER_NAMES = frozenset({"save_counter", "global_step", "step", "epoch", "epochs"})
 
 
 def _open_zip(path: str) -> tuple[zipfile.ZipFile, BinaryIO]:
-    if _fs.is_remote(path):
-        f: BinaryIO = io.BytesIO(_fs.read_bytes(path, limit=MAX_REMOTE_NPZ_BYTES, what="remote .npz file"))
-    else:
-        if _fs.isdir(path):
-            raise NotACheckpointError(f"{path}: is a directory, not an .npz file")
-        f = _fs.open_binary(path)  # regular files only: zipfile on a FIFO would block forever
-    try:
-        return zipfile.ZipFile(f), f
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
-        f.close()
-        raise CorruptCheckpointError(
-            f"{path}: not a readable zip archive (truncated or damaged): {' '.join(str(e).split())}"
-        ) from None
+    return open_zip_archive(path, ".npz file")
 
 
 def is_npz(path: str) -> bool:
