@@ -390,23 +390,21 @@ class _Format:
     check: Callable[[str], Any]
 
 
+def _deferred(module: str, name: str) -> Callable[[str], Any]:
+    """``module.name(path)``, the module imported on first call: the Keras, npz and PyTorch
+    readers bring numpy (and h5py), which listing a TF bundle does without."""
+    return lambda path: getattr(importlib.import_module(f".{module}", __name__), name)(path)
+
+
 def _reading(module: str, name: str) -> _Format:
-    """A format checked by opening it and reading every value. Its module is imported on first
-    use: the Keras readers bring numpy (and h5py), which listing a TF bundle does without."""
-
-    def opener(path: str) -> m.Checkpoint:
-        return getattr(importlib.import_module(f".{module}", __name__), name)(path)
-
+    """A format checked by opening it and reading every value."""
+    opener = _deferred(module, name)
     return _Format(opener, lambda path: _check_by_reading(path, opener))
 
 
 def _lazy(module: str, open_name: str, check_name: str) -> _Format:
-    """A format with its own check, its module imported on first use (it brings numpy)."""
-
-    def load(name: str) -> Callable[[str], Any]:
-        return getattr(importlib.import_module(f".{module}", __name__), name)
-
-    return _Format(lambda path: load(open_name)(path), lambda path: load(check_name)(path))
+    """A format with its own check."""
+    return _Format(_deferred(module, open_name), _deferred(module, check_name))
 
 
 _FORMATS: dict[Kind, _Format] = {
