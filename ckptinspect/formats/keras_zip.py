@@ -108,13 +108,11 @@ WINDOWS_DRIVE_RE = re.compile(r"^[A-Za-z]:")
 
 
 # -- reading the archive in place --------------------------------------------------------
-class _MemberWindow(io.RawIOBase):
-    """A read-only, seekable view of ``size`` bytes at ``start`` of an open file."""
+class _Window(io.RawIOBase):
+    """A read-only, seekable stream of ``size`` bytes; subclasses provide ``readinto``."""
 
-    def __init__(self, f: BinaryIO, start: int, size: int):
+    def __init__(self, size: int):
         super().__init__()
-        self._f = f
-        self._start = start
         self._size = size
         self._pos = 0
 
@@ -131,6 +129,15 @@ class _MemberWindow(io.RawIOBase):
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
         self._pos = max(0, base + offset)
         return self._pos
+
+
+class _MemberWindow(_Window):
+    """A read-only, seekable view of ``size`` bytes at ``start`` of an open file."""
+
+    def __init__(self, f: BinaryIO, start: int, size: int):
+        super().__init__(size)
+        self._f = f
+        self._start = start
 
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
@@ -149,7 +156,7 @@ class _MemberWindow(io.RawIOBase):
             super().close()
 
 
-class _InflateWindow(io.RawIOBase):
+class _InflateWindow(_Window):
     """A read-only, seekable view of a deflated member's uncompressed bytes.
 
     Bytes are inflated on demand from the archive file. Every ``interval`` bytes of output a
@@ -159,12 +166,10 @@ class _InflateWindow(io.RawIOBase):
     """
 
     def __init__(self, f: BinaryIO, start: int, compress_size: int, size: int):
-        super().__init__()
+        super().__init__(size)
         self._f = f
         self._start = start
         self._csize = compress_size
-        self._size = size
-        self._pos = 0
         self._interval = max(INFLATE_SNAPSHOT_BYTES, -(-size // MAX_INFLATE_SNAPSHOTS))
         first = zlib.decompressobj(RAW_DEFLATE_WBITS)
         self._snap_out: list[int] = [0]  # output offset of each snapshot, ascending
@@ -172,20 +177,6 @@ class _InflateWindow(io.RawIOBase):
         self._d = first.copy()
         self._out = 0  # output offset the decompressor is at
         self._in = 0  # compressed bytes consumed from the file (beyond unconsumed_tail)
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
 
     def _inflate(self, limit: int) -> bytes:
         """Up to ``limit`` next bytes of output; b"" at the end of the stream."""
