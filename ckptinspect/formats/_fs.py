@@ -43,6 +43,7 @@ __all__ = [
     "read_range",
     "read_head",
     "RangeReader",
+    "DataFiles",
     "same_file",
     "real_path",
     "is_inside",
@@ -365,3 +366,57 @@ class RangeReader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+
+class DataFiles:
+    """Data files opened once for a whole operation: sizes, positioned reads, and a pool of
+    read buffers reused across tensors (fresh buffers would cost a page fault per 4 KiB)."""
+
+    def __init__(self) -> None:
+        self._fds: dict[str, int] = {}
+        self._sizes: dict[str, int | None] = {}
+        self._buffers: list[bytearray] = []
+
+    def size(self, path: str) -> int | None:
+        """The file's size, or None when it cannot be stat'ed or is not a regular file (a FIFO
+        or device is left for the checkpoint's reader, which refuses it)."""
+        if path not in self._sizes:
+            self._sizes[path] = os.path.getsize(path) if is_regular(path) else None
+        return self._sizes[path]
+
+    def pin(self, path: str) -> None:
+        """Open ``path`` now and keep it open: its bytes stay readable even if it is deleted
+        (a checkpoint rotated out of a live directory while a command reads it).
+
+        Raises:
+            CheckpointNotFoundError, UnsafeFileError: Missing, unreadable or not a regular file.
+        """
+        if path in self._fds:
+            return
+        with open_binary(path) as f:
+            fd = os.dup(f.fileno())
+        self._fds[path] = fd
+        self._sizes[path] = os.fstat(fd).st_size
+
+    def pread_into(self, path: str, buffer: memoryview, offset: int) -> int:
+        """Fill ``buffer`` from ``offset``; returns the bytes read (fewer at the end of the file)."""
+        fd = self._fds.get(path)
+        if fd is None:
+            with open_binary(path) as f:  # regular files only (never blocks on a FIFO)
+                fd = self._fds[path] = os.dup(f.fileno())
+        return os.preadv(fd, [buffer], offset)
+
+    def take_buffer(self, nbytes: int) -> bytearray:
+        """A buffer of at least ``nbytes`` from the pool (give it back with :meth:`give_buffer`)."""
+        for i, buf in enumerate(self._buffers):
+            if len(buf) >= nbytes:
+                return self._buffers.pop(i)
+        return bytearray(nbytes)
+
+    def give_buffer(self, buf: bytearray) -> None:
+        self._buffers.append(buf)
+
+    def close(self) -> None:
+        self._buffers.clear()
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)

@@ -52,7 +52,6 @@ from ..errors import (
 )
 from . import _fs
 from ._layout import HDF5_HEAD_BYTES, HDF5_SIGNATURE, is_hdf5_head
-from .tf_data import DataFiles
 
 __all__ = [
     "HDF5_SIGNATURE",
@@ -1001,7 +1000,7 @@ class H5Source(m.BaseSource):
         self._files: dict[int, Any] = {}
         # Each label is a local HDF5 file whose contiguous datasets may be read at their offset.
         self._direct = direct
-        self._data = DataFiles()
+        self._data = _fs.DataFiles()
         self._last: tuple[int, str, Any] | None = None
 
     def files(self) -> tuple[str, ...]:

@@ -687,7 +687,7 @@ class BundleSource(m.BaseSource):
         stored = [se for slices in index.slice_entries.values() for *_, se in slices]
         self._reader_aborts = any(not _fits_tensorflow(e.shape) for e in (*index.entries, *stored))
         self._reader = None
-        self._files = tf_data.DataFiles()
+        self._files = _fs.DataFiles()
         self._pinned = False
 
     def _check_readable(self, variable: m.Variable) -> None:

@@ -1,7 +1,7 @@
 """TF bundle data files at the byte level: every raw read and every check of their bytes.
 
 * Positioned reads of a tensor's stored bytes (whole for small tensors, in blocks for
-  streaming), from a pool of open files and reused buffers (:class:`DataFiles`).
+  streaming), from a pool of open files and reused buffers (:class:`~._fs.DataFiles`).
 * The checksums TensorFlow records (tensorflow/core/util/tensor_bundle/tensor_bundle.cc,
   ``BundleWriter::Add``): ``BundleEntryProto.crc32c`` is the *masked* crc32c of
 
@@ -23,7 +23,6 @@ entries (``formats.tf_bundle``).
 from __future__ import annotations
 
 import dataclasses
-import os
 import struct
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
@@ -42,7 +41,6 @@ if TYPE_CHECKING:
 __all__ = [
     "DTYPE_NAMES",
     "STORED_ITEMSIZE",
-    "DataFiles",
     "read_raw",
     "decode_string_scalar",
     "iter_raw_blocks",
@@ -74,61 +72,6 @@ _UINT32_MAX = 0xFFFFFFFF
 
 
 # -- positioned reads ---------------------------------------------------------------------
-class DataFiles:
-    """Data files opened once for a whole operation: sizes, positioned reads, and a pool of
-    read buffers reused across tensors (fresh buffers would cost a page fault per 4 KiB)."""
-
-    def __init__(self) -> None:
-        self._fds: dict[str, int] = {}
-        self._sizes: dict[str, int | None] = {}
-        self._buffers: list[bytearray] = []
-
-    def size(self, path: str) -> int | None:
-        """The file's size, or None when it cannot be stat'ed or is not a regular file (a FIFO
-        or device is left for the checkpoint's reader, which refuses it)."""
-        if path not in self._sizes:
-            self._sizes[path] = os.path.getsize(path) if _fs.is_regular(path) else None
-        return self._sizes[path]
-
-    def pin(self, path: str) -> None:
-        """Open ``path`` now and keep it open: its bytes stay readable even if it is deleted
-        (a checkpoint rotated out of a live directory while a command reads it).
-
-        Raises:
-            CheckpointNotFoundError, UnsafeFileError: Missing, unreadable or not a regular file.
-        """
-        if path in self._fds:
-            return
-        with _fs.open_binary(path) as f:
-            fd = os.dup(f.fileno())
-        self._fds[path] = fd
-        self._sizes[path] = os.fstat(fd).st_size
-
-    def pread_into(self, path: str, buffer: memoryview, offset: int) -> int:
-        """Fill ``buffer`` from ``offset``; returns the bytes read (fewer at the end of the file)."""
-        fd = self._fds.get(path)
-        if fd is None:
-            with _fs.open_binary(path) as f:  # regular files only (never blocks on a FIFO)
-                fd = self._fds[path] = os.dup(f.fileno())
-        return os.preadv(fd, [buffer], offset)
-
-    def take_buffer(self, nbytes: int) -> bytearray:
-        """A buffer of at least ``nbytes`` from the pool (give it back with :meth:`give_buffer`)."""
-        for i, buf in enumerate(self._buffers):
-            if len(buf) >= nbytes:
-                return self._buffers.pop(i)
-        return bytearray(nbytes)
-
-    def give_buffer(self, buf: bytearray) -> None:
-        self._buffers.append(buf)
-
-    def close(self) -> None:
-        self._buffers.clear()
-        fds, self._fds = self._fds, {}
-        for fd in fds.values():
-            os.close(fd)
-
-
 def read_raw(prefix: str, num_shards: int, entry: IndexEntry, limit: int | None = None) -> bytes:
     """The stored bytes of one (small) entry, whole.
 
@@ -188,7 +131,7 @@ def crc_mismatch(stored: int, actual: int) -> str:
 
 
 def iter_raw_blocks(
-    path: str, entry: IndexEntry, dtype: np.dtype, block_elements: int, files: DataFiles
+    path: str, entry: IndexEntry, dtype: np.dtype, block_elements: int, files: _fs.DataFiles
 ) -> Iterator[np.ndarray]:
     """Blocks of ``block_elements`` elements of a tensor, read straight from its data file.
 
