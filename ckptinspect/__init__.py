@@ -37,6 +37,7 @@ __all__ = [
     "extract",
     "transplant",
     "doctor",
+    "plan",
     "mark_optimizer",
     "Checkpoint",
     "Variable",
@@ -90,6 +91,7 @@ _OPERATIONS = {
     "verify": "ckptinspect.ops.verify",
     "transplant": "ckptinspect.ops.transplant",
     "doctor": "ckptinspect.ops.doctor",
+    "plan": "ckptinspect.ops.plan",
     "mark_optimizer": "ckptinspect.ops.roles",
 }
 

@@ -453,6 +453,32 @@ def doctor_command(
         raise typer.Exit(EXIT_DIFFERENT)
 
 
+@app.command("plan", cls=_Command)
+@handle_errors
+def plan_command(
+    path: Optional[str] = typer.Argument(None, metavar="DIR", help="Checkpoint directory (size, bytes per role, cadence, checkpoints kept) or one checkpoint; optional."),
+    save_seconds: Optional[str] = typer.Option(None, "--save-seconds", metavar="S", help="Time per save, in seconds (or a duration)."),
+    every: Optional[str] = typer.Option(None, "--every", metavar="DURATION", help="Training time between saves: 30m, 1h30m, 1800 (default: DIR's cadence)."),
+    train_time: Optional[str] = typer.Option(None, "--train-time", metavar="DURATION", help="Training time of the whole run, e.g. 7d."),
+    job_limit: Optional[str] = typer.Option(None, "--job-limit", metavar="DURATION", help="Wall-time limit of one job, e.g. 24h: work lost when it is killed."),
+    mtbf: Optional[str] = typer.Option(None, "--mtbf", metavar="DURATION", help="Mean time between failures: gives the Young/Daly interval."),
+    keep: Optional[int] = typer.Option(None, "--keep", metavar="N", help="Checkpoints retained, for the disk needed (default: those DIR holds)."),
+    probe: bool = typer.Option(False, "--probe", help="Measure the time per save: write and fsync a temporary file of the checkpoint's size (at most 1 GiB) in DIR, then delete it."),
+    format: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f", help="Output format.", case_sensitive=False,
+                                        metavar="[table|json]"),
+    _debug: bool = DebugOption,
+) -> None:
+    """How often to save and what it costs: saves, time saving and its share, work lost, disk, Young/Daly interval."""
+    from .ops.plan import plan  # noqa: PLC0415
+    from .render import plan_view  # noqa: PLC0415
+
+    if format == OutputFormat.csv:
+        raise errors.UsageError("plan --format: table or json")
+    report = plan(path, save_seconds=save_seconds, every=every, train_time=train_time, job_limit=job_limit,
+                  mtbf=mtbf, keep=keep, probe=probe)
+    emit(plan_view(report, format))
+
+
 # -- each operation's command is defined above this line, in the style of `ls` ---------------
 
 
