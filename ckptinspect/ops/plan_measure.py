@@ -232,6 +232,7 @@ class ProbeResult:
             :data:`PROBE_MAX_BYTES`).
         checkpoint_bytes: The checkpoint's size the time is for.
         capped: ``bytes_written < checkpoint_bytes``: the time was scaled up linearly.
+        max_bytes: The cap on the bytes written.
         seconds: Time to write, fsync the file and fsync the directory.
         bytes_per_second: ``bytes_written / seconds``.
         save_seconds: The time per save: ``seconds`` scaled to ``checkpoint_bytes``.
@@ -241,13 +242,13 @@ class ProbeResult:
     bytes_written: int
     checkpoint_bytes: int
     capped: bool
+    max_bytes: int
     seconds: float
     bytes_per_second: float
     save_seconds: float
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        out["max_bytes"] = PROBE_MAX_BYTES
         return out
 
 
@@ -279,7 +280,8 @@ def _probe_error(directory: str, e: OSError) -> OutputWriteError:
                             " (the probe file was removed)")
 
 
-def probe_write(directory: str, nbytes: int, *, progress: Callable[[int, int], None] | None = None) -> ProbeResult:
+def probe_write(directory: str, nbytes: int, *, progress: Callable[[int, int], None] | None = None,
+                max_bytes: int = PROBE_MAX_BYTES) -> ProbeResult:
     """Measure the time to save ``nbytes`` into ``directory``: write a temporary file of that
     size (at most :data:`PROBE_MAX_BYTES`, reusing one buffer), fsync it and the directory,
     then delete it. Nothing is left behind, also on an error or Ctrl-C (and SIGTERM/SIGHUP in
@@ -289,6 +291,8 @@ def probe_write(directory: str, nbytes: int, *, progress: Callable[[int, int], N
         directory: The directory whose storage is measured.
         nbytes: The checkpoint's size.
         progress: Called as ``progress(written, total)`` after each buffer.
+        max_bytes: The cap (:data:`PROBE_MAX_BYTES`): a bigger checkpoint's time is scaled
+            linearly from this many bytes.
 
     Returns:
         The :class:`ProbeResult`.
@@ -299,7 +303,7 @@ def probe_write(directory: str, nbytes: int, *, progress: Callable[[int, int], N
     """
     if not os.path.isdir(directory):
         raise UsageError(f"{directory}: --probe measures a directory's storage; this is not a directory")
-    total = max(1, min(int(nbytes), PROBE_MAX_BYTES))
+    total = max(1, min(int(nbytes), int(max_bytes)))
     try:
         st = os.statvfs(directory)
         free = st.f_bavail * st.f_frsize
@@ -347,6 +351,7 @@ def probe_write(directory: str, nbytes: int, *, progress: Callable[[int, int], N
         bytes_written=total,
         checkpoint_bytes=int(nbytes),
         capped=total < nbytes,
+        max_bytes=int(max_bytes),
         seconds=seconds,
         bytes_per_second=rate,
         save_seconds=seconds * (nbytes / total) if nbytes > 0 else seconds,
