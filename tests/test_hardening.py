@@ -53,6 +53,7 @@ COMMANDS = {
     # The source is opened before the builder is imported, so a bad source fails first.
     "transplant": lambda p, out: ["transplant", p, out + ".weights.h5", "--builder", "no_such_module:build"],
     "doctor": lambda p, out: ["doctor", p, "--builder", "no_such_module:build"],
+    "plan": lambda p, out: ["plan", p, "--save-seconds", "1", "--every", "1h", "--train-time", "1d"],
 }
 # transplant opens its source exactly as ls does: wherever ls fails, transplant fails the same way.
 for _case in CATALOGUE:
