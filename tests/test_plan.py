@@ -347,3 +347,12 @@ def test_probe_error_type_is_an_oserror(tmp_path):
 def test_sigterm_handler_restored_after_probe(tmp_path):
     probe_write(str(tmp_path), 1000)
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_readme_plan_example_is_true():
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"```\n\$ ckptinspect (plan [^\n]*)\n(.*?)```", text, flags=re.S)
+    assert block, "README has no plan example"
+    result = runner.invoke(app, block.group(1).split(), env={"COLUMNS": "100"})
+    assert result.exit_code == 0, result.output
+    assert result.stdout == block.group(2)
