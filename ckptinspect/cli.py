@@ -474,8 +474,12 @@ def plan_command(
 
     if format == OutputFormat.csv:
         raise errors.UsageError("plan --format: table or json")
-    report = plan(path, save_seconds=save_seconds, every=every, train_time=train_time, job_limit=job_limit,
-                  mtbf=mtbf, keep=keep, probe=probe)
+    progress = Progress("probe")
+    try:
+        report = plan(path, save_seconds=save_seconds, every=every, train_time=train_time, job_limit=job_limit,
+                      mtbf=mtbf, keep=keep, probe=probe, progress=progress)
+    finally:
+        progress.close()
     emit(plan_view(report, format))
 
 

@@ -978,8 +978,9 @@ def plan_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
                               f" {c.intervals} interval{'s' if c.intervals != 1 else ''}, {c.time_source} times,"
                               f" {len(c.points)} checkpoints)")
             else:
-                header.append(f"cadence:    unknown ({len(c.points)} checkpoint{'s' if len(c.points) != 1 else ''}"
-                              " with a save time; two are needed)")
+                steps = f"every {_plan_number(c.interval_steps)} steps, " if c.interval_steps is not None else ""
+                header.append(f"cadence:    {steps}time unknown (no two of its {len(c.points)} checkpoint"
+                              f"{'s' if len(c.points) != 1 else ''} have distinct save times)")
         header += [f"warning:    {w}" for w in m.warnings]
     if probe is not None:
         header.append(f"probe:      wrote and fsync'd {human_bytes(probe.bytes_written)} in {probe.directory} in"

@@ -356,3 +356,17 @@ def test_readme_plan_example_is_true():
     result = runner.invoke(app, block.group(1).split(), env={"COLUMNS": "100"})
     assert result.exit_code == 0, result.output
     assert result.stdout == block.group(2)
+
+
+def test_identical_save_times_give_no_cadence(tmp_path):
+    d = run_copy(tmp_path)
+    (d / "checkpoint").unlink()
+    for step in (4, 6, 8):
+        os.utime(d / f"ckpt-{step}.index", (7000.0, 7000.0))  # copied together: one mtime
+    doc = plan_json(str(d), "--train-time", "1d")
+    cadence = doc["measured"]["cadence"]
+    assert cadence["interval_seconds"] is None and cadence["time_source"] is None
+    assert cadence["interval_steps"] == 2
+    assert doc["every_seconds"] is None and "every_seconds" in doc["missing"]
+    table = invoke(str(d), "--train-time", "1d").stdout
+    assert "cadence:    every 2 steps, time unknown (no two of its 3 checkpoints have distinct save times)" in table

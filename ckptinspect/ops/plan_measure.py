@@ -73,7 +73,7 @@ class Cadence:
     Attributes:
         points: The retained checkpoints that exist, oldest first.
         time_source: ``state-file`` (the ``checkpoint`` file's timestamps) or ``mtime`` (file
-            times), or None when no two checkpoints have a time.
+            times), or None when no two checkpoints have distinct times.
         interval_seconds: Median time between consecutive saves, or None.
         interval_steps: Median step difference between consecutive saves, or None.
         seconds_per_step: Median of (time difference / step difference), or None.
@@ -175,12 +175,15 @@ def cadence_of(retained: tuple[m.RetainedCheckpoint, ...]) -> Cadence:
     by_step = sorted((p for p in points if p.step is not None), key=lambda p: p.step)
     step_gaps = [(b.step - a.step, a.time, b.time) for a, b in zip(by_step, by_step[1:]) if b.step > a.step]
     per_step = [(tb - ta) / ds for ds, ta, tb in step_gaps if ta is not None and tb is not None and tb >= ta]
+    interval = _median(gaps) if source is not None else None
+    if not interval or interval <= 0:  # identical save times (files copied together): no cadence
+        source, interval, per_step = None, None, []
     return Cadence(
         points=tuple(points),
-        time_source=source if gaps else None,
-        interval_seconds=_median(gaps) if source is not None else None,
+        time_source=source,
+        interval_seconds=interval,
         interval_steps=_median([float(ds) for ds, _, _ in step_gaps]),
-        seconds_per_step=_median(per_step) if source is not None else None,
+        seconds_per_step=_median(per_step) or None,
         intervals=len(gaps) if source is not None else 0,
     )
 
