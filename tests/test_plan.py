@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 from typer.testing import CliRunner
@@ -370,3 +371,35 @@ def test_identical_save_times_give_no_cadence(tmp_path):
     assert doc["every_seconds"] is None and "every_seconds" in doc["missing"]
     table = invoke(str(d), "--train-time", "1d").stdout
     assert "cadence:    every 2 steps, time unknown (no two of its 3 checkpoints have distinct save times)" in table
+
+
+def sparse_safetensors(path: pathlib.Path, nbytes: int) -> None:
+    """A .safetensors file of one float32 tensor of ``nbytes``, its data a hole (no disk used)."""
+    header = json.dumps({"w": {"dtype": "F32", "shape": [nbytes // 4], "data_offsets": [0, nbytes]}}).encode()
+    header += b" " * (-len(header) % 8)
+    with open(path, "wb") as f:
+        f.write(len(header).to_bytes(8, "little") + header)
+        f.truncate(8 + len(header) + nbytes)
+
+
+@pytest.mark.slow  # writes until interrupted (up to a second or two of a 1 GiB probe)
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 130)])
+def test_cli_probe_killed_mid_write_leaves_nothing(tmp_path, sig, code):
+    sparse_safetensors(tmp_path / "model.safetensors", 1 << 30)
+    before = listing(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "ckptinspect", "plan", str(tmp_path / "model.safetensors"), "--probe"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        deadline = time.monotonic() + 30
+        while not any(p.name.endswith(".write-probe") for p in tmp_path.iterdir()):
+            assert proc.poll() is None and time.monotonic() < deadline, "the probe never started"
+            time.sleep(0.01)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert (proc.returncode, out, err) == (code, "", "Error: interrupted\n")
+    assert listing(tmp_path) == before
