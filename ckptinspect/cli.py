@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import functools
 import os
+import re
 import shutil
 import sys
 import time
@@ -26,9 +27,80 @@ EXIT_DIFFERENT = 1
 EXIT_ERROR = 2
 
 
+# -- values without pydantic ------------------------------------------------------------------
+# typer (0.2x) coerces every parameter value through a pydantic TypeAdapter, built on first use:
+# importing pydantic costs ~100 ms of every command's start. The values our commands take (str,
+# int, float, bool, an Enum choice, a list of str) are coerced here when they are plainly of that
+# type; anything else, and every value that does not convert, goes to typer's own path, so its
+# results and error messages are unchanged (tests/test_ux.py checks both routes agree).
+_INT_RE = re.compile(r"[+-]?\d+")
+_FLOAT_RE = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+_NOT_FAST = object()
+
+
+def fast_value(param, value):  # noqa: ANN001, ANN201 - a typer parameter and its raw value
+    """``value`` coerced as typer would for the simple annotations above, or ``_NOT_FAST``."""
+    descriptor = getattr(param, "type_descriptor", None)
+    info = getattr(descriptor, "parameter_info", None)
+    if info is None or getattr(descriptor, "file_annotation", None) is not None or info.parser is not None \
+            or info.min is not None or info.max is not None:
+        return _NOT_FAST
+    annotation = descriptor.annotation
+    if param.multiple or param.nargs == -1:
+        if value is None:
+            return ()
+        if annotation == list[str] and isinstance(value, (list, tuple)) and all(type(v) is str for v in value):
+            return list(value)
+        return _NOT_FAST
+    if value is None:
+        return None
+    if annotation is str and type(value) is str:
+        return value
+    if annotation is bool and type(value) is bool:
+        return value
+    if annotation is int and (type(value) is int or (type(value) is str and _INT_RE.fullmatch(value))):
+        return int(value)
+    if annotation is float and (type(value) in (int, float) or (type(value) is str and _FLOAT_RE.fullmatch(value))):
+        return float(value)
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        if isinstance(value, annotation):
+            return value
+        if type(value) is str:
+            for member in annotation:  # an exact spelling; any other goes to typer (case folding, errors)
+                if member.value == value:
+                    return member
+    return _NOT_FAST
+
+
+class _FastRuntime:
+    """The runtime coercion of one parameter: :func:`fast_value`, else typer's own."""
+
+    def __init__(self, slow: Callable):
+        self._slow = slow
+        self._param = None
+
+    def coerce(self, value, param, ctx):  # noqa: ANN001, ANN201 - typer's signature
+        out = fast_value(param, value)
+        if out is not _NOT_FAST:
+            return out
+        if self._param is None:
+            self._param = self._slow()
+        return self._param.coerce(value, param=param, ctx=ctx)
+
+
+def _fast_get_runtime_param(self):  # noqa: ANN001, ANN201 - typer's method, on _Argument/_Option
+    """:class:`_FastRuntime` instead of typer's pydantic-built coercion, built on first use."""
+    runtime = self.__dict__.get("_fast_runtime")
+    if runtime is None:
+        runtime = self.__dict__["_fast_runtime"] = _FastRuntime(super(type(self), self).get_runtime_param)
+    return runtime
+
+
 # -- help that reads like a man page: "diff [OPTIONS] A B", "--atol FLOAT", flags bare -------
 class _Argument(TyperArgument):
     """A positional argument shown by its metavar alone (``A``), not ``{a}`` and ``<str>``."""
+
+    get_runtime_param = _fast_get_runtime_param
 
     def display_type_rich(self, ctx):  # noqa: ANN001, ANN201 - typer's signature
         return None
@@ -43,6 +115,8 @@ class _Argument(TyperArgument):
 
 class _Option(TyperOption):
     """An option shown with its metavar (``--atol FLOAT``); a flag shows no type at all."""
+
+    get_runtime_param = _fast_get_runtime_param
 
     def display_type_rich(self, ctx):  # noqa: ANN001, ANN201
         if self.is_flag or self.count:
@@ -282,7 +356,6 @@ _SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": 1024**2, 
 
 def parse_size(text: str) -> int:
     """``256MiB`` / ``64M`` / ``1000000`` -> bytes (K, M, G are binary; KB, MB, GB decimal)."""
-    import re  # noqa: PLC0415
 
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
     if not match or match.group(2).lower() not in _SIZE_UNITS:
