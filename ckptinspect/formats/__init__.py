@@ -16,6 +16,7 @@ picked by content (:func:`detect`) and registered once in :data:`_FORMATS`:
 * :mod:`.tf_writer` - writing TF bundles (``extract``, ``transplant``).
 * :mod:`.bundle_writer` - writing TF bundles without TensorFlow, copying unchanged tensors
   byte for byte.
+* :mod:`.tf_graph_edit` - editing a TF2 object graph without TensorFlow (``rewrite``).
 """
 
 from __future__ import annotations
@@ -85,6 +86,12 @@ __all__ = [
     "copy_tensor",
     # writing safetensors (extract)
     "write_safetensors",
+    # editing TF2 object graphs without TensorFlow (rewrite)
+    "GraphEdit",
+    "EditedGraph",
+    "edit_object_graph",
+    "escape_path",
+    "unescape_path",
 ]
 SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
 SAVED_MODEL_VARIABLES = "variables/variables"
@@ -505,6 +512,8 @@ _WRITER_NAMES = ("BundleTensor", "write_bundle", "object_graph_tensor", "prune_o
 _NATIVE_WRITER_NAMES = ("OutputTensor", "TensorData", "StoredBytes", "WriteSummary", "write_bundle_native",
                         "save_bundle_native", "copy_tensor")
 
+_GRAPH_EDIT_NAMES = ("GraphEdit", "EditedGraph", "edit_object_graph", "escape_path", "unescape_path")
+
 
 def __getattr__(name: str) -> Any:
     if name in _WRITER_NAMES:
@@ -515,6 +524,10 @@ def __getattr__(name: str) -> Any:
         from . import bundle_writer  # noqa: PLC0415
 
         return getattr(bundle_writer, name)
+    if name in _GRAPH_EDIT_NAMES:
+        from . import tf_graph_edit  # noqa: PLC0415
+
+        return getattr(tf_graph_edit, name)
     if name == "write_safetensors":
         from .safetensors import write_safetensors  # noqa: PLC0415
 
