@@ -38,6 +38,7 @@ __all__ = [
     "transplant",
     "doctor",
     "plan",
+    "rewrite",
     "mark_optimizer",
     "Checkpoint",
     "Variable",
@@ -92,6 +93,7 @@ _OPERATIONS = {
     "transplant": "ckptinspect.ops.transplant",
     "doctor": "ckptinspect.ops.doctor",
     "plan": "ckptinspect.ops.plan",
+    "rewrite": "ckptinspect.ops.rewrite",
     "mark_optimizer": "ckptinspect.ops.roles",
 }
 

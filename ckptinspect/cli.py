@@ -392,6 +392,33 @@ def extract_command(
     emit(extract_view(report, report_format))
 
 
+@app.command("rewrite", cls=_Command)
+@handle_errors
+def rewrite_command(
+    src: str = typer.Argument(..., metavar="SRC", help="Source checkpoint: TF prefix or directory, SavedModel, V1 table, Keras .weights.h5/.h5."),
+    output: str = typer.Option(..., "--output", "-o", metavar="OUT", help="Output: a TF prefix for a TF source, a .weights.h5 / .h5 file for a Keras one."),
+    rename: list[str] = typer.Option([], "--rename", metavar="REGEX=REPLACEMENT", help="Applied with re.sub to every readable name, in order (repeatable; --map semantics)."),
+    drop: list[str] = typer.Option([], "--drop", metavar="REGEX", help="Leave out the variables whose (new) name matches (re.search; repeatable)."),
+    role: list[str] = typer.Option([], "--role", metavar="[model|optimizer|metadata]", help="Keep only variables of this role (repeatable)."),
+    cast: Optional[str] = typer.Option(None, "--cast", metavar="[float16|bfloat16|float32|float64]", help="Cast the model's float variables (and their optimizer slots) to this type."),
+    cast_filter: Optional[str] = typer.Option(None, "--cast-filter", metavar="REGEX", help="Cast only the model variables whose (new) name matches (re.search)."),
+    force: bool = typer.Option(False, "--force", help="Replace an earlier output of the same kind (nothing else)."),
+    report_format: OutputFormat = typer.Option(OutputFormat.table, "--format", metavar="[table|json|csv]", help="Report as table, json or csv (one row per variable).", case_sensitive=False),
+    _debug: bool = DebugOption,
+) -> None:
+    """Rename, drop and cast variables (in that order), writing a checked, restorable copy."""
+    from .ops.rewrite import rewrite  # noqa: PLC0415
+    from .render import rewrite_view  # noqa: PLC0415
+
+    progress = Progress("rewrite")
+    try:
+        report = rewrite(src, output, rename=rename, drop=drop, role=role, cast=cast, cast_filter=cast_filter,
+                         force=force, progress=progress)
+    finally:
+        progress.close()
+    emit(rewrite_view(report, report_format))
+
+
 @app.command("transplant", cls=_Command)
 @handle_errors
 def transplant_command(

@@ -819,6 +819,63 @@ def extract_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
     return render(fmt, doc=report.to_dict(), rows=rows, columns=columns, width=width)
 
 
+# -- rewrite (issue 14) ------------------------------------------------------------------------
+def rewrite_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
+    """Render a :class:`~ckptinspect.ops.rewrite_report.RewriteReport`: counts and sizes per role
+    kept/renamed/dropped/cast (table), one row per source variable (csv), or the whole report
+    (json)."""
+    if fmt == OutputFormat.json:
+        return render(fmt, doc=report.to_dict(), rows=[], columns=[], width=width)
+    if fmt == OutputFormat.csv:
+        rows = [
+            {"name": v.name, "new_name": v.new_name or "", "key": v.key, "new_key": v.new_key or "", "role": v.role,
+             "shape": fmt_shape(v.shape), "dtype": v.dtype, "new_dtype": v.new_dtype or "", "nbytes": v.nbytes,
+             "new_nbytes": v.new_nbytes, "actions": " ".join(v.actions)}
+            for v in report.variables
+        ]
+        columns: list[Column] = [(c, c) for c in ("name", "new_name", "key", "new_key", "role", "shape", "dtype",
+                                                  "new_dtype", "nbytes", "new_nbytes", "actions")]
+        return render(fmt, doc={}, rows=rows, columns=columns, width=width)
+    totals = report.totals()
+    header = [
+        f"source:   {report.source} ({report.source_format})",
+        f"output:   {report.output} ({report.output_format})",
+        f"files:    {', '.join(report.files)}",
+        f"check:    {report.verified} tensor{'s' if report.verified != 1 else ''} read back and compared",
+        f"result:   {report.summary()}",
+    ]
+    g = report.object_graph
+    if g:
+        line = f"graph:    {g['edges_renamed']} edge(s) renamed, {g['edges_moved']} moved, {g['nodes_added']} object(s) added"
+        if g.get("pruned"):
+            line += f"; pruned {g['source_nodes']} -> {g['nodes']} objects"
+        header.append(line)
+
+    def cell(action: str, role: str, key: str = "bytes") -> tuple[int, str]:
+        row = totals[action].get(role)
+        return (row["count"], human_bytes(row[key])) if row else (0, "-")
+
+    rows = []
+    for r in ("model", "optimizer", "metadata", "all"):
+        kept, renamed, dropped, cast = cell("kept", r), cell("renamed", r), cell("dropped", r), cell("cast", r)
+        cast_new = cell("cast", r, "new_bytes")[1]
+        rows.append({"role": r, "kept": kept[0], "kept_bytes": kept[1], "renamed": renamed[0],
+                     "dropped": dropped[0], "dropped_bytes": dropped[1], "cast": cast[0],
+                     "cast_bytes": f"{cast[1]} -> {cast_new}" if cast[0] else "-"})
+    columns = [("role", "role"), ("kept", "kept"), ("kept_bytes", "kept size"), ("renamed", "renamed"),
+               ("dropped", "dropped"), ("dropped_bytes", "dropped size"), ("cast", "cast"), ("cast_bytes", "cast size")]
+    saved = report.saved_bytes
+    src = report.source_file_bytes or 1
+    footer = [
+        "",
+        f"on disk:  {human_bytes(report.source_file_bytes)} -> {human_bytes(report.output_file_bytes)}"
+        + (f" ({saved / src * 100:.1f}% smaller)" if saved >= 0 else f" ({-saved / src * 100:.1f}% larger)")
+        + f"; {human_bytes(report.copied_bytes)} copied unchanged",
+    ]
+    footer += [f"note:     {n}" for n in report.notes]
+    return render(fmt, doc={}, rows=rows, columns=columns, header=header, footer=footer, width=width)
+
+
 # -- doctor (issue 13) -----------------------------------------------------------------------
 DOCTOR_REASON_TITLES = {
     "missing": "missing in source",
