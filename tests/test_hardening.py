@@ -54,6 +54,7 @@ COMMANDS = {
     "transplant": lambda p, out: ["transplant", p, out + ".weights.h5", "--builder", "no_such_module:build"],
     "doctor": lambda p, out: ["doctor", p, "--builder", "no_such_module:build"],
     "plan": lambda p, out: ["plan", p, "--save-seconds", "1", "--every", "1h", "--train-time", "1d"],
+    "rewrite": lambda p, out: ["rewrite", p, "-o", out, "--rename", "^(.*)$=r/\\1"],
 }
 # transplant opens its source exactly as ls does: wherever ls fails, transplant fails the same way.
 for _case in CATALOGUE:

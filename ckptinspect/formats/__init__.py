@@ -68,6 +68,7 @@ __all__ = [
     "checkpoint_step",
     "checkpoint_present",
     "is_remote",
+    "check_regular",
     # writing TF bundles (extract, transplant)
     "OBJECT_GRAPH_KEY",
     "BundleTensor",
@@ -93,6 +94,7 @@ __all__ = [
     "escape_path",
     "unescape_path",
 ]
+check_regular = _fs.check_regular  # outputs copy from source files: refuse FIFOs and devices first
 SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
 SAVED_MODEL_VARIABLES = "variables/variables"
 KERAS_SHARDED_INDEX_SUFFIX = ".weights.json"

@@ -116,6 +116,11 @@ def _attribute_suffix(key: str) -> str:
     return key[pos:]
 
 
+def _readable(key: str) -> str:
+    """The readable name of a key: its object path (``a/b/.ATTRIBUTES/VARIABLE_VALUE`` -> ``a/b``)."""
+    return key.split(ATTRIBUTES_MARK, 1)[0]
+
+
 def _chain(parent: list[int], i: int) -> list[int]:
     """Nodes from the root to ``i`` (inclusive) along the canonical tree."""
     out = []
@@ -312,6 +317,8 @@ def edit_object_graph(blob: bytes, edit: GraphEdit, labels: Mapping[str, str] | 
                 attr.checkpoint_key = encode_key(new_key)
             if key in edit.full_names:
                 attr.full_name = encode_key(edit.full_names[key])
+            elif new_key != key and decode_key(attr.full_name) == _readable(key):
+                attr.full_name = encode_key(_readable(new_key))  # a full name that was the path follows it
             key_map[key] = new_key
     seen: dict[str, str] = {}
     for old, new in key_map.items():

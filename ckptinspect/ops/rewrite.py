@@ -39,6 +39,7 @@ from ..formats import (
     GraphEdit,
     OutputTensor,
     TensorData,
+    check_regular,
     copy_tensor,
     edit_object_graph,
     open_checkpoint,
@@ -215,7 +216,8 @@ def _graph_for(ckpt: m.Checkpoint, plans: list[_Plan]) -> tuple[bytes | None, di
                 p.new_key = p.new_name
         notes.append("name-based (TF1) checkpoint: restore with tf.compat.v1.train.Saver over the renamed variables")
         if ckpt.format == m.FORMAT_TF_V1:
-            notes.append("the V1 table source was rewritten as a V2 bundle (.index + .data)")
+            notes.append("the V1 table source was rewritten as a V2 bundle (.index + .data); sliced variables"
+                         " are written whole")
         return None, None, notes
     graph_info = ckpt.info.get("object_graph") or {}
     object_graph = getattr(ckpt.source, "object_graph", None)
@@ -280,6 +282,7 @@ def _output_tensors(ckpt: m.Checkpoint, plans: list[_Plan]) -> list[OutputTensor
 
 def _read_back(ckpt: m.Checkpoint, plans: list[_Plan], tf2: bool, progress: Progress | None) -> Callable[[str], None]:
     kept = [p for p in plans if not p.dropped]
+    keeps_slices = ckpt.format != m.FORMAT_TF_V1  # V1 tables are read whole, and written whole
 
     def check(tmp: str) -> None:
         with open_checkpoint(tmp) as written:
@@ -299,7 +302,7 @@ def _read_back(ckpt: m.Checkpoint, plans: list[_Plan], tf2: bool, progress: Prog
                     problem = f"reads back as {w.name!r}, expected {p.new_name!r}"
                 elif w.dtype != p.new_dtype or w.shape != p.var.shape:
                     problem = f"reads back as {w.dtype}{list(w.shape)}, expected {p.new_dtype}{list(p.var.shape)}"
-                elif p.new_dtype == p.var.dtype and len(w.slices) != len(p.var.slices):
+                elif keeps_slices and p.new_dtype == p.var.dtype and len(w.slices) != len(p.var.slices):
                     problem = f"has {len(w.slices)} stored slices, the source {len(p.var.slices)}"
                 elif not _same_values(ckpt, p.var, written, w, p.new_dtype):
                     problem = "differs from the source value"
@@ -375,6 +378,9 @@ def rewrite(
             raise UsageError(f"{ckpt.path}: every variable would be dropped; nothing to write")
         if cast is not None:
             _cast_plan(plans, cast, cast_rx)
+        for path in ckpt.files():  # bytes are copied from them: a FIFO or device would block
+            if os.path.lexists(path):
+                check_regular(path)
         protected = [src, ckpt.path, *_source_files(ckpt)]
         source_bytes = _size(_source_files(ckpt))
         if ckpt.format in KERAS_SOURCE_FORMATS:
