@@ -273,3 +273,21 @@ def test_tf1_partitioned_rename_keeps_slices(tf1, tmp_path):
         with v1.Session() as sess:
             v1.train.Saver([e]).restore(sess, str(out))
             assert same_bits(sess.run(tf.convert_to_tensor(e)), src.get_tensor("emb/table"))
+
+
+# -- Keras 3 .weights.h5 ------------------------------------------------------------------------
+def test_weights_h5_rename_loads_into_renamed_model(tmp_path, monkeypatch):
+    out = tmp_path / "renamed.weights.h5"
+    report = ckptinspect.rewrite(FIXTURES / "keras" / "model.weights.h5", out, rename=["^head/=out/"], role="model")
+    assert {v.new_name for v in report.variables if v.renamed} == {"out/vars/0", "out/vars/1"}
+    model = renamed_model(monkeypatch)
+    model.load_weights(str(out))
+    ref = trainer.build_model(seed=7)
+    ref.load_weights(str(FIXTURES / "keras" / "model.weights.h5"), skip_mismatch=False)
+    for w, r in zip(model.weights, ref.weights):
+        assert same_bits(w.numpy(), r.numpy()), w.path
+    with ckptinspect.open(out) as ckpt:
+        assert "out/vars/0" in ckpt.names() and {v.role for v in ckpt.variables} == {"model"}
+    with pytest.raises(UsageError, match="layer name only"):
+        ckptinspect.rewrite(FIXTURES / "keras" / "model.weights.h5", tmp_path / "x.weights.h5",
+                            rename=["^head/vars/0$=head/vars/9"])
