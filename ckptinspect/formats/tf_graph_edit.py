@@ -38,6 +38,9 @@ ATTRIBUTES_MARK = "/.ATTRIBUTES/"
 OPTIMIZER_SLOT_MARK = "/.OPTIMIZER_SLOT/"
 ESCAPE_CHAR = "."
 SLASH_ESCAPE = ".S"
+# A variable is moved to a path at most this deep (real models nest a few dozen objects; a
+# hostile chain would otherwise make the edit create and walk a million objects).
+MAX_MOVE_DEPTH = 1000
 
 
 def _escape(name: str) -> str:
@@ -160,9 +163,12 @@ def edit_object_graph(blob: bytes, edit: GraphEdit, labels: Mapping[str, str] | 
     for i, node in enumerate(ours):
         for _, _, key in node.attributes:
             node_of.setdefault(key, i)
-    parent, _local, path_of = _paths(ours)
-    try:
-        old_path = {i: path_of(i) for i in set(node_of.values()) if parent[i] != -2}
+    parent: list[int] = []
+    old_path: dict[int, tuple[str, ...]] = {}
+    try:  # paths matter only when something moves (a hostile graph can be deep)
+        if edit.moves:
+            parent, _local, path_of = _paths(ours)
+            old_path = {i: path_of(i) for i in set(node_of.values()) if parent[i] != -2}
     except MalformedError as e:
         raise CorruptCheckpointError(f"the object graph cannot be edited: {e}") from None
 
@@ -179,6 +185,8 @@ def edit_object_graph(blob: bytes, edit: GraphEdit, labels: Mapping[str, str] | 
         if i not in old_path:
             raise UsageError(f"{label(key)!r} is not reached from the root of the object graph (a slot variable"
                              " follows its variable): it cannot be moved by itself")
+        if len(new) > MAX_MOVE_DEPTH or len(old_path[i]) > MAX_MOVE_DEPTH:
+            raise UsageError(f"{label(key)!r}: cannot move an object more than {MAX_MOVE_DEPTH} levels deep")
         if not new or any(not p for p in new):
             raise UsageError(f"{label(key)!r} cannot be moved to an empty path element ({'/'.join(new)!r})")
         if i in targets and targets[i] != new:
@@ -277,9 +285,8 @@ def edit_object_graph(blob: bytes, edit: GraphEdit, labels: Mapping[str, str] | 
                 node.slot_variables.extend(kept_slots)
 
     # 5. Keys from the new paths (checked), slot keys from their variable's, full names.
-    edited = graph.SerializeToString()
-    new_nodes = parse_object_graph(edited)
-    new_parent, _, new_path_of = _paths(new_nodes)
+    if old_path:
+        new_parent, _, new_path_of = _paths(parse_object_graph(graph.SerializeToString()))
     new_path: dict[int, tuple[str, ...]] = {}
     for i, p in old_path.items():
         if new_parent[i] == -2:  # pragma: no cover - edges are only renamed or re-added
