@@ -291,3 +291,38 @@ def test_weights_h5_rename_loads_into_renamed_model(tmp_path, monkeypatch):
     with pytest.raises(UsageError, match="layer name only"):
         ckptinspect.rewrite(FIXTURES / "keras" / "model.weights.h5", tmp_path / "x.weights.h5",
                             rename=["^head/vars/0$=head/vars/9"])
+
+
+# -- legacy .h5 ---------------------------------------------------------------------------------
+def test_legacy_h5_rename_moves_groups_and_loads(tmp_path, monkeypatch):
+    out = tmp_path / "renamed.h5"
+    report = ckptinspect.rewrite(FIXTURES / "keras" / "model.h5", out, rename=["^head/=out/"], role="model")
+    assert {v.new_key for v in report.variables if v.renamed} == {"model_weights/out/out/kernel",
+                                                                  "model_weights/out/out/bias"}
+    import h5py  # noqa: PLC0415
+
+    with h5py.File(out) as f:
+        assert "head" not in f["model_weights"] and "optimizer_weights" not in f
+        assert [n.decode() if isinstance(n, bytes) else n for n in f["model_weights"].attrs["layer_names"]][-1] == "out"
+    model = renamed_model(monkeypatch)
+    model.load_weights(str(out))
+    with h5py.File(FIXTURES / "keras" / "model.h5") as f:
+        assert same_bits(model.get_layer("out").kernel.numpy(), f["model_weights/head/head/kernel"][()])
+
+
+@pytest.mark.slow  # tf_keras import
+def test_keras2_weights_h5_rename_loads_by_name(tmp_path, monkeypatch):
+    tf_keras = pytest.importorskip("tf_keras")
+    src = FIXTURES / "keras" / "keras2_weights.h5"
+    out = tmp_path / "renamed.h5"
+    ckptinspect.rewrite(src, out, rename=["^head/=out/"])
+    monkeypatch.setattr(trainer, "HEAD_NAME", "out")
+    model = trainer._build_net(tf_keras, 5)
+    model.load_weights(str(out), by_name=True)  # finds the layer group by its new name
+    ref = trainer._build_net(tf_keras, 7)
+    monkeypatch.setattr(trainer, "HEAD_NAME", "head")
+    ref = trainer._build_net(tf_keras, 7)
+    ref.load_weights(str(src), by_name=True)
+    for w, r in zip(model.weights, ref.weights):
+        assert same_bits(w.numpy(), r.numpy()), w.name
+    assert same_bits(model.get_layer("out").kernel.numpy(), ref.get_layer("head").kernel.numpy())
