@@ -227,6 +227,21 @@ def test_module_paths_move_with_slot_variables(tmp_path):
     assert same_bits(opt2.get_slot(new.encoder.kernel, "m").numpy(),
                      src_values["model/enc/kernel/.OPTIMIZER_SLOT/optimizer/m/.ATTRIBUTES/VARIABLE_VALUE"])
 
+    # A longer path: the variables are re-linked under a new, empty object.
+    out2 = tmp_path / "deeper"
+    report = ckptinspect.rewrite(src, out2, rename=["^model/head/=model/top/head/"])
+    assert report.object_graph["edges_moved"] == 2 and report.object_graph["nodes_added"] == 2
+    deeper = Net(2)
+    deeper.top = tf.Module()
+    deeper.top.head = deeper.head
+    del deeper.head
+    opt3 = tf_keras.optimizers.legacy.Adam(0.1)
+    status = tf.train.Checkpoint(model=deeper, optimizer=opt3).read(str(out2))
+    opt3._create_all_weights(deeper.trainable_variables)
+    status.assert_consumed()
+    assert same_bits(deeper.top.head.bias.numpy(), src_values["model/head/bias/.ATTRIBUTES/VARIABLE_VALUE"])
+    assert "model/top/head/bias/.OPTIMIZER_SLOT/optimizer/v/.ATTRIBUTES/VARIABLE_VALUE" in tf_values(out2)
+
     # A rename to a path another variable holds is refused, naming both.
     with pytest.raises(UsageError, match="collide"):
         ckptinspect.rewrite(src, tmp_path / "x", rename=["^model/enc/=model/head/"])
