@@ -117,6 +117,17 @@ model = bench_model.build()
 model.load_weights({src!r})
 model.save_weights({out!r})
 """
+# Renaming every variable by hand: read each tensor, make a variable of it, write a new
+# checkpoint (TF2 object-based: a module tracking the variables by their new names).
+TF_RENAME = """import tensorflow as tf
+r = tf.train.load_checkpoint({src!r})
+root = tf.Module()
+root.vars = {{}}
+for key in r.get_variable_to_shape_map():
+    if key != "_CHECKPOINTABLE_OBJECT_GRAPH":
+        root.vars["r/" + key] = tf.Variable(r.get_tensor(key))
+tf.train.Checkpoint(root=root).write({out!r})
+"""
 KERAS_EDITOR = "import keras\nkeras.saving.KerasFileEditor({p!r}).summary()\n"
 # The floor of any h5py-based tool: open the file(s), visit every object, (read every dataset).
 H5PY_VISIT = """import h5py
@@ -165,7 +176,8 @@ def make_pairs(s: c.CheckpointSet, out: pathlib.Path) -> list[Pair]:
     h5ls = None if shutil.which("h5ls") else f"h5ls {HDF5_TOOLS_HINT}"
     h5diff = None if shutil.which("h5diff") else f"h5diff {HDF5_TOOLS_HINT}"
     # TF outputs are prefixes in their own folder (removed before each run); Keras ones are files.
-    o = {k: str(out / k / "ckpt") for k in ("extract_ours", "extract_tf", "transplant_ours", "transplant_tf")}
+    o = {k: str(out / k / "ckpt") for k in ("extract_ours", "extract_tf", "transplant_ours", "transplant_tf",
+                                            "rewrite_ours", "rewrite_tf")}
     o |= {k: str(out / f"{k}.weights.h5") for k in ("extract_wh5_ours", "extract_wh5_keras", "transplant_wh5_ours", "transplant_wh5_keras")}
     ours = dict(ours=True)
     return [
@@ -209,6 +221,12 @@ def make_pairs(s: c.CheckpointSet, out: pathlib.Path) -> list[Pair]:
         Pair("extract-weights-h5", "extract", "model weights only, to a Keras 3 .weights.h5", [
             c.Tool("ckptinspect extract --builder", [*CKPT, "extract", s.a, "-o", o["extract_wh5_ours"], "--builder", c.BUILDER_SPEC], cleanup=(o["extract_wh5_ours"],), **ours),
             c.Tool("rebuild + restore + save_weights", py(KERAS_EXTRACT.format(src=s.a, out=o["extract_wh5_keras"])), cleanup=(o["extract_wh5_keras"],)),
+        ]),
+        Pair("rewrite", "rewrite", "rename every variable, to a TF bundle", [
+            c.Tool("ckptinspect rewrite --rename", [*CKPT, "rewrite", s.a, "-o", o["rewrite_ours"], "--rename", r"^(.*)$=r/\1"],
+                   cleanup=(str(out / "rewrite_ours"),), **ours),
+            c.Tool("load_checkpoint + tf.Variable + Checkpoint.write", py(TF_RENAME.format(src=s.a, out=o["rewrite_tf"])),
+                   cleanup=(str(out / "rewrite_tf"),)),
         ]),
         Pair("transplant", "transplant", "TF bundle into a freshly built model, written as a TF bundle", [
             c.Tool("ckptinspect transplant", [*CKPT, "transplant", s.a, o["transplant_ours"], "--builder", c.BUILDER_SPEC], cleanup=(str(out / "transplant_ours"),), **ours),
