@@ -288,6 +288,10 @@ def ls_command(
     emit(ls_view(listing, format, tree=tree))
 
 
+DIFF_TRANSPOSE_DENSE_HELP = "A's 2-D kernels are [out,in] (PyTorch Linear): compared transposed with B's [in,out]."
+DIFF_CONV_LAYOUT_HELP = "A's conv kernels' layout: hwio (Keras, default) or oihw (PyTorch: compared reordered to HWIO)."
+
+
 @app.command("diff", cls=_Command)
 @handle_errors
 def diff_command(
@@ -298,6 +302,8 @@ def diff_command(
     role: Optional[str] = typer.Option(None, "--role", metavar="ROLE", help="Compare only model, optimizer or metadata variables."),
     maps: list[str] = typer.Option([], "--map", metavar="REGEX=REPLACEMENT", help="Applied to every name of A before aligning (repeatable; see docs/INTERFACE.md)."),
     optimizer_pattern: Optional[str] = OptimizerPatternOption,
+    transpose_dense: bool = typer.Option(False, "--transpose-dense", help=DIFF_TRANSPOSE_DENSE_HELP),
+    conv_layout: str = typer.Option("hwio", "--conv-layout", metavar="[hwio|oihw]", help=DIFF_CONV_LAYOUT_HELP),
     format: OutputFormat = FormatOption,
     _debug: bool = DebugOption,
 ) -> None:
@@ -308,7 +314,8 @@ def diff_command(
     progress = Progress("diff")
     try:
         report = diff(a, b, atol=atol, rtol=rtol, role=role, mapping=maps, progress=progress,
-                      optimizer_pattern=optimizer_pattern)
+                      optimizer_pattern=optimizer_pattern, transpose_dense=transpose_dense,
+                      conv_layout=conv_layout.lower())
     finally:
         progress.close()
     emit(diff_view(report, format))

@@ -469,7 +469,8 @@ def diff_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
         f"a: {report.a} ({report.format_a})",
         f"b: {report.b} ({report.format_b})",
         f"aligned by {report.alignment}" + (f", role {report.role}" if report.role else "")
-        + (f", --map {' '.join(report.mapping)}" if report.mapping else ""),
+        + (f", --map {' '.join(report.mapping)}" if report.mapping else "")
+        + (f", {' '.join(report.layout)}" if report.layout else ""),
     ]
     header += [f"note: {n}" for n in report.notes]
     if width == AUTO:

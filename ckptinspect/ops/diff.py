@@ -33,6 +33,8 @@ from .compare import (
     STATUSES,
     compare_variables,
 )
+from .layout_view import RearrangedSource, pair_fit
+from .layouts import CONV_HWIO, Layout
 from .mapping import parse_mapping, rules_text
 from .roles import OPTIMIZER_PATTERN_INFO, mark_optimizer, optimizer_regex
 from .matching import ALIGN_KEY, ALIGN_NAME, Match, align, normalize_name
@@ -90,6 +92,8 @@ class VariableDiff:
         nan_b: NaN count in B.
         inf_b: Inf count in B.
         nonfinite_mismatch: Elements where NaN/Inf on one side is not matched on the other.
+        layout: How A's value was rearranged before comparing (``transposed (axes 1,0)``,
+            ``permuted (axes 2,3,1,0)``) under the layout rules, or None.
     """
 
     name: str
@@ -113,6 +117,7 @@ class VariableDiff:
     nan_b: int | None = None
     inf_b: int | None = None
     nonfinite_mismatch: int | None = None
+    layout: str | None = None
 
     @property
     def differs(self) -> bool:
@@ -186,6 +191,8 @@ class DiffReport:
         notes: What alignment did or could not do (prefixes dropped, positional names, names
             that could not be aligned), one sentence each.
         mapping: The ``--map`` rules applied to A's names, as given.
+        layout: The layout rules in force, as the options naming them (``--transpose-dense``,
+            ``--conv-layout oihw``).
     """
 
     a: str
@@ -199,6 +206,7 @@ class DiffReport:
     variables: tuple[VariableDiff, ...]
     notes: tuple[str, ...] = ()
     mapping: tuple[str, ...] = ()
+    layout: tuple[str, ...] = ()
 
     @property
     def identical(self) -> bool:
@@ -260,6 +268,7 @@ class DiffReport:
             "role": self.role,
             "alignment": self.alignment,
             "mapping": list(self.mapping),
+            "layout": list(self.layout),
             "notes": list(self.notes),
             "variables": [v.to_dict() for v in self.variables],
             "summary": self.summary,
@@ -308,6 +317,8 @@ def diff(
     mapping: Mapping[str, str] | Iterable[str | tuple[str, str]] | None = None,
     progress: Progress | None = None,
     optimizer_pattern: str | None = None,
+    transpose_dense: bool = False,
+    conv_layout: str = CONV_HWIO,
 ) -> DiffReport:
     """Compare two checkpoints, of the same or of different formats.
 
@@ -324,6 +335,11 @@ def diff(
         progress: Called as ``progress(done, total, variable_diff)`` after each variable.
         optimizer_pattern: Regex of names (or keys) to treat as optimizer state on both sides
             (see :func:`ckptinspect.ops.roles.mark_optimizer`), before ``role`` filters.
+        transpose_dense: A's 2-D kernels are ``[out, in]`` (PyTorch ``Linear``): compared
+            transposed with B's ``[in, out]`` kernels (docs/INTERFACE.md, "Pairing variables").
+        conv_layout: ``oihw`` when A's conv kernels are ``[out, in, *spatial]`` (PyTorch): compared
+            with B's HWIO kernels with their axes reordered. Either rule aligns by name, and
+            pairs what names leave by layer and leaf spelling (``weight``/``kernel``...).
 
     Returns:
         A :class:`DiffReport`; ``report.identical`` is the verdict.
@@ -338,6 +354,7 @@ def diff(
     if role is not None and role not in ROLES:
         raise UsageError(f"unknown role {role!r}; expected one of {', '.join(ROLES)}")
     rules = parse_mapping(mapping)  # fail on bad rules before opening anything
+    layout = Layout(transpose_dense=transpose_dense, conv_layout=conv_layout)
     optimizer_regex(optimizer_pattern)
 
     opened: list[Checkpoint] = []
@@ -348,7 +365,7 @@ def diff(
         cb = ca if _same_path(a, b) else mark_optimizer(_open(b, opened), optimizer_pattern)
         va_list = ca.filter(role=role)
         vb_list = cb.filter(role=role)
-        alignment = align(va_list, vb_list, same_format=ca.format == cb.format, mapping=rules)
+        alignment = align(va_list, vb_list, same_format=ca.format == cb.format, mapping=rules, layout=layout)
         sides = (("A", ca),) if cb is ca else (("A", ca), ("B", cb))
         notes = [f"{side}: {w}" for side, c in sides for w in c.info.get("warnings", ())]
         notes += alignment.notes
@@ -359,9 +376,14 @@ def diff(
         if role is not None and not va_list and not vb_list:
             notes.append(f"neither checkpoint has {role}-role variables")
         entries = sorted(_entries(alignment), key=_read_order(ca, cb))
+        fits = {va.key: (va, f) for _, va, vb, _ in entries if va is not None and vb is not None
+                and (f := pair_fit(va, vb, layout)) is not None}
+        if fits:
+            notes.append(_layout_note(fits))
+        source_a = RearrangedSource(ca, fits) if fits else ca
         results = []
         for i, (name, va, vb, how) in enumerate(entries, 1):
-            results.append(_diff_one(name, how, ca, va, cb, vb, float(atol), float(rtol)))
+            results.append(_diff_one(name, how, source_a, va, cb, vb, float(atol), float(rtol), fits))
             if progress is not None:
                 progress(i, len(entries), results[-1])
         return DiffReport(
@@ -376,6 +398,7 @@ def diff(
             variables=tuple(sorted(results, key=_sort_key)),
             notes=tuple(notes),
             mapping=rules_text(mapping),
+            layout=layout.describe(),
         )
     finally:
         for c in opened:
@@ -402,8 +425,15 @@ def _open(path_or_ckpt: Any, opened: list[Checkpoint]) -> Checkpoint:
     return ckpt
 
 
+def _layout_note(fits: Mapping[str, tuple[Variable, Any]]) -> str:
+    kinds = collections.Counter(f.kind for _, f in fits.values())
+    parts = ", ".join(f"{n} {kind}d" for kind, n in sorted(kinds.items()))
+    return f"{len(fits)} variable(s) of A compared in B's layout by the layout rules ({parts})"
+
+
 def _diff_one(
-    name: str, how: str | None, ca: Checkpoint, va: Variable | None, cb: Checkpoint, vb: Variable | None, atol: float, rtol: float,
+    name: str, how: str | None, ca: Any, va: Variable | None, cb: Checkpoint, vb: Variable | None, atol: float, rtol: float,
+    fits: Mapping[str, tuple[Variable, Any]],
 ) -> VariableDiff:
     common = {
         "name": name,
@@ -422,5 +452,9 @@ def _diff_one(
         return VariableDiff(status=STATUS_ADDED, **common)
     if vb is None:
         return VariableDiff(status=STATUS_REMOVED, **common)
+    fitted = fits.get(va.key)
+    if fitted is not None:
+        common["layout"] = fitted[1].describe()
+        va = RearrangedSource.view(va, fitted[1])
     return VariableDiff(**common, **compare_variables(ca, va, cb, vb, atol=atol, rtol=rtol))
 

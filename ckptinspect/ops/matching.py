@@ -330,6 +330,7 @@ def align(
     *,
     same_format: bool,
     mapping: RulesLike = None,
+    layout: Layout | None = None,
 ) -> Match:
     """Pair the variables of two checkpoints, as ``diff`` does.
 
@@ -343,6 +344,10 @@ def align(
         b: Variables of B.
         same_format: Whether both checkpoints have the same format.
         mapping: ``--map`` rules for A's names.
+        layout: Layout rules (``--transpose-dense``, ``--conv-layout``): A comes from another
+            framework. Alignment is by name, and what the name stages leave is paired by
+            :func:`layer_stage` (leaf spellings such as ``weight``/``kernel``,
+            ``running_mean``/``moving_mean``; shapes through these rules), as ``doctor`` pairs.
 
     Returns:
         The :class:`Match`, its ``method`` ``key`` or ``name``, with a note naming what could
@@ -354,7 +359,10 @@ def align(
     rules = parse_mapping(mapping)
     ia = list(a) if all(isinstance(x, Item) for x in a) else items(a)
     ib = list(b) if all(isinstance(y, Item) for y in b) else items(b)
-    if same_format and not rules:
+    if layout is not None and not layout.plain:
+        stages = (*NAME_STAGES, layer_stage(layout))
+        result = dataclasses.replace(match(ia, ib, stages, rules=rules), method=ALIGN_NAME)
+    elif same_format and not rules:
         result = match(ia, ib, stages_for(key=True))
         by_key = result.count(HOW_KEY)
         method = ALIGN_NAME if result.matched and not by_key else ALIGN_KEY
