@@ -129,3 +129,15 @@ def test_pair_fit_applies_to_kernels_only():
     assert pair_fit(_var("c.weight", (8, 3, 5, 5)), _var("c/kernel", (5, 5, 3, 8)), both).axes == (2, 3, 1, 0)
     assert pair_fit(_var("c.weight", (8, 3, 5)), _var("c/kernel", (5, 3, 8)), both).axes == (2, 1, 0)
     assert pair_fit(_var("fc.weight", (3, 2)), _var("fc/kernel", (3, 4)), both) is None  # no fit: shape mismatch
+
+
+def test_dotted_names_split_without_a_rule():
+    """PyTorch's dots separate layer and leaf for the layers stage: only the template needs a rule."""
+    result = run_diff(TORCH, KERAS_TF, "--map", MAPS[0], "--transpose-dense", "--conv-layout", "oihw")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["summary"]["equal"] == 14
+    # Without the template rule, encoder.layer.0 is not encoder/layer_0: those four differ.
+    result = run_diff(TORCH, KERAS_TF, "--transpose-dense", "--conv-layout", "oihw")
+    assert result.exit_code == 1
+    doc = json.loads(result.output)
+    assert doc["summary"]["equal"] == 10 and doc["summary"]["removed"] == 4

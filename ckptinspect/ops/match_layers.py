@@ -95,6 +95,8 @@ LEAF_CLASSES: Mapping[str, frozenset[str]] = {
     "recurrent_kernel": frozenset({"recurrent_kernel"}),
 }
 POSITIONAL_LEAF = "vars/"
+# PyTorch module paths (state_dict keys) separate their components with dots.
+TORCH_SEPARATOR = "."
 NUMBERED_RE = re.compile(r"^(?P<base>.+?)_(?P<n>\d+)$")
 # Groups with more layers than this on both sides try only "equal numbers" and "same rank"
 # alignments and the offsets of the first layers (every offset would be quadratic).
@@ -111,8 +113,10 @@ Fits = Callable[[Item, Item], bool]
 # -- names -----------------------------------------------------------------------------------------
 def split_name(name: str) -> tuple[tuple[str, ...], str]:
     """``a/b/kernel`` -> ``(("a", "b"), "kernel")``; ``a/vars/0`` -> ``(("a",), "vars/0")``;
-    consecutive equal components count once (``dense_1/dense_1/kernel``)."""
-    parts = [p for p in name.split("/") if p]
+    consecutive equal components count once (``dense_1/dense_1/kernel``). PyTorch's dotted
+    names split at the dots too: ``model_state_dict/fc1.weight`` -> ``(("model_state_dict",
+    "fc1"), "weight")``."""
+    parts = [p for c in name.split("/") for p in c.split(TORCH_SEPARATOR) if p]
     if len(parts) >= 2 and parts[-2] == "vars" and parts[-1].isdigit():
         leaf, layer = POSITIONAL_LEAF + parts[-1], parts[:-2]
     else:
