@@ -288,6 +288,8 @@ def ls_command(
     emit(ls_view(listing, format, tree=tree))
 
 
+TRANSPOSE_DENSE_HELP = "Source 2-D kernels are [out,in] (PyTorch Linear): transpose them to Keras' [in,out]."
+CONV_LAYOUT_HELP = "Source conv kernels' layout: hwio (Keras, default) or oihw (PyTorch: reordered to HWIO)."
 DIFF_TRANSPOSE_DENSE_HELP = "A's 2-D kernels are [out,in] (PyTorch Linear): compared transposed with B's [in,out]."
 DIFF_CONV_LAYOUT_HELP = "A's conv kernels' layout: hwio (Keras, default) or oihw (PyTorch: compared reordered to HWIO)."
 
@@ -344,8 +346,6 @@ def verify_command(
         raise typer.Exit(EXIT_DIFFERENT)
 
 
-TRANSPOSE_DENSE_HELP = "Source 2-D kernels are [out,in] (PyTorch Linear): transpose them to Keras' [in,out]."
-CONV_LAYOUT_HELP = "Source conv kernels' layout: hwio (Keras, default) or oihw (PyTorch: reordered to HWIO)."
 ALLOW_RESHAPE_HELP = "A source value with as many elements as the model variable fits (it is reshaped)."
 
 
@@ -376,7 +376,10 @@ def extract_command(
     src: str = typer.Argument(..., metavar="SRC", help="Source checkpoint: TF prefix or directory, SavedModel, Keras .h5/.weights.h5/.keras, torch.save file, .safetensors, Hugging Face folder."),
     output: str = typer.Option(..., "--output", "-o", metavar="OUT", help="Output: a TF prefix (no suffix, or .ckpt / .ckpt-N), or a .weights.h5 / .h5 / .npz / .safetensors file."),
     format: Optional[str] = typer.Option(None, "--format", metavar="[tf|weights-h5|h5|npz|safetensors]", help="Output format (default: from OUT's suffix; needed for any other suffix)."),
-    builder: Optional[str] = typer.Option(None, "--builder", metavar="MODULE:FUNCTION", help="Function building the model (needed for .weights.h5 from a TF checkpoint)."),
+    builder: Optional[str] = typer.Option(None, "--builder", metavar="MODULE:FUNCTION", help="Function building the model (needed for .weights.h5 from a TF, PyTorch or safetensors checkpoint)."),
+    maps: list[str] = typer.Option([], "--map", metavar="REGEX=REPLACEMENT", help=".weights.h5 with --builder: applied to every source name before pairing by name (repeatable)."),
+    transpose_dense: bool = typer.Option(False, "--transpose-dense", help=".weights.h5 with --builder: " + TRANSPOSE_DENSE_HELP),
+    conv_layout: str = typer.Option("hwio", "--conv-layout", metavar="[hwio|oihw]", help=".weights.h5 with --builder: " + CONV_LAYOUT_HELP),
     keep_metadata: bool = typer.Option(False, "--keep-metadata", help="Also keep step counters, save_counter, TF1 global_step."),
     max_shard_size: Optional[str] = typer.Option(None, "--max-shard-size", metavar="SIZE", help="TF output: bytes per data shard (e.g. 256MiB), which bounds memory. Default: the largest tensor, at least 64MiB; 0: one tensor per shard."),
     force: bool = typer.Option(False, "--force", help="Replace an earlier output of the same kind (nothing else)."),
@@ -393,7 +396,8 @@ def extract_command(
         report = extract(src, output, format=format, force=force, builder=builder,
                          keep=("model", "metadata") if keep_metadata else ("model",),
                          max_shard_bytes=None if max_shard_size is None else parse_size(max_shard_size),
-                         progress=progress, optimizer_pattern=optimizer_pattern)
+                         progress=progress, optimizer_pattern=optimizer_pattern, mapping=maps,
+                         transpose_dense=transpose_dense, conv_layout=conv_layout.lower())
     finally:
         progress.close()
     emit(extract_view(report, report_format))

@@ -9,7 +9,6 @@ The ground truth is what TensorFlow and safetensors read from the two files; the
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 
 import numpy as np

@@ -51,6 +51,7 @@ from .targets import (
 )
 
 __all__ = [
+    "weight_plan",
     "STATUS_MATCHED",
     "STATUS_SHAPE_MISMATCH",
     "STATUS_DTYPE_MISMATCH",
@@ -305,18 +306,9 @@ def doctor(
         report, plan = _diagnose(ckpt, model, model_targets, rules, layout)
         if out is None:
             return report
-        if not report.ok:
-            groups = {g: len(v) for g, v in report.reasons().items() if v and g != REASON_UNUSED}
-            raise UsageError(
-                f"{out}: not written: {len(report.weights) - len(report.matched)} of {len(report.weights)} model "
-                "weight(s) have no source value that fits ("
-                + ", ".join(f"{g.replace('_', ' ')} {n}" for g, n in groups.items())
-                + "); run doctor without --emit weights for the reasons"
-            )
+        entries = _entries(report, plan, model, out, "run doctor without --emit weights for the reasons")
         from .extract_writers import write_weights_through_model  # noqa: PLC0415 - h5py, TF readers
 
-        variables, _ = model_variables(model)
-        entries = [(variables[t.index], s, f) for t, s, f in plan]
         with _atomic.atomic_file(out, force=force, kind=_atomic.KIND_HDF5, protected=_protected(ckpt)) as tmp:
             checked = write_weights_through_model(ckpt, tmp, model, entries, progress)
         written = WriteResult(path=out, format=OUTPUT_WEIGHTS_H5, written=True, verified=True, checked=checked)
@@ -324,6 +316,47 @@ def doctor(
     finally:
         if owns:
             ckpt.close()
+
+
+def _entries(
+    report: DoctorReport, plan: Sequence[tuple[Target, m.Variable, Fit]], model: Any, out: str, hint: str
+) -> list[tuple[Any, m.Variable, Fit]]:
+    """``(model weight, source variable, fit)`` for every weight, or the refusal naming why not."""
+    if not report.ok:
+        groups = {g: len(v) for g, v in report.reasons().items() if v and g != REASON_UNUSED}
+        raise UsageError(
+            f"{out}: not written: {len(report.weights) - len(report.matched)} of {len(report.weights)} model "
+            "weight(s) have no source value that fits ("
+            + ", ".join(f"{g.replace('_', ' ')} {n}" for g, n in groups.items())
+            + f"); {hint}"
+        )
+    variables, _ = model_variables(model)
+    return [(variables[t.index], s, f) for t, s, f in plan]
+
+
+def weight_plan(
+    ckpt: m.Checkpoint, model: Any, *, rules: Rules, layout: Layout, out: str, hint: str
+) -> tuple[DoctorReport, list[tuple[Any, m.Variable, Fit]]]:
+    """Pair every weight of a built model with a source value, as :func:`doctor` does, for a
+    writer (``doctor --emit weights``, ``extract --builder`` from another framework).
+
+    Args:
+        ckpt: The open source checkpoint.
+        model: A built Keras 3 model.
+        rules: Compiled ``--map`` rules (:func:`~ckptinspect.ops.mapping.parse_mapping`).
+        layout: The layout rules.
+        out: The output, as error messages name it.
+        hint: What the refusal suggests (where to see the reasons).
+
+    Returns:
+        The :class:`DoctorReport` and ``(model weight, source variable, fit)`` for every weight.
+
+    Raises:
+        UsageError: A weight has no source value that fits (the reasons are counted).
+    """
+    tf = import_tf()
+    report, plan = _diagnose(ckpt, model, targets(tf, model), rules, layout)
+    return report, _entries(report, plan, model, out, hint)
 
 
 def _protected(ckpt: m.Checkpoint) -> list[str]:

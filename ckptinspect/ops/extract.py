@@ -48,6 +48,8 @@ from ..formats import (
     open_checkpoint,
 )
 from .builder import load_builder
+from .layouts import CONV_HWIO, Layout
+from .mapping import RulesLike, parse_mapping
 from .roles import mark_optimizer, optimizer_regex
 from .extract_report import ExtractedVariable, ExtractReport
 from .extract_writers import (
@@ -164,6 +166,9 @@ def extract(
     max_shard_bytes: int | None = None,
     progress: Progress | None = None,
     optimizer_pattern: str | None = None,
+    mapping: RulesLike = None,
+    transpose_dense: bool = False,
+    conv_layout: str = CONV_HWIO,
 ) -> ExtractReport:
     """Write the model's weights of ``src`` to ``out``, optimizer state stripped.
 
@@ -182,6 +187,11 @@ def extract(
         progress: Called as ``progress(done, total, variable)`` after each kept tensor.
         optimizer_pattern: Regex of names (or keys) that are optimizer state although no rule
             knows them (see :func:`ckptinspect.ops.roles.mark_optimizer`): they are stripped too.
+        mapping: ``.weights.h5`` through ``builder`` from a source paired by name (PyTorch,
+            safetensors...): ``--map`` rules for the source's names (docs/INTERFACE.md, "Pairing
+            variables").
+        transpose_dense: Likewise: the source's 2-D kernels are ``[out, in]`` (PyTorch ``Linear``).
+        conv_layout: Likewise: ``oihw`` when the source's conv kernels are ``[out, in, *spatial]``.
 
     Returns:
         The :class:`ExtractReport`.
@@ -199,6 +209,10 @@ def extract(
     keep = _check_keep(keep)
     if max_shard_bytes is not None and max_shard_bytes < 0:
         raise UsageError(f"max_shard_bytes must be >= 0. Received: {max_shard_bytes}")
+    rules = parse_mapping(mapping)
+    layout = Layout(transpose_dense=transpose_dense, conv_layout=conv_layout)
+    if (rules or not layout.plain) and fmt != FORMAT_WEIGHTS_H5:
+        raise UsageError("--map, --transpose-dense and --conv-layout apply to a .weights.h5 output (with --builder)")
     if isinstance(builder, str):
         builder = load_builder(builder)
     optimizer_regex(optimizer_pattern)
@@ -241,21 +255,28 @@ def extract(
                     planned, verified = write_h5_copy(ckpt, tmp, LEGACY_OPTIMIZER_GROUP, ckpt.source.open_hdf5, progress)
                     notes = ["legacy Keras .h5 without optimizer_weights; model_config and training_config kept"]
                 else:  # weights-h5
+                    named = bool(rules) or not layout.plain
                     if ckpt.format in KERAS3_SOURCE_FORMATS:
+                        if named:
+                            raise UsageError(f"{ckpt.path}: a Keras 3 source is copied as it is: --map and layout rules do not apply")
                         planned, verified = write_h5_copy(ckpt, tmp, KERAS3_OPTIMIZER_GROUP, ckpt.source.open_hdf5, progress)
                         notes = ["Keras 3 weights without the optimizer group: load with model.load_weights(OUT)"]
-                    elif ckpt.format in TF_SOURCE_FORMATS:
+                    elif ckpt.format in TF_SOURCE_FORMATS and not named:
                         if builder is None:
                             raise UsageError(
                                 f"{ckpt.path}: a .weights.h5 output from a TF checkpoint needs --builder "
                                 "module:function (Keras 3's positional layout comes from the model's structure)"
                             )
                         planned, verified, notes = write_weights_from_builder(ckpt, tmp, builder, progress)
-                    else:
-                        raise UsageError(
-                            f"{ckpt.path}: a .weights.h5 output needs a TF2, .keras or .weights.h5 source (this is "
-                            f"{ckpt.format}); use a .h5 or .npz output"
-                        )
+                    else:  # PyTorch, safetensors, npz, legacy .h5, or rules given: paired by name
+                        if builder is None:
+                            raise UsageError(
+                                f"{ckpt.path}: a .weights.h5 output from a {ckpt.format} source needs --builder "
+                                "module:function (the Keras model its values go into)"
+                            )
+                        from .extract_convert import write_weights_by_names  # noqa: PLC0415 - TF, Keras
+
+                        planned, verified, notes = write_weights_by_names(ckpt, tmp, out, builder, rules, layout, progress)
                 files = [out]
                 out_bytes = os.path.getsize(tmp)
     finally:

@@ -41,6 +41,7 @@ __all__ = [
     "write_safetensors_output",
     "write_h5_copy",
     "write_weights_from_builder",
+    "call_builder",
     "write_weights_through_model",
     "source_matcher",
 ]
@@ -236,8 +237,10 @@ def write_tf(
 
 
 # -- npz output ----------------------------------------------------------------------------
-def _npz_name(v: m.Variable) -> str:
-    return v.name
+def _npz_name(ckpt: m.Checkpoint, v: m.Variable) -> str:
+    """The readable name; a ``torch.save`` training dict's variables by their state_dict key
+    (``model_state_dict/`` dropped), as the safetensors output names them."""
+    return _state_dict_name(ckpt, v)
 
 
 def write_npz(
@@ -246,7 +249,7 @@ def write_npz(
     kept_vars = [v for v in ckpt.variables if v.role in keep]
     names: dict[str, str] = {}
     for v in kept_vars:
-        name = _npz_name(v)
+        name = _npz_name(ckpt, v)
         if name in names.values():
             raise UsageError(f"{ckpt.path}: two kept variables share the readable name {name!r}; npz needs unique names")
         names[v.key] = name
@@ -262,7 +265,7 @@ def write_npz(
             if value.dtype.kind == "O":
                 value = value.astype(np.bytes_)
             if value.dtype.kind == "V" or value.dtype.name not in np.sctypeDict and value.dtype.kind not in "SU":
-                raise UsageError(f"{v.name}: dtype {v.dtype} has no numpy .npy encoding; use the TF output format")
+                raise UsageError(f"{v.name}: dtype {v.dtype} has no numpy .npy encoding; use a .safetensors output (or a TF one from a TF source)")
             verifier.record(names[v.key], v)
             with zf.open(names[v.key] + NPY_SUFFIX, mode="w", force_zip64=True) as f:
                 np.lib.format.write_array(f, value, allow_pickle=False)
@@ -276,7 +279,7 @@ def write_npz(
 SAFETENSORS_FORMAT = "safetensors"
 
 
-def _safetensors_name(ckpt: m.Checkpoint, v: m.Variable) -> str:
+def _state_dict_name(ckpt: m.Checkpoint, v: m.Variable) -> str:
     prefix = ckpt.info.get("state_dict_prefix") or ""
     return v.name[len(prefix):] if prefix and v.name.startswith(prefix) else v.name
 
@@ -289,7 +292,7 @@ def write_safetensors_output(
     kept_vars = [v for v in ckpt.variables if v.role in keep]
     names: dict[str, str] = {}
     for v in kept_vars:
-        name = _safetensors_name(ckpt, v)
+        name = _state_dict_name(ckpt, v)
         if name in names.values():
             raise UsageError(f"{ckpt.path}: two kept variables share the name {name!r}; safetensors needs unique names")
         if v.dtype not in m.NUMERIC_DTYPES or v.dtype == "complex128":
@@ -496,15 +499,12 @@ def write_weights_through_model(
     return verifier.check(tmp, values, lambda k: np.asarray(values[k].numpy()), matches)
 
 
-def write_weights_from_builder(
-    ckpt: m.Checkpoint, tmp: str, builder: Builder, progress: Progress | None
-) -> tuple[list[ExtractedVariable], int, list[str]]:
-    if ckpt.info.get("kind") != "tf2-object":
-        raise UsageError(
-            f"{ckpt.path}: a .weights.h5 output needs a TF2 object-based source (its object graph "
-            "maps weights to the built model); this one is name-based"
-        )
-    need_object_graph(ckpt)
+def call_builder(builder: Builder) -> Any:
+    """The built Keras model ``builder()`` returns (TensorFlow imported quietly first).
+
+    Raises:
+        UsageError: The builder failed, or did not return a built Keras model.
+    """
     import_tf()  # quietly, before the builder touches TensorFlow
     try:
         model = builder()
@@ -516,6 +516,19 @@ def write_weights_from_builder(
         raise UsageError(f"the builder returned {type(model).__name__}, not a Keras model")
     if not model.weights:
         raise UsageError("the builder returned a model without weights; build it (call it on an input or model.build(shape))")
+    return model
+
+
+def write_weights_from_builder(
+    ckpt: m.Checkpoint, tmp: str, builder: Builder, progress: Progress | None
+) -> tuple[list[ExtractedVariable], int, list[str]]:
+    if ckpt.info.get("kind") != "tf2-object":
+        raise UsageError(
+            f"{ckpt.path}: a .weights.h5 output needs a TF2 object-based source (its object graph "
+            "maps weights to the built model); this one is name-based"
+        )
+    need_object_graph(ckpt)
+    model = call_builder(builder)
     matches = _pair_with_built_model(ckpt, model)
     model_vars = list(model.weights)
     verified = write_weights_through_model(ckpt, tmp, model, [(w, matches[id(w)], None) for w in model_vars], progress)
