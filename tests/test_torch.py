@@ -221,7 +221,7 @@ AUDITED = textwrap.dedent("""
         if event.startswith(FORBIDDEN):
             events.append(event)
             raise RuntimeError("audit: " + event)
-    import ckptinspect, ckptinspect.cli, ckptinspect.formats.torch_pickle  # noqa
+    import numpy, ckptinspect, ckptinspect.cli, ckptinspect.formats.torch_pickle  # noqa  (the reader loads numpy lazily)
     from typer.testing import CliRunner
     from ckptinspect.cli import app
     sys.addaudithook(hook)

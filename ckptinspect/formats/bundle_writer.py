@@ -43,7 +43,7 @@ import numpy as np
 
 from .. import model as m
 from ..errors import CorruptCheckpointError, OutputExistsError, UsageError
-from . import _protos
+from ._lazy import lazy_import
 from ._crc import crc32c_module, mask
 from ._layout import INDEX_SUFFIX, data_path
 from ._ordered_code import encode_tensor_name_slice
@@ -51,6 +51,9 @@ from ._table_builder import DEFAULT_BLOCK_SIZE, TableBuilder, put_varint
 from ._wire import MalformedError
 from .tf_bundle import OBJECT_GRAPH_KEY, BundleSource
 from .tf_data import DTYPE_NAMES, crc_mismatch, tensor_crc32c
+
+# The protobuf runtime loads when an index or object graph is first decoded (see _lazy).
+_protos = lazy_import(__package__ + "._protos")
 
 __all__ = [
     "StoredBytes",

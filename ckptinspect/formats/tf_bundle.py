@@ -37,7 +37,8 @@ from ..errors import (
     CorruptCheckpointError,
     NotACheckpointError,
 )
-from . import _fs, _protos, tf_data
+from . import _fs, tf_data
+from ._lazy import lazy_import
 from ._layout import INDEX_SUFFIX, data_path, decode_key, encode_key
 from ._ordered_code import decode_tensor_name_slice
 from ._sstable import iter_table
@@ -55,6 +56,9 @@ from .tf_object_graph import (
     parse_object_graph,
     walk,
 )
+
+# The protobuf runtime loads when an index or object graph is first decoded (see _lazy).
+_protos = lazy_import(__package__ + "._protos")
 
 if TYPE_CHECKING:
     import numpy as np

@@ -22,7 +22,7 @@ import re
 from typing import Callable
 
 from .. import model as m
-from . import _protos
+from ._lazy import lazy_import
 from ._layout import KEY_ENCODING, KEY_ERRORS, decode_key
 from ._wire import (
     WIRE_FIXED32,
@@ -32,6 +32,9 @@ from ._wire import (
     MalformedError,
     read_varint,
 )
+
+# The protobuf runtime loads when an index or object graph is first decoded (see _lazy).
+_protos = lazy_import(__package__ + "._protos")
 
 __all__ = [
     "VARIABLE_VALUE",

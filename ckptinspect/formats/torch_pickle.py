@@ -26,8 +26,6 @@ import zipfile
 import zlib
 from typing import Any, Callable, Iterator
 
-import numpy as np
-
 from .. import model as m
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError, UnsafeFileError
 from . import _fs
@@ -44,6 +42,10 @@ from ._torch_unpickle import (
     refusal_message,
     unpickle,
 )
+from ._lazy import lazy_import
+
+# numpy loads when a value is read: listing a .pt needs only the pickle (see _lazy).
+np = lazy_import("numpy")
 
 __all__ = [
     "FORMAT_TORCH_ZIP",
