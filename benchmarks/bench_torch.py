@@ -11,11 +11,19 @@ peak RSS and the ratios.
 * ``torch.load(weights_only=True)``: a script loading the .pt (every tensor's bytes read).
 
     python benchmarks/bench_torch.py [--size-mb 1024] [--variables 2000] [--rounds 5]
+
+``benchmarks/run.py`` times the same pairs (``ls-safetensors``, ``ls-pt``) through
+:func:`tools` and :func:`ensure_files`; without torch their rows are skipped, saying so.
+
+Before timing, the package's bytecode is compiled (:func:`compile_package`), as ``pip install``
+does: an editable install under ``PYTHONDONTWRITEBYTECODE=1`` would otherwise compile every
+module of ckptinspect from source on every run (~0.1 s), which no installed copy pays.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import pathlib
 import statistics
@@ -53,6 +61,55 @@ print(len(state))
 """
 
 
+PAIR_IDS = ("ls-safetensors", "ls-pt")
+TORCH_MISSING = "torch/safetensors not installed (pip install torch safetensors)"
+
+
+def torch_available() -> bool:
+    """Whether torch and safetensors are installed (found, not imported: torch takes seconds)."""
+    return all(importlib.util.find_spec(name) is not None for name in ("torch", "safetensors"))
+
+
+def paths(work: pathlib.Path, size_mb: int, variables: int) -> tuple[pathlib.Path, pathlib.Path]:
+    """Where the .safetensors and .pt files of this size live in the work folder."""
+    folder = pathlib.Path(work) / f"torch_{size_mb}mb_{variables}v"
+    return folder / "model.safetensors", folder / "model.pt"
+
+
+def ensure_files(work: pathlib.Path, size_mb: int, variables: int) -> tuple[pathlib.Path, pathlib.Path]:
+    """Write the two files once (torch needed), reuse them after."""
+    st_path, pt_path = paths(work, size_mb, variables)
+    if not (st_path.is_file() and pt_path.is_file()):
+        st_path.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-c", GENERATE, str(size_mb), str(variables), str(st_path), str(pt_path)],
+                       check=True)
+    return st_path, pt_path
+
+
+def compile_package() -> None:
+    """Compile ckptinspect's bytecode, as an installed copy has it (see the module docstring)."""
+    code = "import compileall, os, ckptinspect; compileall.compile_dir(os.path.dirname(ckptinspect.__file__), quiet=1)"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def tools(st_path: pathlib.Path, pt_path: pathlib.Path, missing: str | None = None) -> dict[str, list[_common.Tool]]:
+    """The two pairs, ckptinspect first: ``{pair id: tools}``."""
+    ck = [sys.executable, "-m", "ckptinspect"]
+    st, pt = str(st_path), str(pt_path)
+    return {
+        "ls-safetensors": [
+            _common.Tool("ckptinspect ls", [*ck, "ls", st], ours=True, missing=missing),
+            _common.Tool("ckptinspect ls --format json", [*ck, "ls", st, "--format", "json"], missing=missing),
+            _common.Tool("safe_open keys (script)", [sys.executable, "-c", SAFE_OPEN, st], missing=missing),
+        ],
+        "ls-pt": [
+            _common.Tool("ckptinspect ls", [*ck, "ls", pt], ours=True, missing=missing),
+            _common.Tool("ckptinspect ls --format json", [*ck, "ls", pt, "--format", "json"], missing=missing),
+            _common.Tool("torch.load(weights_only=True)", [sys.executable, "-c", TORCH_LOAD, pt], missing=missing),
+        ],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", type=int, default=1024)
@@ -61,39 +118,25 @@ def main() -> None:
     parser.add_argument("--work", default=str(HERE / "_work"))
     args = parser.parse_args()
 
-    work = pathlib.Path(args.work) / f"torch_{args.size_mb}mb_{args.variables}v"
-    st_path, pt_path = work / "model.safetensors", work / "model.pt"
-    if not (st_path.is_file() and pt_path.is_file()):
-        work.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-c", GENERATE, str(args.size_mb), str(args.variables), str(st_path), str(pt_path)],
-                       check=True)
-    ck = [sys.executable, "-m", "ckptinspect"]
-    groups = {
-        "safetensors": {
-            "ckptinspect ls": [*ck, "ls", str(st_path)],
-            "ckptinspect ls --format json": [*ck, "ls", str(st_path), "--format", "json"],
-            "safe_open keys": [sys.executable, "-c", SAFE_OPEN, str(st_path)],
-        },
-        "torch .pt": {
-            "ckptinspect ls": [*ck, "ls", str(pt_path)],
-            "ckptinspect ls --format json": [*ck, "ls", str(pt_path), "--format", "json"],
-            "torch.load(weights_only=True)": [sys.executable, "-c", TORCH_LOAD, str(pt_path)],
-        },
-    }
-    print(f"{args.variables} float32 tensors, {os.cpu_count()} cores, {args.rounds} rounds")
-    for group, tools in groups.items():
-        times: dict[str, list[float]] = {k: [] for k in tools}
-        peaks: dict[str, int] = {k: 0 for k in tools}
+    if not torch_available():
+        raise SystemExit(TORCH_MISSING)
+    st_path, pt_path = ensure_files(pathlib.Path(args.work), args.size_mb, args.variables)
+    compile_package()
+    groups = {"safetensors": tools(st_path, pt_path)["ls-safetensors"], "torch .pt": tools(st_path, pt_path)["ls-pt"]}
+    print(f"{args.variables} float32 tensors, {os.cpu_count()} cores, {args.rounds} rounds, load {os.getloadavg()[0]:.1f}")
+    for group, group_tools in groups.items():
+        times: dict[str, list[float]] = {t.label: [] for t in group_tools}
+        peaks: dict[str, int] = {t.label: 0 for t in group_tools}
         for _ in range(args.rounds):
-            for name, cmd in tools.items():  # alternate the tools within each round
-                t, rss, _ = _common.run_timed(cmd)
-                times[name].append(t)
-                peaks[name] = max(peaks[name], rss)
+            for t in group_tools:  # alternate the tools within each round
+                wall, rss, _ = _common.run_timed(t.cmd)
+                times[t.label].append(wall)
+                peaks[t.label] = max(peaks[t.label], rss)
         size = (st_path if group == "safetensors" else pt_path).stat().st_size
         print(f"\n{group}: {size / 2**20:.0f} MiB")
         print(f"{'tool':<32} {'median s':>9} {'spread s':>9} {'peak MiB':>9} {'vs ckptinspect':>15}")
         base = statistics.median(times["ckptinspect ls"])
-        for name in tools:
+        for name in times:
             med = statistics.median(times[name])
             print(f"{name:<32} {med:9.3f} {max(times[name]) - min(times[name]):9.3f} {peaks[name] / 2**20:9.1f}"
                   f" {med / base:14.1f}x")

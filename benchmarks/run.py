@@ -25,6 +25,7 @@ import argparse
 import dataclasses
 import datetime
 import fnmatch
+import functools
 import json
 import os
 import pathlib
@@ -36,6 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import _common as c  # noqa: E402
+import bench_torch  # noqa: E402 - the .safetensors / .pt pairs (issue 15)
 
 RESULTS = c.HERE / "RESULTS.md"
 PLOT = c.HERE / "scale.png"
@@ -244,7 +246,26 @@ def make_pairs(s: c.CheckpointSet, out: pathlib.Path) -> list[Pair]:
             c.Tool("ckptinspect verify", [*CKPT, "verify", s.sharded], **ours),
             c.Tool("TF: get_tensor of every key", py(TF_READ_ALL.format(p=s.sharded))),
         ]),
+        *torch_pairs(s, out),
     ]
+
+
+TORCH_TITLES = {
+    "ls-safetensors": "list a .safetensors file (the same float32 tensors, written by safetensors.torch.save_file)",
+    "ls-pt": "list a torch.save .pt file (the same tensors; torch.load reads every byte)",
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _torch_missing() -> str | None:
+    return None if bench_torch.torch_available() else bench_torch.TORCH_MISSING
+
+
+def torch_pairs(s: c.CheckpointSet, out: pathlib.Path) -> list[Pair]:
+    """``ls`` of a .safetensors and a .pt file of about the main size (skipped without torch)."""
+    st, pt = bench_torch.paths(out.parent, s.layout.size_mb, s.layout.variables)
+    groups = bench_torch.tools(st, pt, _torch_missing())
+    return [Pair(pid, "ls", TORCH_TITLES[pid], tools) for pid, tools in groups.items()]
 
 
 def scale_tools(s: c.CheckpointSet, baselines: bool) -> dict[str, list[c.Tool]]:
@@ -405,6 +426,14 @@ def evaluate_targets(results: dict[str, dict[str, Any]], s: c.CheckpointSet, flo
         add(f"verify at least as fast as reading every tensor through TF ({p})",
             f"{t.median / v.median:.2f}x ({v.median:.3f} s vs {t.median:.3f} s)" if v and t else None,
             v.median <= t.median if v and t else None)
+    a, b = med(results, "ls-safetensors", "ckptinspect ls"), med(results, "ls-safetensors", "safe_open keys (script)")
+    add(f"ls of a {s.layout.size_mb} MB .safetensors no slower than a safe_open key-listing script (issue 15)",
+        f"{a.median / b.median:.2f}x the script's time ({a.median:.3f} s vs {b.median:.3f} s)" if a and b else None,
+        a.median <= b.median if a and b else None)
+    a, b = med(results, "ls-pt", "ckptinspect ls"), med(results, "ls-pt", "torch.load(weights_only=True)")
+    add(f"ls of a {s.layout.size_mb} MB .pt >= 10x faster than torch.load(weights_only=True) (issue 15)",
+        f"{b.median / a.median:.1f}x ({a.median:.3f} s vs {b.median:.3f} s)" if a and b else None,
+        b.median >= 10 * a.median if a and b else None)
     return rows
 
 
@@ -572,7 +601,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="timed runs per tool (default 3)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs per tool first (default 1)")
     ap.add_argument("--only", help="comma-separated pair ids or patterns: ls, ls-sharded, ls-h5, ls-weights-h5, ls-stats, diff, "
-                    "diff-h5, extract, extract-weights-h5, transplant, transplant-weights-h5, verify, verify-sharded; ls*, diff*...")
+                    "diff-h5, extract, extract-weights-h5, transplant, transplant-weights-h5, verify, verify-sharded, ls-safetensors, "
+                    "ls-pt; ls*, diff*...")
     ap.add_argument("--scale", default="100,1024,4096", help="checkpoint sizes (MB) of the scale series; '' for none")
     ap.add_argument("--scale-baselines", action=argparse.BooleanOptionalAction, default=True, help="time TensorFlow in the scale series too")
     ap.add_argument("--work", default=str(c.DEFAULT_WORK), help="where checkpoints are generated and cached")
@@ -627,6 +657,10 @@ def main(argv: list[str] | None = None) -> int:
     sets = c.ensure_checkpoints(wanted, work, log=log)
     s = sets[main_layout.name]
     pairs = select(make_pairs(s, work / "_out"), args.only)
+    if any(p.id in bench_torch.PAIR_IDS for p in pairs) and _torch_missing() is None:
+        log("writing the .safetensors / .pt files (torch), compiling ckptinspect's bytecode")
+        bench_torch.ensure_files(work, s.layout.size_mb, s.layout.variables)
+        bench_torch.compile_package()
     available = [p for p in pairs if p.command in commands]
     unavailable = [p for p in pairs if p.command not in commands]
     for p in unavailable:
