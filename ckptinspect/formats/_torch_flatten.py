@@ -22,10 +22,10 @@ from typing import Any
 
 from .. import model as m
 from ..errors import UnsafeFileError
-from ._lazy import lazy_import
+from ._lazymod import lazy_import
 from ._torch_unpickle import TORCH_ITEMSIZE, StorageRef, TensorRef
 
-# numpy loads when a number that is not a tensor is met (epoch, loss...; see _lazy).
+# numpy loads when a number that is not a tensor is met (epoch, loss...; see _lazymod).
 np = lazy_import("numpy")
 
 __all__ = ["Flat", "flatten", "OPTIMIZER_KEYS", "MODEL_KEYS", "STEP_KEYS"]

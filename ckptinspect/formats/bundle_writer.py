@@ -43,7 +43,7 @@ import numpy as np
 
 from .. import model as m
 from ..errors import CorruptCheckpointError, OutputExistsError, UsageError
-from ._lazy import lazy_import
+from ._lazymod import lazy_import
 from ._crc import crc32c_module, mask
 from ._layout import INDEX_SUFFIX, data_path
 from ._ordered_code import encode_tensor_name_slice
@@ -52,7 +52,7 @@ from ._wire import MalformedError
 from .tf_bundle import OBJECT_GRAPH_KEY, BundleSource
 from .tf_data import DTYPE_NAMES, crc_mismatch, tensor_crc32c
 
-# The protobuf runtime loads when an index or object graph is first decoded (see _lazy).
+# The protobuf runtime loads when an index or object graph is first decoded (see _lazymod).
 _protos = lazy_import(__package__ + "._protos")
 
 __all__ = [

@@ -38,7 +38,7 @@ from ..errors import (
     NotACheckpointError,
 )
 from . import _fs, tf_data
-from ._lazy import lazy_import
+from ._lazymod import lazy_import
 from ._layout import INDEX_SUFFIX, data_path, decode_key, encode_key
 from ._ordered_code import decode_tensor_name_slice
 from ._sstable import iter_table
@@ -57,7 +57,7 @@ from .tf_object_graph import (
     walk,
 )
 
-# The protobuf runtime loads when an index or object graph is first decoded (see _lazy).
+# The protobuf runtime loads when an index or object graph is first decoded (see _lazymod).
 _protos = lazy_import(__package__ + "._protos")
 
 if TYPE_CHECKING:

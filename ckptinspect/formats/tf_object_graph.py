@@ -22,7 +22,7 @@ import re
 from typing import Callable
 
 from .. import model as m
-from ._lazy import lazy_import
+from ._lazymod import lazy_import
 from ._layout import KEY_ENCODING, KEY_ERRORS, decode_key
 from ._wire import (
     WIRE_FIXED32,
@@ -33,7 +33,7 @@ from ._wire import (
     read_varint,
 )
 
-# The protobuf runtime loads when an index or object graph is first decoded (see _lazy).
+# The protobuf runtime loads when an index or object graph is first decoded (see _lazymod).
 _protos = lazy_import(__package__ + "._protos")
 
 __all__ = [

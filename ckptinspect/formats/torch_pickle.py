@@ -42,9 +42,9 @@ from ._torch_unpickle import (
     refusal_message,
     unpickle,
 )
-from ._lazy import lazy_import
+from ._lazymod import lazy_import
 
-# numpy loads when a value is read: listing a .pt needs only the pickle (see _lazy).
+# numpy loads when a value is read: listing a .pt needs only the pickle (see _lazymod).
 np = lazy_import("numpy")
 
 __all__ = [
