@@ -83,9 +83,10 @@ def test_training_checkpoint_roles_names_and_prefix():
 
 
 def test_tied_weights_and_views_share_storage():
-    with ckptinspect.open(TORCH_FIXTURES / "tied.pt") as ckpt:
-        assert ckpt.info["tied"] == EXPECTED["tied.pt"]["tied"]
-        assert np.array_equal(ckpt.read("embed.weight"), ckpt.read("lm_head.weight"))
+    for name in ("tied.pt", "tied_legacy.pt"):
+        with ckptinspect.open(TORCH_FIXTURES / name) as ckpt:
+            assert ckpt.info["tied"] == EXPECTED[name]["tied"], name
+            assert np.array_equal(ckpt.read("embed.weight"), ckpt.read("lm_head.weight"))
     for name in ("views.pt", "views_legacy.pt"):
         with ckptinspect.open(TORCH_FIXTURES / name) as ckpt:
             base = ckpt.read("base")
@@ -109,6 +110,33 @@ def test_safetensors_metadata_and_header():
     assert sorted(line.split(None, 1)[1].split(", ")) == ["format=pt", "note=ckptinspect fixture"], line
     table = runner.invoke(app, ["ls", str(TORCH_FIXTURES / "tied.pt")]).stdout
     assert "tied:    embed.weight = lm_head.weight" in table
+
+
+SAFETENSORS_FILES = sorted(str(p.relative_to(TORCH_FIXTURES.parent)) for p in TORCH_FIXTURES.parent.glob("*/**/*.safetensors"))
+
+
+@pytest.mark.parametrize("relpath", SAFETENSORS_FILES)
+def test_values_equal_safetensors_numpy(relpath):
+    """Every committed .safetensors file against the safetensors package's own numpy reader
+    (bfloat16, which numpy cannot hold, is checked against expected.npz above)."""
+    from safetensors import safe_open
+
+    path = TORCH_FIXTURES.parent / relpath
+    compared = 0
+    with safe_open(str(path), framework="np") as theirs, ckptinspect.open(path) as ours:
+        assert {v.key for v in ours.variables} == set(theirs.keys())
+        assert ours.info.get("metadata") == theirs.metadata()
+        for key in theirs.keys():
+            try:
+                want = theirs.get_tensor(key)
+            except TypeError:  # bfloat16: "data type 'bfloat16' not understood"
+                assert ours[key].dtype == "bfloat16", key
+                continue
+            got = ours.read(key)
+            assert got.dtype == want.dtype and got.shape == want.shape, key
+            assert np.array_equal(got, want), key
+            compared += 1
+    assert compared, relpath
 
 
 @pytest.mark.parametrize("folder", ["hf_sharded", "hf_bin_sharded"])
@@ -228,7 +256,9 @@ AUDITED = textwrap.dedent("""
     results = []
     path, out = sys.argv[1], sys.argv[2]
     for args in (["ls", path], ["ls", "--stats", path], ["verify", path], ["diff", path, path],
-                 ["extract", path, "-o", out], ["transplant", path, out + ".weights.h5", "--builder", "m:f"]):
+                 ["extract", path, "-o", out], ["transplant", path, out + ".weights.h5", "--builder", "m:f"],
+                 ["doctor", path, "--builder", "m:f"], ["diff", path, path, "--transpose-dense", "--conv-layout", "oihw"],
+                 ["extract", path, "-o", out + ".weights.h5", "--transpose-dense"]):
         r = CliRunner().invoke(app, args)
         results.append([args[0], r.exit_code, r.stdout, r.stderr])
     for name, call in (("open", lambda: ckptinspect.open(path)), ("verify", lambda: ckptinspect.verify(path)),
@@ -271,7 +301,7 @@ def test_malicious_pickle_runs_nothing(kind, tmp_path):
     assert doc["events"] == []
     assert not marker.exists() and not (tmp_path / "ckptinspect-pwned-marker").exists()
     assert path.read_bytes() == before
-    assert len(doc["results"]) == 10
+    assert len(doc["results"]) == 13
     for name, code, stdout, stderr in doc["results"]:
         assert code == 2, (name, stdout, stderr)
         assert "refusing to unpickle: it would call os.system" in stderr, (name, stderr)
