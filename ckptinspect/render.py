@@ -463,7 +463,8 @@ def diff_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
         })
     if fmt != OutputFormat.table:
         csv_cols = ["name", "status", "name_a", "name_b", "key_a", "key_b", "matched_by", "role", "shape_a", "shape_b",
-                    "dtype_a", "dtype_b", "max_abs_diff", "rel_l2", "cosine", "num_different", "nan_a", "inf_a", "nan_b", "inf_b"]
+                    "dtype_a", "dtype_b", "max_abs_diff", "rel_l2", "cosine", "num_different", "nan_a", "inf_a", "nan_b", "inf_b",
+                    "layout"]
         return render(fmt, doc=report.to_dict(), rows=rows, columns=[(c, c) for c in csv_cols])
     header = [
         f"a: {report.a} ({report.format_a})",

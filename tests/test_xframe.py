@@ -8,6 +8,8 @@ The ground truth is what TensorFlow and safetensors read from the two files; the
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import pathlib
 
@@ -140,3 +142,11 @@ def test_dotted_names_split_without_a_rule():
     assert result.exit_code == 1
     doc = json.loads(result.output)
     assert doc["summary"]["equal"] == 10 and doc["summary"]["removed"] == 4
+
+
+def test_csv_has_the_layout_column():
+    result = runner.invoke(app, ["diff", str(TORCH), str(KERAS_TF), *RULES, "--format", "csv"])
+    assert result.exit_code == 0
+    rows = {r["name_a"]: r for r in csv.DictReader(io.StringIO(result.stdout))}
+    assert rows["conv.weight"]["layout"] == "permuted (axes 2,3,1,0)"
+    assert rows["conv.bias"]["layout"] == ""
