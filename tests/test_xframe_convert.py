@@ -146,3 +146,24 @@ def test_bfloat16_to_npz_is_refused_with_a_way_out(tmp_path):
     assert result.exit_code == 2
     assert "no numpy .npy encoding; use a .safetensors output" in result.output
     assert not (tmp_path / "d.npz").exists()
+
+
+def test_legacy_keras2_weights_to_weights_h5_by_names(tmp_path):
+    """A Keras 2 weights file (no object graph) goes the same way: paired by name, as doctor does."""
+    import h5py
+
+    from ckptinspect.trainer import build_model
+
+    src = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "keras" / "keras2_weights.h5"
+    out = tmp_path / "k.weights.h5"
+    result = _extract(src, out, "--builder", "ckptinspect.trainer:build_model")
+    assert result.exit_code == 0, result.output
+    truth = []
+    with h5py.File(src, "r") as f:
+        f.visititems(lambda name, obj: truth.append(obj[()]) if isinstance(obj, h5py.Dataset) else None)
+    model = build_model()
+    model.load_weights(str(out))
+    assert len(model.weights) == len(truth) == 10
+    for w in model.weights:
+        value = np.asarray(w.numpy())
+        assert sum(1 for t in truth if t.shape == value.shape and np.array_equal(t, value)) == 1, w.path
