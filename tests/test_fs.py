@@ -166,6 +166,9 @@ READ_BYTES_OF = """
         with open("/proc/self/io") as f:
             return int(next(l for l in f if l.startswith("rchar")).split()[1])
 
+    import ckptinspect.formats._protos as protos
+    protos.DecodeError  # the protobuf runtime loads on first use: not the checkpoint's bytes
+
     path = sys.argv[1]
     before = rchar()
     kind, target = detect(path)
