@@ -150,3 +150,11 @@ def test_csv_has_the_layout_column():
     rows = {r["name_a"]: r for r in csv.DictReader(io.StringIO(result.stdout))}
     assert rows["conv.weight"]["layout"] == "permuted (axes 2,3,1,0)"
     assert rows["conv.bias"]["layout"] == ""
+
+
+def test_swapped_sides_get_a_note():
+    """The rules describe A: with the Keras checkpoint first, kernels do not compare, and a note says why."""
+    result = run_diff(KERAS_TF, TORCH, "--transpose-dense", "--conv-layout", "oihw")
+    assert result.exit_code == 1
+    doc = json.loads(result.output)
+    assert any("fit the layout rules the other way round" in n and "swap A and B" in n for n in doc["notes"])

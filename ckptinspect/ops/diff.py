@@ -33,7 +33,7 @@ from .compare import (
     STATUSES,
     compare_variables,
 )
-from .layout_view import RearrangedSource, pair_fit
+from .layout_view import RearrangedSource, fits_reversed, pair_fit
 from .layouts import CONV_HWIO, Layout
 from .mapping import parse_mapping, rules_text
 from .roles import OPTIMIZER_PATTERN_INFO, mark_optimizer, optimizer_regex
@@ -380,6 +380,10 @@ def diff(
                 and (f := pair_fit(va, vb, layout)) is not None}
         if fits:
             notes.append(_layout_note(fits))
+        backwards = sum(1 for _, va, vb, _ in entries if va is not None and vb is not None and fits_reversed(va, vb, layout))
+        if backwards:
+            notes.append(f"{backwards} pair(s) fit the layout rules the other way round: the rules describe A's"
+                         " layout (A is the PyTorch side, B the Keras one); swap A and B")
         source_a = RearrangedSource(ca, fits) if fits else ca
         results = []
         for i, (name, va, vb, how) in enumerate(entries, 1):

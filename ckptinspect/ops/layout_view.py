@@ -22,7 +22,7 @@ from .layouts import FIT_PERMUTE, FIT_TRANSPOSE, Fit, Layout, apply_fit, fit, ta
 from .match_layers import split_name
 from .matching import normalize_name
 
-__all__ = ["pair_fit", "RearrangedSource"]
+__all__ = ["pair_fit", "fits_reversed", "RearrangedSource"]
 
 # Fits diff applies: the layout rules' rearrangements (a reshape is not a diff rule).
 REARRANGING = (FIT_TRANSPOSE, FIT_PERMUTE)
@@ -46,6 +46,14 @@ def pair_fit(va: m.Variable, vb: m.Variable, layout: Layout) -> Fit | None:
     leaf = split_name(normalize_name(vb.name))[1]
     f = fit(va.shape, vb.shape, leaf, layout)
     return f if f is not None and f.kind in REARRANGING else None
+
+
+def fits_reversed(va: m.Variable, vb: m.Variable, layout: Layout) -> bool:
+    """Whether B's value would fit A's under ``layout`` (the checkpoints given the other way
+    round: the rules describe A), where A's does not fit B's."""
+    if layout.plain or pair_fit(va, vb, layout) is not None:
+        return False
+    return pair_fit(vb, va, layout) is not None
 
 
 class RearrangedSource:
