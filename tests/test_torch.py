@@ -258,12 +258,15 @@ AUDITED = textwrap.dedent("""
     for args in (["ls", path], ["ls", "--stats", path], ["verify", path], ["diff", path, path],
                  ["extract", path, "-o", out], ["transplant", path, out + ".weights.h5", "--builder", "m:f"],
                  ["doctor", path, "--builder", "m:f"], ["diff", path, path, "--transpose-dense", "--conv-layout", "oihw"],
-                 ["extract", path, "-o", out + ".weights.h5", "--transpose-dense"]):
+                 ["extract", path, "-o", out + ".weights.h5", "--transpose-dense"],
+                 ["rewrite", path, "-o", out + "_rewritten"], ["plan", path]):
         r = CliRunner().invoke(app, args)
         results.append([args[0], r.exit_code, r.stdout, r.stderr])
     for name, call in (("open", lambda: ckptinspect.open(path)), ("verify", lambda: ckptinspect.verify(path)),
                        ("diff", lambda: ckptinspect.diff(path, path)),
-                       ("extract", lambda: ckptinspect.extract(path, out))):
+                       ("extract", lambda: ckptinspect.extract(path, out)),
+                       ("rewrite", lambda: ckptinspect.rewrite(path, out + "_rewritten")),
+                       ("plan", lambda: ckptinspect.plan(path))):
         try:
             call()
             results.append(["api-" + name, 0, "", ""])
@@ -301,7 +304,7 @@ def test_malicious_pickle_runs_nothing(kind, tmp_path):
     assert doc["events"] == []
     assert not marker.exists() and not (tmp_path / "ckptinspect-pwned-marker").exists()
     assert path.read_bytes() == before
-    assert len(doc["results"]) == 13
+    assert len(doc["results"]) == 17
     for name, code, stdout, stderr in doc["results"]:
         assert code == 2, (name, stdout, stderr)
         assert "refusing to unpickle: it would call os.system" in stderr, (name, stderr)
