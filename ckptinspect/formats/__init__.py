@@ -69,6 +69,9 @@ __all__ = [
     "checkpoint_present",
     "is_remote",
     "check_regular",
+    "DATA_FILE_RE",
+    "INDEX_SUFFIX",
+    "STATE_FILE",
     # writing TF bundles (extract, transplant)
     "OBJECT_GRAPH_KEY",
     "BundleTensor",

@@ -140,6 +140,11 @@ class DirectoryListing:
         leftovers: Temporary files or folders of interrupted ckptinspect writes.
         v1: A V1 checkpoint file, when the directory holds no bundle but V1 files (set by
             :func:`ckptinspect.formats.list_directory`).
+        foreign: Absolute paths the state file names that do not exist on this machine (a
+            directory copied from another machine), read as their basenames in the directory.
+            TensorFlow uses such a path as written, so ``tf.train.latest_checkpoint`` names a
+            file that is not there.
+        has_state_file: Whether the directory has a readable, valid state file.
     """
 
     directory: str
@@ -148,6 +153,8 @@ class DirectoryListing:
     problems: tuple[str, ...] = ()
     leftovers: tuple[str, ...] = ()
     v1: str | None = None
+    foreign: tuple[str, ...] = ()
+    has_state_file: bool = False
 
     @property
     def notes(self) -> tuple[str, ...]:
@@ -344,8 +351,12 @@ def read_directory(directory: str, *, steps: bool = True) -> DirectoryListing:
     seen: set[str] = set()
     latest = None
 
+    foreign: list[str] = []
+
     def admit(raw: str) -> str | None:
         path = _resolve(directory, raw)
+        if os.path.isabs(raw) and not _fs.is_remote(raw) and path != _one_v1_shard(raw) and raw not in foreign:
+            foreign.append(raw)
         if not _fs.is_inside(path, directory):
             problems.append(
                 f"{state_path}: names {raw!r}, outside the directory {directory}; not read as a checkpoint"
@@ -391,7 +402,8 @@ def read_directory(directory: str, *, steps: bool = True) -> DirectoryListing:
         for p, stamp, in_state in entries
     )
     leftovers = () if _fs.is_remote(directory) else tuple(leftover_temporaries(directory))
-    return DirectoryListing(directory, checkpoints, latest, tuple(problems), leftovers)
+    return DirectoryListing(directory, checkpoints, latest, tuple(problems), leftovers,
+                            foreign=tuple(foreign), has_state_file=state is not None)
 
 
 def list_checkpoints(directory: str) -> tuple[list[m.RetainedCheckpoint], str | None]:

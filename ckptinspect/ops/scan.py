@@ -1,0 +1,443 @@
+"""``scan``: every checkpoint of a run, in step order, in one streamed pass.
+
+For each checkpoint, per variable and per layer (the variables whose names share the path
+before their last ``/``): the L2 norm, the change from the previous step (max abs, relative
+L2, cosine) and NaN/Inf counts (figures: :mod:`.scan_stats`); the first step where a value
+became non-finite; layers that stopped changing or jumped (:func:`find_drift`); and the
+directory's health (:mod:`.scan_series`), including checkpoints that fail ``verify``.
+
+One pass per checkpoint: each variable is streamed in blocks beside the previous checkpoint's
+value of the same variable (two blocks in memory). The blocks a format checksums (TF bundles'
+crc32c) are checked as they are read, so the statistics and verify's per-tensor checks come
+from the same bytes; a checkpoint where any read fails is then checked by ``verify``'s own
+check (:func:`ckptinspect.formats.prepare_check`) for the full damage report. String tensors
+are not read (their checksums are ``verify``'s business).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from typing import Any, Sequence
+
+from .. import model as m
+from ..errors import CkptError
+from ..formats import open_checkpoint, prepare_check
+from .scan_series import HEALTH_DAMAGED, SERIES_DIRECTORY, Entry, Problem, Series, find_series, shard_problems
+from .scan_stats import BLOCK_ELEMENTS, Figures, Sums, _Buffers, figures_of, measure
+
+__all__ = [
+    "FROZEN_MAX_REL_CHANGE",
+    "FROZEN_MIN_TRANSITIONS",
+    "JUMP_FACTOR",
+    "JUMP_MIN_REL_CHANGE",
+    "JUMP_MIN_TRANSITIONS",
+    "VariableStep",
+    "LayerStep",
+    "StepReport",
+    "Drift",
+    "ScanReport",
+    "scan",
+    "find_drift",
+    "layer_of",
+]
+
+# -- drift thresholds ------------------------------------------------------------------------
+# A layer is *frozen* when its relative change was at most FROZEN_MAX_REL_CHANGE (0: bit for bit
+# the same values) in each of its last FROZEN_MIN_TRANSITIONS or more transitions (up to the last
+# checkpoint) while some other layer changed in them.
+FROZEN_MAX_REL_CHANGE = 0.0
+FROZEN_MIN_TRANSITIONS = 1
+# A layer *jumped* at a step when its relative change there was more than JUMP_FACTOR times the
+# median of its relative changes over the run, and at least JUMP_MIN_REL_CHANGE; judged only for
+# layers with at least JUMP_MIN_TRANSITIONS finite transitions (a median of fewer means nothing).
+JUMP_FACTOR = 10.0
+JUMP_MIN_REL_CHANGE = 1e-3
+JUMP_MIN_TRANSITIONS = 3
+
+DRIFT_FROZEN = "frozen"
+DRIFT_JUMPED = "jumped"
+STATUS_INTACT = m.STATUS_INTACT
+STATUS_DAMAGED = m.STATUS_DAMAGED
+STATUS_MISSING = m.STATUS_MISSING
+TOP_LAYER = ""  # the layer of a variable whose name has no "/"
+_STATS_DTYPES = (m.INTEGER_DTYPES | m.FLOAT_DTYPES | {"bool"})
+
+
+def layer_of(name: str) -> str:
+    """A variable's layer path: its name without the last component (``enc/dense/kernel`` -> ``enc/dense``)."""
+    return name.rsplit("/", 1)[0] if "/" in name else TOP_LAYER
+
+
+# -- report ----------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class VariableStep:
+    """One variable at one step.
+
+    Attributes:
+        name: Readable name.
+        key: Exact key in the file.
+        role: ``model``, ``optimizer`` or ``metadata``.
+        layer: Its layer path (:func:`layer_of`).
+        shape: Shape.
+        dtype: Dtype name.
+        figures: The :class:`~ckptinspect.ops.scan_stats.Figures`, or None when its bytes could
+            not be read.
+    """
+
+    name: str
+    key: str
+    role: str
+    layer: str
+    shape: tuple[int, ...]
+    dtype: str
+    figures: Figures | None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"name": self.name, "key": self.key, "role": self.role, "layer": self.layer,
+               "shape": list(self.shape), "dtype": self.dtype}
+        out.update(self.figures.to_dict() if self.figures else dict.fromkeys(
+            ("norm", "nan", "inf", "max_abs_change", "rel_change", "cosine")))
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerStep:
+    """One layer at one step: its variables' figures together (as one concatenated vector).
+
+    Attributes:
+        layer: The layer path.
+        variables: How many variables it has.
+        figures: The figures.
+    """
+
+    layer: str
+    variables: int
+    figures: Figures
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layer": self.layer, "variables": self.variables, **self.figures.to_dict()}
+
+
+@dataclasses.dataclass(frozen=True)
+class StepReport:
+    """One checkpoint of the series.
+
+    Attributes:
+        step: Its step (None when neither its name nor its contents say).
+        path: The checkpoint.
+        format: Its format, or None when it could not be opened.
+        status: ``intact``, ``damaged`` or ``missing``.
+        variables: Per-variable figures (the selected role; numeric variables).
+        layers: Per-layer figures.
+        compared_to: The step (path) it was compared with, or None.
+        problems: Why it is damaged, one line each.
+    """
+
+    step: int | None
+    path: str
+    format: str | None
+    status: str
+    variables: tuple[VariableStep, ...] = ()
+    layers: tuple[LayerStep, ...] = ()
+    compared_to: str | None = None
+    problems: tuple[str, ...] = ()
+
+    @property
+    def nonfinite(self) -> list[str]:
+        """Names of the variables holding a NaN or Inf."""
+        return [v.name for v in self.variables if v.figures is not None and v.figures.nonfinite]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "path": self.path, "format": self.format, "status": self.status,
+                "compared_to": self.compared_to, "problems": list(self.problems),
+                "nonfinite": self.nonfinite,
+                "layers": [x.to_dict() for x in self.layers], "variables": [v.to_dict() for v in self.variables]}
+
+
+@dataclasses.dataclass(frozen=True)
+class Drift:
+    """A flagged layer.
+
+    Attributes:
+        layer: The layer path.
+        kind: ``frozen`` (stopped changing) or ``jumped``.
+        step: For ``frozen``, the step since which its values are the same; for ``jumped``,
+            the step whose change was out of line.
+        rel_change: The relative change at ``step`` (``jumped``), or the largest one over the
+            frozen transitions (``frozen``).
+        median_rel_change: The layer's median relative change over the run.
+        detail: One line for people.
+    """
+
+    layer: str
+    kind: str
+    step: int | None
+    rel_change: float | None
+    median_rel_change: float | None
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanReport:
+    """What ``scan`` found.
+
+    Attributes:
+        source: The paths as given.
+        series: ``tf-directory``, ``keras-files`` or ``paths``.
+        role: The role scanned, or None for all.
+        steps: One :class:`StepReport` per checkpoint, in step order.
+        health: Problems of the directory and of its checkpoints.
+        drift: Flagged layers.
+    """
+
+    source: tuple[str, ...]
+    series: str
+    role: str | None
+    steps: tuple[StepReport, ...]
+    health: tuple[Problem, ...]
+    drift: tuple[Drift, ...]
+
+    @property
+    def first_nonfinite(self) -> StepReport | None:
+        """The first checkpoint (in step order) holding a NaN or Inf."""
+        return next((s for s in self.steps if s.nonfinite), None)
+
+    @property
+    def healthy(self) -> bool:
+        """No non-finite value and no health problem (drift alone is not unhealthy)."""
+        return self.first_nonfinite is None and not self.health
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``scan --format json`` document (docs/INTERFACE.md)."""
+        first = self.first_nonfinite
+        return {
+            "source": list(self.source),
+            "series": self.series,
+            "role": self.role,
+            "healthy": self.healthy,
+            "first_nonfinite": ({"step": first.step, "path": first.path, "variables": first.nonfinite}
+                                if first else None),
+            "health": [p.to_dict() for p in self.health],
+            "drift": [d.to_dict() for d in self.drift],
+            "steps": [s.to_dict() for s in self.steps],
+        }
+
+
+# -- drift -----------------------------------------------------------------------------------
+def find_drift(steps: Sequence[StepReport]) -> list[Drift]:
+    """Layers that stopped changing or jumped (thresholds: the module's constants)."""
+    series: dict[str, list[tuple[int | None, int | None, float]]] = {}  # layer -> (prev step, step, rel)
+    for s in steps:
+        if s.compared_to is None:
+            continue
+        prev_step = next((x.step for x in steps if x.path == s.compared_to), None)
+        for layer in s.layers:
+            rel = layer.figures.rel_change
+            if rel is not None and math.isfinite(rel):
+                series.setdefault(layer.layer, []).append((prev_step, s.step, rel))
+    # the transitions (step pairs) in which some layer changed
+    moving = {(p, c) for layer in series.values() for p, c, r in layer if r > FROZEN_MAX_REL_CHANGE}
+    out: list[Drift] = []
+    for layer, rows in series.items():
+        rels = [r for _, _, r in rows]
+        median = statistics.median(rels) if rels else None
+        tail = 0
+        while tail < len(rows) and rows[-1 - tail][2] <= FROZEN_MAX_REL_CHANGE:
+            tail += 1
+        frozen_rows = rows[len(rows) - tail:]
+        if tail >= FROZEN_MIN_TRANSITIONS and any((p, c) in moving for p, c, _ in frozen_rows):
+            since = frozen_rows[0][0]
+            whole = tail == len(rows)
+            out.append(Drift(layer or "(top)", DRIFT_FROZEN, since, max(r for *_, r in frozen_rows), median,
+                             f"{layer or '(top)'}: unchanged {'over the whole run' if whole else 'since step ' + str(since)}"
+                             f" ({tail} transition{'s' if tail != 1 else ''}) while other layers changed"))
+        if len(rows) >= JUMP_MIN_TRANSITIONS and median is not None:
+            for _, step, rel in rows:
+                if rel >= JUMP_MIN_REL_CHANGE and rel > JUMP_FACTOR * median:
+                    out.append(Drift(layer or "(top)", DRIFT_JUMPED, step, rel, median,
+                                     f"{layer or '(top)'}: relative change {rel:.3g} at step {step},"
+                                     f" {'inf' if median == 0 else f'{rel / median:.3g}'}x its median {median:.3g}"))
+    return out
+
+
+# -- the pass ----------------------------------------------------------------------------------
+def _sort_key(entry: Entry, step: int | None) -> tuple:
+    return (step is None, step if step is not None else 0, entry.order)
+
+
+def _open_step(entry: Entry) -> tuple[m.Checkpoint | None, int | None, str | None]:
+    """Open one checkpoint: (checkpoint, step, error)."""
+    try:
+        ckpt = open_checkpoint(entry.path)
+    except CkptError as e:
+        return None, entry.step, str(e)
+    step = ckpt.step
+    if ckpt.format in (m.FORMAT_KERAS_H5, m.FORMAT_KERAS_WEIGHTS_H5, m.FORMAT_KERAS_ZIP) and entry.step is not None:
+        step = entry.step  # ModelCheckpoint's {epoch} in the name; the iteration count otherwise
+    elif step is None:
+        step = entry.step
+    return ckpt, step, None
+
+
+def _verify_problems(path: str) -> tuple[str, ...]:
+    """verify's own verdict on one checkpoint, as lines."""
+    try:
+        _, check = prepare_check(path)
+        result = check.run() if check is not None else None
+    except CkptError as e:
+        return (str(e),)
+    if result is None:  # pragma: no cover - a directory is never a step
+        return ()
+    lines = list(result.problems) + [f"{d.name}: {d.problem}" for d in result.damaged]
+    return tuple(lines)
+
+
+def _layers(variables: list[VariableStep], sums: list[Sums]) -> tuple[LayerStep, ...]:
+    grouped: dict[str, tuple[Sums, list[int]]] = {}
+    for v, s in zip(variables, sums):
+        total, count = grouped.setdefault(v.layer, (Sums(), [0]))
+        total.add(s)
+        count[0] += 1
+    return tuple(LayerStep(layer, count[0], figures_of(total)) for layer, (total, count) in grouped.items())
+
+
+class _Scanner:
+    """State carried from one checkpoint to the next: the previous one, its sums of squares."""
+
+    def __init__(self, role: str | None, progress: m.Progress | None, total: int):
+        self.role = role
+        self.progress = progress
+        self.total = total
+        self.done = 0
+        self.prev: m.Checkpoint | None = None
+        self.prev_vars: dict[str, tuple[m.Variable, float]] = {}
+        self.buffers = _Buffers(BLOCK_ELEMENTS)
+
+    def step(self, ckpt: m.Checkpoint, step: int | None) -> tuple[StepReport, bool]:
+        """Measure one checkpoint against the previous; (report, whether every read succeeded)."""
+        variables: list[VariableStep] = []
+        sums: list[Sums] = []
+        failures: list[str] = []
+        current: dict[str, tuple[m.Variable, float]] = {}
+        numeric = [v for v in ckpt.variables if v.dtype in _STATS_DTYPES]
+        for var in sorted(numeric, key=ckpt.storage_order):
+            selected = self.role is None or var.role == self.role
+            try:
+                if selected:
+                    prev = self.prev_vars.get(var.key)
+                    paired = prev is not None and prev[0].shape == var.shape and math.isfinite(prev[1])
+                    previous = iter(self.prev.iter_blocks(prev[0], BLOCK_ELEMENTS)) if paired else None
+                    s = measure(ckpt.iter_blocks(var, BLOCK_ELEMENTS), previous, prev[1] if paired else None,
+                                self.buffers)
+                    current[var.key] = (var, s.sumsq)
+                else:
+                    for _ in ckpt.iter_blocks(var, BLOCK_ELEMENTS):  # its checksum only
+                        pass
+            except CkptError as e:
+                failures.append(f"{var.name}: {e}")
+                if selected:
+                    variables.append(VariableStep(var.name, var.key, var.role, layer_of(var.name), var.shape,
+                                                  var.dtype, None))
+            else:
+                if selected:
+                    variables.append(VariableStep(var.name, var.key, var.role, layer_of(var.name), var.shape,
+                                                  var.dtype, figures_of(s)))
+                    sums.append(s)
+            self.done += 1
+            if self.progress is not None:
+                self.progress(self.done, self.total, var)
+        measured = [v for v in variables if v.figures is not None]
+        report = StepReport(step, ckpt.path, ckpt.format, STATUS_INTACT,
+                            tuple(sorted(variables, key=lambda v: v.name)),
+                            tuple(sorted(_layers(measured, sums), key=lambda x: x.layer)),
+                            compared_to=self.prev.path if self.prev is not None else None)
+        if self.prev is not None:
+            self.prev.close()
+        self.prev = ckpt
+        self.prev_vars = current
+        return report, not failures
+
+    def close(self) -> None:
+        if self.prev is not None:
+            self.prev.close()
+            self.prev = None
+
+
+def scan(paths: str | Sequence[str], *, role: str | None = None, progress: m.Progress | None = None) -> ScanReport:
+    """Go through every checkpoint of a run, in step order.
+
+    Args:
+        paths: A checkpoint directory (TF ``CheckpointManager``/``Saver``, or one holding Keras
+            ``ModelCheckpoint`` files), or a list of checkpoints.
+        role: Only variables of this role (``model``, ``optimizer``, ``metadata``); None: all.
+            Every numeric tensor is read (and checksum-checked) whatever the role.
+        progress: Called as ``progress(done, total, variable)`` after each tensor.
+
+    Returns:
+        A :class:`ScanReport` (``report.healthy`` False when a value is non-finite or the
+        directory has a problem).
+
+    Raises:
+        UsageError: An unknown role.
+        CheckpointNotFoundError, NotACheckpointError: Nothing to scan.
+    """
+    from ..errors import UsageError  # noqa: PLC0415
+
+    if role is not None and role not in m.ROLES:
+        raise UsageError(f"role must be one of {', '.join(m.ROLES)}. Received: {role!r}")
+    source = (str(paths),) if isinstance(paths, (str, bytes)) or not isinstance(paths, Sequence) else tuple(map(str, paths))
+    if not source:
+        raise UsageError("nothing to scan: give a directory or checkpoint paths")
+    series: Series = find_series(source)
+    health: list[Problem] = list(series.problems)
+    # Steps first (metadata only), to put the checkpoints in order.
+    planned: list[tuple[Entry, int | None, int, str | None]] = []
+    for entry in series.entries:
+        if not entry.exists:
+            planned.append((entry, entry.step, 0, None))
+            continue
+        ckpt, step, error = _open_step(entry)
+        count = 0
+        if ckpt is not None:
+            count = sum(v.dtype in _STATS_DTYPES for v in ckpt.variables)
+            ckpt.close()
+        planned.append((entry, step, count, error))
+    planned.sort(key=lambda p: _sort_key(p[0], p[1]))
+    scanner = _Scanner(role, progress, sum(p[2] for p in planned))
+    steps: list[StepReport] = []
+    shards: dict[str, int | None] = {}
+    try:
+        for entry, step, _, error in planned:
+            if not entry.exists:
+                steps.append(StepReport(step, entry.path, None, STATUS_MISSING, problems=("its files are missing",)))
+                continue
+            ckpt = None
+            if error is None:
+                ckpt, step, error = _open_step(entry)
+            if ckpt is None:
+                problems = _verify_problems(entry.path) or (error,)
+                shards[entry.path] = None
+                steps.append(StepReport(step, entry.path, None, STATUS_DAMAGED, problems=problems))
+                health.append(Problem(HEALTH_DAMAGED, entry.path, f"{entry.path}: fails verify: {problems[0]}"))
+                continue
+            shards[entry.path] = ckpt.num_shards
+            report, whole = scanner.step(ckpt, step)
+            if not whole:
+                problems = _verify_problems(entry.path) or ("a tensor could not be read",)
+                report = dataclasses.replace(report, status=STATUS_DAMAGED, problems=problems)
+                more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+                health.append(Problem(HEALTH_DAMAGED, entry.path, f"{entry.path}: fails verify: {problems[0]}{more}"))
+            steps.append(report)
+    finally:
+        scanner.close()
+    if series.kind == SERIES_DIRECTORY and series.directory is not None:
+        import os  # noqa: PLC0415
+
+        if os.path.isdir(series.directory):
+            health += shard_problems(series.directory, shards)
+    return ScanReport(source, series.kind, role, tuple(steps), tuple(health), tuple(find_drift(steps)))
