@@ -39,6 +39,7 @@ __all__ = [
     "doctor",
     "plan",
     "rewrite",
+    "scan",
     "mark_optimizer",
     "Checkpoint",
     "Variable",
@@ -95,6 +96,7 @@ _OPERATIONS = {
     "plan": "ckptinspect.ops.plan",
     "rewrite": "ckptinspect.ops.rewrite",
     "mark_optimizer": "ckptinspect.ops.roles",
+    "scan": "ckptinspect.ops.scan",
 }
 
 

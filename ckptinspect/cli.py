@@ -594,6 +594,79 @@ def plan_command(
     emit(plan_view(report, format))
 
 
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _write_png(dest: str, data: bytes, *, force: bool, protected: list[str]) -> None:
+    """Write the plot atomically; ``--force`` replaces only a PNG file (never anything else)."""
+    import uuid  # noqa: PLC0415
+
+    from . import _atomic  # noqa: PLC0415
+
+    if not os.path.lexists(dest):
+        with _atomic.atomic_file(dest, protected=protected) as tmp, open(tmp, "wb") as f:
+            f.write(data)
+        return
+    if not force:
+        raise errors.OutputExistsError(f"{dest}: output exists; pass --force to replace it")
+    is_png = False
+    if os.path.isfile(dest) and not os.path.islink(dest):
+        with open(dest, "rb") as f:
+            is_png = f.read(len(PNG_SIGNATURE)) == PNG_SIGNATURE
+    if not is_png:
+        raise errors.UsageError(f"{dest}: exists and is not a PNG file; --force replaces only an earlier plot")
+    tmp = os.path.join(os.path.dirname(dest) or ".", f"{_atomic.TMP_MARK}{uuid.uuid4().hex[:12]}.{os.path.basename(dest)}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, dest)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+@app.command("scan", cls=_Command)
+@handle_errors
+def scan_command(
+    paths: list[str] = typer.Argument(..., metavar="DIR|PATHS", help="A checkpoint directory (CheckpointManager/Saver, or Keras ModelCheckpoint files), or checkpoints in any order."),
+    role: Optional[str] = typer.Option(None, "--role", metavar="ROLE", help="Only variables of this role: model, optimizer or metadata (default: all)."),
+    plot: Optional[str] = typer.Option(None, "--plot", metavar="OUT.png", help="Also write a PNG of per-layer norm and relative change over steps (needs matplotlib)."),
+    force: bool = typer.Option(False, "--force", help="Replace an earlier --plot PNG (nothing else)."),
+    format: OutputFormat = FormatOption,
+    _debug: bool = DebugOption,
+) -> None:
+    """Every checkpoint of a run in step order: norms, changes, NaN/Inf, drift, directory health (exit 1 if unhealthy)."""
+    from .ops.scan import scan  # noqa: PLC0415
+    from .render_scan import PlotUnavailable, scan_plot, scan_view  # noqa: PLC0415
+
+    if plot is not None:
+        from . import _atomic  # noqa: PLC0415
+
+        if os.path.lexists(plot) and not force:
+            raise errors.OutputExistsError(f"{plot}: output exists; pass --force to replace it")
+        if not os.path.lexists(plot):
+            _atomic.check_output(plot, protected=paths)  # a directory, a remote path: refused before the work
+        try:
+            import matplotlib  # noqa: F401, PLC0415 - fail before the work, not after
+        except ImportError:
+            raise errors.UsageError("--plot needs matplotlib: pip install 'ckptinspect[plot]'") from None
+    progress = Progress("scan")
+    try:
+        report = scan(paths, role=role, progress=progress)
+    finally:
+        progress.close()
+    if plot is not None:
+        try:
+            data = scan_plot(report)
+        except PlotUnavailable as e:  # pragma: no cover - checked above
+            raise errors.UsageError(str(e)) from None
+        _write_png(plot, data, force=force, protected=list(paths))
+    emit(scan_view(report, format))
+    if not report.healthy:
+        raise typer.Exit(EXIT_DIFFERENT)
+
+
 # -- each operation's command is defined above this line, in the style of `ls` ---------------
 
 

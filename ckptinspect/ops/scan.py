@@ -254,13 +254,13 @@ def find_drift(steps: Sequence[StepReport]) -> list[Drift]:
             since = frozen_rows[0][0]
             whole = tail == len(rows)
             out.append(Drift(layer or "(top)", DRIFT_FROZEN, since, max(r for *_, r in frozen_rows), median,
-                             f"{layer or '(top)'}: unchanged {'over the whole run' if whole else 'since step ' + str(since)}"
+                             f"unchanged {'over the whole run' if whole else 'since step ' + str(since)}"
                              f" ({tail} transition{'s' if tail != 1 else ''}) while other layers changed"))
         if len(rows) >= JUMP_MIN_TRANSITIONS and median is not None:
             for _, step, rel in rows:
                 if rel >= JUMP_MIN_REL_CHANGE and rel > JUMP_FACTOR * median:
                     out.append(Drift(layer or "(top)", DRIFT_JUMPED, step, rel, median,
-                                     f"{layer or '(top)'}: relative change {rel:.3g} at step {step},"
+                                     f"relative change {rel:.3g} at step {step},"
                                      f" {'inf' if median == 0 else f'{rel / median:.3g}'}x its median {median:.3g}"))
     return out
 
@@ -298,8 +298,12 @@ def _verify_problems(path: str) -> tuple[str, ...]:
 
 
 def _layers(variables: list[VariableStep], sums: list[Sums]) -> tuple[LayerStep, ...]:
+    """Per-layer figures of the floating-point variables (integer counters such as ``step`` or
+    an optimizer's ``iteration`` are reported per variable, but are no layer's weights)."""
     grouped: dict[str, tuple[Sums, list[int]]] = {}
     for v, s in zip(variables, sums):
+        if v.dtype not in m.FLOAT_DTYPES:
+            continue
         total, count = grouped.setdefault(v.layer, (Sums(), [0]))
         total.add(s)
         count[0] += 1

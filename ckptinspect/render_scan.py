@@ -1,0 +1,186 @@
+"""Rendering of ``scan``: the table / JSON / CSV views and the ``--plot`` PNG.
+
+Like :mod:`ckptinspect.render` (whose helpers it uses), it imports nothing of the package but
+the model and the renderer; matplotlib is imported only when a plot is asked for.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from typing import Any
+
+from .render import (
+    AUTO,
+    OutputFormat,
+    _table_lines,
+    fit_lines,
+    fmt_float,
+    render,
+    terminal_width,
+)
+
+__all__ = ["scan_view", "scan_plot", "PlotUnavailable", "PLOT_TOP_LAYERS"]
+
+PLOT_TOP_LAYERS = 8  # layers labelled (and coloured) in the plot: the largest relative changes
+PLOT_SIZE = (11, 8)  # inches
+PLOT_DPI = 100
+SCAN_CSV_COLUMNS = ["step", "path", "status", "name", "layer", "role", "shape", "dtype", "norm", "nan", "inf",
+                    "max_abs_change", "rel_change", "cosine"]
+MAX_HEALTH_SHOWN = 20  # health lines shown in a table (JSON lists them all)
+
+
+class PlotUnavailable(RuntimeError):
+    """matplotlib is not installed."""
+
+
+def _step_text(step: Any) -> str:
+    return "-" if step is None else str(step)
+
+
+def _total(step) -> tuple[float | None, int, int]:
+    """Whole-checkpoint norm (all scanned variables together), NaN and Inf counts."""
+    norms = [x.figures.norm for x in step.layers]
+    norm = None if not norms else math.sqrt(sum(n * n for n in norms)) if all(math.isfinite(n) for n in norms) else math.nan
+    figures = [v.figures for v in step.variables if v.figures is not None]
+    return norm, sum(f.nan for f in figures), sum(f.inf for f in figures)
+
+
+def _widest_change(step) -> tuple[str, float | None]:
+    changes = [(x.layer or "(top)", x.figures.rel_change) for x in step.layers if x.figures.rel_change is not None]
+    if not changes:
+        return "-", None
+    if any(math.isnan(r) for _, r in changes):
+        return next(name for name, r in changes if math.isnan(r)), math.nan
+    return max(changes, key=lambda c: c[1])
+
+
+def scan_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
+    """Render a :class:`~ckptinspect.ops.scan.ScanReport`.
+
+    Table: the verdict, one row per checkpoint (step, status, norm, the layer that changed
+    most, NaN/Inf), then health problems and drift. CSV: one row per (step, variable). JSON:
+    the report's document.
+    """
+    rows = [{"step": s.step, "path": s.path, "status": s.status, **v.to_dict(), "shape": list(v.shape)}
+            for s in report.steps for v in s.variables]
+    if fmt != OutputFormat.table:
+        return render(fmt, doc=report.to_dict(), rows=rows, columns=[(k, k) for k in SCAN_CSV_COLUMNS])
+    if width == AUTO:
+        width = terminal_width()
+    first = report.first_nonfinite
+    n = len(report.steps)
+    if report.healthy:
+        verdict = f"HEALTHY: {n} checkpoint{'s' if n != 1 else ''}, no NaN/Inf, no directory problem"
+    else:
+        parts = []
+        if first is not None:
+            parts.append(f"non-finite values from step {_step_text(first.step)}")
+        if report.health:
+            parts.append(f"{len(report.health)} health problem{'s' if len(report.health) != 1 else ''}")
+        verdict = "UNHEALTHY: " + ", ".join(parts)
+    header = [f"source:  {' '.join(report.source)}", f"series:  {report.series}",
+              f"role:    {report.role or 'all'}", f"verdict: {verdict}"]
+    if first is not None:
+        names = first.nonfinite
+        shown = ", ".join(names[:5]) + (f" (+{len(names) - 5} more)" if len(names) > 5 else "")
+        header.append(f"first non-finite: step {_step_text(first.step)} ({first.path}): {shown}")
+    table_rows = []
+    for s in report.steps:
+        norm, nan, inf = _total(s)
+        layer, rel = _widest_change(s)
+        table_rows.append([_step_text(s.step), s.path, s.status, fmt_float(norm), layer, fmt_float(rel),
+                           nan, inf])
+    lines = list(fit_lines(header, width)) + ["", "steps:"]
+    lines += _table_lines(["step", "checkpoint", "status", "norm", "most changed layer", "rel change", "nan", "inf"],
+                          table_rows, width=width, squeeze=[1, 4])
+    if report.health:
+        lines += ["", "health:"]
+        shown = report.health[:MAX_HEALTH_SHOWN]
+        lines += fit_lines([f"  {p.kind}: {p.problem}" for p in shown], width)
+        if len(report.health) > MAX_HEALTH_SHOWN:
+            lines.append(f"  (+{len(report.health) - MAX_HEALTH_SHOWN} more; --format json lists them all)")
+    if report.drift:
+        lines += ["", "drift:"]
+        lines += fit_lines([f"  {d.layer} ({d.kind}): {d.detail}" for d in report.drift], width)
+    return "\n".join(lines) + "\n"
+
+
+def _layer_series(report) -> tuple[list[str], dict[str, list[tuple[float, float, float | None]]]]:
+    """Per layer, (x, norm, rel change) over the steps (x: the step, or the position)."""
+    out: dict[str, list[tuple[float, float, float | None]]] = {}
+    xs = []
+    for i, s in enumerate(report.steps):
+        x = float(s.step) if s.step is not None else float(i)
+        xs.append(x)
+        for layer in s.layers:
+            out.setdefault(layer.layer or "(top)", []).append((x, layer.figures.norm, layer.figures.rel_change))
+    return xs, out
+
+
+def scan_plot(report) -> bytes:
+    """The ``--plot`` PNG: per-layer norm (top) and relative change (bottom) over steps, log
+    scale, the :data:`PLOT_TOP_LAYERS` layers with the largest relative change coloured and
+    labelled (the rest thin grey), the first non-finite step marked by a red line.
+
+    Returns:
+        The PNG's bytes.
+
+    Raises:
+        PlotUnavailable: matplotlib is not installed.
+    """
+    try:
+        import matplotlib  # noqa: PLC0415 - an optional extra
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: PLC0415
+    except ImportError:
+        raise PlotUnavailable("--plot needs matplotlib: pip install 'ckptinspect[plot]'") from None
+    _, layers = _layer_series(report)
+
+    def peak(points) -> float:
+        rels = [r for _, _, r in points if r is not None and math.isfinite(r)]
+        return max(rels) if rels else -1.0
+
+    ranked = sorted(layers, key=lambda name: peak(layers[name]), reverse=True)
+    top = set(ranked[:PLOT_TOP_LAYERS])
+    fig, (ax_norm, ax_rel) = plt.subplots(2, 1, figsize=PLOT_SIZE, sharex=True, constrained_layout=True)
+    colours = plt.get_cmap("tab10")
+    for name in reversed(ranked):  # the labelled ones drawn last, on top
+        pts = layers[name]
+        highlight = name in top
+        style = dict(color=colours(ranked.index(name) % 10), linewidth=1.8, marker="o", markersize=3, label=name) \
+            if highlight else dict(color="0.75", linewidth=0.8)
+        norms = [(x, n) for x, n, _ in pts if math.isfinite(n) and n > 0]
+        if norms:
+            ax_norm.plot(*zip(*norms), **style)
+        rels = [(x, r) for x, _, r in pts if r is not None and math.isfinite(r) and r > 0]
+        if rels:
+            ax_rel.plot(*zip(*rels), **style)
+    ax_norm.set_yscale("log")
+    ax_rel.set_yscale("log")
+    ax_norm.set_ylabel("L2 norm")
+    ax_rel.set_ylabel("relative change ||w - w_prev|| / ||w_prev||")
+    ax_rel.set_xlabel("step")
+    others = len(layers) - len(top)
+    ax_norm.set_title(f"{' '.join(report.source)}: {len(report.steps)} checkpoints, {len(layers)} layers"
+                      + (f" ({others} more in grey)" if others > 0 else ""))
+    first = report.first_nonfinite
+    if first is not None:
+        x = float(first.step) if first.step is not None else float(report.steps.index(first))
+        for ax in (ax_norm, ax_rel):
+            ax.axvline(x, color="red", linestyle="--", linewidth=1.5)
+        ax_norm.annotate(f"first NaN/Inf: step {_step_text(first.step)}", xy=(x, 1), xycoords=("data", "axes fraction"),
+                         xytext=(4, -14), textcoords="offset points", color="red")
+    for d in report.drift:
+        if d.kind == "jumped" and d.step is not None and d.rel_change:
+            ax_rel.annotate("jump", xy=(float(d.step), d.rel_change), xytext=(0, 8), textcoords="offset points",
+                            ha="center", color="darkred", fontsize=8)
+    if top:
+        ax_norm.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, title="largest changes")
+    for ax in (ax_norm, ax_rel):
+        ax.grid(True, which="major", alpha=0.3)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=PLOT_DPI)
+    plt.close(fig)
+    return buf.getvalue()
