@@ -494,6 +494,8 @@ def train_command(
     seed: int = typer.Option(0, "--seed", metavar="N", help="Seed of the initial weights and the synthetic data."),
     keras: bool = typer.Option(False, "--keras/--no-keras", help="Also write model.weights.h5, model.keras, model.h5 (and the Keras 2 files where tf_keras is installed)."),
     force: bool = typer.Option(False, "--force", help="Replace a non-empty OUT."),
+    nan_at: Optional[int] = typer.Option(None, "--nan-at", metavar="STEP", help="Plant a fault: set --nan-variable to NaN after this step's update (before its save)."),
+    nan_variable: Optional[str] = typer.Option(None, "--nan-variable", metavar="NAME", help="The model weight --nan-at poisons (e.g. head/kernel)."),
     _debug: bool = DebugOption,
 ) -> None:
     """Train the small fixture model under MirroredStrategy and save real checkpoints into OUT."""
@@ -503,6 +505,7 @@ def train_command(
     result = trainer.train(
         out, steps=steps, save_every=save_every, replicas=replicas, max_to_keep=max_to_keep or None,
         max_shard_bytes=max_shard_bytes, seed=seed, keras_formats=keras, force=force,
+        nan_at=nan_at, nan_variable=nan_variable,
     )
     extra = trainer.write_keras2_files(out, seed=seed) if keras and trainer.keras2_available() else []
     typer.echo(result.summary() + (f", {len(extra)} Keras 2 file(s)" if extra else ""), err=True)

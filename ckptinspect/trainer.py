@@ -294,6 +294,8 @@ def train(
     batch_per_replica: int = DEFAULT_BATCH_PER_REPLICA,
     learning_rate: float = DEFAULT_LEARNING_RATE,
     force: bool = False,
+    nan_at: int | None = None,
+    nan_variable: str | None = None,
 ) -> TrainResult:
     """Train the fixture model under MirroredStrategy and save checkpoints into ``out_dir``.
 
@@ -318,6 +320,11 @@ def train(
         batch_per_replica: Examples per replica per step (global batch = this x replicas).
         learning_rate: Adam learning rate.
         force: Replace a non-empty ``out_dir`` and overwrite Keras files.
+        nan_at: Plant a fault: after the update of this step (before its save), set every
+            value of ``nan_variable`` to NaN (training goes on from there, so later steps
+            spread it). Needs ``nan_variable``.
+        nan_variable: The model weight to poison, by its Keras path (``head/kernel``) or as
+            ``ckptinspect ls`` names it.
 
     Returns:
         A :class:`TrainResult`.
@@ -334,6 +341,10 @@ def train(
         raise UsageError(f"max_to_keep must be at least 1 or None. Received: max_to_keep={max_to_keep}")
     if max_shard_bytes is not None and max_shard_bytes < 1:
         raise UsageError(f"max_shard_bytes must be at least 1. Received: max_shard_bytes={max_shard_bytes}")
+    if (nan_at is None) != (nan_variable is None):
+        raise UsageError(f"nan_at and nan_variable go together. Received: nan_at={nan_at}, nan_variable={nan_variable!r}")
+    if nan_at is not None and not 1 <= nan_at <= steps:
+        raise UsageError(f"nan_at must be a step from 1 to {steps}. Received: nan_at={nan_at}")
 
     out = pathlib.Path(out_dir).absolute()
     kdir = pathlib.Path(keras_dir).absolute() if keras_dir is not None else None
@@ -360,6 +371,8 @@ def train(
             batch_per_replica=batch_per_replica,
             learning_rate=learning_rate,
             force=force,
+            nan_at=nan_at,
+            nan_variable=nan_variable,
         )
         _replace_dir(tmp, out)
     except BaseException:
@@ -382,6 +395,8 @@ def _train_into(
     batch_per_replica: int,
     learning_rate: float,
     force: bool,
+    nan_at: int | None = None,
+    nan_variable: str | None = None,
 ) -> TrainResult:
     import keras  # noqa: PLC0415
     import tensorflow as tf  # noqa: PLC0415
@@ -425,11 +440,14 @@ def _train_into(
             experimental_sharding_callback=tf.train.experimental.MaxShardSizePolicy(max_shard_size=max_shard_bytes)
         )
 
+    poisoned = _find_weight(model, nan_variable) if nan_variable is not None else None
     saved: list[dict[str, Any]] = []
     for _ in range(steps):
         features, targets = next(batches)
         loss = float(train_step(features, targets).numpy())
         current = int(step.numpy())
+        if poisoned is not None and current == nan_at:
+            poisoned.assign(tf.fill(poisoned.shape, float("nan")))
         if current % save_every == 0 or current == steps:
             prefix = manager.save(checkpoint_number=current, options=options)
             saved.append({"step": current, "checkpoint": os.path.basename(prefix), "loss": loss})
@@ -457,6 +475,8 @@ def _train_into(
         "batch_per_replica": batch_per_replica,
         "global_batch": global_batch,
         "learning_rate": learning_rate,
+        "nan_at": nan_at,
+        "nan_variable": nan_variable,
         "saved": [{**s, "retained": s["checkpoint"] in retained_names} for s in saved],
         "saved_steps": [s["step"] for s in saved],
         "retained": retained,
@@ -492,6 +512,16 @@ def _train_into(
         keras_files=tuple(keras_files),
         metadata_path=str(out / METADATA_FILE),
     )
+
+
+def _find_weight(model: Any, name: str) -> Any:
+    """The model weight called ``name`` (its Keras path, with or without ``:0``, or the
+    checkpoint name ``ckptinspect ls`` shows: the same path here)."""
+    wanted = name.removesuffix(":0")
+    for w in model.weights:
+        if w.path == wanted or w.path.removesuffix(":0") == wanted:
+            return w
+    raise UsageError(f"no model weight named {name!r}. Expected one of: {', '.join(w.path for w in model.weights)}")
 
 
 # -- Keras 2 -----------------------------------------------------------------------------------
