@@ -61,13 +61,16 @@ DRIFT_JUMPED = "jumped"
 STATUS_INTACT = m.STATUS_INTACT
 STATUS_DAMAGED = m.STATUS_DAMAGED
 STATUS_MISSING = m.STATUS_MISSING
+KERAS_VARS = "vars"  # Keras 3 files store a layer's weights as LAYER/vars/0, LAYER/vars/1...
 TOP_LAYER = ""  # the layer of a variable whose name has no "/"
 _STATS_DTYPES = (m.INTEGER_DTYPES | m.FLOAT_DTYPES | {"bool"})
 
 
 def layer_of(name: str) -> str:
-    """A variable's layer path: its name without the last component (``enc/dense/kernel`` -> ``enc/dense``)."""
-    return name.rsplit("/", 1)[0] if "/" in name else TOP_LAYER
+    """A variable's layer path: its name without the last component (``enc/dense/kernel`` ->
+    ``enc/dense``; a Keras 3 file's ``dense/vars/0`` -> ``dense``)."""
+    layer = name.rsplit("/", 1)[0] if "/" in name else TOP_LAYER
+    return layer[: -len(KERAS_VARS) - 1] if layer.endswith("/" + KERAS_VARS) else layer
 
 
 # -- report ----------------------------------------------------------------------------------
