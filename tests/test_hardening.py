@@ -55,6 +55,7 @@ COMMANDS = {
     "doctor": lambda p, out: ["doctor", p, "--builder", "no_such_module:build"],
     "plan": lambda p, out: ["plan", p, "--save-seconds", "1", "--every", "1h", "--train-time", "1d"],
     "rewrite": lambda p, out: ["rewrite", p, "-o", out, "--rename", "^(.*)$=r/\\1"],
+    "scan": lambda p, out: ["scan", p],
 }
 # transplant opens its source exactly as ls does: wherever ls fails, transplant fails the same way.
 for _case in CATALOGUE:
