@@ -325,13 +325,17 @@ class _Scanner:
         self.prev_vars: dict[str, tuple[m.Variable, float]] = {}
         self.buffers = _Buffers(BLOCK_ELEMENTS)
 
-    def step(self, ckpt: m.Checkpoint, step: int | None) -> tuple[StepReport, bool]:
-        """Measure one checkpoint against the previous; (report, whether every read succeeded)."""
+    def step(self, ckpt: m.Checkpoint, step: int | None, remaining: int = 0) -> tuple[StepReport, bool]:
+        """Measure one checkpoint against the previous; (report, whether every read succeeded).
+
+        ``remaining``: checkpoints after this one, for the progress total (estimated as this
+        one's tensors each)."""
         variables: list[VariableStep] = []
         sums: list[Sums] = []
         failures: list[str] = []
         current: dict[str, tuple[m.Variable, float]] = {}
         numeric = [v for v in ckpt.variables if v.dtype in _STATS_DTYPES]
+        self.total = self.done + len(numeric) * (1 + remaining)
         for var in sorted(numeric, key=ckpt.storage_order):
             selected = self.role is None or var.role == self.role
             try:
@@ -402,24 +406,23 @@ def scan(paths: str | Sequence[str], *, role: str | None = None, progress: m.Pro
         raise UsageError("nothing to scan: give a directory or checkpoint paths")
     series: Series = find_series(source)
     health: list[Problem] = list(series.problems)
-    # Steps first (metadata only), to put the checkpoints in order.
-    planned: list[tuple[Entry, int | None, int, str | None]] = []
+    # Steps first, to put the checkpoints in order: a TF directory's listing has them (read from
+    # the indexes, as `ls` shows them); other checkpoints are opened for theirs (metadata only).
+    planned: list[tuple[Entry, int | None, str | None]] = []
     for entry in series.entries:
-        if not entry.exists:
-            planned.append((entry, entry.step, 0, None))
+        if not entry.exists or (series.kind == SERIES_DIRECTORY and entry.step is not None):
+            planned.append((entry, entry.step, None))
             continue
         ckpt, step, error = _open_step(entry)
-        count = 0
         if ckpt is not None:
-            count = sum(v.dtype in _STATS_DTYPES for v in ckpt.variables)
             ckpt.close()
-        planned.append((entry, step, count, error))
+        planned.append((entry, step, error))
     planned.sort(key=lambda p: _sort_key(p[0], p[1]))
-    scanner = _Scanner(role, progress, sum(p[2] for p in planned))
+    scanner = _Scanner(role, progress, 0)
     steps: list[StepReport] = []
     shards: dict[str, int | None] = {}
     try:
-        for entry, step, _, error in planned:
+        for i, (entry, step, error) in enumerate(planned):
             if not entry.exists:
                 steps.append(StepReport(step, entry.path, None, STATUS_MISSING, problems=("its files are missing",)))
                 continue
@@ -433,7 +436,7 @@ def scan(paths: str | Sequence[str], *, role: str | None = None, progress: m.Pro
                 health.append(Problem(HEALTH_DAMAGED, entry.path, f"{entry.path}: fails verify: {problems[0]}"))
                 continue
             shards[entry.path] = ckpt.num_shards
-            report, whole = scanner.step(ckpt, step)
+            report, whole = scanner.step(ckpt, step, len(planned) - i - 1)
             if not whole:
                 problems = _verify_problems(entry.path) or ("a tensor could not be read",)
                 report = dataclasses.replace(report, status=STATUS_DAMAGED, problems=problems)
