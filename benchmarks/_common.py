@@ -148,10 +148,46 @@ class CheckpointSet:
     def weights_h5(self) -> str:
         return str(self.folder / "model.weights.h5")
 
+    @property
+    def run(self) -> str:
+        """A 5-checkpoint CheckpointManager-style directory (``ensure_run``): ``a, b, a, b, a``."""
+        return str(self.folder / "run")
+
     def env(self) -> dict[str, str]:
         """The child environment: quiet TF logs, ``bench_model`` importable."""
         path = os.pathsep.join(p for p in (str(self.folder), os.environ.get("PYTHONPATH", "")) if p)
         return {**os.environ, **CHILD_ENV, "PYTHONPATH": path}
+
+
+RUN_CHECKPOINTS = 5
+
+
+def ensure_run(s: CheckpointSet) -> str:
+    """The set's 5-checkpoint run for ``scan``: ``ckpt-1`` .. ``ckpt-5`` alternating the bundles
+    ``a`` and ``b`` (consecutive checkpoints differ in every 4th tensor), hard links where the
+    file system allows (no extra disk), and a ``checkpoint`` state file listing them.
+
+    Returns:
+        The run directory.
+    """
+    run = pathlib.Path(s.run)
+    state = run / "checkpoint"
+    if state.is_file():
+        return str(run)
+    run.mkdir(parents=True, exist_ok=True)
+    lines = [f'model_checkpoint_path: "ckpt-{RUN_CHECKPOINTS}"']
+    for i in range(1, RUN_CHECKPOINTS + 1):
+        src = pathlib.Path(s.a if i % 2 else s.b)
+        for f in sorted(src.parent.glob(src.name + ".*")):
+            dest = run / f"ckpt-{i}{f.name[len(src.name):]}"
+            if not dest.exists():
+                try:
+                    os.link(f, dest)
+                except OSError:
+                    shutil.copyfile(f, dest)
+        lines.append(f'all_model_checkpoint_paths: "ckpt-{i}"')
+    state.write_text("\n".join(lines) + "\n")
+    return str(run)
 
 
 def _files_size(prefix: str) -> int:

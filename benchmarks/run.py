@@ -99,6 +99,16 @@ for key in r.get_variable_to_shape_map():
     n += 1
 print(n, "tensors read")
 """
+# Reading each checkpoint of the run once: TensorFlow's reader hands every tensor to numpy.
+TF_READ_RUN = """import glob, os, tensorflow as tf
+n = 0
+for index in sorted(glob.glob(os.path.join({p!r}, "ckpt-*.index"))):
+    r = tf.train.load_checkpoint(index[:-len(".index")])
+    for key in r.get_variable_to_shape_map():
+        r.get_tensor(key)
+        n += 1
+print(n, "tensors read")
+"""
 TF_EXTRACT = """import tensorflow as tf, bench_model
 model, optimizer = bench_model.build_with_optimizer()
 tf.train.Checkpoint(model=model, optimizer=optimizer).restore({src!r}).expect_partial()
@@ -247,6 +257,11 @@ def make_pairs(s: c.CheckpointSet, out: pathlib.Path) -> list[Pair]:
             c.Tool("TF: get_tensor of every key", py(TF_READ_ALL.format(p=s.sharded))),
         ]),
         *torch_pairs(s, out),
+        Pair("scan", "scan", f"a {c.RUN_CHECKPOINTS}-checkpoint run (a, b, a, b, a): per-tensor norms, changes, NaN/Inf, drift, health", [
+            c.Tool("ckptinspect scan", [*CKPT, "scan", s.run], **ours),
+            c.Tool("read each checkpoint once: TF get_tensor of every key", py(TF_READ_RUN.format(p=s.run))),
+            c.Tool("read each checkpoint once: ckptinspect verify DIR", [*CKPT, "verify", s.run]),
+        ]),
     ]
 
 
@@ -295,6 +310,7 @@ def sanity_checks(s: c.CheckpointSet, pair_ids: set[str], commands: set[str]) ->
         ("diff-h5", "diff", "diff model.h5 model_b.h5 --format json: changed", [s.h5_a, s.h5_b], (1,), lambda d: d["summary"]["changed"], changed),
         ("verify", "verify", "verify A --format json: intact", [s.a], (0,), lambda d: d["intact"], True),
         ("verify-sharded", "verify", "verify sharded --format json: intact", [s.sharded], (0,), lambda d: d["intact"], True),
+        ("scan", "scan", "scan run --format json: checkpoints scanned", [s.run], (0,), lambda d: len(d["steps"]), c.RUN_CHECKPOINTS),
     ]
     for pair_id, cmd, what, paths, codes, get, expected in checks:
         if pair_id not in pair_ids or cmd not in commands:
@@ -603,6 +619,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", help="comma-separated pair ids or patterns: ls, ls-sharded, ls-h5, ls-weights-h5, ls-stats, diff, "
                     "diff-h5, extract, extract-weights-h5, transplant, transplant-weights-h5, verify, verify-sharded, ls-safetensors, "
                     "ls-pt; ls*, diff*...")
+                    "diff-h5, extract, extract-weights-h5, transplant, transplant-weights-h5, verify, verify-sharded, scan; ls*, diff*...")
     ap.add_argument("--scale", default="100,1024,4096", help="checkpoint sizes (MB) of the scale series; '' for none")
     ap.add_argument("--scale-baselines", action=argparse.BooleanOptionalAction, default=True, help="time TensorFlow in the scale series too")
     ap.add_argument("--work", default=str(c.DEFAULT_WORK), help="where checkpoints are generated and cached")
@@ -661,6 +678,8 @@ def main(argv: list[str] | None = None) -> int:
         log("writing the .safetensors / .pt files (torch), compiling ckptinspect's bytecode")
         bench_torch.ensure_files(work, s.layout.size_mb, s.layout.variables)
         bench_torch.compile_package()
+    if any(p.id == "scan" for p in pairs):
+        c.ensure_run(s)
     available = [p for p in pairs if p.command in commands]
     unavailable = [p for p in pairs if p.command not in commands]
     for p in unavailable:

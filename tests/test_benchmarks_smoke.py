@@ -24,11 +24,13 @@ pytestmark = pytest.mark.slow  # runs the whole benchmark suite at a tiny size (
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RUN = ROOT / "benchmarks" / "run.py"
-PAIRS = ("ls", "diff-h5", "verify")
+PAIRS = ("ls", "diff-h5", "verify", "scan")
 TOOLS = {
     "ls": ("ckptinspect ls", "tf.train.list_variables", "inspect_checkpoint"),
     "diff-h5": ("ckptinspect diff", "h5diff", "h5py script (max abs diff per dataset)"),
     "verify": ("ckptinspect verify", "TF: get_tensor of every key"),
+    "scan": ("ckptinspect scan", "read each checkpoint once: TF get_tensor of every key",
+             "read each checkpoint once: ckptinspect verify DIR"),
 }
 HDF5_TOOLS = {"h5diff"}
 ROW = re.compile(r"^\| (?P<tool>[^|]+?) \| (?P<median>[^|]*?) \| (?P<spread>[^|]*?) \| (?P<peak>[^|]*?) \| (?P<ratio>[^|]*?) \|$")
