@@ -314,3 +314,9 @@ def test_trainer_nan_run(tmp_path):
     key = ckptinspect.open(str(run / "ckpt-6"))["head/kernel"].key
     assert np.isnan(tf.train.load_checkpoint(str(run / "ckpt-6")).get_tensor(key)).all()
     assert np.isfinite(tf.train.load_checkpoint(str(run / "ckpt-4")).get_tensor(key)).all()
+
+
+def test_windows_of_open_checkpoints_give_the_same_report(healthy_run, monkeypatch):
+    whole = ckptinspect.scan(str(healthy_run)).to_dict()
+    monkeypatch.setattr(scan_mod, "MAX_OPEN_CHECKPOINTS", 2)  # windows [1,2] [2:3,4] [4:5]
+    assert ckptinspect.scan(str(healthy_run)).to_dict() == whole

@@ -21,6 +21,8 @@ import math
 import statistics
 from typing import Any, Sequence
 
+import numpy as np
+
 from .. import model as m
 from ..errors import CkptError
 from ..formats import open_checkpoint, prepare_check
@@ -55,6 +57,10 @@ FROZEN_MIN_TRANSITIONS = 1
 JUMP_FACTOR = 10.0
 JUMP_MIN_REL_CHANGE = 1e-3
 JUMP_MIN_TRANSITIONS = 3
+
+# Checkpoints open at once (each holds its data files open): a longer series is measured in
+# windows of this many, the last checkpoint of one read again as the previous of the next.
+MAX_OPEN_CHECKPOINTS = 64
 
 DRIFT_FROZEN = "frozen"
 DRIFT_JUMPED = "jumped"
@@ -287,6 +293,13 @@ def _open_step(entry: Entry) -> tuple[m.Checkpoint | None, int | None, str | Non
     return ckpt, step, None
 
 
+def _damaged(entry: Entry, step: int | None, error: str, health: list[Problem]) -> StepReport:
+    """A checkpoint that does not open: verify's verdict on it."""
+    problems = _verify_problems(entry.path) or (error,)
+    health.append(Problem(HEALTH_DAMAGED, entry.path, f"{entry.path}: fails verify: {problems[0]}"))
+    return StepReport(step, entry.path, None, STATUS_DAMAGED, problems=problems)
+
+
 def _verify_problems(path: str) -> tuple[str, ...]:
     """verify's own verdict on one checkpoint, as lines."""
     try:
@@ -313,70 +326,118 @@ def _layers(variables: list[VariableStep], sums: list[Sums]) -> tuple[LayerStep,
     return tuple(LayerStep(layer, count[0], figures_of(total)) for layer, (total, count) in grouped.items())
 
 
-class _Scanner:
-    """State carried from one checkpoint to the next: the previous one, its sums of squares."""
+class _Store:
+    """Two tensor-sized arrays (each variable's value in the current and the previous
+    checkpoint, in their own dtypes), reused from variable to variable: the memory bound."""
 
-    def __init__(self, role: str | None, progress: m.Progress | None, total: int):
-        self.role = role
-        self.progress = progress
-        self.total = total
-        self.done = 0
-        self.prev: m.Checkpoint | None = None
-        self.prev_vars: dict[str, tuple[m.Variable, float]] = {}
-        self.buffers = _Buffers(BLOCK_ELEMENTS)
+    def __init__(self) -> None:
+        self._raw = [np.empty(0, np.uint8), np.empty(0, np.uint8)]
+        self._next = 0
 
-    def step(self, ckpt: m.Checkpoint, step: int | None, remaining: int = 0) -> tuple[StepReport, bool]:
-        """Measure one checkpoint against the previous; (report, whether every read succeeded).
+    def take(self, var: m.Variable) -> np.ndarray | None:
+        """A free array for ``var``'s value (the one not holding the previous value)."""
+        dtype = m.numpy_dtype(var.dtype)
+        if dtype is None:
+            return None
+        i = self._next
+        self._next = 1 - i
+        need = var.size * dtype.itemsize
+        if self._raw[i].size < need:
+            self._raw[i] = np.empty(need, np.uint8)
+        return self._raw[i][:need].view(dtype)
 
-        ``remaining``: checkpoints after this one, for the progress total (estimated as this
-        one's tensors each)."""
-        variables: list[VariableStep] = []
-        sums: list[Sums] = []
-        failures: list[str] = []
-        current: dict[str, tuple[m.Variable, float]] = {}
-        numeric = [v for v in ckpt.variables if v.dtype in _STATS_DTYPES]
-        self.total = self.done + len(numeric) * (1 + remaining)
-        for var in sorted(numeric, key=ckpt.storage_order):
-            selected = self.role is None or var.role == self.role
+
+def _kept(blocks: Any, store: np.ndarray | None) -> Any:
+    """The blocks, each also copied into ``store`` (the value kept for the next checkpoint)."""
+    at = 0
+    for block in blocks:
+        if store is not None:
+            store[at : at + block.size] = block.reshape(-1)
+        at += block.size
+        yield block
+
+
+def _slices(value: np.ndarray, elements: int) -> Any:
+    for i in range(0, value.size, elements):
+        yield value[i : i + elements]
+
+
+@dataclasses.dataclass
+class _Step:
+    """One opened checkpoint's results, gathered variable by variable."""
+
+    step: int | None
+    ckpt: m.Checkpoint
+    by_key: dict[str, m.Variable]
+    variables: list[VariableStep] = dataclasses.field(default_factory=list)
+    sums: list[Sums] = dataclasses.field(default_factory=list)
+    failures: list[str] = dataclasses.field(default_factory=list)
+    compared_to: str | None = None
+    carry: bool = False  # read again only as the previous value of the next window's first checkpoint
+
+
+def _key_order(window: list[_Step]) -> list[str]:
+    """Every numeric key of the window, in the first checkpoint's storage order (then the others')."""
+    keys: dict[str, None] = {}
+    for st in window:
+        numeric = [v for v in st.ckpt.variables if v.dtype in _STATS_DTYPES]
+        for v in sorted(numeric, key=st.ckpt.storage_order):
+            keys.setdefault(v.key)
+    return list(keys)
+
+
+def _measure_window(window: list[_Step], role: str | None, progress: m.Progress | None, counter: list[int]) -> None:
+    """Variable by variable, each checkpoint of the window in step order: every value read once,
+    compared with the same variable's value in the previous checkpoint (kept in memory)."""
+    store = _Store()
+    buffers = _Buffers(BLOCK_ELEMENTS)
+    for i, st in enumerate(window):
+        if i and not st.carry:
+            st.compared_to = window[i - 1].ckpt.path
+    for key in _key_order(window):
+        prev: tuple[m.Variable, np.ndarray | None, float] | None = None
+        for st in window:
+            var = st.by_key.get(key)
+            if var is None or var.dtype not in _STATS_DTYPES:
+                prev = None
+                continue
+            selected = role is None or var.role == role
             try:
                 if selected:
-                    prev = self.prev_vars.get(var.key)
-                    paired = prev is not None and prev[0].shape == var.shape and math.isfinite(prev[1])
-                    previous = iter(self.prev.iter_blocks(prev[0], BLOCK_ELEMENTS)) if paired else None
-                    s = measure(ckpt.iter_blocks(var, BLOCK_ELEMENTS), previous, prev[1] if paired else None,
-                                self.buffers)
-                    current[var.key] = (var, s.sumsq)
+                    keep = store.take(var)
+                    paired = prev is not None and prev[0].shape == var.shape and prev[1] is not None \
+                        and math.isfinite(prev[2])
+                    previous = _slices(prev[1], BLOCK_ELEMENTS) if paired else None
+                    sums = measure(_kept(st.ckpt.iter_blocks(var, BLOCK_ELEMENTS), keep), previous,
+                                   prev[2] if paired else None, buffers)
+                    prev = (var, keep, sums.sumsq)
                 else:
-                    for _ in ckpt.iter_blocks(var, BLOCK_ELEMENTS):  # its checksum only
+                    for _ in st.ckpt.iter_blocks(var, BLOCK_ELEMENTS):  # its checksum only
                         pass
             except CkptError as e:
-                failures.append(f"{var.name}: {e}")
-                if selected:
-                    variables.append(VariableStep(var.name, var.key, var.role, layer_of(var.name), var.shape,
-                                                  var.dtype, None))
+                prev = None
+                if not st.carry:
+                    st.failures.append(f"{var.name}: {e}")
+                    if selected:
+                        st.variables.append(VariableStep(var.name, var.key, var.role, layer_of(var.name),
+                                                         var.shape, var.dtype, None))
             else:
-                if selected:
-                    variables.append(VariableStep(var.name, var.key, var.role, layer_of(var.name), var.shape,
-                                                  var.dtype, figures_of(s)))
-                    sums.append(s)
-            self.done += 1
-            if self.progress is not None:
-                self.progress(self.done, self.total, var)
-        measured = [v for v in variables if v.figures is not None]
-        report = StepReport(step, ckpt.path, ckpt.format, STATUS_INTACT,
-                            tuple(sorted(variables, key=lambda v: v.name)),
-                            tuple(sorted(_layers(measured, sums), key=lambda x: x.layer)),
-                            compared_to=self.prev.path if self.prev is not None else None)
-        if self.prev is not None:
-            self.prev.close()
-        self.prev = ckpt
-        self.prev_vars = current
-        return report, not failures
+                if selected and not st.carry:
+                    st.variables.append(VariableStep(var.name, var.key, var.role, layer_of(var.name), var.shape,
+                                                     var.dtype, figures_of(sums)))
+                    st.sums.append(sums)
+            if not st.carry:
+                counter[0] += 1
+                if progress is not None:
+                    progress(counter[0], counter[1], var)
 
-    def close(self) -> None:
-        if self.prev is not None:
-            self.prev.close()
-            self.prev = None
+
+def _report(st: _Step) -> StepReport:
+    measured = [(v, s) for v, s in zip([v for v in st.variables if v.figures is not None], st.sums)]
+    layers = _layers([v for v, _ in measured], [s for _, s in measured])
+    return StepReport(st.step, st.ckpt.path, st.ckpt.format, STATUS_INTACT,
+                      tuple(sorted(st.variables, key=lambda v: v.name)),
+                      tuple(sorted(layers, key=lambda x: x.layer)), compared_to=st.compared_to)
 
 
 def scan(paths: str | Sequence[str], *, role: str | None = None, progress: m.Progress | None = None) -> ScanReport:
@@ -418,33 +479,54 @@ def scan(paths: str | Sequence[str], *, role: str | None = None, progress: m.Pro
             ckpt.close()
         planned.append((entry, step, error))
     planned.sort(key=lambda p: _sort_key(p[0], p[1]))
-    scanner = _Scanner(role, progress, 0)
-    steps: list[StepReport] = []
+    results: dict[int, StepReport] = {}
     shards: dict[str, int | None] = {}
-    try:
-        for i, (entry, step, error) in enumerate(planned):
-            if not entry.exists:
-                steps.append(StepReport(step, entry.path, None, STATUS_MISSING, problems=("its files are missing",)))
-                continue
-            ckpt = None
-            if error is None:
+    opened: list[tuple[int, Entry, int | None]] = []  # checkpoints to measure, in step order
+    for i, (entry, step, error) in enumerate(planned):
+        if not entry.exists:
+            results[i] = StepReport(step, entry.path, None, STATUS_MISSING, problems=("its files are missing",))
+        elif error is not None:
+            results[i] = _damaged(entry, step, error, health)
+            shards[entry.path] = None
+        else:
+            opened.append((i, entry, step))
+    counter = [0, 0]
+    carry: tuple[Entry, int | None] | None = None  # the last measured checkpoint of the previous window
+    for w in range(0, len(opened), MAX_OPEN_CHECKPOINTS):
+        window: list[_Step] = []
+        try:
+            if carry is not None:  # read again, for its values only
+                ckpt, _, _ = _open_step(carry[0])
+                if ckpt is not None:
+                    window.append(_Step(carry[1], ckpt, {v.key: v for v in ckpt.variables}, carry=True))
+            members = []
+            for i, entry, step in opened[w : w + MAX_OPEN_CHECKPOINTS]:
                 ckpt, step, error = _open_step(entry)
-            if ckpt is None:
-                problems = _verify_problems(entry.path) or (error,)
-                shards[entry.path] = None
-                steps.append(StepReport(step, entry.path, None, STATUS_DAMAGED, problems=problems))
-                health.append(Problem(HEALTH_DAMAGED, entry.path, f"{entry.path}: fails verify: {problems[0]}"))
-                continue
-            shards[entry.path] = ckpt.num_shards
-            report, whole = scanner.step(ckpt, step, len(planned) - i - 1)
-            if not whole:
-                problems = _verify_problems(entry.path) or ("a tensor could not be read",)
-                report = dataclasses.replace(report, status=STATUS_DAMAGED, problems=problems)
-                more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
-                health.append(Problem(HEALTH_DAMAGED, entry.path, f"{entry.path}: fails verify: {problems[0]}{more}"))
-            steps.append(report)
-    finally:
-        scanner.close()
+                if ckpt is None:
+                    results[i] = _damaged(entry, step, error, health)
+                    shards[entry.path] = None
+                    continue
+                shards[entry.path] = ckpt.num_shards
+                st = _Step(step, ckpt, {v.key: v for v in ckpt.variables})
+                window.append(st)
+                members.append((i, entry, st))
+            if not counter[1] and members:  # the progress total, estimated from the first checkpoint
+                counter[1] = len(opened) * sum(v.dtype in _STATS_DTYPES for v in members[0][2].ckpt.variables)
+            _measure_window(window, role, progress, counter)
+            for i, entry, st in members:
+                report = _report(st)
+                if st.failures:
+                    problems = _verify_problems(entry.path) or tuple(st.failures)
+                    report = dataclasses.replace(report, status=STATUS_DAMAGED, problems=problems)
+                    more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+                    health.append(Problem(HEALTH_DAMAGED, entry.path, f"{entry.path}: fails verify: {problems[0]}{more}"))
+                results[i] = report
+            if members:
+                carry = (members[-1][1], members[-1][2].step)
+        finally:
+            for st in window:
+                st.ckpt.close()
+    steps = [results[i] for i in sorted(results)]
     if series.kind == SERIES_DIRECTORY and series.directory is not None:
         import os  # noqa: PLC0415
 
