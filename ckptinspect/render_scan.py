@@ -172,11 +172,15 @@ def scan_plot(report) -> bytes:
             ax.axvline(x, color="red", linestyle="--", linewidth=1.5)
         ax_norm.annotate(f"first NaN/Inf: step {_step_text(first.step)}", xy=(x, 1), xycoords=("data", "axes fraction"),
                          xytext=(4, -14), textcoords="offset points", color="red")
+    bad = [(x, name) for name, pts in layers.items() for x, n, _ in pts if not math.isfinite(n)]
+    if bad:  # a layer whose values are non-finite has no norm to draw: a red x at the top of the panel
+        ax_norm.scatter([x for x, _ in bad], [0.97] * len(bad), transform=ax_norm.get_xaxis_transform(), marker="x",
+                        color="red", zorder=5, label=f"NaN/Inf ({len({n for _, n in bad})} layers)")
     for d in report.drift:
         if d.kind == "jumped" and d.step is not None and d.rel_change:
             ax_rel.annotate("jump", xy=(float(d.step), d.rel_change), xytext=(0, 8), textcoords="offset points",
                             ha="center", color="darkred", fontsize=8)
-    if top:
+    if top or bad:
         ax_norm.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, title="largest changes")
     for ax in (ax_norm, ax_rel):
         ax.grid(True, which="major", alpha=0.3)

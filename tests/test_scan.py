@@ -320,3 +320,15 @@ def test_windows_of_open_checkpoints_give_the_same_report(healthy_run, monkeypat
     whole = ckptinspect.scan(str(healthy_run)).to_dict()
     monkeypatch.setattr(scan_mod, "MAX_OPEN_CHECKPOINTS", 2)  # windows [1,2] [2:3,4] [4:5]
     assert ckptinspect.scan(str(healthy_run)).to_dict() == whole
+
+
+def test_missing_data_shard_is_verify_damage(tmp_path):
+    d = tmp_path / "run"
+    shutil.copytree(RUN, d)
+    os.remove(d / "ckpt-6.data-00000-of-00001")
+    report = ckptinspect.scan(str(d))
+    assert [(s.step, s.status) for s in report.steps] == [(4, "intact"), (6, "damaged"), (8, "intact")]
+    (problem,) = report.health
+    assert problem.kind == "damaged" and problem.path == str(d / "ckpt-6")
+    assert "data shard is missing" in problem.problem
+    assert report.steps[2].compared_to == str(d / "ckpt-4")  # the last readable checkpoint

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import statistics
 from typing import Any, Sequence
 
@@ -293,10 +294,9 @@ def _open_step(entry: Entry) -> tuple[m.Checkpoint | None, int | None, str | Non
     return ckpt, step, None
 
 
-def _damaged(entry: Entry, step: int | None, error: str, health: list[Problem]) -> StepReport:
-    """A checkpoint that does not open: verify's verdict on it."""
+def _damaged(entry: Entry, step: int | None, error: str) -> StepReport:
+    """A checkpoint that does not open (or misses a file): verify's verdict on it."""
     problems = _verify_problems(entry.path) or (error,)
-    health.append(Problem(HEALTH_DAMAGED, entry.path, f"{entry.path}: fails verify: {problems[0]}"))
     return StepReport(step, entry.path, None, STATUS_DAMAGED, problems=problems)
 
 
@@ -486,7 +486,7 @@ def scan(paths: str | Sequence[str], *, role: str | None = None, progress: m.Pro
         if not entry.exists:
             results[i] = StepReport(step, entry.path, None, STATUS_MISSING, problems=("its files are missing",))
         elif error is not None:
-            results[i] = _damaged(entry, step, error, health)
+            results[i] = _damaged(entry, step, error)
             shards[entry.path] = None
         else:
             opened.append((i, entry, step))
@@ -502,8 +502,12 @@ def scan(paths: str | Sequence[str], *, role: str | None = None, progress: m.Pro
             members = []
             for i, entry, step in opened[w : w + MAX_OPEN_CHECKPOINTS]:
                 ckpt, step, error = _open_step(entry)
+                missing = [f for f in ckpt.files() if not os.path.exists(f)] if ckpt is not None else []
+                if missing:  # verify's check says what is wrong, without reading through TensorFlow's reader
+                    ckpt.close()
+                    ckpt, error = None, f"{missing[0]}: missing"
                 if ckpt is None:
-                    results[i] = _damaged(entry, step, error, health)
+                    results[i] = _damaged(entry, step, error)
                     shards[entry.path] = None
                     continue
                 shards[entry.path] = ckpt.num_shards
@@ -518,8 +522,6 @@ def scan(paths: str | Sequence[str], *, role: str | None = None, progress: m.Pro
                 if st.failures:
                     problems = _verify_problems(entry.path) or tuple(st.failures)
                     report = dataclasses.replace(report, status=STATUS_DAMAGED, problems=problems)
-                    more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
-                    health.append(Problem(HEALTH_DAMAGED, entry.path, f"{entry.path}: fails verify: {problems[0]}{more}"))
                 results[i] = report
             if members:
                 carry = (members[-1][1], members[-1][2].step)
@@ -527,9 +529,11 @@ def scan(paths: str | Sequence[str], *, role: str | None = None, progress: m.Pro
             for st in window:
                 st.ckpt.close()
     steps = [results[i] for i in sorted(results)]
+    for r in steps:  # in step order
+        if r.status == STATUS_DAMAGED:
+            more = f" (+{len(r.problems) - 1} more)" if len(r.problems) > 1 else ""
+            health.append(Problem(HEALTH_DAMAGED, r.path, f"{r.path}: fails verify: {r.problems[0]}{more}"))
     if series.kind == SERIES_DIRECTORY and series.directory is not None:
-        import os  # noqa: PLC0415
-
         if os.path.isdir(series.directory):
             health += shard_problems(series.directory, shards)
     return ScanReport(source, series.kind, role, tuple(steps), tuple(health), tuple(find_drift(steps)))
