@@ -618,8 +618,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs per tool first (default 1)")
     ap.add_argument("--only", help="comma-separated pair ids or patterns: ls, ls-sharded, ls-h5, ls-weights-h5, ls-stats, diff, "
                     "diff-h5, extract, extract-weights-h5, transplant, transplant-weights-h5, verify, verify-sharded, ls-safetensors, "
-                    "ls-pt; ls*, diff*...")
-                    "diff-h5, extract, extract-weights-h5, transplant, transplant-weights-h5, verify, verify-sharded, scan; ls*, diff*...")
+                    "ls-pt, scan; ls*, diff*...")
     ap.add_argument("--scale", default="100,1024,4096", help="checkpoint sizes (MB) of the scale series; '' for none")
     ap.add_argument("--scale-baselines", action=argparse.BooleanOptionalAction, default=True, help="time TensorFlow in the scale series too")
     ap.add_argument("--work", default=str(c.DEFAULT_WORK), help="where checkpoints are generated and cached")
