@@ -315,10 +315,15 @@ def _verify_problems(path: str) -> tuple[str, ...]:
 
 def _layers(variables: list[VariableStep], sums: list[Sums]) -> tuple[LayerStep, ...]:
     """Per-layer figures of the floating-point variables (integer counters such as ``step`` or
-    an optimizer's ``iteration`` are reported per variable, but are no layer's weights)."""
+    an optimizer's ``iteration`` are reported per variable, but are no layer's weights).
+
+    Layers are the model's: optimizer slots and metadata are reported per variable (their
+    names group by optimizer, not by layer: ``adam/dense_kernel_momentum``), unless the scan
+    holds no model variable at all (``--role optimizer``)."""
+    has_model = any(v.role == m.ROLE_MODEL and v.dtype in m.FLOAT_DTYPES for v in variables)
     grouped: dict[str, tuple[Sums, list[int]]] = {}
     for v, s in zip(variables, sums):
-        if v.dtype not in m.FLOAT_DTYPES:
+        if v.dtype not in m.FLOAT_DTYPES or (has_model and v.role != m.ROLE_MODEL):
             continue
         total, count = grouped.setdefault(v.layer, (Sums(), [0]))
         total.add(s)
