@@ -3,9 +3,13 @@ protobuf's compiled runtime without importing TensorFlow.
 
 Field numbers follow tensorflow/core/protobuf/tensor_bundle.proto,
 tensorflow/core/framework/tensor_shape.proto, tensor_slice.proto and
-tensorflow/core/protobuf/trackable_object_graph.proto. They are declared proto2-style
+tensorflow/core/protobuf/trackable_object_graph.proto (TrackableObject's ``registered_saver=4``:
+RegisteredSaver ``name=1``, ``object_name=2``; ``has_checkpoint_values=5``: a
+``google.protobuf.BoolValue``, ``value=1``). They are declared proto2-style
 (optional fields, enums as int32, strings as bytes) in a private descriptor pool, which reads
 the same wire format while tolerating invalid UTF-8 and letting us see which fields are set.
+Fields this module does not declare are kept as unknown fields and written back on
+re-serialisation (after the known ones, as protobuf does).
 """
 
 from __future__ import annotations
@@ -60,7 +64,11 @@ _MESSAGES = {
         ("children", 1, _F.TYPE_MESSAGE, _REPEATED, "TrackableObjectGraph.ObjectReference"),
         ("attributes", 2, _F.TYPE_MESSAGE, _REPEATED, "TrackableObjectGraph.SerializedTensor"),
         ("slot_variables", 3, _F.TYPE_MESSAGE, _REPEATED, "TrackableObjectGraph.SlotVariableReference"),
+        ("registered_saver", 4, _F.TYPE_MESSAGE, _OPTIONAL, "RegisteredSaver"),
+        ("has_checkpoint_values", 5, _F.TYPE_MESSAGE, _OPTIONAL, "BoolValue"),
     ],
+    "RegisteredSaver": [("name", 1, _F.TYPE_BYTES, _OPTIONAL, None), ("object_name", 2, _F.TYPE_BYTES, _OPTIONAL, None)],
+    "BoolValue": [("value", 1, _F.TYPE_BOOL, _OPTIONAL, None)],  # google.protobuf.BoolValue's wire format
     "TrackableObjectGraph": [("nodes", 1, _F.TYPE_MESSAGE, _REPEATED, "TrackableObjectGraph.TrackableObject")],
 }
 

@@ -9,7 +9,8 @@ at most ``max_shard_bytes`` (a bigger tensor is a group of its own), and each gr
 data shard: memory stays about one shard, not the model. By default a shard holds as much as
 the largest tensor (at least :data:`MIN_SHARD_BYTES`), so memory stays about one tensor.
 
-:func:`prune_object_graph` takes a serialized ``TrackableObjectGraph`` and keeps the part a
+:func:`prune_object_graph` (no TensorFlow: our own descriptor, TensorFlow's bytes) takes a serialized
+``TrackableObjectGraph`` and keeps the part a
 model restore needs: the objects the root reaches without passing through an optimizer, and,
 among the root's children, only those that still hold a kept value. Every kept value is
 re-keyed by its path in the pruned graph (``model/<path>/.ATTRIBUTES/VARIABLE_VALUE``), which is
@@ -28,8 +29,8 @@ import numpy as np
 from .. import model as m
 from ..errors import CheckpointNotFoundError, CkptError, CorruptCheckpointError, UsageError
 from .._tf import import_tf
-from . import _fs
-from ._layout import INDEX_SUFFIX
+from . import _fs, _protos
+from ._layout import INDEX_SUFFIX, decode_key
 from ._wire import MalformedError
 from .tf_bundle import (
     OBJECT_GRAPH_KEY,
@@ -102,7 +103,13 @@ def _object_prefix(key: str) -> int:
 
 
 def prune_object_graph(blob: bytes, keep_keys: Collection[str], *, keep_object_state: bool = True) -> PrunedGraph:
-    """Prune a TF2 object graph to the model's part and re-key what it keeps.
+    """Prune a TF2 object graph to the model's part and re-key what it keeps, without TensorFlow.
+
+    The graph is parsed and re-serialised through ckptinspect's own descriptor
+    (:mod:`._protos`); the result is byte for byte what TensorFlow's own
+    ``trackable_object_graph_pb2`` gives for the same edits (proto3: zero values left out, an
+    empty ``has_checkpoint_values`` message for False). Fields the descriptor does not know
+    (of the graph, a kept object, a reference or an attribute) are carried over unchanged.
 
     Args:
         blob: The serialized ``TrackableObjectGraph`` (the ``_CHECKPOINTABLE_OBJECT_GRAPH`` value).
@@ -118,14 +125,11 @@ def prune_object_graph(blob: bytes, keep_keys: Collection[str], *, keep_object_s
             without passing through an optimizer.
         UsageError: A kept object uses a registered saver (not supported).
     """
-    tf = import_tf()  # noqa: F841 - the protobuf module below ships with TensorFlow
-    from tensorflow.core.protobuf import trackable_object_graph_pb2  # noqa: PLC0415
-
-    source = trackable_object_graph_pb2.TrackableObjectGraph()
+    source = _protos.TrackableObjectGraph()
     try:
         ours = parse_object_graph(blob)  # first: it bounds the graph's size before decoding
         source.ParseFromString(blob)
-    except Exception as e:  # noqa: BLE001 - MalformedError, or protobuf's DecodeError (no stable home)
+    except (MalformedError, _protos.DecodeError) as e:
         raise CorruptCheckpointError(f"the object graph does not parse: {e}") from None
     nodes = source.nodes
     if not nodes:
@@ -134,14 +138,15 @@ def prune_object_graph(blob: bytes, keep_keys: Collection[str], *, keep_object_s
     keep_keys = set(keep_keys)
 
     # 1. Objects the root reaches without entering an optimizer (parent pointers: linear).
-    reach, local = walk(ours, lambda i: True, lambda i: not optimizer[i])
+    reach, _ = walk(ours, lambda i: True, lambda i: not optimizer[i])
     reached = [p != -2 for p in reach]
 
-    def kept_attrs(i: int) -> list:
+    def kept_attrs(i: int) -> list[int]:
+        """Positions of the attributes of node ``i`` that are kept."""
         return [
-            a
-            for a in nodes[i].attributes
-            if a.checkpoint_key in keep_keys or (keep_object_state and i != 0 and a.name != VARIABLE_VALUE)
+            k
+            for k, (name, _, key) in enumerate(ours[i].attributes)
+            if key in keep_keys or (keep_object_state and i != 0 and name != VARIABLE_VALUE)
         ]
 
     # 2. Among the root's children, only those whose part holds a kept value: one walk back
@@ -162,8 +167,9 @@ def prune_object_graph(blob: bytes, keep_keys: Collection[str], *, keep_object_s
                 holds[q] = True
                 stack.append(q)
     del parents
-    root_refs = [ref for ref in nodes[0].children if reached[ref.node_id] and ref.node_id != 0]
-    kept_root_refs = [ref for ref in root_refs if holds[ref.node_id]]
+    # Child edges kept per node, as positions in its children list.
+    root_refs = [k for k, (cid, _) in enumerate(ours[0].children) if reached[cid] and cid != 0]
+    kept_root_refs = [k for k in root_refs if holds[ours[0].children[k][0]]]
 
     # 3. Breadth-first from the root over the kept part: new ids and TensorFlow's paths, kept
     # as parent pointers (a path is built only for an object that keeps attributes).
@@ -175,44 +181,56 @@ def prune_object_graph(blob: bytes, keep_keys: Collection[str], *, keep_object_s
     queue = collections.deque([0])
     while queue:
         i = queue.popleft()
-        refs = kept_root_refs if i == 0 else [r for r in nodes[i].children if reached[r.node_id]]
-        for ref in refs:
-            if ref.node_id not in new_id:
-                new_id[ref.node_id] = len(order)
-                order.append(ref.node_id)
-                parent[ref.node_id] = i
-                name_of[ref.node_id] = ref.local_name
-                queue.append(ref.node_id)
+        children = ours[i].children
+        refs = kept_root_refs if i == 0 else [k for k, (cid, _) in enumerate(children) if reached[cid]]
+        for k in refs:
+            cid, local = children[k]
+            if cid not in new_id:
+                new_id[cid] = len(order)
+                order.append(cid)
+                parent[cid] = i
+                name_of[cid] = local
+                queue.append(cid)
     path_of = ObjectPaths(parent, name_of)
 
-    out = trackable_object_graph_pb2.TrackableObjectGraph()
+    out = _protos.TrackableObjectGraph()
+    out.CopyFrom(source)  # the graph's own unknown fields, if any
+    out.ClearField("nodes")
     key_map: dict[str, str] = {}
     paths: dict[str, str] = {}
     try:
         for old in order:
             src = nodes[old]
-            node = out.nodes.add()
             if src.HasField("registered_saver") and src.registered_saver.name:
                 raise UsageError(
                     f"object {'/'.join(path_of(old)) or '(root)'} is saved by the registered saver "
-                    f"{src.registered_saver.name!r}; extracting such checkpoints is not supported"
+                    f"{decode_key(src.registered_saver.name)!r}; extracting such checkpoints is not supported"
                 )
-            refs = kept_root_refs if old == 0 else [r for r in src.children if r.node_id in new_id]
-            for ref in refs:
+            node = out.nodes.add()
+            node.CopyFrom(src)  # unknown fields of the object survive; the rest is rebuilt
+            for field in _REBUILT_NODE_FIELDS:
+                node.ClearField(field)
+            children = ours[old].children
+            refs = kept_root_refs if old == 0 else [k for k, (cid, _) in enumerate(children) if cid in new_id]
+            for k in refs:
                 child = node.children.add()
-                child.CopyFrom(ref)
-                child.node_id = new_id[ref.node_id]
+                child.CopyFrom(src.children[k])
+                _set_int(child, "node_id", new_id[children[k][0]])
+                _drop_empty(child, ("local_name",))
             attrs = kept_attrs(old)
             if not attrs:
                 continue
             path = path_of(old)
             prefix = "/".join(escape_local_name(p) for p in path)
-            for attr in attrs:
+            for k in attrs:
+                old_key = ours[old].attributes[k][2]
+                new_key = prefix + old_key[_object_prefix(old_key):]
                 new_attr = node.attributes.add()
-                new_attr.CopyFrom(attr)
-                new_attr.checkpoint_key = prefix + attr.checkpoint_key[_object_prefix(attr.checkpoint_key):]
-                key_map[attr.checkpoint_key] = new_attr.checkpoint_key
-                paths[attr.checkpoint_key] = "/".join(path)
+                new_attr.CopyFrom(src.attributes[k])
+                new_attr.checkpoint_key = encode_key(new_key)
+                _drop_empty(new_attr, ("name", "full_name"))
+                key_map[old_key] = new_key
+                paths[old_key] = "/".join(path)
     except MalformedError as e:
         raise CorruptCheckpointError(f"the object graph cannot be pruned: {e}") from None
 
@@ -230,7 +248,10 @@ def prune_object_graph(blob: bytes, keep_keys: Collection[str], *, keep_object_s
                 has_values[q] = True
                 stack.append(q)
     for i, n in enumerate(out.nodes):
-        n.has_checkpoint_values.value = has_values[i]
+        if has_values[i]:
+            n.has_checkpoint_values.value = True
+        else:  # proto3's BoolValue(false): the message present, its zero value left out
+            n.has_checkpoint_values.SetInParent()
 
     missing = sorted(keep_keys - set(key_map))
     if missing:
@@ -244,8 +265,29 @@ def prune_object_graph(blob: bytes, keep_keys: Collection[str], *, keep_object_s
         paths=paths,
         num_nodes=len(out.nodes),
         source_nodes=len(nodes),
-        root_children=tuple(r.local_name for r in kept_root_refs),
+        root_children=tuple(ours[0].children[k][1] for k in kept_root_refs),
     )
+
+
+# TrackableObject fields prune_object_graph rebuilds (children, attributes, has_checkpoint_values)
+# or drops (slot_variables: only optimizers have them; registered_saver: refused).
+_REBUILT_NODE_FIELDS = ("children", "attributes", "slot_variables", "registered_saver", "has_checkpoint_values")
+
+
+def _drop_empty(message, fields: tuple[str, ...]) -> None:
+    """Leave empty strings out, as proto3 serialises them (a graph written with them spelled
+    out reads the same in TensorFlow)."""
+    for field in fields:
+        if message.HasField(field) and not getattr(message, field):
+            message.ClearField(field)
+
+
+def _set_int(message, field: str, value: int) -> None:
+    """Set a proto3 scalar as TensorFlow's code would serialise it: zero is left out."""
+    if value:
+        setattr(message, field, value)
+    else:
+        message.ClearField(field)
 
 
 # -- bundle writing ------------------------------------------------------------------------
