@@ -52,12 +52,12 @@ from .layouts import CONV_HWIO, Layout
 from .mapping import RulesLike, parse_mapping
 from .roles import mark_optimizer, optimizer_regex
 from .extract_report import ExtractedVariable, ExtractReport
+from .extract_tf import tf_metadata, write_tf
 from .extract_writers import (
     TF_SOURCE_FORMATS,
     write_h5_copy,
     write_npz,
     write_safetensors_output,
-    write_tf,
     write_weights_from_builder,
 )
 
@@ -229,14 +229,13 @@ def extract(
         source_bytes = _size(_source_files(ckpt))
         object_graph = None
         num_shards = 1
+        copied = copied_bytes = 0
         if fmt == FORMAT_TF:
-            if ckpt.format not in TF_SOURCE_FORMATS:
-                raise UsageError(
-                    f"{ckpt.path}: a TF checkpoint output needs a TF source (this is {ckpt.format}); "
-                    "use a .h5, .weights.h5 or .npz output"
-                )
             with _atomic.atomic_prefix(out, force=force, protected=protected) as tmp:
-                planned, verified, num_shards, object_graph, notes = write_tf(ckpt, tmp, keep, max_shard_bytes, progress)
+                written = write_tf(ckpt, tmp, keep, max_shard_bytes, progress)
+                planned, verified, num_shards = written.planned, written.verified, written.num_shards
+                object_graph, notes = written.object_graph, written.notes
+                copied, copied_bytes = written.copied, written.copied_bytes
                 files = [out + p[len(tmp):] for p in _atomic.prefix_files(tmp)]
                 out_bytes = _size(_atomic.prefix_files(tmp))
         else:
@@ -245,7 +244,8 @@ def extract(
                 if fmt == FORMAT_NPZ:
                     planned, verified, notes = write_npz(ckpt, tmp, keep, progress)
                 elif fmt == FORMAT_SAFETENSORS:
-                    planned, verified, notes = write_safetensors_output(ckpt, tmp, keep, progress)
+                    planned, verified, notes = write_safetensors_output(
+                        ckpt, tmp, keep, progress, lambda names: tf_metadata(ckpt, keep, names))
                 elif fmt == FORMAT_H5:
                     if ckpt.format != m.FORMAT_KERAS_H5:
                         raise UsageError(
@@ -295,6 +295,8 @@ def extract(
         seconds=time.perf_counter() - start,
         object_graph=object_graph,
         notes=tuple(notes),
+        copied=copied,
+        copied_bytes=copied_bytes,
     )
 
 
