@@ -26,7 +26,6 @@ import base64
 import binascii
 import dataclasses
 import json
-import os
 from typing import Any, Callable
 
 import numpy as np
@@ -36,6 +35,7 @@ from ..errors import CkptError, CorruptCheckpointError, UsageError, Verification
 from ..formats import (
     OutputTensor,
     TensorData,
+    compare_copy,
     copy_tensor,
     open_checkpoint,
     prune_object_graph,
@@ -57,9 +57,9 @@ __all__ = [
 # its checkpoint key in that graph.
 META_OBJECT_GRAPH = "tf_object_graph"
 META_CHECKPOINT_KEYS = "tf_checkpoint_keys"
-COMPARE_CHUNK_BYTES = 8 << 20
 STREAM_ELEMENTS = 1 << 20
 SAFETENSORS_FORMAT = "safetensors"
+WRITABLE_DTYPES = frozenset(m.NUMERIC_DTYPES) | {"string"}
 
 Progress = Callable[[int, int, m.Variable], None]
 
@@ -199,6 +199,17 @@ def _plan_name_based(ckpt: m.Checkpoint, kept: list[m.Variable]) -> _Plan:
     return _Plan({v.key: v.name for v in kept}, None, None, notes)
 
 
+def _refuse_unwritable(ckpt: m.Checkpoint, kept: list[m.Variable]) -> None:
+    """A value to encode (not copied from a bundle) must have a dtype TF bundles hold."""
+    if ckpt.format in (m.FORMAT_TF_BUNDLE, m.FORMAT_TF_SAVEDMODEL):
+        return  # copied as stored
+    for v in kept:
+        if v.dtype not in WRITABLE_DTYPES:
+            raise UsageError(
+                f"{ckpt.path}: '{m.display_name(v.name)}' has dtype {v.dtype}, which a TF bundle cannot hold"
+            )
+
+
 def _output_tensor(ckpt: m.Checkpoint, v: m.Variable, key: str) -> OutputTensor:
     """The kept variable to write: copied byte for byte from a local bundle, else streamed (a
     partitioned V1 variable is written as the same slices)."""
@@ -218,19 +229,7 @@ def _is_copy(t: OutputTensor) -> bool:
     return all(d.stored is not None for d in datas)
 
 
-def _same_bytes(a_path: str, a_offset: int, b_path: str, b_offset: int, size: int) -> bool:
-    with open(a_path, "rb", buffering=0) as fa, open(b_path, "rb", buffering=0) as fb:
-        done = 0
-        while done < size:
-            n = min(COMPARE_CHUNK_BYTES, size - done)
-            a = os.pread(fa.fileno(), n, a_offset + done)
-            if len(a) != n or a != os.pread(fb.fileno(), n, b_offset + done):
-                return False
-            done += n
-    return True
-
-
-def _stored_equal(written: m.Checkpoint, wv: m.Variable, t: OutputTensor) -> bool:
+def _stored_equal(written: m.Checkpoint, wv: m.Variable, t: OutputTensor, label: str) -> bool:
     """A copied tensor read back: the same runs (slices in order, dtype, shape, size, crc32c)
     as planned, and the same bytes as the source's."""
     runs = getattr(written.source, "stored_runs", lambda v: None)(wv)
@@ -243,7 +242,7 @@ def _stored_equal(written: m.Checkpoint, wv: m.Variable, t: OutputTensor) -> boo
             return False
         if (e.dtype, tuple(e.shape), e.size, e.crc32c or 0) != (data.dtype, data.shape, s.size, s.crc32c):
             return False
-        if not _same_bytes(run.path, e.offset, s.path, s.offset, s.size):
+        if not compare_copy(run.path, e.offset, s, data.dtype, data.shape, label):
             return False
     return True
 
@@ -295,6 +294,7 @@ def write_tf(
         plan = _plan_name_based(ckpt, kept_vars)
     # An object-based output also keeps the state of kept objects (lookup tables...).
     kept_vars = [v for v in ckpt.variables if v.key in plan.key_map]
+    _refuse_unwritable(ckpt, kept_vars)
 
     planned = [
         ExtractedVariable(v.name, v.key, plan.key_map.get(v.key), v.role, v.shape, v.dtype, v.nbytes)
@@ -323,7 +323,7 @@ def write_tf(
                 return False
             t = tensors[wv.key]
             if _is_copy(t):
-                return _stored_equal(written, wv, t)
+                return _stored_equal(written, wv, t, v.key)
             return streamed(_read_back(written, wv), v)
 
         verified = verifier.check(tmp, out_vars, out_vars.__getitem__, matches)
