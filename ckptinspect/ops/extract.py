@@ -7,13 +7,16 @@ weights keyed ``optimizer/_trainable_variables/N/...``, and they are the model's
 
 Output formats (chosen from the output's suffix unless ``format`` says otherwise):
 
-* ``tf`` (any other suffix): a TF bundle written by TensorFlow's own SaveV2. From a TF2
+* ``tf`` (any other suffix): a TF bundle written by ckptinspect's own writer without
+  TensorFlow (see :mod:`.extract_tf`: tensors copied byte for byte from bundle sources). From a TF2
   object-based source, a TF2 checkpoint whose object graph is the source's minus the
   optimizer and the root's counters, every value re-keyed by its path through the model
   (``model/<path>/.ATTRIBUTES/VARIABLE_VALUE``), so ``tf.train.Checkpoint(model=fresh_model)
   .read(OUT).assert_consumed()`` passes. From a TF1 name-based source, a name-based bundle
   with the same keys minus the optimizer's slots. A SavedModel source gives a checkpoint of
-  its variables with the SavedModel's root as root.
+  its variables with the SavedModel's root as root. A ``.safetensors`` that ``extract`` wrote
+  from a TF2 checkpoint gives that TF2 checkpoint back (its ``__metadata__`` carries the object
+  graph and keys); any other source gives a name-based bundle keyed by the variables' names.
 * ``weights-h5`` (``.weights.h5``): a Keras 3 weights file. Its positional layout is defined by
   the model's Python structure, which a TF checkpoint does not record, so from a TF2
   checkpoint it needs ``builder`` (a function building the same architecture): every weight of
@@ -174,16 +177,16 @@ def extract(
 
     Args:
         src: Any checkpoint :func:`ckptinspect.open` accepts.
-        out: The output: a TF prefix, or a ``.weights.h5`` / ``.h5`` / ``.npz`` file.
-        format: ``tf``, ``weights-h5``, ``h5`` or ``npz``; default from ``out``'s suffix.
+        out: The output: a TF prefix, or a ``.weights.h5`` / ``.h5`` / ``.npz`` / ``.safetensors`` file.
+        format: ``tf``, ``weights-h5``, ``h5``, ``npz`` or ``safetensors``; default from ``out``'s suffix.
         force: Replace an existing output.
         keep: Roles to keep: ``model`` (always) and optionally ``metadata`` (step counters,
             ``save_counter``, TF1 ``global_step``). Optimizer state is never kept.
         builder: For a ``.weights.h5`` output from a TF2 checkpoint: a function (or
             ``"module:function"``) returning the built Keras 3 model of the same architecture.
-        max_shard_bytes: TF output: bytes per data shard, which bounds memory. Default: the
-            largest kept tensor (at least 64 MiB), so memory stays about one tensor; a bigger
-            tensor gets its own shard; 0 puts every tensor in its own shard.
+        max_shard_bytes: TF output: bytes per data shard, filled in turn (a bigger tensor gets
+            its own shard). Default: one data file; 0 puts every tensor (or slice) in its own.
+            Memory does not depend on it: tensors are copied or streamed.
         progress: Called as ``progress(done, total, variable)`` after each kept tensor.
         optimizer_pattern: Regex of names (or keys) that are optimizer state although no rule
             knows them (see :func:`ckptinspect.ops.roles.mark_optimizer`): they are stripped too.
