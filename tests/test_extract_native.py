@@ -67,12 +67,16 @@ def test_extract_to_tf_imports_no_tensorflow(src, tmp_path):
         f"r = ckptinspect.extract({str(src / 'sharded')!r}, {str(tmp_path / 'a')!r})\n"
         f"s = ckptinspect.extract({str(src / 'run')!r}, {str(tmp_path / 'b')!r}, keep=('model', 'metadata'))\n"
         "assert r.verified == r.copied == 10 and s.verified == s.copied == 12, (r.copied, s.copied)\n"
+        f"ckptinspect.extract({str(src / 'run')!r}, {str(tmp_path / 'c.safetensors')!r})\n"
+        f"t = ckptinspect.extract({str(tmp_path / 'c.safetensors')!r}, {str(tmp_path / 'c')!r})\n"
+        "assert t.object_graph['root_children'] == ['model'] and t.verified == 10\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras', 'tf_keras'))\n"
         "assert not bad, bad[:5]\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    tf.train.Checkpoint(model=trainer.build_model(seed=3)).read(str(tmp_path / "a")).assert_consumed()
+    for name in ("a", "c"):
+        tf.train.Checkpoint(model=trainer.build_model(seed=3)).read(str(tmp_path / name)).assert_consumed()
     step = tf.Variable(0, dtype=tf.int64)
     tf.train.Checkpoint(model=trainer.build_model(seed=3), step=step).read(
         str(tmp_path / "b")).assert_existing_objects_matched()

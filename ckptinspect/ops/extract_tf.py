@@ -112,10 +112,12 @@ def tf_metadata(ckpt: m.Checkpoint, keep: tuple[str, ...], names: dict[str, str]
         keep: The kept roles.
         names: Source key -> tensor name in the safetensors file, for every kept variable.
     """
-    if ckpt.info.get("kind") != "tf2-object":
+    if ckpt.info.get("kind") != "tf2-object" or (ckpt.info.get("object_graph") or {}).get("error"):
         return {}
-    need_object_graph(ckpt)
-    pruned = prune_object_graph(_object_graph_bytes(ckpt), {v.key for v in ckpt.variables if v.role in keep})
+    try:
+        pruned = prune_object_graph(_object_graph_bytes(ckpt), {v.key for v in ckpt.variables if v.role in keep})
+    except (CorruptCheckpointError, UsageError):  # the tensors can still go out, without the way back
+        return {}
     if set(pruned.key_map) != set(names):  # object state the file cannot hold: no way back
         return {}
     return {

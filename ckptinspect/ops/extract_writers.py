@@ -75,11 +75,27 @@ def source_matcher(ckpt: m.Checkpoint) -> Callable[[Any, m.Variable], bool]:
 
 
 def _value_reader(ckpt: m.Checkpoint) -> Callable[[m.Variable], np.ndarray]:
-    """Reads one source value: TF sources through RestoreV2 into TensorFlow's buffer, viewed
-    without a copy; other formats through the checkpoint's own reader."""
+    """Reads one source value. TF sources: a whole numeric tensor from its data file in blocks
+    (crc-checked, no TensorFlow), anything else (strings, slices) through RestoreV2 into
+    TensorFlow's buffer, viewed without a copy; other formats through their own reader."""
     if ckpt.format not in TF_SOURCE_FORMATS:
         return ckpt.read
-    return lambda v: numpy_view(restore_tensor(ckpt.path, v.key, v.dtype))
+
+    def read(v: m.Variable) -> np.ndarray:
+        dtype = m.numpy_dtype(v.dtype)
+        if ckpt.format == m.FORMAT_TF_V1 or v.sliced or dtype is None:
+            return numpy_view(restore_tensor(ckpt.path, v.key, v.dtype))
+        out = np.empty(v.size, dtype=dtype)
+        pos = 0
+        for block in ckpt.iter_blocks(v, COMPARE_CHUNK // max(1, dtype.itemsize)):
+            flat = np.asarray(block).reshape(-1)
+            out[pos : pos + flat.size] = flat
+            pos += flat.size
+        if pos != v.size:
+            raise CorruptCheckpointError(f"{ckpt.path}: {v.key!r} holds {pos} of {v.size} values")
+        return out.reshape(v.shape)
+
+    return read
 
 
 class Verifier:
