@@ -141,13 +141,16 @@ def prune_object_graph(blob: bytes, keep_keys: Collection[str], *, keep_object_s
     reach, _ = walk(ours, lambda i: True, lambda i: not optimizer[i])
     reached = [p != -2 for p in reach]
 
-    def kept_attrs(i: int) -> list[int]:
+    def attrs_kept(i: int) -> list[int]:
         """Positions of the attributes of node ``i`` that are kept."""
         return [
             k
             for k, (name, _, key) in enumerate(ours[i].attributes)
             if key in keep_keys or (keep_object_state and i != 0 and name != VARIABLE_VALUE)
         ]
+
+    empty: list[int] = []
+    kept_of = [attrs_kept(i) if reached[i] and ours[i].attributes else empty for i in range(len(ours))]
 
     # 2. Among the root's children, only those whose part holds a kept value: one walk back
     # from every object holding one, along reached edges that do not pass through the root.
@@ -158,7 +161,7 @@ def prune_object_graph(blob: bytes, keep_keys: Collection[str], *, keep_object_s
                 if cid != 0 and reached[cid]:
                     parents[cid].append(i)
     holds = [False] * len(ours)
-    stack = [i for i in range(1, len(ours)) if reached[i] and kept_attrs(i)]
+    stack = [i for i in range(1, len(ours)) if kept_of[i]]
     for i in stack:
         holds[i] = True
     while stack:
@@ -193,13 +196,39 @@ def prune_object_graph(blob: bytes, keep_keys: Collection[str], *, keep_object_s
                 queue.append(cid)
     path_of = ObjectPaths(parent, name_of)
 
+    # 4. What each kept object keeps: child edges (positions, new ids) and attributes.
+    kept_refs: list[list[int]] = []
+    kept_attr: list[list[int]] = []
+    for old in order:
+        children = ours[old].children
+        kept_refs.append(kept_root_refs if old == 0 else [k for k, (cid, _) in enumerate(children) if cid in new_id])
+        kept_attr.append(kept_of[old])
+    # has_checkpoint_values: the object or something below it holds a value (one walk back
+    # from the objects holding values, linear).
+    back: list[list[int]] = [[] for _ in order]
+    for i, old in enumerate(order):
+        for k in kept_refs[i]:
+            back[new_id[ours[old].children[k][0]]].append(i)
+    has_values = [bool(attrs) for attrs in kept_attr]
+    stack = [i for i, v in enumerate(has_values) if v]
+    while stack:
+        for q in back[stack.pop()]:
+            if not has_values[q]:
+                has_values[q] = True
+                stack.append(q)
+    del back
+
+    # 5. The pruned graph. Messages are built field by field, unless the source carries fields
+    # our descriptor does not know: then they are copied (and their known fields rebuilt).
+    unknown = _has_unknown_fields(source)
     out = _protos.TrackableObjectGraph()
-    out.CopyFrom(source)  # the graph's own unknown fields, if any
-    out.ClearField("nodes")
+    if unknown:
+        out.CopyFrom(source)  # the graph's own unknown fields
+        out.ClearField("nodes")
     key_map: dict[str, str] = {}
     paths: dict[str, str] = {}
     try:
-        for old in order:
+        for i, old in enumerate(order):
             src = nodes[old]
             if src.HasField("registered_saver") and src.registered_saver.name:
                 raise UsageError(
@@ -207,51 +236,45 @@ def prune_object_graph(blob: bytes, keep_keys: Collection[str], *, keep_object_s
                     f"{decode_key(src.registered_saver.name)!r}; extracting such checkpoints is not supported"
                 )
             node = out.nodes.add()
-            node.CopyFrom(src)  # unknown fields of the object survive; the rest is rebuilt
-            for field in _REBUILT_NODE_FIELDS:
-                node.ClearField(field)
+            if unknown:
+                node.CopyFrom(src)  # unknown fields of the object survive; the rest is rebuilt
+                for field in _REBUILT_NODE_FIELDS:
+                    node.ClearField(field)
             children = ours[old].children
-            refs = kept_root_refs if old == 0 else [k for k, (cid, _) in enumerate(children) if cid in new_id]
-            for k in refs:
+            for k in kept_refs[i]:
                 child = node.children.add()
-                child.CopyFrom(src.children[k])
+                if unknown:
+                    child.CopyFrom(src.children[k])
+                    _drop_empty(child, ("local_name",))
+                elif children[k][1]:
+                    child.local_name = src.children[k].local_name
                 _set_int(child, "node_id", new_id[children[k][0]])
-                _drop_empty(child, ("local_name",))
-            attrs = kept_attrs(old)
-            if not attrs:
+            if has_values[i]:
+                node.has_checkpoint_values.value = True
+            else:  # proto3's BoolValue(false): the message present, its zero value left out
+                node.has_checkpoint_values.SetInParent()
+            if not kept_attr[i]:
                 continue
             path = path_of(old)
             prefix = "/".join(escape_local_name(p) for p in path)
-            for k in attrs:
+            for k in kept_attr[i]:
                 old_key = ours[old].attributes[k][2]
                 new_key = prefix + old_key[_object_prefix(old_key):]
                 new_attr = node.attributes.add()
-                new_attr.CopyFrom(src.attributes[k])
+                if unknown:
+                    new_attr.CopyFrom(src.attributes[k])
+                    _drop_empty(new_attr, ("name", "full_name"))
+                else:
+                    sa = src.attributes[k]
+                    if sa.name:
+                        new_attr.name = sa.name
+                    if sa.full_name:
+                        new_attr.full_name = sa.full_name
                 new_attr.checkpoint_key = encode_key(new_key)
-                _drop_empty(new_attr, ("name", "full_name"))
                 key_map[old_key] = new_key
                 paths[old_key] = "/".join(path)
     except MalformedError as e:
         raise CorruptCheckpointError(f"the object graph cannot be pruned: {e}") from None
-
-    # has_checkpoint_values: the node or something below it holds a value (one walk back
-    # from the nodes holding values, linear).
-    back: list[list[int]] = [[] for _ in out.nodes]
-    for i, n in enumerate(out.nodes):
-        for c in n.children:
-            back[c.node_id].append(i)
-    has_values = [bool(n.attributes) for n in out.nodes]
-    stack = [i for i, v in enumerate(has_values) if v]
-    while stack:
-        for q in back[stack.pop()]:
-            if not has_values[q]:
-                has_values[q] = True
-                stack.append(q)
-    for i, n in enumerate(out.nodes):
-        if has_values[i]:
-            n.has_checkpoint_values.value = True
-        else:  # proto3's BoolValue(false): the message present, its zero value left out
-            n.has_checkpoint_values.SetInParent()
 
     missing = sorted(keep_keys - set(key_map))
     if missing:
@@ -272,6 +295,15 @@ def prune_object_graph(blob: bytes, keep_keys: Collection[str], *, keep_object_s
 # TrackableObject fields prune_object_graph rebuilds (children, attributes, has_checkpoint_values)
 # or drops (slot_variables: only optimizers have them; registered_saver: refused).
 _REBUILT_NODE_FIELDS = ("children", "attributes", "slot_variables", "registered_saver", "has_checkpoint_values")
+
+
+def _has_unknown_fields(graph) -> bool:
+    """Whether a parsed graph holds fields our descriptor does not know, anywhere (one pass in
+    protobuf's C code: the size without them against the size with them)."""
+    probe = _protos.TrackableObjectGraph()
+    probe.CopyFrom(graph)
+    probe.DiscardUnknownFields()
+    return probe.ByteSize() != graph.ByteSize()
 
 
 def _drop_empty(message, fields: tuple[str, ...]) -> None:
