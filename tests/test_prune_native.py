@@ -152,7 +152,7 @@ def test_unknown_fields_survive_and_tensorflow_still_parses():
     from tensorflow.core.protobuf import trackable_object_graph_pb2  # noqa: PLC0415
 
     blob, roles = _graph_and_keys(str(FIXTURES / "run/ckpt-8"))
-    graph = _protos.TrackableObjectGraph()
+    graph = _protos.TrackableObjectGraphFull()
     graph.ParseFromString(blob)
     # field 15 (varint 7) on the root and on the 'model' node; field 9 (bytes) on the graph
     model_id = next(c.node_id for c in graph.nodes[0].children if c.local_name == b"model")
@@ -162,7 +162,7 @@ def test_unknown_fields_survive_and_tensorflow_still_parses():
     keys = {k for k, r in roles.items() if r == "model"}
     pruned = prune_object_graph(crafted, keys)
     assert pruned.blob.endswith(extra_graph)
-    out = _protos.TrackableObjectGraph()
+    out = _protos.TrackableObjectGraphFull()
     out.ParseFromString(pruned.blob)
     assert out.nodes[0].SerializeToString().endswith(extra_node)
     assert out.nodes[1].SerializeToString().endswith(extra_node)  # 'model' is the root's only child
@@ -184,7 +184,7 @@ def _varint(n: int) -> bytes:
 
 
 def _strip(blob: bytes, extra_node: bytes, extra_graph: bytes) -> bytes:
-    graph = _protos.TrackableObjectGraph()
+    graph = _protos.TrackableObjectGraphFull()
     graph.ParseFromString(blob[: -len(extra_graph)])
     nodes = [n.SerializeToString() for n in graph.nodes]
     nodes = [n[: -len(extra_node)] if n.endswith(extra_node) else n for n in nodes]
@@ -193,7 +193,7 @@ def _strip(blob: bytes, extra_node: bytes, extra_graph: bytes) -> bytes:
 
 def test_registered_saver_is_refused_and_garbage_is_corrupt():
     blob, roles = _graph_and_keys(str(FIXTURES / "run/ckpt-8"))
-    graph = _protos.TrackableObjectGraph()
+    graph = _protos.TrackableObjectGraphFull()
     graph.ParseFromString(blob)
     model_id = next(c.node_id for c in graph.nodes[0].children if c.local_name == b"model")
     graph.nodes[model_id].registered_saver.name = b"my_saver"

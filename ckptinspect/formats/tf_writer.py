@@ -125,7 +125,7 @@ def prune_object_graph(blob: bytes, keep_keys: Collection[str], *, keep_object_s
             without passing through an optimizer.
         UsageError: A kept object uses a registered saver (not supported).
     """
-    source = _protos.TrackableObjectGraph()
+    source = _protos.TrackableObjectGraphFull()
     try:
         ours = parse_object_graph(blob)  # first: it bounds the graph's size before decoding
         source.ParseFromString(blob)
@@ -221,7 +221,7 @@ def prune_object_graph(blob: bytes, keep_keys: Collection[str], *, keep_object_s
     # 5. The pruned graph. Messages are built field by field, unless the source carries fields
     # our descriptor does not know: then they are copied (and their known fields rebuilt).
     unknown = _has_unknown_fields(source)
-    out = _protos.TrackableObjectGraph()
+    out = _protos.TrackableObjectGraphFull()
     if unknown:
         out.CopyFrom(source)  # the graph's own unknown fields
         out.ClearField("nodes")
@@ -300,7 +300,7 @@ _REBUILT_NODE_FIELDS = ("children", "attributes", "slot_variables", "registered_
 def _has_unknown_fields(graph) -> bool:
     """Whether a parsed graph holds fields our descriptor does not know, anywhere (one pass in
     protobuf's C code: the size without them against the size with them)."""
-    probe = _protos.TrackableObjectGraph()
+    probe = _protos.TrackableObjectGraphFull()
     probe.CopyFrom(graph)
     probe.DiscardUnknownFields()
     return probe.ByteSize() != graph.ByteSize()
