@@ -187,7 +187,8 @@ def extract(
         max_shard_bytes: TF output: bytes per data shard, filled in turn (a bigger tensor gets
             its own shard). Default: one data file; 0 puts every tensor (or slice) in its own.
             Memory does not depend on it: tensors are copied or streamed.
-        progress: Called as ``progress(done, total, variable)`` after each kept tensor.
+        progress: Called as ``progress(done, total, variable)`` for each kept tensor (TF output:
+            as it is planned, before the data is copied in one pass).
         optimizer_pattern: Regex of names (or keys) that are optimizer state although no rule
             knows them (see :func:`ckptinspect.ops.roles.mark_optimizer`): they are stripped too.
         mapping: ``.weights.h5`` through ``builder`` from a source paired by name (PyTorch,
