@@ -437,6 +437,11 @@ def evaluate_targets(results: dict[str, dict[str, Any]], s: c.CheckpointSet, flo
             limit = floor_peak + 3 * point["largest_tensor_bytes"]
             add(f"diff peak <= baseline + 3x largest tensor ({point['size_mb']} MB, scale series)",
                 f"{mib(m.peak)} MiB vs limit {mib(limit)} MiB", m.peak <= limit)
+    e, t = med(results, "extract", "ckptinspect extract"), med(results, "extract", "rebuild + restore + Checkpoint(model).write")
+    add(f"extract >= 10x faster than rebuild + restore + Checkpoint(model).write ({s.layout.size_mb} MB, issue 14)",
+        f"{t.median / e.median:.1f}x ({e.median:.3f} s vs {t.median:.3f} s)" if e and t else None,
+        t.median >= 10 * e.median if e and t else None)
+    add("extract peak memory < 150 MiB (issue 14)", f"{mib(e.peak)} MiB" if e else None, e.peak < 150 * MIB if e else None)
     for p in ("verify", "verify-sharded"):
         v, t = med(results, p, "ckptinspect verify"), med(results, p, "TF: get_tensor of every key")
         add(f"verify at least as fast as reading every tensor through TF ({p})",

@@ -381,7 +381,7 @@ def extract_command(
     transpose_dense: bool = typer.Option(False, "--transpose-dense", help=".weights.h5 with --builder: " + TRANSPOSE_DENSE_HELP),
     conv_layout: str = typer.Option("hwio", "--conv-layout", metavar="[hwio|oihw]", help=".weights.h5 with --builder: " + CONV_LAYOUT_HELP),
     keep_metadata: bool = typer.Option(False, "--keep-metadata", help="Also keep step counters, save_counter, TF1 global_step."),
-    max_shard_size: Optional[str] = typer.Option(None, "--max-shard-size", metavar="SIZE", help="TF output: bytes per data shard (e.g. 256MiB), which bounds memory. Default: the largest tensor, at least 64MiB; 0: one tensor per shard."),
+    max_shard_size: Optional[str] = typer.Option(None, "--max-shard-size", metavar="SIZE", help="TF output: bytes per data shard (e.g. 256MiB), filled in turn. Default: one data file; 0: one tensor (or slice) per shard."),
     force: bool = typer.Option(False, "--force", help="Replace an earlier output of the same kind (nothing else)."),
     optimizer_pattern: Optional[str] = OptimizerPatternOption,
     report_format: OutputFormat = typer.Option(OutputFormat.table, "--report", metavar="[table|json|csv]", help="Report as table, json or csv (one row per variable).", case_sensitive=False),

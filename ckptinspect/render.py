@@ -785,7 +785,8 @@ def extract_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
         f"source:   {report.source} ({report.source_format})",
         f"output:   {report.output} ({report.output_format}{shards})",
         f"files:    {', '.join(report.files)}",
-        f"check:    {report.verified} kept tensor{'s' if report.verified != 1 else ''} read back bit-identical",
+        f"check:    {report.verified} kept tensor{'s' if report.verified != 1 else ''} read back bit-identical"
+        + (f" ({report.copied} copied byte for byte)" if getattr(report, "copied", 0) else ""),
     ]
     if report.object_graph:
         g = report.object_graph

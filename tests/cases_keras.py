@@ -225,7 +225,9 @@ def npz_bad_crc(d: pathlib.Path) -> pathlib.Path:
 # -- the cases ---------------------------------------------------------------------------------
 # {p}: the path given; {d}: the case directory; " … " separates parts that must all appear.
 BUILDER_ERROR = "Error: --builder no_such_module:build: cannot import 'no_such_module'"
-TF_OUTPUT_NEEDS_TF = "Error: {p}: a TF checkpoint output needs a TF source (this is "
+# extract to a TF prefix: a name-based bundle from any source (what it cannot hold is refused).
+TF_OUTPUT_CANNOT_HOLD = "Error: {{p}}: 'extra/vars/0' has dtype {dtype}, which a TF bundle cannot hold"
+TF_OUTPUT_WRITTEN = (0, "read back bit-identical … name-based TF bundle")
 
 
 def _opens(dtype: str, **extra: tuple[int, str]) -> dict[str, tuple[int, str]]:
@@ -235,7 +237,7 @@ def _opens(dtype: str, **extra: tuple[int, str]) -> dict[str, tuple[int, str]]:
         "ls-stats": (0, f"extra/vars/0 … {dtype}"),
         "verify": (0, "verdict: INTACT: 1 of 1 checkpoint whole, 25 tensors"),
         "diff": (1, "extra/vars/0 … removed"),
-        "extract": (2, TF_OUTPUT_NEEDS_TF + "keras-weights-h5)"),
+        "extract": (2, TF_OUTPUT_CANNOT_HOLD.format(dtype=dtype)),
         "transplant": (2, BUILDER_ERROR),
         **extra,
     }
@@ -264,7 +266,7 @@ CASES = [
         "ls-stats": (0, UNALLOCATED_WARNING + UNALLOCATED_KEY),
         "verify": (1, "verdict: DAMAGED … first:   big/vars/0 in {p}: … " + UNALLOCATED_BIG + " … unallocated"),
         "diff": (1, "big/vars/0 … removed"),
-        "extract": (2, TF_OUTPUT_NEEDS_TF + "keras-weights-h5)"),
+        "extract": (2, "Error: {p}: " + UNALLOCATED_BIG),
         "transplant": (2, BUILDER_ERROR),
     }),
     Case("h5-unallocated-legacy-kernel", h5_unallocated_contiguous_legacy, {
@@ -275,7 +277,7 @@ CASES = [
                       " as its fill value 0.5"),
         # Compared as what Keras would load: every element 0.5.
         "diff": (1, "head/kernel … changed … 64/64"),
-        "extract": (2, TF_OUTPUT_NEEDS_TF + "keras-h5)"),
+        "extract": (2, "Error: {p}: dataset 'model_weights/head/head/kernel' is declared but unallocated"),
         "transplant": (2, BUILDER_ERROR),
     }),
     Case("keras-duplicate-config", keras_duplicate_config, _refused(
@@ -292,7 +294,7 @@ CASES = [
         "ls-stats": (0, UNALLOCATED_WARNING + UNALLOCATED_KEY),
         "verify": (1, "verdict: DAMAGED … {p}/model.weights.h5: " + UNALLOCATED_BIG),
         "diff": (1, "big/vars/0 … removed"),
-        "extract": (2, TF_OUTPUT_NEEDS_TF + "keras-zip)"),
+        "extract": (2, "Error: {p}/model.weights.h5: " + UNALLOCATED_BIG),
         "transplant": (2, BUILDER_ERROR),
     }),
     Case("npz-from-extract", npz_from_extract, {
@@ -300,7 +302,7 @@ CASES = [
         "ls-stats": (0, "format:  npz … encoder/enc_dense/kernel"),
         "verify": (0, "verdict: INTACT: 1 of 1 checkpoint whole, 10 tensors"),
         "diff": (1, "added"),  # the npz holds the model's weights, RUN its optimizer state too
-        "extract": (2, TF_OUTPUT_NEEDS_TF + "npz)"),
+        "extract": TF_OUTPUT_WRITTEN,
         "transplant": (2, BUILDER_ERROR),
     }),
     Case("npz-pickled-object-array", npz_pickled, _refused(
@@ -317,7 +319,7 @@ CASES = [
         "ls-stats": (2, "Error: {p}: cannot read array 'kernel': Bad CRC-32 for file 'kernel.npy'"),
         "verify": (1, "verdict: DAMAGED … first:   kernel.npy in {p}: archive member does not read: Bad CRC-32"),
         "diff": (1, "kernel"),
-        "extract": (2, TF_OUTPUT_NEEDS_TF + "npz)"),
+        "extract": (2, "Error: {p}: cannot read array 'kernel': Bad CRC-32 for file 'kernel.npy'"),
         "transplant": (2, BUILDER_ERROR),
     }),
 ]

@@ -122,19 +122,19 @@ CASES = [
         "ls": (0, '=HYPERLINK("http:evil")\\x1b[2J/vars/0 … @SUM(1+1)\\r\\nrow/vars/1'),
         "verify": (0, "verdict: INTACT"),
         "diff": (1, "@SUM(1+1)\\r\\nrow"),
-        "extract": (2, "Error: {p}: a TF checkpoint output needs a TF source"),
+        "extract": (0, "read back bit-identical … name-based TF bundle"),
     }),
     Case("keras-h5-names-with-escapes", keras_h5_with_escapes, {
         "ls": (0, '=HYPERLINK("http:evil")\\x1b[2J/kernel … @SUM(1+1)\\r\\nrow/bias'),
         "verify": (0, "verdict: INTACT"),
         "diff": (1, "@SUM(1+1)\\r\\nrow"),
-        "extract": (2, "Error: {p}: a TF checkpoint output needs a TF source"),
+        "extract": (0, "read back bit-identical … name-based TF bundle"),
     }),
     Case("keras-zip-names-with-escapes", keras_zip_with_escapes, {
         "ls": (0, '=HYPERLINK("http:evil")\\x1b[2J/kernel … @SUM(1+1)\\r\\nrow/bias'),
         "verify": (0, "verdict: INTACT"),
         "diff": (1, "@SUM(1+1)\\r\\nrow"),
-        "extract": (2, "Error: {p}: a TF checkpoint output needs a TF source"),
+        "extract": (0, "read back bit-identical … name-based TF bundle"),
     }),
     Case("file-name-with-escapes", file_name_with_escapes, {
         "ls": (0, f"path:    {{d}}/{ESC_FILE}"),

@@ -215,7 +215,8 @@ BASE_CASES = [
         "ls-stats": (2, "Error: {p}: cannot read ' … ': Read less bytes than requested"),
         "verify": (1, "{p}.data-00002-of-00005: truncated: 300 bytes, the index needs 976"),
         "diff": (2, "Error: {p}: cannot read"),
-        "extract": (2, "Error: {p}: cannot read"),
+        # a copied slice: the writer sees the shard end before the bytes it needs
+        "extract": (2, "Error: {p}.data-00002-of-00005: truncated: ' … ' needs bytes 0..448, the file has 300"),
     }),
     Case("flipped-bit", flipped_bit, {
         "ls": (0, ""),
@@ -223,7 +224,8 @@ BASE_CASES = [
         "ls-stats": (2, f"Error: {{p}}.data-00000-of-00001: '{FLIPPED_KEY}': checksum does not match: the bytes have crc32c 0x"),
         "verify": (1, "first:   encoder/enc_dense/kernel in {p}.data-00000-of-00001: checksum does not match: the bytes have crc32c 0x … the index records 0x … (stored masked as TensorFlow does: 0x"),
         "diff": (2, f"Error: {{p}}.data-00000-of-00001: '{FLIPPED_KEY}': checksum does not match: the bytes have crc32c 0x"),
-        "extract": (2, f"Error: {{p}}: cannot read '{FLIPPED_KEY}': … TensorBundle at {{p}} shard 0 (512 bytes): Checksum does not match"),
+        # copied bytes are checked against the crc32c the source records before the output is kept
+        "extract": (2, f"Error: {{p}}.data-00000-of-00001: '{FLIPPED_KEY}': checksum does not match: the bytes have crc32c 0x"),
     }),
     Case("state-names-deleted", state_names_deleted, {
         "ls": (0, "path:    {p}/ckpt-6 … {p}/ckpt-8  8 … MISSING"),

@@ -225,11 +225,20 @@ def test_fresh_mirrored_training_checkpoint_extracts_and_restores(fresh_run, tmp
 
 
 def test_sharded_sliced_source_one_tensor_per_shard(src, tmp_path):
+    """max_shard_bytes=0: every stored run (a tensor, each slice of a sliced one, the object
+    graph) in a data file of its own; the source's slices are kept as they are stored."""
     out = tmp_path / "m"
     report = ckptinspect.extract(str(src["sharded"]), str(out), max_shard_bytes=0)
-    kept = report.kept["all"]["count"]
-    assert report.num_shards == kept
-    assert len(list(tmp_path.glob("m.data-*"))) == kept
+    with ckptinspect.open(str(src["sharded"])) as source:
+        kept = [source[v.key] for v in report.variables if v.kept]
+        runs = sum(max(1, len(v.slices)) for v in kept)
+        sliced = {v.name: len(v.slices) for v in kept if v.slices}
+    assert len(sliced) == 2 and runs == len(kept) + 2 == report.kept["all"]["count"] + 2
+    assert report.num_shards == runs + 1
+    assert len(list(tmp_path.glob("m.data-*"))) == runs + 1
+    with ckptinspect.open(str(out)) as written:
+        assert {v.name: len(v.slices) for v in written.variables if v.slices} == sliced
+    assert report.copied == len(kept) and report.copied_bytes == report.kept["all"]["nbytes"]
     fresh = trainer.build_model(seed=4)
     tf.train.Checkpoint(model=fresh).read(str(out)).assert_consumed()
     assert_weights_equal(fresh, restored_reference(src["sharded"]))

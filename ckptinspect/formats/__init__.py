@@ -88,6 +88,7 @@ __all__ = [
     "write_bundle_native",
     "save_bundle_native",
     "copy_tensor",
+    "compare_copy",
     # writing safetensors (extract)
     "write_safetensors",
     # editing TF2 object graphs without TensorFlow (rewrite)
@@ -515,7 +516,7 @@ _WRITER_NAMES = ("BundleTensor", "write_bundle", "object_graph_tensor", "prune_o
 
 
 _NATIVE_WRITER_NAMES = ("OutputTensor", "TensorData", "StoredBytes", "WriteSummary", "write_bundle_native",
-                        "save_bundle_native", "copy_tensor")
+                        "save_bundle_native", "copy_tensor", "compare_copy")
 
 _GRAPH_EDIT_NAMES = ("GraphEdit", "EditedGraph", "edit_object_graph", "escape_path", "unescape_path")
 

@@ -44,6 +44,7 @@ import numpy as np
 from .. import model as m
 from ..errors import CorruptCheckpointError, OutputExistsError, UsageError
 from ._lazymod import lazy_import
+from . import _fs
 from ._crc import crc32c_module, mask
 from ._layout import INDEX_SUFFIX, data_path
 from ._ordered_code import encode_tensor_name_slice
@@ -63,6 +64,7 @@ __all__ = [
     "write_bundle_native",
     "save_bundle_native",
     "copy_tensor",
+    "compare_copy",
     "encode_string_tensor",
 ]
 
@@ -555,10 +557,7 @@ class _Writer:
     def _source(self, path: str) -> int:
         fd = self._sources.get(path)
         if fd is None:
-            try:
-                fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0))
-            except FileNotFoundError:
-                raise CorruptCheckpointError(f"{path}: data shard is missing") from None
+            fd = _open_source(path)
             self._sources[path] = fd
         return fd
 
@@ -650,6 +649,69 @@ class _Writer:
         if data.blocks is not None:
             return self.write_blocks(out, run)
         raise UsageError(f"{run.label}: no value")  # pragma: no cover - TensorData is built by its constructors
+
+
+def _open_source(path: str) -> int:
+    """A source data file opened for reading: a regular file only (``O_NONBLOCK``: a FIFO
+    cannot block the open; ``fstat`` on the open descriptor refuses it and devices)."""
+    if not os.path.lexists(path):
+        raise CorruptCheckpointError(f"{path}: data shard is missing")
+    with _fs.open_binary(path) as f:
+        return os.dup(f.fileno())
+
+
+def compare_copy(path: str, offset: int, stored: StoredBytes, dtype: str, shape: Sequence[int], label: str) -> bool:
+    """Whether the bytes at ``offset`` of ``path`` (a copy written by :func:`write_bundle_native`)
+    are ``stored``'s bytes, read chunk by chunk from both files; the source's bytes are also
+    checked against the crc32c its index records (a copy reuses it, so damage in the source
+    would otherwise pass on silently).
+
+    Args:
+        path: The written data file.
+        offset: Where the copy starts in it.
+        stored: The source run it was copied from.
+        dtype: The run's dtype (strings and variants have their own checksum layouts).
+        shape: The run's shape.
+        label: The key (and slice) for messages.
+
+    Returns:
+        True when the bytes are identical.
+
+    Raises:
+        CorruptCheckpointError: A file is missing, not regular or truncated, or the source's
+            bytes do not match their recorded crc32c.
+    """
+    fa, fb = _open_source(path), _open_source(stored.path)
+    try:
+        if dtype in VARIABLE_LENGTH_DTYPES:
+            a, b = _pread_all(fa, offset, stored.size, path), _pread_all(fb, stored.offset, stored.size, stored.path)
+            try:
+                crc = tensor_crc32c(dtype, tuple(shape), b)
+            except MalformedError as e:
+                raise CorruptCheckpointError(f"{stored.path}: {label!r}: {dtype} tensor does not decode: {e}") from None
+            same = a == b
+        else:
+            crc32c, crc, same, done = crc32c_module(), 0, True, 0
+            while done < stored.size:
+                n = min(COPY_CHUNK_BYTES, stored.size - done)
+                a, b = _pread_all(fa, offset + done, n, path), _pread_all(fb, stored.offset + done, n, stored.path)
+                crc = crc32c.extend(crc, b)
+                same = same and a == b
+                done += n
+            crc = mask(crc)
+        if crc != (stored.crc32c or 0):
+            raise CorruptCheckpointError(f"{stored.path}: {label!r}: {crc_mismatch(stored.crc32c or 0, crc)}")
+        return same
+    finally:
+        os.close(fa)
+        os.close(fb)
+
+
+def _pread_all(fd: int, offset: int, size: int, path: str) -> bytes:
+    data = os.pread(fd, size, offset)
+    if len(data) != size:
+        raise CorruptCheckpointError(f"{path}: truncated: ended while reading bytes {offset}..{offset + size}")
+    return data
 
 
 def _fsync_directory(directory: str) -> None:

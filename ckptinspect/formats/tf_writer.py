@@ -9,7 +9,8 @@ at most ``max_shard_bytes`` (a bigger tensor is a group of its own), and each gr
 data shard: memory stays about one shard, not the model. By default a shard holds as much as
 the largest tensor (at least :data:`MIN_SHARD_BYTES`), so memory stays about one tensor.
 
-:func:`prune_object_graph` takes a serialized ``TrackableObjectGraph`` and keeps the part a
+:func:`prune_object_graph` (no TensorFlow: our own descriptor, TensorFlow's bytes) takes a serialized
+``TrackableObjectGraph`` and keeps the part a
 model restore needs: the objects the root reaches without passing through an optimizer, and,
 among the root's children, only those that still hold a kept value. Every kept value is
 re-keyed by its path in the pruned graph (``model/<path>/.ATTRIBUTES/VARIABLE_VALUE``), which is
@@ -28,8 +29,8 @@ import numpy as np
 from .. import model as m
 from ..errors import CheckpointNotFoundError, CkptError, CorruptCheckpointError, UsageError
 from .._tf import import_tf
-from . import _fs
-from ._layout import INDEX_SUFFIX
+from . import _fs, _protos
+from ._layout import INDEX_SUFFIX, decode_key
 from ._wire import MalformedError
 from .tf_bundle import (
     OBJECT_GRAPH_KEY,
@@ -102,7 +103,13 @@ def _object_prefix(key: str) -> int:
 
 
 def prune_object_graph(blob: bytes, keep_keys: Collection[str], *, keep_object_state: bool = True) -> PrunedGraph:
-    """Prune a TF2 object graph to the model's part and re-key what it keeps.
+    """Prune a TF2 object graph to the model's part and re-key what it keeps, without TensorFlow.
+
+    The graph is parsed and re-serialised through ckptinspect's own descriptor
+    (:mod:`._protos`); the result is byte for byte what TensorFlow's own
+    ``trackable_object_graph_pb2`` gives for the same edits (proto3: zero values left out, an
+    empty ``has_checkpoint_values`` message for False). Fields the descriptor does not know
+    (of the graph, a kept object, a reference or an attribute) are carried over unchanged.
 
     Args:
         blob: The serialized ``TrackableObjectGraph`` (the ``_CHECKPOINTABLE_OBJECT_GRAPH`` value).
@@ -118,14 +125,11 @@ def prune_object_graph(blob: bytes, keep_keys: Collection[str], *, keep_object_s
             without passing through an optimizer.
         UsageError: A kept object uses a registered saver (not supported).
     """
-    tf = import_tf()  # noqa: F841 - the protobuf module below ships with TensorFlow
-    from tensorflow.core.protobuf import trackable_object_graph_pb2  # noqa: PLC0415
-
-    source = trackable_object_graph_pb2.TrackableObjectGraph()
+    source = _protos.TrackableObjectGraphFull()
     try:
         ours = parse_object_graph(blob)  # first: it bounds the graph's size before decoding
         source.ParseFromString(blob)
-    except Exception as e:  # noqa: BLE001 - MalformedError, or protobuf's DecodeError (no stable home)
+    except (MalformedError, _protos.DecodeError) as e:
         raise CorruptCheckpointError(f"the object graph does not parse: {e}") from None
     nodes = source.nodes
     if not nodes:
@@ -134,15 +138,19 @@ def prune_object_graph(blob: bytes, keep_keys: Collection[str], *, keep_object_s
     keep_keys = set(keep_keys)
 
     # 1. Objects the root reaches without entering an optimizer (parent pointers: linear).
-    reach, local = walk(ours, lambda i: True, lambda i: not optimizer[i])
+    reach, _ = walk(ours, lambda i: True, lambda i: not optimizer[i])
     reached = [p != -2 for p in reach]
 
-    def kept_attrs(i: int) -> list:
+    def attrs_kept(i: int) -> list[int]:
+        """Positions of the attributes of node ``i`` that are kept."""
         return [
-            a
-            for a in nodes[i].attributes
-            if a.checkpoint_key in keep_keys or (keep_object_state and i != 0 and a.name != VARIABLE_VALUE)
+            k
+            for k, (name, _, key) in enumerate(ours[i].attributes)
+            if key in keep_keys or (keep_object_state and i != 0 and name != VARIABLE_VALUE)
         ]
+
+    empty: list[int] = []
+    kept_of = [attrs_kept(i) if reached[i] and ours[i].attributes else empty for i in range(len(ours))]
 
     # 2. Among the root's children, only those whose part holds a kept value: one walk back
     # from every object holding one, along reached edges that do not pass through the root.
@@ -153,7 +161,7 @@ def prune_object_graph(blob: bytes, keep_keys: Collection[str], *, keep_object_s
                 if cid != 0 and reached[cid]:
                     parents[cid].append(i)
     holds = [False] * len(ours)
-    stack = [i for i in range(1, len(ours)) if reached[i] and kept_attrs(i)]
+    stack = [i for i in range(1, len(ours)) if kept_of[i]]
     for i in stack:
         holds[i] = True
     while stack:
@@ -162,8 +170,9 @@ def prune_object_graph(blob: bytes, keep_keys: Collection[str], *, keep_object_s
                 holds[q] = True
                 stack.append(q)
     del parents
-    root_refs = [ref for ref in nodes[0].children if reached[ref.node_id] and ref.node_id != 0]
-    kept_root_refs = [ref for ref in root_refs if holds[ref.node_id]]
+    # Child edges kept per node, as positions in its children list.
+    root_refs = [k for k, (cid, _) in enumerate(ours[0].children) if reached[cid] and cid != 0]
+    kept_root_refs = [k for k in root_refs if holds[ours[0].children[k][0]]]
 
     # 3. Breadth-first from the root over the kept part: new ids and TensorFlow's paths, kept
     # as parent pointers (a path is built only for an object that keeps attributes).
@@ -175,62 +184,97 @@ def prune_object_graph(blob: bytes, keep_keys: Collection[str], *, keep_object_s
     queue = collections.deque([0])
     while queue:
         i = queue.popleft()
-        refs = kept_root_refs if i == 0 else [r for r in nodes[i].children if reached[r.node_id]]
-        for ref in refs:
-            if ref.node_id not in new_id:
-                new_id[ref.node_id] = len(order)
-                order.append(ref.node_id)
-                parent[ref.node_id] = i
-                name_of[ref.node_id] = ref.local_name
-                queue.append(ref.node_id)
+        children = ours[i].children
+        refs = kept_root_refs if i == 0 else [k for k, (cid, _) in enumerate(children) if reached[cid]]
+        for k in refs:
+            cid, local = children[k]
+            if cid not in new_id:
+                new_id[cid] = len(order)
+                order.append(cid)
+                parent[cid] = i
+                name_of[cid] = local
+                queue.append(cid)
     path_of = ObjectPaths(parent, name_of)
 
-    out = trackable_object_graph_pb2.TrackableObjectGraph()
-    key_map: dict[str, str] = {}
-    paths: dict[str, str] = {}
-    try:
-        for old in order:
-            src = nodes[old]
-            node = out.nodes.add()
-            if src.HasField("registered_saver") and src.registered_saver.name:
-                raise UsageError(
-                    f"object {'/'.join(path_of(old)) or '(root)'} is saved by the registered saver "
-                    f"{src.registered_saver.name!r}; extracting such checkpoints is not supported"
-                )
-            refs = kept_root_refs if old == 0 else [r for r in src.children if r.node_id in new_id]
-            for ref in refs:
-                child = node.children.add()
-                child.CopyFrom(ref)
-                child.node_id = new_id[ref.node_id]
-            attrs = kept_attrs(old)
-            if not attrs:
-                continue
-            path = path_of(old)
-            prefix = "/".join(escape_local_name(p) for p in path)
-            for attr in attrs:
-                new_attr = node.attributes.add()
-                new_attr.CopyFrom(attr)
-                new_attr.checkpoint_key = prefix + attr.checkpoint_key[_object_prefix(attr.checkpoint_key):]
-                key_map[attr.checkpoint_key] = new_attr.checkpoint_key
-                paths[attr.checkpoint_key] = "/".join(path)
-    except MalformedError as e:
-        raise CorruptCheckpointError(f"the object graph cannot be pruned: {e}") from None
-
-    # has_checkpoint_values: the node or something below it holds a value (one walk back
-    # from the nodes holding values, linear).
-    back: list[list[int]] = [[] for _ in out.nodes]
-    for i, n in enumerate(out.nodes):
-        for c in n.children:
-            back[c.node_id].append(i)
-    has_values = [bool(n.attributes) for n in out.nodes]
+    # 4. What each kept object keeps: child edges (positions, new ids) and attributes.
+    kept_refs: list[list[int]] = []
+    kept_attr: list[list[int]] = []
+    for old in order:
+        children = ours[old].children
+        kept_refs.append(kept_root_refs if old == 0 else [k for k, (cid, _) in enumerate(children) if cid in new_id])
+        kept_attr.append(kept_of[old])
+    # has_checkpoint_values: the object or something below it holds a value (one walk back
+    # from the objects holding values, linear).
+    back: list[list[int]] = [[] for _ in order]
+    for i, old in enumerate(order):
+        for k in kept_refs[i]:
+            back[new_id[ours[old].children[k][0]]].append(i)
+    has_values = [bool(attrs) for attrs in kept_attr]
     stack = [i for i, v in enumerate(has_values) if v]
     while stack:
         for q in back[stack.pop()]:
             if not has_values[q]:
                 has_values[q] = True
                 stack.append(q)
-    for i, n in enumerate(out.nodes):
-        n.has_checkpoint_values.value = has_values[i]
+    del back
+
+    # 5. The pruned graph. Messages are built field by field, unless the source carries fields
+    # our descriptor does not know: then they are copied (and their known fields rebuilt).
+    unknown = _has_unknown_fields(source)
+    out = _protos.TrackableObjectGraphFull()
+    if unknown:
+        out.CopyFrom(source)  # the graph's own unknown fields
+        out.ClearField("nodes")
+    key_map: dict[str, str] = {}
+    paths: dict[str, str] = {}
+    try:
+        for i, old in enumerate(order):
+            src = nodes[old]
+            if src.HasField("registered_saver") and src.registered_saver.name:
+                raise UsageError(
+                    f"object {'/'.join(path_of(old)) or '(root)'} is saved by the registered saver "
+                    f"{decode_key(src.registered_saver.name)!r}; extracting such checkpoints is not supported"
+                )
+            node = out.nodes.add()
+            if unknown:
+                node.CopyFrom(src)  # unknown fields of the object survive; the rest is rebuilt
+                for field in _REBUILT_NODE_FIELDS:
+                    node.ClearField(field)
+            children = ours[old].children
+            for k in kept_refs[i]:
+                child = node.children.add()
+                if unknown:
+                    child.CopyFrom(src.children[k])
+                    _drop_empty(child, ("local_name",))
+                elif children[k][1]:
+                    child.local_name = src.children[k].local_name
+                _set_int(child, "node_id", new_id[children[k][0]])
+            if has_values[i]:
+                node.has_checkpoint_values.value = True
+            else:  # proto3's BoolValue(false): the message present, its zero value left out
+                node.has_checkpoint_values.SetInParent()
+            if not kept_attr[i]:
+                continue
+            path = path_of(old)
+            prefix = "/".join(escape_local_name(p) for p in path)
+            for k in kept_attr[i]:
+                old_key = ours[old].attributes[k][2]
+                new_key = prefix + old_key[_object_prefix(old_key):]
+                new_attr = node.attributes.add()
+                if unknown:
+                    new_attr.CopyFrom(src.attributes[k])
+                    _drop_empty(new_attr, ("name", "full_name"))
+                else:
+                    sa = src.attributes[k]
+                    if sa.name:
+                        new_attr.name = sa.name
+                    if sa.full_name:
+                        new_attr.full_name = sa.full_name
+                new_attr.checkpoint_key = encode_key(new_key)
+                key_map[old_key] = new_key
+                paths[old_key] = "/".join(path)
+    except MalformedError as e:
+        raise CorruptCheckpointError(f"the object graph cannot be pruned: {e}") from None
 
     missing = sorted(keep_keys - set(key_map))
     if missing:
@@ -244,8 +288,38 @@ def prune_object_graph(blob: bytes, keep_keys: Collection[str], *, keep_object_s
         paths=paths,
         num_nodes=len(out.nodes),
         source_nodes=len(nodes),
-        root_children=tuple(r.local_name for r in kept_root_refs),
+        root_children=tuple(ours[0].children[k][1] for k in kept_root_refs),
     )
+
+
+# TrackableObject fields prune_object_graph rebuilds (children, attributes, has_checkpoint_values)
+# or drops (slot_variables: only optimizers have them; registered_saver: refused).
+_REBUILT_NODE_FIELDS = ("children", "attributes", "slot_variables", "registered_saver", "has_checkpoint_values")
+
+
+def _has_unknown_fields(graph) -> bool:
+    """Whether a parsed graph holds fields our descriptor does not know, anywhere (one pass in
+    protobuf's C code: the size without them against the size with them)."""
+    probe = _protos.TrackableObjectGraphFull()
+    probe.CopyFrom(graph)
+    probe.DiscardUnknownFields()
+    return probe.ByteSize() != graph.ByteSize()
+
+
+def _drop_empty(message, fields: tuple[str, ...]) -> None:
+    """Leave empty strings out, as proto3 serialises them (a graph written with them spelled
+    out reads the same in TensorFlow)."""
+    for field in fields:
+        if message.HasField(field) and not getattr(message, field):
+            message.ClearField(field)
+
+
+def _set_int(message, field: str, value: int) -> None:
+    """Set a proto3 scalar as TensorFlow's code would serialise it: zero is left out."""
+    if value:
+        setattr(message, field, value)
+    else:
+        message.ClearField(field)
 
 
 # -- bundle writing ------------------------------------------------------------------------

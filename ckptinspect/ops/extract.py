@@ -7,13 +7,16 @@ weights keyed ``optimizer/_trainable_variables/N/...``, and they are the model's
 
 Output formats (chosen from the output's suffix unless ``format`` says otherwise):
 
-* ``tf`` (any other suffix): a TF bundle written by TensorFlow's own SaveV2. From a TF2
+* ``tf`` (any other suffix): a TF bundle written by ckptinspect's own writer without
+  TensorFlow (see :mod:`.extract_tf`: tensors copied byte for byte from bundle sources). From a TF2
   object-based source, a TF2 checkpoint whose object graph is the source's minus the
   optimizer and the root's counters, every value re-keyed by its path through the model
   (``model/<path>/.ATTRIBUTES/VARIABLE_VALUE``), so ``tf.train.Checkpoint(model=fresh_model)
   .read(OUT).assert_consumed()`` passes. From a TF1 name-based source, a name-based bundle
   with the same keys minus the optimizer's slots. A SavedModel source gives a checkpoint of
-  its variables with the SavedModel's root as root.
+  its variables with the SavedModel's root as root. A ``.safetensors`` that ``extract`` wrote
+  from a TF2 checkpoint gives that TF2 checkpoint back (its ``__metadata__`` carries the object
+  graph and keys); any other source gives a name-based bundle keyed by the variables' names.
 * ``weights-h5`` (``.weights.h5``): a Keras 3 weights file. Its positional layout is defined by
   the model's Python structure, which a TF checkpoint does not record, so from a TF2
   checkpoint it needs ``builder`` (a function building the same architecture): every weight of
@@ -52,12 +55,12 @@ from .layouts import CONV_HWIO, Layout
 from .mapping import RulesLike, parse_mapping
 from .roles import mark_optimizer, optimizer_regex
 from .extract_report import ExtractedVariable, ExtractReport
+from .extract_tf import tf_metadata, write_tf
 from .extract_writers import (
     TF_SOURCE_FORMATS,
     write_h5_copy,
     write_npz,
     write_safetensors_output,
-    write_tf,
     write_weights_from_builder,
 )
 
@@ -174,17 +177,18 @@ def extract(
 
     Args:
         src: Any checkpoint :func:`ckptinspect.open` accepts.
-        out: The output: a TF prefix, or a ``.weights.h5`` / ``.h5`` / ``.npz`` file.
-        format: ``tf``, ``weights-h5``, ``h5`` or ``npz``; default from ``out``'s suffix.
+        out: The output: a TF prefix, or a ``.weights.h5`` / ``.h5`` / ``.npz`` / ``.safetensors`` file.
+        format: ``tf``, ``weights-h5``, ``h5``, ``npz`` or ``safetensors``; default from ``out``'s suffix.
         force: Replace an existing output.
         keep: Roles to keep: ``model`` (always) and optionally ``metadata`` (step counters,
             ``save_counter``, TF1 ``global_step``). Optimizer state is never kept.
         builder: For a ``.weights.h5`` output from a TF2 checkpoint: a function (or
             ``"module:function"``) returning the built Keras 3 model of the same architecture.
-        max_shard_bytes: TF output: bytes per data shard, which bounds memory. Default: the
-            largest kept tensor (at least 64 MiB), so memory stays about one tensor; a bigger
-            tensor gets its own shard; 0 puts every tensor in its own shard.
-        progress: Called as ``progress(done, total, variable)`` after each kept tensor.
+        max_shard_bytes: TF output: bytes per data shard, filled in turn (a bigger tensor gets
+            its own shard). Default: one data file; 0 puts every tensor (or slice) in its own.
+            Memory does not depend on it: tensors are copied or streamed.
+        progress: Called as ``progress(done, total, variable)`` for each kept tensor (TF output:
+            as it is planned, before the data is copied in one pass).
         optimizer_pattern: Regex of names (or keys) that are optimizer state although no rule
             knows them (see :func:`ckptinspect.ops.roles.mark_optimizer`): they are stripped too.
         mapping: ``.weights.h5`` through ``builder`` from a source paired by name (PyTorch,
@@ -229,14 +233,13 @@ def extract(
         source_bytes = _size(_source_files(ckpt))
         object_graph = None
         num_shards = 1
+        copied = copied_bytes = 0
         if fmt == FORMAT_TF:
-            if ckpt.format not in TF_SOURCE_FORMATS:
-                raise UsageError(
-                    f"{ckpt.path}: a TF checkpoint output needs a TF source (this is {ckpt.format}); "
-                    "use a .h5, .weights.h5 or .npz output"
-                )
             with _atomic.atomic_prefix(out, force=force, protected=protected) as tmp:
-                planned, verified, num_shards, object_graph, notes = write_tf(ckpt, tmp, keep, max_shard_bytes, progress)
+                written = write_tf(ckpt, tmp, keep, max_shard_bytes, progress)
+                planned, verified, num_shards = written.planned, written.verified, written.num_shards
+                object_graph, notes = written.object_graph, written.notes
+                copied, copied_bytes = written.copied, written.copied_bytes
                 files = [out + p[len(tmp):] for p in _atomic.prefix_files(tmp)]
                 out_bytes = _size(_atomic.prefix_files(tmp))
         else:
@@ -245,7 +248,8 @@ def extract(
                 if fmt == FORMAT_NPZ:
                     planned, verified, notes = write_npz(ckpt, tmp, keep, progress)
                 elif fmt == FORMAT_SAFETENSORS:
-                    planned, verified, notes = write_safetensors_output(ckpt, tmp, keep, progress)
+                    planned, verified, notes = write_safetensors_output(
+                        ckpt, tmp, keep, progress, lambda names: tf_metadata(ckpt, keep, names))
                 elif fmt == FORMAT_H5:
                     if ckpt.format != m.FORMAT_KERAS_H5:
                         raise UsageError(
@@ -295,6 +299,8 @@ def extract(
         seconds=time.perf_counter() - start,
         object_graph=object_graph,
         notes=tuple(notes),
+        copied=copied,
+        copied_bytes=copied_bytes,
     )
 
 

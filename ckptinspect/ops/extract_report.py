@@ -80,6 +80,9 @@ class ExtractReport:
         object_graph: For a TF2 output: source and output node counts and the kept root
             children; None otherwise.
         notes: Facts worth knowing (what the output restores into, what was left out).
+        copied: TF output: kept tensors copied byte for byte from the source's data files
+            (their crc32c reused) rather than decoded and re-encoded.
+        copied_bytes: The bytes copied so.
     """
 
     source: str
@@ -95,6 +98,8 @@ class ExtractReport:
     seconds: float = 0.0
     object_graph: dict[str, Any] | None = None
     notes: tuple[str, ...] = ()
+    copied: int = 0
+    copied_bytes: int = 0
 
     @property
     def kept(self) -> dict[str, dict[str, int]]:
@@ -128,6 +133,8 @@ class ExtractReport:
             "output_file_bytes": self.output_file_bytes,
             "saving": round(self.saving, 6),
             "verified": self.verified,
+            "copied": self.copied,
+            "copied_bytes": self.copied_bytes,
             "seconds": round(self.seconds, 3),
             "object_graph": self.object_graph,
             "notes": list(self.notes),

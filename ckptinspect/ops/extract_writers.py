@@ -1,6 +1,6 @@
 """The outputs ``extract`` writes, each read back and compared with the source, bit for bit.
 
-* :func:`write_tf`: a TF bundle through TensorFlow's SaveV2 (object graph pruned for TF2 sources);
+* the TF bundle output is in :mod:`.extract_tf` (ckptinspect's own writer);
 * :func:`write_npz`: numpy's ``savez`` layout, one array at a time;
 * :func:`write_h5_copy`: a Keras HDF5 file copied group by group without the optimizer's group;
 * :func:`write_weights_from_builder`: a Keras 3 ``.weights.h5`` through a built model.
@@ -17,14 +17,9 @@ from .. import model as m
 from .._tf import import_tf
 from ..errors import CkptError, CorruptCheckpointError, UsageError, VerificationError
 from ..formats import (
-    OBJECT_GRAPH_KEY,
-    BundleTensor,
     numpy_view,
-    object_graph_tensor,
     open_checkpoint,
-    prune_object_graph,
     restore_tensor,
-    write_bundle,
     write_safetensors,
 )
 from .compare import bit_equal
@@ -36,7 +31,6 @@ from .extract_report import ExtractedVariable
 
 __all__ = [
     "Verifier",
-    "write_tf",
     "write_npz",
     "write_safetensors_output",
     "write_h5_copy",
@@ -81,11 +75,27 @@ def source_matcher(ckpt: m.Checkpoint) -> Callable[[Any, m.Variable], bool]:
 
 
 def _value_reader(ckpt: m.Checkpoint) -> Callable[[m.Variable], np.ndarray]:
-    """Reads one source value: TF sources through RestoreV2 into TensorFlow's buffer, viewed
-    without a copy; other formats through the checkpoint's own reader."""
+    """Reads one source value. TF sources: a whole numeric tensor from its data file in blocks
+    (crc-checked, no TensorFlow), anything else (strings, slices) through RestoreV2 into
+    TensorFlow's buffer, viewed without a copy; other formats through their own reader."""
     if ckpt.format not in TF_SOURCE_FORMATS:
         return ckpt.read
-    return lambda v: numpy_view(restore_tensor(ckpt.path, v.key, v.dtype))
+
+    def read(v: m.Variable) -> np.ndarray:
+        dtype = m.numpy_dtype(v.dtype)
+        if ckpt.format == m.FORMAT_TF_V1 or v.sliced or dtype is None:
+            return numpy_view(restore_tensor(ckpt.path, v.key, v.dtype))
+        out = np.empty(v.size, dtype=dtype)
+        pos = 0
+        for block in ckpt.iter_blocks(v, COMPARE_CHUNK // max(1, dtype.itemsize)):
+            flat = np.asarray(block).reshape(-1)
+            out[pos : pos + flat.size] = flat
+            pos += flat.size
+        if pos != v.size:
+            raise CorruptCheckpointError(f"{ckpt.path}: {v.key!r} holds {pos} of {v.size} values")
+        return out.reshape(v.shape)
+
+    return read
 
 
 class Verifier:
@@ -143,99 +153,6 @@ def need_object_graph(ckpt: m.Checkpoint) -> None:
         )
 
 
-def write_tf(
-    ckpt: m.Checkpoint, tmp: str, keep: tuple[str, ...], max_shard_bytes: int | None, progress: Progress | None
-) -> tuple[list[ExtractedVariable], int, int, dict[str, Any] | None, list[str]]:
-    notes: list[str] = []
-    object_graph = None
-    kept_keys = {v.key for v in ckpt.variables if v.role in keep}
-    if ckpt.info.get("kind") == "tf2-object":
-        need_object_graph(ckpt)
-        # Through RestoreV2 (a scalar string comes back as exact bytes; numpy's fixed-width
-        # bytes would drop a serialized graph's trailing NUL bytes).
-        blob = restore_tensor(ckpt.path, OBJECT_GRAPH_KEY, "string").numpy()
-        pruned = prune_object_graph(blob, kept_keys)
-        blob = pruned.blob
-        key_map = pruned.key_map
-        for v in ckpt.variables:  # the pruning and the reader agree on every model path
-            if v.role == m.ROLE_MODEL and v.graph_path is not None and pruned.paths.get(v.key) != v.graph_path:
-                raise CkptError(
-                    f"{ckpt.path}: internal disagreement on the model path of {v.key!r}: reader "
-                    f"{v.graph_path!r}, pruned graph {pruned.paths.get(v.key)!r}"
-                )
-        object_graph = {
-            "source_nodes": pruned.source_nodes,
-            "nodes": pruned.num_nodes,
-            "root_children": list(pruned.root_children),
-        }
-        if len(pruned.root_children) == 1:
-            notes.append(
-                f"restore with tf.train.Checkpoint({pruned.root_children[0]}=model).read(OUT).assert_consumed() "
-                "(compile the model after restoring: a compiled model brings optimizer variables)"
-            )
-        else:
-            shown = ", ".join(pruned.root_children[:4]) + (", ..." if len(pruned.root_children) > 4 else "")
-            notes.append(
-                f"the root is the saved object itself (children {shown}): restore into the same kind of "
-                "root, e.g. model.load_weights(OUT) for Keras 2 save_weights, or "
-                "tf.train.Checkpoint(root=obj).read(OUT)"
-            )
-    else:
-        blob = None
-        key_map = {key: key for key in kept_keys}
-        notes.append("name-based (TF1) checkpoint: restore with tf.compat.v1.train.Saver over the model's variables")
-        if ckpt.format == m.FORMAT_TF_V1:
-            notes.append("the V1 table source was rewritten as a V2 bundle (.index + .data)")
-
-    planned = [
-        ExtractedVariable(v.name, v.key, key_map.get(v.key), v.role, v.shape, v.dtype, v.nbytes)
-        for v in ckpt.variables
-    ]
-    by_key = {v.key: v for v in ckpt.variables}
-    kept = [p for p in planned if p.kept]
-    by_out = {p.output_key: by_key[p.key] for p in kept}
-    verifier = Verifier(progress, len(kept))
-
-    def tensors() -> Iterable[BundleTensor]:
-        if blob is not None:
-            yield object_graph_tensor(blob)
-        for p in kept:
-            var = by_key[p.key]
-            yield BundleTensor(
-                key=p.output_key,
-                read=lambda var=var: restore_tensor(ckpt.path, var.key, var.dtype),
-                nbytes=var.nbytes,
-                slices=var.slices,
-            )
-
-    def on_value(t: BundleTensor, value: np.ndarray) -> None:
-        if t.key == OBJECT_GRAPH_KEY:
-            return
-        verifier.record(t.key, by_out[t.key])
-
-    num_shards = write_bundle(tmp, list(tensors()), max_shard_bytes=max_shard_bytes, on_value=on_value)
-
-    # Read back: the keys (from the written index: TensorFlow's key listing cannot return keys
-    # that are not UTF-8), every value and the object graph (through TensorFlow), and the roles
-    # our reader gives.
-    with open_checkpoint(tmp) as written:
-        keys = {v.key for v in written.variables}
-        if blob is not None:
-            if "object_graph" not in written.info or restore_tensor(tmp, OBJECT_GRAPH_KEY, "string").numpy() != blob:
-                raise VerificationError(f"{tmp}: read-back check failed: the object graph was not written as built")
-        dtypes = {p.output_key: p.dtype for p in kept}
-        verified = verifier.check(
-            tmp,
-            keys,
-            lambda k: numpy_view(restore_tensor(tmp, k, dtypes[k])),
-            source_matcher(ckpt),
-        )
-        for v in written.variables:
-            if by_out[v.key].role == m.ROLE_MODEL and v.role != m.ROLE_MODEL:
-                raise VerificationError(f"{tmp}: read-back check failed: {v.key!r} is no longer a model variable")
-    return planned, verified, num_shards, object_graph, notes
-
-
 # -- npz output ----------------------------------------------------------------------------
 def _npz_name(ckpt: m.Checkpoint, v: m.Variable) -> str:
     """The readable name; a ``torch.save`` training dict's variables by their state_dict key
@@ -285,10 +202,15 @@ def _state_dict_name(ckpt: m.Checkpoint, v: m.Variable) -> str:
 
 
 def write_safetensors_output(
-    ckpt: m.Checkpoint, tmp: str, keep: tuple[str, ...], progress: Progress | None
+    ckpt: m.Checkpoint,
+    tmp: str,
+    keep: tuple[str, ...],
+    progress: Progress | None,
+    extra_metadata: Callable[[dict[str, str]], dict[str, str]] | None = None,
 ) -> tuple[list[ExtractedVariable], int, list[str]]:
-    """The kept variables as one safetensors file, ``__metadata__`` ``{source, step, format: pt}``,
-    read back through ckptinspect's safetensors reader and compared bit for bit."""
+    """The kept variables as one safetensors file, ``__metadata__`` ``{source, step, format: pt}``
+    (plus what ``extra_metadata(names)`` returns for the source key -> tensor name map), read
+    back through ckptinspect's safetensors reader and compared bit for bit."""
     kept_vars = [v for v in ckpt.variables if v.role in keep]
     names: dict[str, str] = {}
     for v in kept_vars:
@@ -306,6 +228,8 @@ def write_safetensors_output(
     metadata = {"source": ckpt.path, "format": "pt"}
     if ckpt.step is not None:
         metadata["step"] = str(ckpt.step)
+    extra = extra_metadata(names) if extra_metadata is not None else {}
+    metadata.update(extra)
 
     def reader(v: m.Variable) -> Callable[[], np.ndarray]:
         def go() -> np.ndarray:
@@ -319,7 +243,11 @@ def write_safetensors_output(
         if written.format != SAFETENSORS_FORMAT or written.info.get("metadata") != metadata or written.step != ckpt.step:
             raise VerificationError(f"{tmp}: read-back check failed: the safetensors header is not what was written")
         verified = verifier.check(tmp, written.keys(), written.read, source_matcher(ckpt))
-    return planned, verified, ["safetensors: load with safetensors' load_file(OUT); keys are the readable names"]
+    notes = ["safetensors: load with safetensors' load_file(OUT); keys are the readable names"]
+    if extra:
+        notes.append("the TF object graph and checkpoint keys are in __metadata__: `ckptinspect extract OUT -o PREFIX`"
+                     " writes the TF2 checkpoint back")
+    return planned, verified, notes
 
 
 # -- HDF5 outputs --------------------------------------------------------------------------
