@@ -886,12 +886,15 @@ def average_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
     header = [f"inputs:   {len(report.inputs)}, {method} in float64, oldest first"]
     for i in report.inputs:
         step = "step ?" if i.step is None else f"step {i.step}"
-        header.append(f"          {i.path} ({step}){'  newest: integers, strings, metadata, graph' if i.newest else ''}")
+        header.append(f"          {i.path} ({step}){'  <- newest: integers, strings, metadata, object graph' if i.newest else ''}")
     header += [
         f"output:   {report.output} ({report.num_shards} data shard{'s' if report.num_shards != 1 else ''}"
         + (", model variables only" if report.role else "") + ")",
         f"check:    {report.verified} tensor{'s' if report.verified != 1 else ''} read back as computed",
     ]
+    if report.object_graph and report.object_graph.get("pruned"):
+        g = report.object_graph
+        header.append(f"graph:    {g['source_nodes']} -> {g['nodes']} objects, root keeps: {', '.join(g['root_children'])}")
     footer = ["", f"on disk:  {human_bytes(report.input_file_bytes)} read, {human_bytes(report.output_file_bytes)} written"]
     footer += [f"note:     {n}" for n in report.notes]
     if fmt == OutputFormat.table:

@@ -297,7 +297,8 @@ class _Plan:
             return {v.key: v.key for v in kept}
         if self.role is None:
             self.blob = blob
-            self.object_graph = {"pruned": False, "nodes": None, "source_nodes": None}
+            nodes = (newest.info.get("object_graph") or {}).get("nodes")
+            self.object_graph = {"pruned": False, "nodes": nodes, "source_nodes": nodes}
             self.notes.append("the newest's object graph kept byte for byte: restore into the same objects as the inputs")
             return {v.key: v.key for v in kept}
         from ..formats import prune_object_graph  # noqa: PLC0415 - imports TensorFlow (for now)
