@@ -307,17 +307,23 @@ def test_half_precision_and_scalars_equal_numpy(tmp_path):
 @pytest.mark.parametrize("count", [1, 2, 3, 9, 12])
 def test_combiner_blocks_equal_numpy_for_any_block_split(dtype, count):
     rng = np.random.default_rng(count)
-    for shape in [(), (1,), (2,), (7,), (4, 5)]:
+    for shape in [(), (1,), (2,), (7,), (4, 5), (70001,)]:  # the last: two chunks of the combiner
         xs = [(rng.normal(size=shape) * 10.0 ** rng.integers(-3, 4)).astype(dtype) for _ in range(count)]
         xs[0].reshape(-1)[:1] = -0.0
         want = numpy_mean(xs)
         size = want.size
-        for block in (1, 2, 3, 64):
+        for block in (1, 2, 3, 64) if size < 100 else (size, 40000):
             combiner = _Combiner(count, None)
             flat = [x.reshape(-1) for x in xs]
             parts = [combiner.combine([f[i : i + block] for f in flat], np.dtype(dtype), size)
                      for i in range(0, size, block)]
             assert same_bits(np.concatenate(parts).reshape(shape), want), (shape, block)
+        e = xs[0].astype(np.float64)
+        for x in xs[1:]:
+            e = 0.9 * e + (1 - 0.9) * x.astype(np.float64)
+        ema = _Combiner(count, 0.9)
+        got = ema.combine([x.reshape(-1) for x in xs], np.dtype(dtype), e.size)
+        assert same_bits(got.reshape(shape), e.astype(dtype)), shape
 
 
 def test_average_does_not_import_tensorflow(run, tmp_path):

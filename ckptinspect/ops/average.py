@@ -78,6 +78,7 @@ from .average_report import (
 __all__ = ["average", "AverageReport", "AverageInput", "AveragedVariable", "averaged_dtype"]
 
 BLOCK_ELEMENTS = 1 << 20  # elements per block read from each input (and written)
+CHUNK_ELEMENTS = 1 << 16  # elements combined at a time: the float64 buffers stay in the CPU cache
 SPOT_ELEMENTS = 1024  # first values of every averaged tensor (and slice) compared on read-back
 MAX_LISTED = 5  # disagreements named in the error
 SOURCE_FORMATS = (m.FORMAT_TF_BUNDLE, m.FORMAT_TF_SAVEDMODEL)
@@ -191,7 +192,8 @@ class _Computed:
     def __init__(self) -> None:
         import google_crc32c  # noqa: PLC0415 - a dependency of the package (formats use it too)
 
-        self._crc = google_crc32c.Checksum()
+        self._crc32c = google_crc32c
+        self._crc = 0
         self.spot = b""
         self.done = False
 
@@ -199,12 +201,13 @@ class _Computed:
         raw = block.reshape(-1).view(np.uint8)
         if len(self.spot) < SPOT_ELEMENTS * block.itemsize:
             self.spot += raw[: SPOT_ELEMENTS * block.itemsize - len(self.spot)].tobytes()
-        self._crc.update(raw)
+        raw.flags.writeable = False  # google-crc32c reads a read-only buffer without copying it
+        self._crc = self._crc32c.extend(self._crc, raw)
 
     @property
     def crc32c(self) -> int:
         """The masked crc32c of the values computed (as TF records it)."""
-        return mask_crc32c(int.from_bytes(self._crc.digest(), "big"))
+        return mask_crc32c(self._crc)
 
 
 class _Combiner:
@@ -215,45 +218,57 @@ class _Combiner:
         self.decay = decay
         self._acc = np.empty(0, np.float64)
         self._tmp = np.empty(0, np.float64)
+        if decay is not None:
+            self.decay = float(decay)
+            self._rest = 1.0 - self.decay  # computed once, in float64
 
-    def _buffers(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        if self._acc.size < n:
-            self._acc = np.empty(n, np.float64)
-            self._tmp = np.empty(n, np.float64)
-        return self._acc[:n], self._tmp[:n]
+    def _buffers(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._acc.size == 0:
+            self._acc = np.empty(CHUNK_ELEMENTS, np.float64)
+            self._tmp = np.empty(CHUNK_ELEMENTS, np.float64)
+        return self._acc, self._tmp
+
+    @staticmethod
+    def _wide(block: np.ndarray, tmp: np.ndarray) -> np.ndarray:
+        """A block numpy adds to float64 as it is (its own float types widen inside the loop),
+        or widened explicitly (ml_dtypes' bfloat16 and float8)."""
+        return _Combiner._as_float64(block, tmp) if block.dtype.name in _ML_DTYPES else block
 
     @staticmethod
     def _as_float64(block: np.ndarray, tmp: np.ndarray) -> np.ndarray:
         if block.dtype == np.float64:
             return block
-        tmp[...] = block  # exact: every stored float type widens to float64 without rounding
-        return tmp
+        tmp[: block.size] = block  # exact: every stored float type widens to float64 without rounding
+        return tmp[: block.size]
 
     def combine(self, blocks: Sequence[np.ndarray], dtype: np.dtype, whole_size: int) -> np.ndarray:
+        """The blocks (one per input, in order) combined, rounded once to ``dtype``."""
         n = blocks[0].size
         if any(b.size != n for b in blocks):
             raise CorruptCheckpointError("the inputs' values came in blocks of different sizes")
-        acc, tmp = self._buffers(n)
-        if self.decay is None:
-            if whole_size == 1:  # one element: numpy's own reduction over the N values (pairwise from 9)
-                stacked = np.stack([np.asarray(b, dtype=np.float64).reshape(-1) for b in blocks])
-                return np.mean(stacked, axis=0).astype(dtype)
-            acc.fill(0.0)
-            for b in blocks:
-                if b.dtype.name in _ML_DTYPES:
-                    np.add(acc, self._as_float64(b, tmp), out=acc)
-                else:
-                    np.add(acc, b, out=acc, casting="safe")
-            np.true_divide(acc, self.count, out=acc)
-        else:
-            decay, rest = float(self.decay), 1.0 - float(self.decay)
-            acc[...] = self._as_float64(blocks[0], tmp)
-            for b in blocks[1:]:
-                np.multiply(acc, decay, out=acc)
-                x = self._as_float64(b, tmp)
-                np.multiply(x, rest, out=tmp)
-                np.add(acc, tmp, out=acc)
-        return acc.astype(dtype)
+        if self.decay is None and whole_size == 1:  # one element: numpy's own reduction over the N values
+            stacked = np.stack([np.asarray(b, dtype=np.float64).reshape(-1) for b in blocks])
+            return np.mean(stacked, axis=0).astype(dtype)
+        out = np.empty(n, dtype)
+        acc, tmp = self._buffers()
+        flat = [b.reshape(-1) for b in blocks]
+        for i in range(0, n, CHUNK_ELEMENTS):  # chunks the float64 buffers of which stay in cache
+            j = min(n, i + CHUNK_ELEMENTS)
+            a, t = acc[: j - i], tmp[: j - i]
+            if self.decay is None:
+                # 0.0 + x_1 (not x_1 itself: numpy's sum starts from 0.0, so -0.0 + -0.0 is 0.0)
+                np.add(self._wide(flat[0][i:j], t), 0.0, out=a)
+                for b in flat[1:]:
+                    np.add(a, self._wide(b[i:j], t), out=a)
+                np.true_divide(a, self.count, out=out[i:j], casting="unsafe")  # rounded once, on the way out
+            else:
+                a[...] = self._as_float64(flat[0][i:j], t)
+                for b in flat[1:]:
+                    np.multiply(a, self.decay, out=a)
+                    np.multiply(self._as_float64(b[i:j], t), self._rest, out=t)
+                    np.add(a, t, out=a)
+                out[i:j] = a
+        return out
 
 
 def _lockstep(streams: Sequence[Iterator[np.ndarray]], label: str) -> Iterator[list[np.ndarray]]:
