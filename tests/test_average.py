@@ -337,3 +337,19 @@ def test_average_does_not_import_tensorflow(run, tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "[]"
+
+
+def test_damaged_input_is_an_error_and_nothing_is_written(run, tmp_path):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in (run / "ckpt-6.index", run / "ckpt-6.data-00000-of-00001"):
+        shutil.copy(f, bad / f.name)
+    data = bad / "ckpt-6.data-00000-of-00001"
+    raw = bytearray(data.read_bytes())
+    raw[100] ^= 0x40  # inside a float tensor: its checksum no longer matches
+    data.write_bytes(bytes(raw))
+    out = tmp_path / "out" / "avg"
+    result = runner.invoke(app, ["average", str(run / "ckpt-4"), str(bad / "ckpt-6"), "-o", str(out)])
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1
+    assert "checksum does not match" in result.stderr and str(data) in result.stderr
+    assert not out.parent.exists() or list(out.parent.iterdir()) == []
