@@ -25,7 +25,7 @@ import ckptinspect
 from ckptinspect import _atomic
 from ckptinspect.cli import app
 from ckptinspect.errors import OutputExistsError, UsageError
-from ckptinspect.ops.average import _Combiner
+from ckptinspect.ops.average_math import Combiner
 
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
@@ -313,7 +313,7 @@ def test_combiner_blocks_equal_numpy_for_any_block_split(dtype, count):
         want = numpy_mean(xs)
         size = want.size
         for block in (1, 2, 3, 64) if size < 100 else (size, 40000):
-            combiner = _Combiner(count, None)
+            combiner = Combiner(count, None)
             flat = [x.reshape(-1) for x in xs]
             parts = [combiner.combine([f[i : i + block] for f in flat], np.dtype(dtype), size)
                      for i in range(0, size, block)]
@@ -321,7 +321,7 @@ def test_combiner_blocks_equal_numpy_for_any_block_split(dtype, count):
         e = xs[0].astype(np.float64)
         for x in xs[1:]:
             e = 0.9 * e + (1 - 0.9) * x.astype(np.float64)
-        ema = _Combiner(count, 0.9)
+        ema = Combiner(count, 0.9)
         got = ema.combine([x.reshape(-1) for x in xs], np.dtype(dtype), e.size)
         assert same_bits(got.reshape(shape), e.astype(dtype)), shape
 
@@ -353,3 +353,45 @@ def test_damaged_input_is_an_error_and_nothing_is_written(run, tmp_path):
     assert result.exit_code == 2 and result.stderr.count("\n") == 1
     assert "checksum does not match" in result.stderr and str(data) in result.stderr
     assert not out.parent.exists() or list(out.parent.iterdir()) == []
+
+
+# -- Keras .weights.h5 --------------------------------------------------------------------------
+def test_keras_weights_h5_of_one_run_average_and_load(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    keras.utils.set_random_seed(4)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(5, name="d"), keras.layers.Dense(3, name="h")])
+    model.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse")
+    x, y = np.random.default_rng(0).normal(size=(32, 6)), np.random.default_rng(1).normal(size=(32, 3))
+    pattern = str(tmp_path / "run" / "w.{epoch:02d}.weights.h5")
+    (tmp_path / "run").mkdir()
+    model.fit(x, y, epochs=4, batch_size=8, verbose=0,
+              callbacks=[keras.callbacks.ModelCheckpoint(pattern, save_weights_only=True)])
+    files = [str(tmp_path / "run" / f"w.{e:02d}.weights.h5") for e in (2, 3, 4)]
+    out = tmp_path / "avg.weights.h5"
+    report = ckptinspect.average(files[::-1], str(out))  # in step order whatever the order given
+    assert [i.step for i in report.inputs] == [8, 12, 16] and report.inputs[-1].path == files[-1]
+
+    def datasets(path):
+        with h5py.File(path, "r") as f:
+            found = {}
+            f.visititems(lambda n, o: found.__setitem__(n, o[()]) if isinstance(o, h5py.Dataset) else None)
+            return found
+
+    inputs = [datasets(p) for p in files]
+    got = datasets(out)
+    assert set(got) == set(inputs[-1])
+    for key, value in got.items():
+        if value.dtype.kind == "f":
+            assert same_bits(value, numpy_mean([x[key] for x in inputs])), key
+        else:
+            assert same_bits(value, inputs[-1][key]), key
+    assert report.averaged["model"]["count"] == 4 and report.copied["optimizer"]["count"] >= 1
+    fresh = keras.Sequential([keras.Input((6,)), keras.layers.Dense(5, name="d"), keras.layers.Dense(3, name="h")])
+    fresh.load_weights(str(out))
+    kernel = next(v.key for v in report.variables if v.role == "model" and v.shape == (6, 5))
+    assert same_bits(fresh.get_layer("d").kernel.numpy(), numpy_mean([x[kernel] for x in inputs]))
+    assert not same_bits(fresh.get_layer("d").kernel.numpy(), inputs[-1][kernel])
+    with pytest.raises(UsageError, match="--role model writes TF checkpoints only"):
+        ckptinspect.average(files, str(tmp_path / "m.weights.h5"), role="model")
+    with pytest.raises(UsageError, match="average into a .weights.h5 output"):
+        ckptinspect.average(files, str(tmp_path / "prefix"))

@@ -4,7 +4,7 @@ Which inputs: the checkpoints given, or the newest ``last`` ones a CheckpointMan
 directory retains. They are put in step order (their step variable, else the number in their
 name; inputs whose step is unknown keep the order given), the last one being the *newest*.
 
-What is written (a TF bundle, through our own writer, without TensorFlow):
+What is written (for TF checkpoints a TF bundle, through our own writer, without TensorFlow):
 
 * every float variable (float16, bfloat16, float32, float64, float8) that is not metadata is
   averaged over the inputs, element by element, in float64, and rounded once to its stored
@@ -33,15 +33,17 @@ about one block per input plus a float64 accumulator block. Sliced (TF1 partitio
 are averaged slice by slice and written with the newest's slices. Inputs that disagree on keys,
 shapes, dtypes or slicing are refused with one error listing the disagreements.
 
-The output is written under a temporary name, read back (every checksum checked, keys,
-shapes, dtypes and the object graph compared, every averaged tensor's recorded checksum
-compared with the checksum of what was computed and its first values with the computed ones,
-every copied tensor's checksum with the newest's) and only then renamed into place.
+The output is written under a temporary name, read back (keys, shapes, dtypes and the object
+graph compared with the plan, every averaged tensor's recorded checksum compared with the
+checksum of the values computed and its first values, read from the data file, with the
+computed ones, every copied tensor's recorded checksum with the newest's) and only then renamed
+into place. ``ckptinspect verify OUT`` re-reads every byte.
+
+Keras ``.weights.h5`` files of one run average into a ``.weights.h5`` (:mod:`.average_h5`).
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
 import time
@@ -57,13 +59,13 @@ from ..formats import (
     TensorData,
     copy_tensor,
     list_directory,
-    mask_crc32c,
     object_graph_bytes,
     open_checkpoint,
-    prepare_check,
     save_bundle_native,
     stored_slice_blocks,
 )
+from .average_math import BLOCK_ELEMENTS, SPOT_ELEMENTS, Combiner, Computed, averaged_dtype, lockstep
+from .average_h5 import WEIGHTS_H5_SUFFIX, average_weights_h5
 from .average_report import (
     ACTION_AVERAGED,
     ACTION_COPIED,
@@ -77,22 +79,14 @@ from .average_report import (
 
 __all__ = ["average", "AverageReport", "AverageInput", "AveragedVariable", "averaged_dtype"]
 
-BLOCK_ELEMENTS = 1 << 20  # elements per block read from each input (and written)
-CHUNK_ELEMENTS = 1 << 16  # elements combined at a time: the float64 buffers stay in the CPU cache
-SPOT_ELEMENTS = 1024  # first values of every averaged tensor (and slice) compared on read-back
 MAX_LISTED = 5  # disagreements named in the error
-SOURCE_FORMATS = (m.FORMAT_TF_BUNDLE, m.FORMAT_TF_SAVEDMODEL)
+TF_FORMATS = (m.FORMAT_TF_BUNDLE, m.FORMAT_TF_SAVEDMODEL)
+SOURCE_FORMATS = (*TF_FORMATS, m.FORMAT_KERAS_WEIGHTS_H5)
 KIND_TF2 = "tf2-object"
 ROLE_CHOICES = (m.ROLE_MODEL,)
-_ML_DTYPES = frozenset({"bfloat16", "float8_e5m2", "float8_e4m3fn"})  # not numpy's own: convert explicitly
-WRITES = "average writes a TF prefix (no suffix, .ckpt or .ckpt-N)"
+WRITES = "average writes a TF prefix (no suffix, .ckpt or .ckpt-N), or a .weights.h5 from .weights.h5 inputs"
 
 Progress = Callable[[int, int, m.Variable], None]
-
-
-def averaged_dtype(variable: m.Variable) -> bool:
-    """Whether ``average`` averages this variable (a float that is not metadata)."""
-    return variable.dtype in m.FLOAT_DTYPES and variable.role != m.ROLE_METADATA
 
 
 # -- inputs ----------------------------------------------------------------------------------
@@ -124,9 +118,10 @@ def _check_arguments(out: str, ema: float | None, role: str | None, last: int | 
             raise UsageError(f"--last N takes one checkpoint directory. Received: {len(sources)} paths")
     elif not sources:
         raise UsageError("average needs at least one checkpoint (or --last N DIR)")
-    error = _atomic.prefix_suffix_error(out, WRITES, "")
-    if error is not None:
-        raise error
+    if not out.lower().endswith(WEIGHTS_H5_SUFFIX):
+        error = _atomic.prefix_suffix_error(out, WRITES, "")
+        if error is not None:
+            raise error
 
 
 def _describe(ckpt: m.Checkpoint) -> str:
@@ -135,7 +130,8 @@ def _describe(ckpt: m.Checkpoint) -> str:
 
 def _check_readable(ckpt: m.Checkpoint) -> None:
     if ckpt.format not in SOURCE_FORMATS:
-        raise UsageError(f"{ckpt.path}: is {ckpt.format}; average reads TF bundle checkpoints (.index + .data)")
+        raise UsageError(f"{ckpt.path}: is {ckpt.format}; average reads TF bundle checkpoints (.index + .data) or"
+                         " Keras .weights.h5 files")
     unreadable = ckpt.info.get("unreadable") or {}
     if unreadable:
         key = next(iter(unreadable))
@@ -157,7 +153,9 @@ def _disagreements(ckpts: Sequence[m.Checkpoint]) -> list[str]:
     for ckpt in ckpts[:-1]:
         here = {v.key: v for v in ckpt.variables}
         who = _describe(ckpt)
-        if ckpt.info.get("kind") != newest.info.get("kind"):
+        if ckpt.format != newest.format:
+            problems.append(f"{who} is {ckpt.format}, the newest is {newest.format}")
+        elif ckpt.info.get("kind") != newest.info.get("kind"):
             problems.append(f"{who} is {ckpt.info.get('kind')}, the newest is {newest.info.get('kind')}")
         for key in ref.keys() - here.keys():
             problems.append(f"'{m.display_name(key)}' is missing in {who}")
@@ -185,99 +183,6 @@ def _refuse_disagreements(ckpts: Sequence[m.Checkpoint]) -> None:
         )
 
 
-# -- arithmetic --------------------------------------------------------------------------------
-class _Computed:
-    """What was computed for one stored run (a tensor or a slice): its checksum and first values."""
-
-    def __init__(self) -> None:
-        import google_crc32c  # noqa: PLC0415 - a dependency of the package (formats use it too)
-
-        self._crc32c = google_crc32c
-        self._crc = 0
-        self.spot = b""
-        self.done = False
-
-    def add(self, block: np.ndarray) -> None:
-        raw = block.reshape(-1).view(np.uint8)
-        if len(self.spot) < SPOT_ELEMENTS * block.itemsize:
-            self.spot += raw[: SPOT_ELEMENTS * block.itemsize - len(self.spot)].tobytes()
-        raw.flags.writeable = False  # google-crc32c reads a read-only buffer without copying it
-        self._crc = self._crc32c.extend(self._crc, raw)
-
-    @property
-    def crc32c(self) -> int:
-        """The masked crc32c of the values computed (as TF records it)."""
-        return mask_crc32c(self._crc)
-
-
-class _Combiner:
-    """Combines the inputs' blocks of one run: mean or EMA in float64, rounded once."""
-
-    def __init__(self, count: int, decay: float | None):
-        self.count = count
-        self.decay = decay
-        self._acc = np.empty(0, np.float64)
-        self._tmp = np.empty(0, np.float64)
-        if decay is not None:
-            self.decay = float(decay)
-            self._rest = 1.0 - self.decay  # computed once, in float64
-
-    def _buffers(self) -> tuple[np.ndarray, np.ndarray]:
-        if self._acc.size == 0:
-            self._acc = np.empty(CHUNK_ELEMENTS, np.float64)
-            self._tmp = np.empty(CHUNK_ELEMENTS, np.float64)
-        return self._acc, self._tmp
-
-    @staticmethod
-    def _wide(block: np.ndarray, tmp: np.ndarray) -> np.ndarray:
-        """A block numpy adds to float64 as it is (its own float types widen inside the loop),
-        or widened explicitly (ml_dtypes' bfloat16 and float8)."""
-        return _Combiner._as_float64(block, tmp) if block.dtype.name in _ML_DTYPES else block
-
-    @staticmethod
-    def _as_float64(block: np.ndarray, tmp: np.ndarray) -> np.ndarray:
-        if block.dtype == np.float64:
-            return block
-        tmp[: block.size] = block  # exact: every stored float type widens to float64 without rounding
-        return tmp[: block.size]
-
-    def combine(self, blocks: Sequence[np.ndarray], dtype: np.dtype, whole_size: int) -> np.ndarray:
-        """The blocks (one per input, in order) combined, rounded once to ``dtype``."""
-        n = blocks[0].size
-        if any(b.size != n for b in blocks):
-            raise CorruptCheckpointError("the inputs' values came in blocks of different sizes")
-        if self.decay is None and whole_size == 1:  # one element: numpy's own reduction over the N values
-            stacked = np.stack([np.asarray(b, dtype=np.float64).reshape(-1) for b in blocks])
-            return np.mean(stacked, axis=0).astype(dtype)
-        out = np.empty(n, dtype)
-        acc, tmp = self._buffers()
-        flat = [b.reshape(-1) for b in blocks]
-        for i in range(0, n, CHUNK_ELEMENTS):  # chunks the float64 buffers of which stay in cache
-            j = min(n, i + CHUNK_ELEMENTS)
-            a, t = acc[: j - i], tmp[: j - i]
-            if self.decay is None:
-                # 0.0 + x_1 (not x_1 itself: numpy's sum starts from 0.0, so -0.0 + -0.0 is 0.0)
-                np.add(self._wide(flat[0][i:j], t), 0.0, out=a)
-                for b in flat[1:]:
-                    np.add(a, self._wide(b[i:j], t), out=a)
-                np.true_divide(a, self.count, out=out[i:j], casting="unsafe")  # rounded once, on the way out
-            else:
-                a[...] = self._as_float64(flat[0][i:j], t)
-                for b in flat[1:]:
-                    np.multiply(a, self.decay, out=a)
-                    np.multiply(self._as_float64(b[i:j], t), self._rest, out=t)
-                    np.add(a, t, out=a)
-                out[i:j] = a
-        return out
-
-
-def _lockstep(streams: Sequence[Iterator[np.ndarray]], label: str) -> Iterator[list[np.ndarray]]:
-    for blocks in itertools.zip_longest(*streams):
-        if any(b is None for b in blocks):
-            raise CorruptCheckpointError(f"{label}: the inputs hold different numbers of values")
-        yield list(blocks)
-
-
 # -- the operation -----------------------------------------------------------------------------
 class _Plan:
     """The output of one average: its tensors (streamed), what each one should read back as."""
@@ -289,8 +194,8 @@ class _Plan:
         self.decay = decay
         self.role = role
         self.progress = progress
-        self.combiner = _Combiner(len(ckpts), decay)
-        self.computed: dict[str, list[_Computed]] = {}  # output key -> per stored run
+        self.combiner = Combiner(len(ckpts), decay)
+        self.computed: dict[str, list[Computed]] = {}  # output key -> per stored run
         self.copied: dict[str, OutputTensor] = {}  # output key -> the newest's stored runs
         self.variables: list[AveragedVariable] = []
         self.blob: bytes | None = None
@@ -351,7 +256,7 @@ class _Plan:
         if dtype is None:  # pragma: no cover - every float dtype has one (ml_dtypes comes with TF)
             raise UsageError(f"'{m.display_name(v.key)}': cannot average {v.dtype} values here")
         if not v.slices:
-            record = _Computed()
+            record = Computed()
             self.computed[key] = [record]
             streams = lambda: [c.iter_blocks(c[v.key], BLOCK_ELEMENTS) for c in self.ckpts]  # noqa: E731
             return OutputTensor.whole(key, TensorData.from_blocks(
@@ -368,7 +273,7 @@ class _Plan:
         slices = []
         records = []
         for i, part in enumerate(per_input[-1]):
-            record = _Computed()
+            record = Computed()
             records.append(record)
             streams = lambda i=i: [parts[i].blocks() for parts in per_input]  # noqa: E731
             data = TensorData.from_blocks(
@@ -381,9 +286,9 @@ class _Plan:
         return OutputTensor(key, v.dtype, v.shape, slices=tuple(slices))
 
     def _blocks(self, v: m.Variable, streams: Callable[[], list[Iterator[np.ndarray]]], dtype: np.dtype,
-                record: _Computed, last: bool) -> Iterator[np.ndarray]:
+                record: Computed, last: bool) -> Iterator[np.ndarray]:
         label = f"'{m.display_name(v.key)}'"
-        for blocks in _lockstep(streams(), label):
+        for blocks in lockstep(streams(), label):
             result = self.combiner.combine(blocks, dtype, v.size)
             record.add(result)
             yield result
@@ -400,11 +305,6 @@ class _Plan:
         def fail(what: str) -> VerificationError:
             return VerificationError(f"{out}: read-back check failed: {what}")
 
-        _, plan = prepare_check(tmp)
-        result = plan.run()
-        if not result.intact:
-            first = result.problems[0] if result.problems else result.damaged[0].problem
-            raise fail(first)
         kept = [p for p in self.variables if p.output_key is not None]
         checked = 0
         with open_checkpoint(tmp) as written:
@@ -513,21 +413,35 @@ def average(
         else:
             notes.append("a step is unknown: inputs taken in the order given, the last one as the newest")
         _refuse_disagreements(ckpts)
+        protected = [*sources, *(c.path for c in ckpts), *(f for c in ckpts for f in c.files())]
+        inputs = tuple(AverageInput(c.path, c.step, newest=i == len(ckpts) - 1) for i, c in enumerate(ckpts))
+        method = METHOD_MEAN if ema is None else METHOD_EMA
+        decay = None if ema is None else float(ema)
+        h5_out = out.lower().endswith(WEIGHTS_H5_SUFFIX)
+        if h5_out != (ckpts[-1].format == m.FORMAT_KERAS_WEIGHTS_H5):
+            raise UsageError(f"{out}: .weights.h5 inputs average into a .weights.h5 output, TF checkpoints into a TF"
+                             f" prefix (the inputs are {ckpts[-1].format})")
+        if h5_out:
+            variables, verified, size = average_weights_h5(ckpts, out, ema, role, force, protected, progress)
+            return AverageReport(
+                output=out, files=(out,), method=method, decay=decay, role=role, inputs=inputs,
+                variables=tuple(variables), input_file_bytes=_file_bytes(ckpts), output_file_bytes=size, num_shards=1,
+                verified=verified, seconds=time.perf_counter() - start, object_graph=None,
+                notes=(*notes, "the newest file with its averaged datasets rewritten: load with model.load_weights(OUT)"),
+            )
         plan = _Plan(ckpts, ema, role, progress)
         tensors = plan.tensors()
-        protected = [*sources, *(c.path for c in ckpts), *(f for c in ckpts for f in c.files())]
         checked: list[int] = []
         summary = save_bundle_native(
             out, tensors, force=force, protected=protected, object_graph=plan.blob,
             max_shard_bytes=max_shard_bytes, check=lambda tmp: checked.append(plan.check(tmp, out)),
         )
-        inputs = tuple(AverageInput(c.path, c.step, newest=i == len(ckpts) - 1) for i, c in enumerate(ckpts))
         files = tuple(sorted(_atomic.prefix_files(out)))
         return AverageReport(
             output=out,
             files=files,
-            method=METHOD_MEAN if ema is None else METHOD_EMA,
-            decay=None if ema is None else float(ema),
+            method=method,
+            decay=decay,
             role=role,
             inputs=inputs,
             variables=tuple(plan.variables),
