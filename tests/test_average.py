@@ -326,11 +326,13 @@ def test_combiner_blocks_equal_numpy_for_any_block_split(dtype, count):
         assert same_bits(got.reshape(shape), e.astype(dtype)), shape
 
 
-def test_average_does_not_import_tensorflow(run, tmp_path):
+def test_average_does_not_import_tensorflow(run, tf1_run, tmp_path):
     code = (
         "import sys, ckptinspect\n"
         f"r = ckptinspect.average([{str(run)!r}], {str(tmp_path / 'o')!r}, last=3)\n"
         "assert r.verified == 26, r\n"
+        f"r = ckptinspect.average({tf1_run[1:]!r}, {str(tmp_path / 'p')!r}, ema=0.5)\n"  # partitioned: slice by slice
+        "assert r.verified == 5 and r.averaged['all']['count'] == 3, r\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras', 'h5py')))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).resolve().parents[1])}
