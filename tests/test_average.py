@@ -315,7 +315,7 @@ def test_combiner_blocks_equal_numpy_for_any_block_split(dtype, count):
         for block in (1, 2, 3, 64) if size < 100 else (size, 40000):
             combiner = Combiner(count, None)
             flat = [x.reshape(-1) for x in xs]
-            parts = [combiner.combine([f[i : i + block] for f in flat], np.dtype(dtype), size)
+            parts = [combiner.combine([f[i : i + block] for f in flat], np.dtype(dtype), size).copy()
                      for i in range(0, size, block)]
             assert same_bits(np.concatenate(parts).reshape(shape), want), (shape, block)
         e = xs[0].astype(np.float64)

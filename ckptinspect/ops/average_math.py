@@ -60,9 +60,18 @@ class Combiner:
         self.decay = decay
         self._acc = np.empty(0, np.float64)
         self._tmp = np.empty(0, np.float64)
+        self._out: dict[np.dtype, np.ndarray] = {}
         if decay is not None:
             self.decay = float(decay)
             self._rest = 1.0 - self.decay  # computed once, in float64
+
+    def _output(self, n: int, dtype: np.dtype) -> np.ndarray:
+        """The result block: one buffer per dtype, reused (a block is written before the next
+        one is asked for), so no fresh pages are faulted in per block."""
+        buf = self._out.get(dtype)
+        if buf is None or buf.size < n:
+            buf = self._out[dtype] = np.empty(max(n, 1), dtype)
+        return buf[:n]
 
     def _buffers(self) -> tuple[np.ndarray, np.ndarray]:
         if self._acc.size == 0:
@@ -84,14 +93,15 @@ class Combiner:
         return tmp[: block.size]
 
     def combine(self, blocks: Sequence[np.ndarray], dtype: np.dtype, whole_size: int) -> np.ndarray:
-        """The blocks (one per input, in order) combined, rounded once to ``dtype``."""
+        """The blocks (one per input, in order) combined, rounded once to ``dtype`` (in a buffer
+        the next call reuses: write it out first)."""
         n = blocks[0].size
         if any(b.size != n for b in blocks):
             raise CorruptCheckpointError("the inputs' values came in blocks of different sizes")
         if self.decay is None and whole_size == 1:  # one element: numpy's own reduction over the N values
             stacked = np.stack([np.asarray(b, dtype=np.float64).reshape(-1) for b in blocks])
             return np.mean(stacked, axis=0).astype(dtype)
-        out = np.empty(n, dtype)
+        out = self._output(n, dtype)
         acc, tmp = self._buffers()
         flat = [b.reshape(-1) for b in blocks]
         for i in range(0, n, CHUNK_ELEMENTS):  # chunks the float64 buffers of which stay in cache
