@@ -884,9 +884,10 @@ def average_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
     copied / dropped per role (table), one row per variable (csv), or the whole report (json)."""
     method = "mean" if report.method == "mean" else f"ema, decay {report.decay:g}"
     header = [f"inputs:   {len(report.inputs)}, {method} in float64, oldest first"]
+    newest = "  <- newest: integers, strings, metadata" + (", object graph" if report.object_graph else "")
     for i in report.inputs:
         step = "step ?" if i.step is None else f"step {i.step}"
-        header.append(f"          {i.path} ({step}){'  <- newest: integers, strings, metadata, object graph' if i.newest else ''}")
+        header.append(f"          {i.path} ({step}){newest if i.newest else ''}")
     header += [
         f"output:   {report.output} ({report.num_shards} data shard{'s' if report.num_shards != 1 else ''}"
         + (", model variables only" if report.role else "") + ")",
