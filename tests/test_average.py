@@ -423,3 +423,16 @@ def test_tf2_sliced_multi_shard_run_keeps_slices_and_restores(tmp_path):
     ckptinspect.average([str(src / "ckpt-2"), str(src / "ckpt-4")], str(model_out), role="model")
     fresh = trainer.build_model(seed=9)
     tf.train.Checkpoint(model=fresh).read(str(model_out)).assert_consumed()
+
+
+def test_readme_example_is_what_the_command_prints(tmp_path, monkeypatch):
+    readme = (FIXTURES.parent / "README.md").read_text()
+    command = "$ ckptinspect average --last 3 fixtures/run -o runs/avg\n"
+    shown = readme[readme.index(command) + len(command):]
+    shown = shown[: shown.index("```")]
+    monkeypatch.chdir(FIXTURES.parent)
+    monkeypatch.delenv("COLUMNS", raising=False)
+    out = tmp_path / "avg"
+    result = runner.invoke(app, ["average", "--last", "3", "fixtures/run", "-o", str(out)])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.replace(str(out), "runs/avg") == shown
