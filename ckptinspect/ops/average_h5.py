@@ -10,6 +10,7 @@ each other dataset as the newest's.
 
 from __future__ import annotations
 
+import os
 import shutil
 from typing import Sequence
 
@@ -97,11 +98,5 @@ def average_weights_h5(ckpts: Sequence[m.Checkpoint], out: str, decay: float | N
                     raise VerificationError(f"{out}: read-back check failed: '{m.display_name(p.key)}' does not hold "
                                             + ("the values computed" if p.action == ACTION_AVERAGED else "the newest's values"))
                 checked += 1
-        size = _file_size(tmp)
+        size = os.path.getsize(tmp)
     return planned, checked, size
-
-
-def _file_size(path: str) -> int:
-    import os  # noqa: PLC0415
-
-    return os.path.getsize(path)
