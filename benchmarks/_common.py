@@ -41,7 +41,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
 DEFAULT_WORK = HERE / "_work"
 
-KINDS = ("bundle", "sharded", "h5", "weights_h5")
+KINDS = ("bundle", "sharded", "h5", "weights_h5", "third")  # third: C, B perturbed again (average)
 META = "meta.json"
 MODEL_MODULE = "bench_model"
 BUILDER_SPEC = f"{MODEL_MODULE}:build"
@@ -131,6 +131,10 @@ class CheckpointSet:
     @property
     def b(self) -> str:
         return str(self.folder / "b" / "ckpt")
+
+    @property
+    def c(self) -> str:
+        return str(self.folder / "c" / "ckpt")
 
     @property
     def sharded(self) -> str:
@@ -301,11 +305,18 @@ def _generate(jobs: list[dict[str, Any]]) -> None:
         ckpt.write(str(folder / "b" / "ckpt"))
         if "h5" in kinds:
             model.save(str(folder / "model_b.h5"))
+        if "third" in kinds:  # C: B with another tensor in every PERTURB_EVERY perturbed
+            for i, v in enumerate(floats):
+                if i % PERTURB_EVERY == 1:
+                    v.assign_add(rng.standard_normal(tuple(v.shape), dtype=np.float32) * np.float32(PERTURB_SCALE))
+            ckpt.write(str(folder / "c" / "ckpt"))
         entries = [k for k, _ in tf.train.list_variables(a_prefix) if k != "_CHECKPOINTABLE_OBJECT_GRAPH"]
         files = {
             "a": _files_size(a_prefix),
             "b": _files_size(str(folder / "b" / "ckpt")),
         }
+        if "third" in kinds:
+            files["c"] = _files_size(str(folder / "c" / "ckpt"))
         if "sharded" in kinds:
             files["sharded"] = _files_size(str(folder / "sharded" / "ckpt"))
             files["sharded_data_files"] = len(list((folder / "sharded").glob("ckpt.data-*")))

@@ -52,6 +52,7 @@ SCALE_COMMANDS = ("ls", "diff", "verify")
 FILE_LABELS = {
     "a": "A: TF bundle, single shard (`a/ckpt`)",
     "b": "B: A perturbed, TF bundle (`b/ckpt`)",
+    "c": "C: B perturbed again, TF bundle (`c/ckpt`; average)",
     "sharded": "A: TF bundle, multi-shard (`sharded/ckpt`)",
     "model.h5": "A: legacy Keras `model.h5`",
     "model_b.h5": "B: legacy Keras `model_b.h5`",
@@ -161,6 +162,41 @@ with h5py.File({a!r}, "r") as fa, h5py.File({b!r}, "r") as fb:
 print("changed", changed)
 """
 
+# Reading three checkpoints once, every tensor through numpy (the bytes each data file holds,
+# viewed as the entry's dtype; what an averaging script must read at the least).
+TF_READ_THREE = """import tensorflow as tf
+n = 0
+for p in {paths!r}:
+    r = tf.train.load_checkpoint(p)
+    for key in r.get_variable_to_shape_map():
+        r.get_tensor(key)
+        n += 1
+print(n, "tensors read")
+"""
+# The manual route (tensor2tensor's avg_checkpoints, in TF 2): every value of the three read
+# through TF, averaged with numpy in float64, written by SaveV2 under the same keys.
+TF_AVERAGE = """import os, numpy as np, tensorflow as tf
+paths = {paths!r}
+os.makedirs(os.path.dirname({out!r}), exist_ok=True)
+readers = [tf.train.load_checkpoint(p) for p in paths]
+dtypes = readers[-1].get_variable_to_dtype_map()
+keys, values = [], []
+for key, dtype in sorted(dtypes.items()):
+    if dtype.is_floating:
+        value = np.mean(np.stack([r.get_tensor(key) for r in readers]).astype(np.float64), axis=0)
+        value = tf.constant(value.astype(dtype.as_numpy_dtype))
+    else:
+        value = tf.constant(readers[-1].get_tensor(key), dtype=dtype)
+    keys.append(key)
+    values.append(value)
+tf.raw_ops.SaveV2(prefix={out!r}, tensor_names=keys, shape_and_slices=[""] * len(keys), tensors=values)
+"""
+
+
+def cat_prefixes(paths: list[str]) -> list[str]:
+    """``cat`` every file of the given TF prefixes to /dev/null: reading them once, the floor."""
+    return ["sh", "-c", 'for p in "$@"; do cat "$p".index "$p".data-*; done > /dev/null', "sh", *paths]
+
 
 def py(code: str) -> list[str]:
     return [PY, "-c", code]
@@ -191,6 +227,8 @@ def make_pairs(s: c.CheckpointSet, out: pathlib.Path) -> list[Pair]:
     o = {k: str(out / k / "ckpt") for k in ("extract_ours", "extract_tf", "transplant_ours", "transplant_tf",
                                             "rewrite_ours", "rewrite_tf")}
     o |= {k: str(out / f"{k}.weights.h5") for k in ("extract_wh5_ours", "extract_wh5_keras", "transplant_wh5_ours", "transplant_wh5_keras")}
+    o |= {k: str(out / k / "ckpt") for k in ("average_ours", "average_tf")}
+    three = [s.a, s.b, s.c]  # one run: A, B (A perturbed), C (B perturbed again)
     ours = dict(ours=True)
     return [
         Pair("ls", "ls", "list a TF bundle (single shard)", [
@@ -247,6 +285,12 @@ def make_pairs(s: c.CheckpointSet, out: pathlib.Path) -> list[Pair]:
         Pair("transplant-weights-h5", "transplant", ".weights.h5 into a freshly built model, written as .weights.h5", [
             c.Tool("ckptinspect transplant", [*CKPT, "transplant", s.weights_h5, o["transplant_wh5_ours"], "--builder", c.BUILDER_SPEC], cleanup=(o["transplant_wh5_ours"],), **ours),
             c.Tool("load_weights + save_weights", py(KERAS_TRANSPLANT.format(src=s.weights_h5, out=o["transplant_wh5_keras"])), cleanup=(o["transplant_wh5_keras"],)),
+        ]),
+        Pair("average", "average", "mean of three checkpoints of one run (A, B, C) vs reading them once", [
+            c.Tool("ckptinspect average", [*CKPT, "average", *three, "-o", o["average_ours"]], cleanup=(str(out / "average_ours"),), **ours),
+            c.Tool("cat the three to /dev/null (reading once)", cat_prefixes(three)),
+            c.Tool("TF: get_tensor of every key of the three", py(TF_READ_THREE.format(paths=three))),
+            c.Tool("TF script: load_checkpoint x3 + np.mean + SaveV2", py(TF_AVERAGE.format(paths=three, out=o["average_tf"])), cleanup=(str(out / "average_tf"),)),
         ]),
         Pair("verify", "verify", "check every tensor's checksum (single shard)", [
             c.Tool("ckptinspect verify", [*CKPT, "verify", s.a], **ours),
@@ -455,6 +499,10 @@ def evaluate_targets(results: dict[str, dict[str, Any]], s: c.CheckpointSet, flo
     add(f"ls of a {s.layout.size_mb} MB .pt >= 10x faster than torch.load(weights_only=True) (issue 15)",
         f"{b.median / a.median:.1f}x ({a.median:.3f} s vs {b.median:.3f} s)" if a and b else None,
         b.median >= 10 * a.median if a and b else None)
+    a, r = med(results, "average", "ckptinspect average"), med(results, "average", "cat the three to /dev/null (reading once)")
+    add("average of three checkpoints within 2x of reading them once (cat)",
+        f"{a.median / r.median:.2f}x ({a.median:.3f} s vs {r.median:.3f} s), peak {mib(a.peak)} MiB" if a and r else None,
+        a.median <= 2 * r.median if a and r else None)
     return rows
 
 
@@ -622,7 +670,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="timed runs per tool (default 3)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs per tool first (default 1)")
     ap.add_argument("--only", help="comma-separated pair ids or patterns: ls, ls-sharded, ls-h5, ls-weights-h5, ls-stats, diff, "
-                    "diff-h5, extract, extract-weights-h5, transplant, transplant-weights-h5, verify, verify-sharded, ls-safetensors, "
+                    "diff-h5, extract, extract-weights-h5, transplant, transplant-weights-h5, average, verify, verify-sharded, ls-safetensors, "
                     "ls-pt, scan; ls*, diff*...")
     ap.add_argument("--scale", default="100,1024,4096", help="checkpoint sizes (MB) of the scale series; '' for none")
     ap.add_argument("--scale-baselines", action=argparse.BooleanOptionalAction, default=True, help="time TensorFlow in the scale series too")
@@ -665,6 +713,8 @@ def main(argv: list[str] | None = None) -> int:
     for p in chosen:
         if "sharded" in p.id:
             need.add("sharded")
+        if p.id == "average":
+            need.add("third")
         if p.id in ("ls-h5", "diff-h5"):
             need.add("h5")
         if p.id in ("ls-weights-h5", "transplant-weights-h5"):

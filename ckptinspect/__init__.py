@@ -40,6 +40,7 @@ __all__ = [
     "plan",
     "rewrite",
     "scan",
+    "average",
     "mark_optimizer",
     "Checkpoint",
     "Variable",
@@ -95,6 +96,7 @@ _OPERATIONS = {
     "doctor": "ckptinspect.ops.doctor",
     "plan": "ckptinspect.ops.plan",
     "rewrite": "ckptinspect.ops.rewrite",
+    "average": "ckptinspect.ops.average",
     "mark_optimizer": "ckptinspect.ops.roles",
     "scan": "ckptinspect.ops.scan",
 }

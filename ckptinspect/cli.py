@@ -670,6 +670,36 @@ def scan_command(
         raise typer.Exit(EXIT_DIFFERENT)
 
 
+@app.command("average", cls=_Command)
+@handle_errors
+def average_command(
+    sources: Optional[list[str]] = typer.Argument(None, metavar="SRC", help="Checkpoints of one run: TF prefixes, .index files or directories (or --last N DIR)."),
+    output: str = typer.Option(..., "--output", "-o", metavar="OUT", help="Output TF prefix (no suffix, or .ckpt / .ckpt-N)."),
+    last: Optional[tuple[int, str]] = typer.Option(None, "--last", metavar="N DIR", help="Average the newest N checkpoints the CheckpointManager/Saver directory DIR retains."),
+    ema: Optional[float] = typer.Option(None, "--ema", metavar="DECAY", help="Exponential moving average in step order (e_k = DECAY*e_{k-1} + (1-DECAY)*x_k) instead of the mean."),
+    role: Optional[str] = typer.Option(None, "--role", metavar="model", help="Write only the model's variables (object graph pruned to them)."),
+    force: bool = typer.Option(False, "--force", help="Replace an earlier output of the same kind (nothing else)."),
+    format: OutputFormat = FormatOption,
+    _debug: bool = DebugOption,
+) -> None:
+    """Average float variables over checkpoints of one run (mean or EMA, in float64); the rest from the newest."""
+    from .ops.average import average  # noqa: PLC0415
+    from .render import average_view  # noqa: PLC0415
+
+    sources = list(sources or [])
+    if last is not None:
+        if sources:
+            raise errors.UsageError("give either checkpoints or --last N DIR, not both")
+        sources = [last[1]]
+    progress = Progress("average")
+    try:
+        report = average(sources, output, last=None if last is None else last[0], ema=ema, role=role, force=force,
+                         progress=progress)
+    finally:
+        progress.close()
+    emit(average_view(report, format))
+
+
 # -- each operation's command is defined above this line, in the style of `ls` ---------------
 
 

@@ -879,6 +879,47 @@ def rewrite_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
     return render(fmt, doc={}, rows=rows, columns=columns, header=header, footer=footer, width=width)
 
 
+# -- average (issue 14) ----------------------------------------------------------------------
+def average_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
+    """Render an :class:`~ckptinspect.ops.average.AverageReport`: the inputs, then averaged /
+    copied / dropped per role (table), one row per variable (csv), or the whole report (json)."""
+    method = "mean" if report.method == "mean" else f"ema, decay {report.decay:g}"
+    header = [f"inputs:   {len(report.inputs)}, {method} in float64, oldest first"]
+    newest = "  <- newest: integers, strings, metadata" + (", object graph" if report.object_graph else "")
+    for i in report.inputs:
+        step = "step ?" if i.step is None else f"step {i.step}"
+        header.append(f"          {i.path} ({step}){newest if i.newest else ''}")
+    header += [
+        f"output:   {report.output} ({report.num_shards} data shard{'s' if report.num_shards != 1 else ''}"
+        + (", model variables only" if report.role else "") + ")",
+        f"check:    {report.verified} tensor{'s' if report.verified != 1 else ''} read back as computed",
+    ]
+    if report.object_graph and report.object_graph.get("pruned"):
+        g = report.object_graph
+        header.append(f"graph:    {g['source_nodes']} -> {g['nodes']} objects, root keeps: {', '.join(g['root_children'])}")
+    footer = ["", f"on disk:  {human_bytes(report.input_file_bytes)} read, {human_bytes(report.output_file_bytes)} written"]
+    footer += [f"note:     {n}" for n in report.notes]
+    if fmt == OutputFormat.table:
+        averaged, copied, dropped = report.averaged, report.copied, report.dropped
+        rows = [
+            {"role": r, "averaged": averaged[r]["count"], "averaged_bytes": human_bytes(averaged[r]["nbytes"]),
+             "copied": copied[r]["count"], "copied_bytes": human_bytes(copied[r]["nbytes"]),
+             "dropped": dropped[r]["count"]}
+            for r in ("model", "optimizer", "metadata", "all")
+        ]
+        columns: list[Column] = [("role", "role"), ("averaged", "averaged"), ("averaged_bytes", "averaged size"),
+                                 ("copied", "from newest"), ("copied_bytes", "copied size"), ("dropped", "dropped")]
+        return render(fmt, doc={}, rows=rows, columns=columns, header=header, footer=footer, width=width)
+    rows = [
+        {"name": v.name, "key": v.key, "output_key": v.output_key or "", "role": v.role, "shape": fmt_shape(v.shape),
+         "dtype": v.dtype, "nbytes": v.nbytes, "action": v.action}
+        for v in report.variables
+    ]
+    columns = [("name", "name"), ("key", "key"), ("output_key", "output key"), ("role", "role"),
+               ("shape", "shape"), ("dtype", "dtype"), ("nbytes", "bytes"), ("action", "action")]
+    return render(fmt, doc=report.to_dict(), rows=rows, columns=columns, width=width)
+
+
 # -- doctor (issue 13) -----------------------------------------------------------------------
 DOCTOR_REASON_TITLES = {
     "missing": "missing in source",

@@ -56,6 +56,7 @@ COMMANDS = {
     "plan": lambda p, out: ["plan", p, "--save-seconds", "1", "--every", "1h", "--train-time", "1d"],
     "rewrite": lambda p, out: ["rewrite", p, "-o", out, "--rename", "^(.*)$=r/\\1"],
     "scan": lambda p, out: ["scan", p],
+    "average": lambda p, out: ["average", p, p, "-o", out],
 }
 # transplant opens its source exactly as ls does: wherever ls fails, transplant fails the same way.
 for _case in CATALOGUE:

@@ -44,7 +44,15 @@ from ._layout import (
 )
 from ._sstable import is_table
 from ._torch_layout import hf_weights_in, is_hf_index, is_safetensors_head, is_torch_legacy_head, is_torch_zip
-from .tf_bundle import OBJECT_GRAPH_KEY, check_bundle, open_bundle
+from ._crc import mask as mask_crc32c
+from .tf_bundle import (
+    OBJECT_GRAPH_KEY,
+    StoredSliceBlocks,
+    check_bundle,
+    object_graph_bytes,
+    open_bundle,
+    stored_slice_blocks,
+)
 from .tf_state import (
     DirectoryListing,
     checkpoint_present,
@@ -97,6 +105,11 @@ __all__ = [
     "edit_object_graph",
     "escape_path",
     "unescape_path",
+    # average: streaming stored slices, the object graph's bytes, TF's checksum mask
+    "StoredSliceBlocks",
+    "stored_slice_blocks",
+    "object_graph_bytes",
+    "mask_crc32c",
 ]
 check_regular = _fs.check_regular  # outputs copy from source files: refuse FIFOs and devices first
 SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")

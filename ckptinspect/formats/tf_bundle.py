@@ -28,7 +28,7 @@ import glob
 import os
 import re
 import struct
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 from .. import model as m
 from ..errors import (
@@ -649,6 +649,46 @@ class StoredRun:
     lengths: tuple[int, ...] = ()
 
 
+@dataclasses.dataclass(frozen=True)
+class StoredSliceBlocks:
+    """One stored slice of a sliced variable, streamed from its data file.
+
+    Attributes:
+        starts: Its start in each dimension.
+        lengths: Its length in each dimension (``-1``: the whole dimension).
+        shape: The slice's own shape.
+        blocks: ``blocks()`` yields the slice's flattened values (C order of the slice) in
+            blocks, crc32c-checked against the index (a mismatch raises after the last
+            block); a block is a view of a buffer the next one reuses.
+    """
+
+    starts: tuple[int, ...]
+    lengths: tuple[int, ...]
+    shape: tuple[int, ...]
+    blocks: Callable[[], Iterator[np.ndarray]]
+
+
+def stored_slice_blocks(checkpoint: m.Checkpoint, variable: m.Variable, elements: int) -> tuple[StoredSliceBlocks, ...] | None:
+    """The stored slices of a sliced (partitioned) variable of a local TF bundle, each streamed
+    in blocks of at most ``elements`` elements without TensorFlow, in declared order.
+
+    Returns:
+        The slices, or None when ``variable`` is not sliced, the checkpoint is not a local TF
+        bundle, or a slice is not a plain numeric array.
+    """
+    source = checkpoint.source
+    if not isinstance(source, BundleSource):
+        return None
+    return source.slice_blocks(variable, elements)
+
+
+def object_graph_bytes(checkpoint: m.Checkpoint) -> bytes | None:
+    """The exact bytes of a TF bundle's serialized object graph (``_CHECKPOINTABLE_OBJECT_GRAPH``),
+    read without TensorFlow; None for a name-based (TF1) bundle or any other format."""
+    source = checkpoint.source
+    return source.object_graph() if isinstance(source, BundleSource) else None
+
+
 def check_bundle_files(prefix: str, num_shards: int | None = None) -> None:
     """Refuse a bundle whose index or data shards are FIFOs, devices or other special files.
 
@@ -815,6 +855,27 @@ class BundleSource(m.BaseSource):
         return tuple(
             StoredRun(data_path(self.prefix, se.shard_id, self.num_shards), se, st, ln) for st, ln, se in stored
         )
+
+    def slice_blocks(self, variable: m.Variable, elements: int) -> tuple[StoredSliceBlocks, ...] | None:
+        """A sliced variable's stored slices, each streamed on its own (see
+        :func:`stored_slice_blocks`); None when it is not sliced or cannot be streamed."""
+        runs = self.stored_runs(variable)
+        if not runs or not runs[0].starts:
+            return None
+        out = []
+        for run in runs:
+            entry = run.entry
+            dtype = m.numpy_dtype(entry.dtype)
+            count = 1
+            for d in entry.shape:
+                count *= d
+            if dtype is None or entry.problem is not None or entry.size != count * dtype.itemsize:
+                return None
+            out.append(StoredSliceBlocks(
+                run.starts, run.lengths, entry.shape,
+                lambda run=run, dtype=dtype: tf_data.iter_raw_blocks(run.path, run.entry, dtype, elements, self._files),
+            ))
+        return tuple(out)
 
     def storage_order(self, variable: m.Variable) -> tuple:
         entry = self._entries.get(variable.key)

@@ -145,7 +145,8 @@ def iter_raw_blocks(
     import numpy as np  # noqa: PLC0415 - numpy only where values are read (`ls` lists without it)
 
     total = entry.size // dtype.itemsize
-    crc = crc32c_module().Checksum()
+    crc32c = crc32c_module()
+    crc = 0
     done = 0
     offset = entry.offset
     buf = files.take_buffer(max(1, min(block_elements, total)) * dtype.itemsize)
@@ -157,13 +158,15 @@ def iter_raw_blocks(
             got = files.pread_into(path, view[:nbytes], offset)
             if got != nbytes:
                 raise CorruptCheckpointError(f"{path}: truncated: {entry.key!r} ends past the end of the file")
-            crc.update(bytes(view[:nbytes]))  # google-crc32c takes bytes only; this copy reuses memory
+            raw = np.frombuffer(buf, dtype=np.uint8, count=nbytes)
+            raw.flags.writeable = False  # google-crc32c reads a read-only buffer in place (no copy)
+            crc = crc32c.extend(crc, raw)
             done += n
             offset += nbytes
             yield np.frombuffer(buf, dtype=dtype, count=n)
     finally:
         files.give_buffer(buf)
-    actual = mask(int.from_bytes(crc.digest(), "big"))
+    actual = mask(crc)
     stored = entry.crc32c or 0
     if actual != stored:
         raise CorruptCheckpointError(f"{path}: {entry.key!r}: {crc_mismatch(stored, actual)}")
