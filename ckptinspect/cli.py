@@ -641,7 +641,7 @@ def scan_command(
 ) -> None:
     """Every checkpoint of a run in step order: norms, changes, NaN/Inf, drift, directory health (exit 1 if unhealthy)."""
     from .ops.scan import scan  # noqa: PLC0415
-    from .render_scan import PlotUnavailable, scan_plot, scan_view  # noqa: PLC0415
+    from .render import PlotUnavailable, scan_plot, scan_view  # noqa: PLC0415
 
     if plot is not None:
         from . import _atomic  # noqa: PLC0415

@@ -315,7 +315,7 @@ class TransplantReport:
 
     def __str__(self) -> str:
         """A plain-text summary (rendered by :func:`ckptinspect.render.transplant_summary`)."""
-        from ..render import transplant_summary  # noqa: PLC0415 - rendering lives in render.py; ops do not need it
+        from ..render import transplant_summary  # noqa: PLC0415 - rendering lives in render/; ops do not need it
 
         return transplant_summary(self)
 

@@ -10,7 +10,7 @@ import io
 import math
 from typing import Any
 
-from .render import (
+from ._core import (
     AUTO,
     OutputFormat,
     _table_lines,

@@ -1,0 +1,295 @@
+"""Views of the inspecting commands: ``ls``, ``verify``, ``diff``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._core import (
+    AUTO,
+    Column,
+    OutputFormat,
+    UNREADABLE_MARK,
+    _table_lines,
+    escape_controls,
+    fit_lines,
+    fmt_float,
+    fmt_shape,
+    human_bytes,
+    render,
+    terminal_width,
+)
+
+__all__ = ['diff_view', 'ls_view', 'ls_warnings', 'verify_view']
+
+
+def diff_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
+    """Render a :class:`~ckptinspect.ops.diff.DiffReport`: variables by movement, layers, verdict.
+
+    The table shows the NaN/Inf columns only when a variable has a NaN or an Inf; fitted to a
+    narrow terminal it leaves out ``differing``, then ``dtype`` and ``shape`` (and says so).
+    """
+    def pair(x, y, show=str) -> str:
+        if x is None or y is None:
+            return show(x if y is None else y) if (x, y) != (None, None) else "-"
+        return show(x) if x == y else f"{show(x)} -> {show(y)}"
+
+    def counts(x, y) -> str:
+        return "-" if x is None else f"{x}/{y}"
+
+    rows = []
+    for v in report.variables:
+        size = 1
+        for d in v.shape_a or v.shape_b or ():
+            size *= d
+        rows.append({
+            **v.to_dict(),
+            "shown_name": f"{v.name_a} -> {v.name_b}" if v.names_differ else v.name,
+            "shape": pair(v.shape_a, v.shape_b, fmt_shape),
+            "dtype": pair(v.dtype_a, v.dtype_b),
+            "max_abs": fmt_float(v.max_abs_diff),
+            "rel": fmt_float(v.rel_l2),
+            "cos": fmt_float(v.cosine, 6),
+            "diff_elems": "-" if v.num_different is None else f"{v.num_different}/{size}",
+            "nan": counts(v.nan_a, v.nan_b),
+            "inf": counts(v.inf_a, v.inf_b),
+        })
+    if fmt != OutputFormat.table:
+        csv_cols = ["name", "status", "name_a", "name_b", "key_a", "key_b", "matched_by", "role", "shape_a", "shape_b",
+                    "dtype_a", "dtype_b", "max_abs_diff", "rel_l2", "cosine", "num_different", "nan_a", "inf_a", "nan_b", "inf_b",
+                    "layout"]
+        return render(fmt, doc=report.to_dict(), rows=rows, columns=[(c, c) for c in csv_cols])
+    header = [
+        f"a: {report.a} ({report.format_a})",
+        f"b: {report.b} ({report.format_b})",
+        f"aligned by {report.alignment}" + (f", role {report.role}" if report.role else "")
+        + (f", --map {' '.join(report.mapping)}" if report.mapping else "")
+        + (f", {' '.join(report.layout)}" if report.layout else ""),
+    ]
+    header += [f"note: {n}" for n in report.notes]
+    if width == AUTO:
+        width = terminal_width()
+    columns: list[Column] = [("shown_name", "name"), ("status", "status"), ("shape", "shape"), ("dtype", "dtype"),
+                             ("max_abs", "max abs diff"), ("rel", "rel l2"), ("cos", "cosine"),
+                             ("diff_elems", "differing")]
+    if any(v.nan_a or v.nan_b or v.inf_a or v.inf_b for v in report.variables):
+        columns += [("nan", "nan a/b"), ("inf", "inf a/b")]
+    layers = report.layers
+    moved = [s for s in layers if s.changed]
+    footer: list[str] = []
+    if layers:
+        footer += ["", "layers:"]
+        if moved:
+            footer += _table_lines(
+                ["layer", "differ", "max rel l2", "max abs diff"],
+                [[s.layer or "(top level)", f"{s.changed}/{s.variables}", fmt_float(s.max_rel_l2),
+                  fmt_float(s.max_abs_diff)] for s in moved],
+                width=width, squeeze=[0],
+            )
+        unchanged = len(layers) - len(moved)
+        footer.append(f"{unchanged} layer{'s' if unchanged != 1 else ''} unchanged" if moved else
+                      f"all {len(layers)} layer{'s' if len(layers) != 1 else ''} unchanged")
+    footer += ["", report.verdict]
+    return render(fmt, doc={}, rows=rows, columns=columns, header=header, footer=footer, width=width,
+                  squeeze=["shown_name"], optional=["diff_elems", "dtype", "shape"])
+
+
+
+INFO_CLIP = 160
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= INFO_CLIP else text[: INFO_CLIP - 3] + "..."
+
+
+def ls_view(listing, fmt: OutputFormat, tree: bool = False, width: int | None = AUTO) -> str:
+    """Render an :class:`~ckptinspect.ops.listing.Listing`."""
+    if width == AUTO and fmt == OutputFormat.table:
+        width = terminal_width()
+    ckpt = listing.checkpoint
+    stats = listing.stats
+    step = "-" if ckpt.step is None else f"{ckpt.step} (from {ckpt.step_source})"
+    totals = ckpt.totals()
+    info = ckpt.info
+    fields = [
+        ("path", ckpt.path),
+        ("format", ckpt.format + (f" ({info['kind']})" if info.get("kind") else "")),
+        ("step", step),
+        ("shards", ckpt.num_shards),
+        ("totals", ", ".join(
+            f"{r} {totals[r]['count']} ({human_bytes(totals[r]['nbytes'])})"
+            for r in ("model", "optimizer", "metadata", "all")
+        )),
+    ]
+    if info.get("model_class"):
+        extra = [f"{info['model_name']!r}" if info.get("model_name") else "",
+                 f"{info['layer_count']} layers" if info.get("layer_count") else ""]
+        fields.append(("model", " ".join([info["model_class"], *filter(None, extra)])))
+    if info.get("optimizer_class"):
+        fields.append(("optimizer", info["optimizer_class"]))
+    if info.get("keras_version"):
+        fields.append(("keras", info["keras_version"] + (f" ({info['backend']} backend)" if info.get("backend") else "")))
+    if info.get("date_saved"):
+        fields.append(("saved", info["date_saved"]))
+    if info.get("unallocated"):  # datasets declared but never written: no values, no stats
+        empty = info["unallocated"]
+        more = f" (+{len(empty) - 3} more)" if len(empty) > 3 else ""
+        fields.append(("warning", f"{len(empty)} dataset{'s' if len(empty) != 1 else ''} declared but unallocated"
+                                  f" (never written, no values): {', '.join(empty[:3])}{more}"))
+    if isinstance(info.get("metadata"), dict) and info["metadata"]:  # safetensors __metadata__
+        fields.append(("metadata", _clip(", ".join(f"{k}={v}" for k, v in info["metadata"].items()))))
+    if info.get("tied"):  # torch: names sharing one tensor
+        fields.append(("tied", _clip("; ".join(" = ".join(group) for group in info["tied"]))))
+    label_width = max(9, *(len(label) + 2 for label, _ in fields))
+    header = [f"{label + ':':<{label_width}}{value}" for label, value in fields]
+    if ckpt.checkpoints:
+        header += ["", "checkpoints:"]
+        header += _table_lines(
+            ["", "prefix", "step", "saved", "exists", "in state file"],
+            [
+                [
+                    "*" if c.latest else "",
+                    c.path,
+                    "-" if c.step is None else c.step,
+                    _fmt_time(c.timestamp),
+                    "yes" if c.exists else "MISSING",
+                    "yes" if c.in_state_file else "no",
+                ]
+                for c in ckpt.checkpoints
+            ],
+            width=width, squeeze=[1],
+        )
+    if len(listing.variables) != len(ckpt.variables):
+        header += ["", f"showing {len(listing.variables)} of {len(ckpt.variables)} variables"]
+    columns: list[Column] = [("name", "name"), ("shape", "shape"), ("dtype", "dtype"), ("size", "size"),
+                             ("shards", "shard"), ("role", "role")]
+    if stats is not None:
+        columns += [("min", "min"), ("max", "max"), ("mean", "mean"), ("std", "std"), ("nan", "nan"), ("inf", "inf")]
+    rows = []
+    unreadable = info.get("unreadable") or {}
+    for v in (sorted(listing.variables, key=lambda v: v.name) if tree else listing.variables):
+        row = {
+            "key": v.key,
+            "name": v.name,
+            "shape": fmt_shape(v.shape),
+            "dtype": v.dtype + (UNREADABLE_MARK if v.key in unreadable and fmt == OutputFormat.table else ""),
+            "size": human_bytes(v.nbytes),
+            "nbytes": v.nbytes,
+            "shards": ",".join(str(s) for s in v.shards) or "-",
+            "role": v.role,
+        }
+        if stats is not None:
+            s = stats.get(v.key)
+            for f in ("min", "max", "mean", "std"):
+                row[f] = fmt_float(getattr(s, f)) if s else "-"
+            row["nan"] = s.nan if s else "-"
+            row["inf"] = s.inf if s else "-"
+        rows.append(row)
+    if tree and fmt == OutputFormat.table:
+        rows = _tree_rows(rows)
+    csv_cols = ["key", "name", "shape", "dtype", "nbytes", "shards", "role"]
+    if stats is not None:
+        csv_cols += ["min", "max", "mean", "std", "nan", "inf"]
+    return render(fmt, doc=listing.to_dict(), rows=rows, columns=columns, header=header, csv_columns=csv_cols,
+                  width=width)
+
+
+def ls_warnings(listing) -> str:
+    """The warning lines of an :class:`~ckptinspect.ops.listing.Listing`, for stderr (control
+    characters and bytes that are not UTF-8 escaped, as in tables)."""
+    return "".join(f"warning: {escape_controls(w)}\n" for w in listing.warnings)
+
+
+def _tree_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Group rows by layer path: a subtotal row per group, leaves indented under it."""
+    out: list[dict[str, Any]] = []
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        parent, _, leaf = row["name"].rpartition("/")
+        groups.setdefault(parent, []).append({**row, "name": "  " + leaf if parent else leaf})
+    for parent, members in groups.items():
+        if parent:
+            total = sum(r["nbytes"] for r in members)
+            out.append({"name": parent + "/", "size": human_bytes(total), "role": members[0]["role"]
+                        if len({r["role"] for r in members}) == 1 else "mixed",
+                        "shape": f"{len(members)} vars"})
+        out.extend(members)
+    return out
+
+
+def _fmt_time(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    import datetime  # noqa: PLC0415
+
+    return datetime.datetime.fromtimestamp(ts, tz=datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def verify_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
+    """Render a :class:`~ckptinspect.ops.verify.VerifyReport`: verdict, checkpoints, damage."""
+    if width == AUTO and fmt == OutputFormat.table:
+        width = terminal_width()
+    summary = report.summary()
+    newest = report.newest_intact
+    n = summary["checkpoints"]
+    rotated = summary.get("rotated", 0)
+    n_kept = n - rotated
+    gone = f" ({rotated} rotated out while checking)" if rotated else ""
+    if report.intact:
+        verdict = (f"INTACT: {n_kept} of {n_kept} checkpoint{'s' if n_kept != 1 else ''} whole{gone},"
+                   f" {summary['tensors']} tensors ({human_bytes(summary['bytes'])}) checked")
+    elif summary["damaged"] or summary["missing"] or not report.problems:
+        word = "DAMAGED" if summary["damaged"] else "INCOMPLETE"
+        verdict = (f"{word}: {summary['damaged']} damaged, {summary['missing']} missing of {n_kept} checkpoint"
+                   f"{'s' if n_kept != 1 else ''}{gone}; {summary['damaged_tensors']} damaged tensors")
+    else:
+        verdict = (f"INCONSISTENT: the checkpoint{'s' if n_kept != 1 else ''} ({n_kept}{gone}) are whole, the"
+                   f" directory's state file is not")
+    header = [f"path:    {report.path}", f"format:  {report.format}", f"verdict: {verdict}"]
+    header += [f"problem: {p}" for p in report.problems]
+    header += [f"note:    {p}" for p in report.notes]
+    first = report.first_damaged
+    if first is not None:
+        _, d = first
+        header.append(f"first:   {d.name}{d.slice or ''} in {d.file}: {d.problem}")
+    if report.directory or not report.intact:
+        header.append(f"newest intact: {newest.path if newest else 'none'}")
+
+    def problem_cell(c) -> str:
+        if not c.problems:
+            return "-"
+        text = c.problems[0].removeprefix(c.path + ": ")
+        return text + (f" (+{len(c.problems) - 1} more)" if len(c.problems) > 1 else "")
+
+    header += ["", "checkpoints:"]
+    header += _table_lines(
+        ["", "checkpoint", "step", "status", "tensors", "checked", "damaged", "problem"],
+        [
+            ["*" if c.latest else "", c.path, "-" if c.step is None else c.step, c.status, c.tensors,
+             human_bytes(c.nbytes), len(c.damaged), problem_cell(c)]
+            for c in report.checkpoints
+        ],
+        width=width, squeeze=[1], wrap_last=True,
+    )
+    rows = []
+    for c in report.checkpoints:
+        for problem in c.problems:
+            rows.append({"checkpoint": c.path, "status": c.status, "kind": "checkpoint", "problem": problem,
+                         "key": "", "name": "", "slice": "", "file": problem.split(": ", 1)[0]})
+        for d in c.damaged:
+            rows.append({"checkpoint": c.path, "status": c.status, **d.to_dict(), "slice": d.slice or ""})
+    columns: list[Column] = [("name", "name"), ("slice", "slice"), ("file", "file"), ("kind", "kind"), ("problem", "problem")]
+    if report.directory:
+        columns.insert(0, ("checkpoint", "checkpoint"))
+    csv_cols = ["checkpoint", "status", "key", "name", "slice", "file", "shard", "offset", "size", "kind", "problem",
+                "stored_crc32c", "actual_crc32c"]
+    if fmt != OutputFormat.table:
+        return render(fmt, doc=report.to_dict(), rows=rows, columns=columns, csv_columns=csv_cols)
+    text = "\n".join(fit_lines(header, width)) + "\n"
+    tensor_rows = [r for r in rows if r["kind"] != "checkpoint"]
+    if tensor_rows:
+        text += "\ndamaged tensors:\n" + render(fmt, doc={}, rows=tensor_rows, columns=columns, width=width,
+                                                squeeze=["name", "file", "checkpoint"], wrap_last=True,
+                                                optional=["kind", "checkpoint"])
+    return text
+
+
