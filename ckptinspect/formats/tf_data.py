@@ -22,8 +22,11 @@ entries (``formats.tf_bundle``).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import os
 import struct
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
 from .. import model as m
@@ -68,6 +71,10 @@ STORED_ITEMSIZE = {
                      "uint2", "float4_e2m1fn"), 1),
 }
 CHUNK_BYTES = 8 << 20  # bytes read (and checksummed) at a time when checking
+# verify uses both cores: runs of bytes are checksummed by up to CHECK_WORKERS threads
+# (google-crc32c and reads release the GIL), in batches of about BATCH_BYTES.
+CHECK_WORKERS = max(1, min(2, os.cpu_count() or 1))
+BATCH_BYTES = 8 << 20
 _UINT32_MAX = 0xFFFFFFFF
 
 
@@ -377,7 +384,10 @@ class BundleCheck:
         return len(self.items)
 
     def run(self, progress: m.Progress | None = None, done: int = 0, total: int | None = None) -> m.CheckResult:
-        """Check every item, one at a time, shard by shard in file order.
+        """Check every item, in file order; local shards are checksummed by up to
+        ``CHECK_WORKERS`` threads, a batch of about ``BATCH_BYTES`` each, at most
+        ``CHECK_WORKERS + 1`` batches in flight. Results (and progress calls) come in file
+        order whatever the number of workers.
 
         Args:
             progress: Called as ``progress(done, total, item)`` after each item.
@@ -394,15 +404,46 @@ class BundleCheck:
         damaged = list(self.damaged)
         nbytes = 0
         handles: dict[int, Any] = {}
+        parallel = CHECK_WORKERS > 1 and not _fs.is_remote(self.path)
+        pool = ThreadPoolExecutor(CHECK_WORKERS, thread_name_prefix="ckptinspect-verify") if parallel else None
+        in_flight: collections.deque[tuple[list[tuple[_Item, str]], Any]] = collections.deque()
+        batch: list[tuple[_Item, str, Any, Any]] = []
+        batch_bytes = 0
+
+        def submit() -> None:
+            nonlocal batch, batch_bytes
+            if not batch:
+                return
+            work, batch, batch_bytes = batch, [], 0
+            fn = lambda: [pre if f is None else _checked(f, it, crc32c) for it, _, pre, f in work]  # noqa: E731
+            in_flight.append(([(it, path) for it, path, _, _ in work], pool.submit(fn) if pool else _Now(fn())))
+
+        def emit(limit: int) -> None:
+            nonlocal done
+            while len(in_flight) > limit:
+                items, future = in_flight.popleft()
+                for (it, path), found in zip(items, future.result()):
+                    if found is not None:
+                        kind, problem, actual = found
+                        damaged.append(m.Damage(
+                            key=it.key, name=it.name, file=path, kind=kind, problem=problem, shard=it.shard,
+                            offset=it.offset, size=it.size, slice=it.slice,
+                            stored_crc32c=it.crc32c if it.crc32c is not None else 0, actual_crc32c=actual,
+                        ))
+                    done += 1
+                    if progress is not None:
+                        progress(done, total, it)
+
         try:
             for it in self.items:
                 path = data_path(self.path, it.shard, self.num_shards)
                 size = self.sizes.get(it.shard)
-                found: tuple[str, str, int | None] | None
+                pre: tuple[str, str, int | None] | None = None
+                reader = None
                 if size is None:
-                    found = m.DAMAGE_MISSING_SHARD, "its data shard is missing", None
+                    pre = m.DAMAGE_MISSING_SHARD, "its data shard is missing", None
                 elif it.offset + it.size > size:
-                    found = m.DAMAGE_TRUNCATED, f"needs bytes {it.offset}..{it.offset + it.size}, the shard has {size}", None
+                    pre = m.DAMAGE_TRUNCATED, f"needs bytes {it.offset}..{it.offset + it.size}, the shard has {size}", None
                 else:
                     f = handles.get(it.shard)
                     if f is None:
@@ -414,22 +455,21 @@ class BundleCheck:
                             raise CheckpointNotFoundError(f"{path}: permission denied") from None
                         except OSError as e:
                             raise CheckpointNotFoundError(f"{path}: cannot open the data shard: {e.strerror or e}") from None
-                    try:
-                        found = _check_item(f, it, crc32c)
-                    except OSError as e:
-                        found = m.DAMAGE_UNREADABLE, f"read error: {e.strerror or e}", None
+                    reader = _Positioned(f.fileno()) if parallel else f
                     nbytes += it.size
-                if found is not None:
-                    kind, problem, actual = found
-                    damaged.append(m.Damage(
-                        key=it.key, name=it.name, file=path, kind=kind, problem=problem, shard=it.shard,
-                        offset=it.offset, size=it.size, slice=it.slice,
-                        stored_crc32c=it.crc32c if it.crc32c is not None else 0, actual_crc32c=actual,
-                    ))
-                done += 1
-                if progress is not None:
-                    progress(done, total, it)
+                    batch_bytes += it.size
+                if pre is not None and reader is None:
+                    batch.append((it, path, pre, None))
+                else:
+                    batch.append((it, path, None, reader))
+                if batch_bytes >= BATCH_BYTES or not parallel:
+                    submit()
+                    emit(CHECK_WORKERS + 1 if parallel else 0)
+            submit()
+            emit(0)
         finally:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
             for f in handles.values():
                 f.close()
         status = m.STATUS_DAMAGED if damaged or self.problems else m.STATUS_INTACT
@@ -437,6 +477,41 @@ class BundleCheck:
             self.path, self.format, status, step=self.step, tensors=len(self.items),
             nbytes=nbytes, problems=tuple(self.problems), damaged=tuple(damaged),
         )
+
+
+class _Now:
+    """A result computed in the calling thread, shaped like a future."""
+
+    def __init__(self, value: Any):
+        self._value = value
+
+    def result(self) -> Any:
+        return self._value
+
+
+class _Positioned:
+    """``seek``/``read`` over a file descriptor with positioned reads: each thread checking a
+    batch has its own position, the descriptor is shared."""
+
+    def __init__(self, fd: int):
+        self._fd = fd
+        self._pos = 0
+
+    def seek(self, pos: int) -> None:
+        self._pos = pos
+
+    def read(self, size: int) -> bytes:
+        data = os.pread(self._fd, size, self._pos)
+        self._pos += len(data)
+        return data
+
+
+def _checked(f: Any, item: _Item, crc32c: Any) -> tuple[str, str, int | None] | None:
+    """:func:`_check_item`, a read error being that item's damage."""
+    try:
+        return _check_item(f, item, crc32c)
+    except OSError as e:
+        return m.DAMAGE_UNREADABLE, f"read error: {e.strerror or e}", None
 
 
 def plan_check(

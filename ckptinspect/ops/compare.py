@@ -16,6 +16,9 @@ value, without being materialised.
 from __future__ import annotations
 
 import math
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -33,6 +36,8 @@ __all__ = [
     "STATUS_DTYPE",
     "CHUNK_ELEMENTS",
     "BLOCK_BYTES",
+    "PART_ELEMENTS",
+    "WORKERS",
     "NUMERIC_DTYPES",
     "bit_equal",
     "compare_variables",
@@ -47,12 +52,20 @@ STATUS_DTYPE = "dtype_mismatch"
 STATUSES = (STATUS_EQUAL, STATUS_CHANGED, STATUS_ADDED, STATUS_REMOVED, STATUS_SHAPE, STATUS_DTYPE)
 
 # Streaming.
-CHUNK_ELEMENTS = 8192  # arithmetic step: small enough that BLAS dot never spawns threads
+CHUNK_ELEMENTS = 8192  # arithmetic step: small enough that BLAS dot never spawns threads (OpenBLAS: n > 10000)
 BLOCK_BYTES = 1 << 20  # bytes per side held at a time when streaming from a data file
 # Bit-equality compares at most this many bytes at a time (np.array_equal of whole tensors
 # would allocate a third tensor-sized buffer).
 COMPARE_CHUNK_BYTES = 4 << 20
 STRING_KINDS = "OSU"
+# Both cores: a block is cut into parts of PART_ELEMENTS, compared by up to WORKERS threads
+# (numpy releases the GIL). The cut does not depend on WORKERS and the parts' sums are added
+# in order, so results are the same bits with 1 worker or several. Only the parts of one block
+# pair are in flight at a time: memory stays at a block per side.
+WORKERS = max(1, min(2, os.cpu_count() or 1))
+PART_ELEMENTS = 8 * CHUNK_ELEMENTS
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
 
 
 # -- bit equality --------------------------------------------------------------------------------
@@ -171,6 +184,21 @@ class _Accumulator:
             else:
                 self.ndiff += int(np.count_nonzero(d > self.atol))
 
+    def merge(self, other: "_Accumulator") -> None:
+        """Add the sums and counts of ``other`` (the next part of the same values)."""
+        self.saa += other.saa
+        self.sbb += other.sbb
+        self.sab += other.sab
+        self.sdd += other.sdd
+        self.max_abs = max(self.max_abs, other.max_abs)
+        self.pairs += other.pairs
+        self.ndiff += other.ndiff
+        self.nan_a += other.nan_a
+        self.inf_a += other.inf_a
+        self.nan_b += other.nan_b
+        self.inf_b += other.inf_b
+        self.nonfinite_mismatch += other.nonfinite_mismatch
+
     def _split_nonfinite(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Count NaN/Inf, count positions where they do not match, return the both-finite part."""
         fx = np.isfinite(x)
@@ -229,6 +257,51 @@ def _pairs(blocks_a: Iterator[np.ndarray], blocks_b: Iterator[np.ndarray], label
         raise CorruptCheckpointError(f"{label}: more values than its shape declares")
 
 
+def _pool() -> ThreadPoolExecutor:
+    """The threads that compare parts of blocks beside the calling thread (made once)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=max(1, WORKERS - 1), thread_name_prefix="ckptinspect-compare")
+        return _POOL
+
+
+def _run_parts(fn: Callable[[int, int], Any], size: int) -> list[Any]:
+    """``fn(start, stop)`` over the parts of ``range(size)``, results in order.
+
+    With several parts and ``WORKERS > 1``, the calling thread takes the first part and the
+    pool the others; every part has finished when this returns (or raises), so the caller may
+    reuse the buffers the parts read.
+    """
+    bounds = [(i, min(i + PART_ELEMENTS, size)) for i in range(0, size, PART_ELEMENTS)] or [(0, 0)]
+    if len(bounds) == 1 or WORKERS <= 1:
+        return [fn(i, j) for i, j in bounds]
+    futures = [_pool().submit(fn, i, j) for i, j in bounds[1:]]
+    try:
+        first = fn(*bounds[0])
+    finally:
+        rest = []
+        error: BaseException | None = None
+        for f in futures:  # wait for every part, even when one failed
+            try:
+                rest.append(f.result())
+            except BaseException as e:  # noqa: BLE001 - re-raised below, after the others finished
+                error = error or e
+    if error is not None:
+        raise error
+    return [first, *rest]
+
+
+def _identical_part(x: np.ndarray, y: np.ndarray) -> tuple[bool, bool] | None:
+    """(finite, nonzero) of a part whose two sides hold the same bytes; None when they differ."""
+    if not bit_equal(x, y):
+        return None
+    if x.dtype.kind == "f":
+        lo, hi = x.min(), x.max()
+        return bool(math.isfinite(lo) and math.isfinite(hi)), not (lo == 0 and hi == 0)
+    return True, bool(x.any())
+
+
 def _identical(blocks: Iterator[tuple[np.ndarray, np.ndarray]]) -> dict[str, Any] | None:
     """The result for a variable whose two sides hold the same bytes, streaming (no float64
     pass: rel_l2 0, cosine 1 unless all zero); None as soon as a block differs, or when the
@@ -236,19 +309,16 @@ def _identical(blocks: Iterator[tuple[np.ndarray, np.ndarray]]) -> dict[str, Any
     nonzero = False
     seen = False
     for xa, xb in blocks:
-        if not bit_equal(xa, xb):
-            return None
-        x = _arith_view(xa)
+        x, y = _arith_view(xa), _arith_view(xb)
         if x.size == 0:
+            if not bit_equal(xa, xb):
+                return None
             continue
         seen = True
-        if x.dtype.kind == "f":
-            lo, hi = x.min(), x.max()
-            if not (math.isfinite(lo) and math.isfinite(hi)):
+        for part in _run_parts(lambda i, j: _identical_part(x[i:j], y[i:j]), x.size):
+            if part is None or not part[0]:
                 return None
-            nonzero = nonzero or not (lo == 0 and hi == 0)
-        else:
-            nonzero = nonzero or bool(x.any())
+            nonzero = nonzero or part[1]
     if not seen:
         return None
     return {
@@ -262,6 +332,34 @@ def _identical(blocks: Iterator[tuple[np.ndarray, np.ndarray]]) -> dict[str, Any
         "inf_b": 0,
         "nonfinite_mismatch": 0,
     }
+
+
+def _accumulate_part(x: np.ndarray, y: np.ndarray, atol: float, rtol: float, prefilter: bool) -> tuple[_Accumulator, bool]:
+    """Sums over one part (chunk by chunk), and whether its two sides held the same bytes."""
+    acc = _Accumulator(atol, rtol)
+    if prefilter and bit_equal(x, y):
+        for i in range(0, x.size, CHUNK_ELEMENTS):
+            acc.equal_chunk(x[i : i + CHUNK_ELEMENTS])
+        return acc, True
+    exact_int = x.dtype.kind in "iu" and y.dtype.kind in "iu"
+    for i in range(0, x.size, CHUNK_ELEMENTS):
+        acc.chunk(x[i : i + CHUNK_ELEMENTS], y[i : i + CHUNK_ELEMENTS], exact_int)
+    return acc, False
+
+
+def _accumulate(pairs: Iterator[tuple[np.ndarray, np.ndarray]], atol: float, rtol: float, prefilter: bool) -> dict[str, Any]:
+    """The statistics of every block pair, each block's parts compared in the pool and added
+    in order (the same bits whatever the number of workers)."""
+    acc = _Accumulator(atol, rtol)
+    for xa, xb in pairs:
+        x, y = _arith_view(xa), _arith_view(xb)
+        parts = _run_parts(lambda i, j, p=prefilter: _accumulate_part(x[i:j], y[i:j], atol, rtol, p), x.size)
+        for part, same in parts:
+            acc.merge(part)
+            # A variable that differs in one block usually differs in all: stop looking for
+            # equal bytes (per block, so the choice does not depend on the workers).
+            prefilter = prefilter and same
+    return acc.result()
 
 
 def _compare_numeric(
@@ -282,20 +380,7 @@ def _compare_numeric(
             pairs.close()
         if quick is not None:
             return quick
-    acc = _Accumulator(atol, rtol)
-    prefilter = va.dtype == vb.dtype
-    for xa, xb in _pairs(source_a(), source_b(), label):
-        x = _arith_view(xa)
-        y = _arith_view(xb)
-        if prefilter and bit_equal(xa, xb):
-            for i in range(0, x.size, CHUNK_ELEMENTS):
-                acc.equal_chunk(x[i : i + CHUNK_ELEMENTS])
-            continue
-        prefilter = False  # a variable that differs in one block usually differs in all
-        exact_int = x.dtype.kind in "iu" and y.dtype.kind in "iu"
-        for i in range(0, x.size, CHUNK_ELEMENTS):
-            acc.chunk(x[i : i + CHUNK_ELEMENTS], y[i : i + CHUNK_ELEMENTS], exact_int)
-    return acc.result()
+    return _accumulate(_pairs(source_a(), source_b(), label), atol, rtol, va.dtype == vb.dtype)
 
 
 def _itemsize(dtype: str) -> int:
