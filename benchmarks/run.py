@@ -48,7 +48,12 @@ MIB = 2**20
 PY = sys.executable
 CKPT = [PY, "-m", "ckptinspect"]
 HDF5_TOOLS_HINT = "not installed (Debian: apt-get install hdf5-tools)"
-SCALE_COMMANDS = ("ls", "diff", "verify")
+# The scale series: series id -> the ckptinspect command it needs.
+SCALE_SERIES = {"ls": "ls", "ls-stats": "ls", "diff": "diff", "diff-h5": "diff", "verify": "verify"}
+SCALE_COMMANDS = tuple(SCALE_SERIES)
+# Pairs whose ckptinspect command imports TensorFlow (builds a Keras model or writes through TF).
+TF_IMPORTING = ("extract", "extract-weights-h5", "transplant", "transplant-weights-h5")
+MEMORY_LIMIT_MIB = 150  # issue 16: no command over this on the 1 GB files, except those importing TF
 FILE_LABELS = {
     "a": "A: TF bundle, single shard (`a/ckpt`)",
     "b": "B: A perturbed, TF bundle (`b/ckpt`)",
@@ -198,6 +203,49 @@ def cat_prefixes(paths: list[str]) -> list[str]:
     return ["sh", "-c", 'for p in "$@"; do cat "$p".index "$p".data-*; done > /dev/null', "sh", *paths]
 
 
+# The floor of diff on TF bundles: the index parsed by ckptinspect (no TF import), then both
+# checkpoints' bytes read in 1 MiB blocks into reused buffers, and the same comparison in numpy,
+# single-threaded: equal bytes -> finite check; else float64 max |a - b| and the sums behind
+# rel_l2 and cosine.
+NUMPY_DIFF_FLOOR = """import os, numpy as np
+from ckptinspect.formats.tf_bundle import read_index
+from ckptinspect.formats._layout import data_path
+BLOCK = 1 << 20
+def entries(p):
+    ix = read_index(p)
+    return ix.num_shards, {{e.key: e for e in ix.entries if e.dtype == "float32" and not e.slices}}
+(na, ea), (nb, eb) = entries({a!r}), entries({b!r})
+fds, bufs = {{}}, [bytearray(BLOCK), bytearray(BLOCK)]
+def fd(p):
+    if p not in fds:
+        fds[p] = os.open(p, os.O_RDONLY)
+    return fds[p]
+changed = 0
+for key in sorted(ea.keys() & eb.keys()):
+    x_e, y_e = ea[key], eb[key]
+    fa, fb = fd(data_path({a!r}, x_e.shard_id, na)), fd(data_path({b!r}, y_e.shard_id, nb))
+    mx = dd = xx = yy = xy = 0.0
+    for off in range(0, x_e.size, BLOCK):
+        n = min(BLOCK, x_e.size - off)
+        va, vb = memoryview(bufs[0])[:n], memoryview(bufs[1])[:n]
+        os.preadv(fa, [va], x_e.offset + off)
+        os.preadv(fb, [vb], y_e.offset + off)
+        x, y = np.frombuffer(va, np.float32), np.frombuffer(vb, np.float32)
+        if va == vb:
+            assert np.isfinite(x.min()) and np.isfinite(x.max())
+            continue
+        x, y = x.astype(np.float64), y.astype(np.float64)
+        d = x - y
+        mx = max(mx, float(np.abs(d).max()))
+        dd += float(np.square(d).sum()); xx += float(np.square(x).sum()); yy += float(np.square(y).sum()); xy += float((x * y).sum())
+    changed += mx > 0
+print("changed", changed)
+"""
+
+
+NUMPY_FLOOR_LABEL = "numpy floor (raw bytes + numpy, 1 thread)"
+
+
 def py(code: str) -> list[str]:
     return [PY, "-c", code]
 
@@ -258,10 +306,11 @@ def make_pairs(s: c.CheckpointSet, out: pathlib.Path) -> list[Pair]:
         Pair("diff", "diff", "compare A with B (TF bundles, every 4th tensor changed)", [
             c.Tool("ckptinspect diff", [*CKPT, "diff", s.a, s.b], ok_codes=(1,), **ours),
             c.Tool("TF script (max abs diff per key)", py(TF_DIFF.format(a=s.a, b=s.b))),
+            c.Tool(NUMPY_FLOOR_LABEL, py(NUMPY_DIFF_FLOOR.format(a=s.a, b=s.b))),
         ]),
         Pair("diff-h5", "diff", "compare A with B (legacy .h5 files)", [
             c.Tool("ckptinspect diff", [*CKPT, "diff", s.h5_a, s.h5_b], ok_codes=(1,), **ours),
-            c.Tool("h5diff", ["h5diff", s.h5_a, s.h5_b], ok_codes=(1,), missing=h5diff),
+            c.Tool("h5diff -d 0.01", ["h5diff", "-d", "0.01", s.h5_a, s.h5_b], ok_codes=(1,), missing=h5diff),
             c.Tool("h5py script (max abs diff per dataset)", py(H5PY_DIFF.format(a=s.h5_a, b=s.h5_b))),
         ]),
         Pair("extract", "extract", "model weights only, optimizer stripped, to a TF bundle", [
@@ -328,12 +377,19 @@ def torch_pairs(s: c.CheckpointSet, out: pathlib.Path) -> list[Pair]:
 
 
 def scale_tools(s: c.CheckpointSet, baselines: bool) -> dict[str, list[c.Tool]]:
-    """The scale series' tools per command: ckptinspect, then (optionally) TensorFlow."""
+    """The scale series' tools per series id: ckptinspect, then (optionally) its peer."""
+    h5diff = None if shutil.which("h5diff") else f"h5diff {HDF5_TOOLS_HINT}"
     out = {
         "ls": [c.Tool("ckptinspect ls", [*CKPT, "ls", s.a], ours=True), c.Tool("tf.train.list_variables", py(TF_LIST.format(p=s.a)))],
+        "ls-stats": [c.Tool("ckptinspect ls --stats", [*CKPT, "ls", s.a, "--stats"], ours=True),
+                     c.Tool("TF script (load_checkpoint + numpy)", py(TF_STATS.format(p=s.a)))],
         "diff": [c.Tool("ckptinspect diff", [*CKPT, "diff", s.a, s.b], ok_codes=(1,), ours=True), c.Tool("TF script (max abs diff per key)", py(TF_DIFF.format(a=s.a, b=s.b)))],
+        "diff-h5": [c.Tool("ckptinspect diff", [*CKPT, "diff", s.h5_a, s.h5_b], ok_codes=(1,), ours=True),
+                    c.Tool("h5diff -d 0.01", ["h5diff", "-d", "0.01", s.h5_a, s.h5_b], ok_codes=(1,), missing=h5diff)],
         "verify": [c.Tool("ckptinspect verify", [*CKPT, "verify", s.a], ours=True), c.Tool("TF: get_tensor of every key", py(TF_READ_ALL.format(p=s.a)))],
     }
+    if "h5" not in s.meta.get("kinds", ()):
+        out.pop("diff-h5")
     return {k: v if baselines else v[:1] for k, v in out.items()}
 
 
@@ -439,7 +495,7 @@ def med(results: dict[str, dict[str, Any]], pair: str, label: str) -> c.Measurem
 
 
 def evaluate_targets(results: dict[str, dict[str, Any]], s: c.CheckpointSet, floor_peak: int | None, scale: list[dict[str, Any]]) -> list[list[str]]:
-    """Issue 8's targets, each as ``[target, measured, verdict]``."""
+    """Issue 8's and issue 16's targets, each as ``[target, measured, verdict]``."""
     rows: list[list[str]] = []
 
     def add(target: str, measured: str | None, ok: bool | None) -> None:
@@ -463,10 +519,32 @@ def evaluate_targets(results: dict[str, dict[str, Any]], s: c.CheckpointSet, flo
     add("diff no slower than the TF script",
         f"{t.median / d.median:.2f}x faster ({d.median:.3f} s vs {t.median:.3f} s)" if d and t else None,
         d.median <= t.median if d and t else None)
-    d, h = med(results, "diff-h5", "ckptinspect diff"), med(results, "diff-h5", "h5diff")
-    add("diff >= 2x faster than h5diff (legacy .h5 pair)",
+    d, h = med(results, "diff-h5", "ckptinspect diff"), med(results, "diff-h5", "h5diff -d 0.01")
+    add("diff >= 1.5x faster than h5diff -d 0.01 (legacy .h5 pair; issue 16)",
         f"{h.median / d.median:.2f}x ({d.median:.3f} s vs {h.median:.3f} s)" if d and h else None,
-        h.median >= 2 * d.median if d and h else None)
+        h.median >= 1.5 * d.median if d and h else None)
+    d, t = med(results, "diff", "ckptinspect diff"), med(results, "diff", "TF script (max abs diff per key)")
+    add("diff >= 5x faster than the TF script (issue 16)",
+        f"{t.median / d.median:.2f}x ({d.median:.3f} s vs {t.median:.3f} s)" if d and t else None,
+        t.median >= 5 * d.median if d and t else None)
+    f = med(results, "diff", NUMPY_FLOOR_LABEL)
+    add("diff within 1.3x of the numpy floor (issue 16)",
+        f"{d.median / f.median:.2f}x the floor's time ({d.median:.3f} s vs {f.median:.3f} s)" if d and f else None,
+        d.median <= 1.3 * f.median if d and f else None)
+    a, v = med(results, "ls-h5", "ckptinspect ls"), med(results, "ls-h5", "h5py visititems (floor of an h5py lister)")
+    add("ls of a Keras HDF5 file within 1.2x of h5py visititems (issue 16)",
+        f"{a.median / v.median:.2f}x ({a.median:.3f} s vs {v.median:.3f} s)" if a and v else None,
+        a.median <= 1.2 * v.median if a and v else None)
+    a, t = med(results, "ls-stats", "ckptinspect ls --stats"), med(results, "ls-stats", "TF script (load_checkpoint + numpy)")
+    add("ls --stats >= 4x faster than the TF script (issue 16)",
+        f"{t.median / a.median:.2f}x ({a.median:.3f} s vs {t.median:.3f} s)" if a and t else None,
+        t.median >= 4 * a.median if a and t else None)
+    over = [f"{p}: {mib(m.peak)} MiB" for p, r in results.items() for k, m in r.items()
+            if isinstance(m, c.Measurement) and k.startswith("ckptinspect") and p not in TF_IMPORTING and m.peak > MEMORY_LIMIT_MIB * MIB]
+    ours = [m for p, r in results.items() if p not in TF_IMPORTING for k, m in r.items() if isinstance(m, c.Measurement) and k.startswith("ckptinspect")]
+    add(f"no ckptinspect command over {MEMORY_LIMIT_MIB} MiB on the 1 GB files, except those importing TF (issue 16)",
+        ("over: " + ", ".join(over)) if over else (f"largest {mib(max(m.peak for m in ours))} MiB" if ours else None),
+        not over if ours else None)
     largest = s.meta["largest_tensor_bytes"]
     d = med(results, "diff", "ckptinspect diff")
     if d and floor_peak:
@@ -517,7 +595,7 @@ def plot_scale(scale: list[dict[str, Any]], path: pathlib.Path) -> str:
         from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # noqa: PLC0415
     except ImportError:
         return "matplotlib is not installed (pip install -e .[bench]): no plot written"
-    colors = {"ls": "tab:blue", "diff": "tab:orange", "verify": "tab:green"}
+    colors = {"ls": "tab:blue", "ls-stats": "tab:purple", "diff": "tab:orange", "diff-h5": "tab:red", "verify": "tab:green"}
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 5.2))
     sizes = [p["bytes"] / MIB for p in scale]
     handles, names = [], []
@@ -543,7 +621,7 @@ def plot_scale(scale: list[dict[str, Any]], path: pathlib.Path) -> str:
             line = ax_t.errorbar(xs, ts, yerr=[lo, hi], capsize=3, **style)
             ax_m.plot(xs, ms, **style)
             handles.append(line)
-            names.append(label if ours else f"{cmd}: {label}")
+            names.append(label if ours and cmd in ("ls", "diff", "verify") else f"{cmd}: {label}")
 
     def nice(v: float, _pos: Any = None) -> str:
         return f"{v:g}" if v < 10 else f"{v:,.0f}"
@@ -620,7 +698,7 @@ def write_results(path: pathlib.Path, args: argparse.Namespace, info: dict[str, 
         "",
         table(["check", "expected", "got", "verdict"], checks, align="llll") if checks else "(none run)",
         "",
-        "## Targets (issue 8)",
+        "## Targets (issues 8 and 16)",
         "",
         table(["target", "measured", "verdict"], targets, align="lll"),
         "",
@@ -720,11 +798,11 @@ def main(argv: list[str] | None = None) -> int:
         if p.id in ("ls-weights-h5", "transplant-weights-h5"):
             need.add("weights_h5")
     wanted = [(main_layout, need)]
-    run_scale = bool(scale_layouts) and (not args.only or any(p.command in SCALE_COMMANDS for p in chosen))
+    run_scale = bool(scale_layouts) and (not args.only or any(p.id in SCALE_SERIES for p in chosen))
     if any(p.id == "diff" for p in chosen) or run_scale:
         wanted.append((floor_layout, {"bundle"}))
     if run_scale:
-        wanted += [(lay, {"bundle"}) for lay in scale_layouts]
+        wanted += [(lay, {"bundle", "h5"}) for lay in scale_layouts]
     sets = c.ensure_checkpoints(wanted, work, log=log)
     s = sets[main_layout.name]
     pairs = select(make_pairs(s, work / "_out"), args.only)
@@ -774,7 +852,7 @@ def main(argv: list[str] | None = None) -> int:
             point = {"size_mb": lay.size_mb, "bytes": ss.meta["files"]["a"], "entries": ss.meta["entries"],
                      "largest_tensor_bytes": ss.meta["largest_tensor_bytes"], "results": {}}
             for cmd, tools in scale_tools(ss, args.scale_baselines).items():
-                if cmd not in commands:
+                if SCALE_SERIES[cmd] not in commands:
                     continue
                 if lay == main_layout and cmd in results:  # the same runs as the main pair
                     point["results"][cmd] = {t.label: results[cmd][t.label] for t in tools if t.label in results[cmd]}
