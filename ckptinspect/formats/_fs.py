@@ -1,8 +1,11 @@
-"""File access for local paths (plain ``os``) and remote ones (``tf.io.gfile``).
+"""File access for local paths (plain ``os``) and remote ones (fsspec or ``tf.io.gfile``).
 
-Local paths never import TensorFlow. A path with a scheme (``gs://``, ``ram://``...) goes
-through ``tf.io.gfile``, imported (quietly) on first use; :func:`check_remote` says which
-schemes work when one does not.
+Local paths never import TensorFlow. A path with a scheme (``s3://``, ``gs://``...) goes
+through fsspec when fsspec is installed with an implementation for that scheme (``s3fs``,
+``gcsfs``, or any registered ``AbstractFileSystem``), else through ``tf.io.gfile``, imported
+(quietly) on first use; :func:`check_remote` says which schemes work when one does not.
+Remote files are opened without read-ahead: every read is a ranged read of the bytes asked
+for, so listing a checkpoint reads its index, never its data files whole.
 
 Every read of a local file goes through :func:`open_binary`, which opens only regular files:
 a FIFO would block ``open`` (or ``read``) forever and a device such as ``/dev/zero`` never
@@ -18,7 +21,7 @@ import contextlib
 import os
 import posixpath
 import stat
-from typing import BinaryIO, Iterator
+from typing import Any, BinaryIO, Iterator
 
 from ..errors import CheckpointNotFoundError, UnsafeFileError
 
@@ -72,6 +75,46 @@ def scheme(path: str) -> str:
     return path.split("://", 1)[0].lower() if is_remote(path) else ""
 
 
+def _fsspec(path: str) -> Any:
+    """The fsspec file system for ``path``'s scheme, or None (fsspec or the scheme's
+    implementation not installed, or a local scheme)."""
+    name = scheme(path)
+    if name in LOCAL_SCHEMES:
+        return None
+    try:
+        import fsspec  # noqa: PLC0415 - remote paths only
+
+        return fsspec.filesystem(name)
+    except (ImportError, ValueError):
+        return None
+
+
+def _remote(path: str) -> Any:
+    """The file system object for a remote path: fsspec's, else ``tf.io.gfile`` behind the
+    same few calls (:class:`_GFileFS`)."""
+    fs = _fsspec(path)
+    return fs if fs is not None else _GFileFS()
+
+
+class _GFileFS:
+    """``tf.io.gfile`` behind the fsspec calls this module uses."""
+
+    def exists(self, path: str) -> bool:
+        return _gfile().exists(path)
+
+    def isdir(self, path: str) -> bool:
+        return _gfile().isdir(path)
+
+    def ls(self, path: str, detail: bool = False) -> list[str]:
+        return list(_gfile().listdir(path))
+
+    def size(self, path: str) -> int:
+        return _gfile().stat(path).length
+
+    def open(self, path: str, mode: str = "rb", **_kwargs: Any) -> Any:
+        return _gfile().GFile(path, mode)
+
+
 def _gfile():
     from .._tf import import_tf  # noqa: PLC0415 - remote paths only; quiet start-up
 
@@ -95,6 +138,14 @@ def check_remote(path: str) -> None:
             file system that cannot be reached (no network, no credentials).
     """
     if not is_remote(path):
+        return
+    fs = _fsspec(path)
+    if fs is not None:
+        try:
+            fs.exists(path)
+        except Exception as e:  # noqa: BLE001 - whatever the file system raises (network, credentials)
+            text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise CheckpointNotFoundError(f"{path}: cannot access ({text})") from None
         return
     name = scheme(path)
     supported = remote_schemes()
@@ -124,11 +175,11 @@ def basename(path: str) -> str:
 
 
 def exists(path: str) -> bool:
-    return _gfile().exists(path) if is_remote(path) else os.path.exists(path)
+    return _remote(path).exists(path) if is_remote(path) else os.path.exists(path)
 
 
 def isdir(path: str) -> bool:
-    return _gfile().isdir(path) if is_remote(path) else os.path.isdir(path)
+    return _remote(path).isdir(path) if is_remote(path) else os.path.isdir(path)
 
 
 def isfile(path: str) -> bool:
@@ -147,12 +198,14 @@ def is_regular(path: str) -> bool:
 
 
 def listdir(path: str) -> list[str]:
-    return sorted(_gfile().listdir(path) if is_remote(path) else os.listdir(path))
+    if is_remote(path):
+        return sorted(posixpath.basename(p.rstrip("/")) for p in _remote(path).ls(path, detail=False))
+    return sorted(os.listdir(path))
 
 
 def getsize(path: str) -> int:
     if is_remote(path):
-        return _gfile().stat(path).length
+        return int(_remote(path).size(path))
     return os.path.getsize(path)
 
 
@@ -234,7 +287,11 @@ def check_regular(path: str) -> int:
 
 
 def open_remote(path: str):
-    """A binary file object for a remote path (through ``tf.io.gfile``)."""
+    """A binary file object for a remote path (fsspec's without read-ahead: each read is a
+    ranged read of what is asked; else ``tf.io.gfile``)."""
+    fs = _fsspec(path)
+    if fs is not None:
+        return fs.open(path, "rb", cache_type="none")
     return _gfile().GFile(path, "rb")
 
 
@@ -373,6 +430,7 @@ class DataFiles:
 
     def __init__(self) -> None:
         self._fds: dict[str, int] = {}
+        self._remote: dict[str, Any] = {}  # remote files: open file objects, ranged reads
         self._sizes: dict[str, int | None] = {}
         self._buffers: list[bytearray] = []
 
@@ -380,7 +438,13 @@ class DataFiles:
         """The file's size, or None when it cannot be stat'ed or is not a regular file (a FIFO
         or device is left for the checkpoint's reader, which refuses it)."""
         if path not in self._sizes:
-            self._sizes[path] = os.path.getsize(path) if is_regular(path) else None
+            if is_remote(path):
+                try:
+                    self._sizes[path] = getsize(path) if exists(path) else None
+                except Exception:  # noqa: BLE001 - an unreachable remote file is left for the reader to report
+                    self._sizes[path] = None
+            else:
+                self._sizes[path] = os.path.getsize(path) if is_regular(path) else None
         return self._sizes[path]
 
     def pin(self, path: str) -> None:
@@ -399,6 +463,15 @@ class DataFiles:
 
     def pread_into(self, path: str, buffer: memoryview, offset: int) -> int:
         """Fill ``buffer`` from ``offset``; returns the bytes read (fewer at the end of the file)."""
+        if is_remote(path):
+            f = self._remote.get(path)
+            if f is None:
+                f = self._remote[path] = open_binary(path)
+            with _reading(path):
+                f.seek(offset)
+                data = f.read(len(buffer))  # one ranged read of exactly these bytes
+            buffer[: len(data)] = data
+            return len(data)
         fd = self._fds.get(path)
         if fd is None:
             with open_binary(path) as f:  # regular files only (never blocks on a FIFO)
@@ -420,3 +493,6 @@ class DataFiles:
         fds, self._fds = self._fds, {}
         for fd in fds.values():
             os.close(fd)
+        remote, self._remote = self._remote, {}
+        for f in remote.values():
+            f.close()

@@ -814,10 +814,11 @@ class BundleSource(m.BaseSource):
         return np.asarray(value)
 
     def _raw_entry(self, variable: m.Variable) -> tuple[str, IndexEntry, np.dtype] | None:
-        """Where ``variable``'s bytes can be read directly: a local, unsliced tensor of a plain
-        numeric dtype whose shard is long enough (else the TF reader reports the problem)."""
+        """Where ``variable``'s bytes can be read directly (ranged reads for a remote one): an
+        unsliced tensor of a plain numeric dtype whose shard is long enough (else the TF reader
+        reports the problem)."""
         entry = self._entries.get(variable.key)
-        if entry is None or entry.slices or entry.problem is not None or _fs.is_remote(self.prefix):
+        if entry is None or entry.slices or entry.problem is not None:
             return None
         dtype = m.numpy_dtype(entry.dtype)
         if dtype is None or entry.size != variable.size * dtype.itemsize:
