@@ -281,4 +281,4 @@ def test_ram_paths_work_and_unsupported_schemes_say_which_work():
         assert bad.stderr == (
             f"Error: {scheme}://bucket/run/ckpt-1: the {scheme}:// scheme is not supported; remote paths work with"
             " gs://, ram:// (the file systems this TensorFlow has; s3:// and hdfs:// moved out of TensorFlow into"
-            " the tensorflow-io package)\n"), bad.stderr
+            " the tensorflow-io package), and the schemes fsspec has an implementation installed for (s3fs, gcsfs...)\n"), bad.stderr

@@ -153,7 +153,8 @@ def check_remote(path: str) -> None:
         raise CheckpointNotFoundError(
             f"{path}: the {name}:// scheme is not supported; remote paths work with "
             f"{', '.join(s + '://' for s in supported)} (the file systems this TensorFlow has;"
-            " s3:// and hdfs:// moved out of TensorFlow into the tensorflow-io package)"
+            " s3:// and hdfs:// moved out of TensorFlow into the tensorflow-io package), and the schemes"
+            " fsspec has an implementation installed for (s3fs, gcsfs...)"
         )
     try:
         _gfile().exists(path)
