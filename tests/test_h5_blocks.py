@@ -63,3 +63,27 @@ def test_direct_blocks_see_the_bytes_on_disk(tmp_path):
         assert first[0] == np.float32(1234.5)
     with h5py.File(path, "r") as f:
         assert f["layers/dense/vars/0"][0, 0] == np.float32(1234.5)
+
+
+def _blocks(ck, key):
+    return np.concatenate([b.copy() for b in ck.iter_blocks(ck[key], BLOCK)])
+
+
+def test_offsets_from_the_listing_only_while_the_file_is_the_one_listed(tmp_path):
+    """Blocks are read at the offsets found when listing; a file replaced after listing (same
+    names, other layout) is opened and checked again through HDF5, never read at stale offsets."""
+    path = tmp_path / "model.weights.h5"
+    values = _write(path)
+    other = tmp_path / "other.h5"
+    moved = {k: (v[::-1].copy() if v.dtype.kind != "b" else ~v) for k, v in values.items()}
+    with h5py.File(other, "w") as f:
+        f.create_dataset("padding", data=np.zeros(4096, np.float64))  # every dataset lies elsewhere now
+        for key, value in moved.items():
+            f.create_dataset(key, data=value)
+    with ckptinspect.open(str(path)) as ck:
+        for key, value in values.items():
+            np.testing.assert_array_equal(_blocks(ck, key), value.reshape(-1))
+    with ckptinspect.open(str(path)) as ck:
+        other.replace(path)  # after listing, before any value is read
+        for key, value in moved.items():
+            np.testing.assert_array_equal(_blocks(ck, key), value.reshape(-1))

@@ -47,6 +47,7 @@ __all__ = [
     "read_head",
     "RangeReader",
     "DataFiles",
+    "fingerprint",
     "same_file",
     "real_path",
     "is_inside",
@@ -425,6 +426,18 @@ class RangeReader:
         self.close()
 
 
+def _stat_key(st: os.stat_result) -> tuple[int, int, int, int]:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def fingerprint(path: str) -> tuple[int, int, int, int] | None:
+    """(device, inode, size, modification time in ns) of a local file, None when it cannot be stat'ed."""
+    try:
+        return _stat_key(os.stat(path))
+    except OSError:
+        return None
+
+
 class DataFiles:
     """Data files opened once for a whole operation: sizes, positioned reads, and a pool of
     read buffers reused across tensors (fresh buffers would cost a page fault per 4 KiB)."""
@@ -461,6 +474,16 @@ class DataFiles:
             fd = os.dup(f.fileno())
         self._fds[path] = fd
         self._sizes[path] = os.fstat(fd).st_size
+
+    def fingerprint(self, path: str) -> tuple[int, int, int, int]:
+        """(device, inode, size, modification time in ns) of the file as opened here (opened,
+        and kept open, on first use): compare with :func:`fingerprint` of the path taken earlier.
+
+        Raises:
+            CheckpointNotFoundError, UnsafeFileError: Missing, unreadable or not a regular file.
+        """
+        self.pin(path)
+        return _stat_key(os.fstat(self._fds[path]))
 
     def pread_into(self, path: str, buffer: memoryview, offset: int) -> int:
         """Fill ``buffer`` from ``offset``; returns the bytes read (fewer at the end of the file)."""

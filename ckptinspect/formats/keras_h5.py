@@ -92,6 +92,7 @@ WEIGHT_MAP = "weight_map"
 # BOMB_FLOOR_BYTES (4 GiB) it must also store at least 1/BOMB_MAX_EXPANSION of its declared
 # size (the rule Keras's own loader applies to shape/decompression bombs).
 MAX_DECLARED_BYTES = 1 << 40
+DIRECT_KINDS = "fiucbV"  # fixed-size numpy kinds whose stored bytes may be read at their file offset
 BOMB_FLOOR_BYTES = 1 << 32
 BOMB_MAX_EXPANSION = 1000
 MAX_INDEX_JSON_BYTES = 64 << 20
@@ -223,6 +224,8 @@ class _Dataset:
     dtype: str
     nbytes: int
     allocated: bool = True
+    offset: int | None = None  # contiguous, unfiltered storage of fixed-size values at this file offset
+    stored: Any = None  # the numpy dtype of the stored values (with their byte order)
 
 
 def _check_dataset(dsid: Any, key: str, label: str) -> None:
@@ -303,7 +306,13 @@ def _describe(dsid: Any, key: str) -> _Dataset:
         nbytes = int(dsid.get_storage_size())
     else:
         nbytes = math.prod(shape) * dtype.itemsize
-    return _Dataset(key=key, shape=shape, dtype=name, nbytes=nbytes, allocated=not _is_unallocated(dsid))
+    offset = None
+    if dtype.kind in DIRECT_KINDS and dtype.itemsize and nbytes:
+        at = dsid.get_offset()  # None unless contiguous storage is allocated (never filtered)
+        if at is not None and dsid.get_storage_size() == nbytes:
+            offset = int(at)
+    return _Dataset(key=key, shape=shape, dtype=name, nbytes=nbytes, allocated=not _is_unallocated(dsid),
+                    offset=offset, stored=dtype)
 
 
 def _unallocated_error(dsid: Any, key: str, label: str) -> UnallocatedDataError:
@@ -862,6 +871,8 @@ class H5Listing:
     info: dict[str, Any]
     step: int | None = None
     step_source: str | None = None
+    # key -> (file offset, stored dtype) of contiguous fixed-size datasets (see H5Source).
+    locations: dict[str, tuple[int, Any]] = dataclasses.field(default_factory=dict)
 
 
 def list_h5_file(h5: Any, label: str, namer: VarNamer | None = None) -> H5Listing:
@@ -882,6 +893,7 @@ def list_h5_file(h5: Any, label: str, namer: VarNamer | None = None) -> H5Listin
     """
     walk = _walk(h5, label)
     layout = _layout(h5, walk)
+    locations = {k: (ds.offset, ds.stored) for k, ds in walk.datasets.items() if ds.offset is not None}
 
     def read(v: m.Variable) -> np.ndarray:
         return _read_dataset(_safe_dataset(h5, v.key, label), v, label)
@@ -890,11 +902,11 @@ def list_h5_file(h5: Any, label: str, namer: VarNamer | None = None) -> H5Listin
         base = MODEL_WEIGHTS if layout == LAYOUT_LEGACY_FULL else ""
         variables = tuple(_legacy_variables(h5, walk, base, label))
         info = _with_unallocated(_with_counter(_legacy_info(h5, layout), variables), [walk])
-        return H5Listing(m.FORMAT_KERAS_H5, variables, info, *counter_step(read, variables))
+        return H5Listing(m.FORMAT_KERAS_H5, variables, info, *counter_step(read, variables), locations=locations)
     if layout == LAYOUT_KERAS3:
         variables = tuple(_keras3_variables([walk], namer))
         info = _with_unallocated(_with_counter(_keras3_info([walk]), variables), [walk])
-        return H5Listing(m.FORMAT_KERAS_WEIGHTS_H5, variables, info, *counter_step(read, variables))
+        return H5Listing(m.FORMAT_KERAS_WEIGHTS_H5, variables, info, *counter_step(read, variables), locations=locations)
     raise NotACheckpointError(
         f"{label}: an HDF5 file but not Keras weights (no {MODEL_WEIGHTS} group, no"
         f" {LAYER_NAMES_ATTR} attribute, no {VARS_GROUP} groups)"
@@ -993,7 +1005,7 @@ class H5Source(m.BaseSource):
     """
 
     def __init__(self, openers: Sequence[Callable[[], Any]], labels: Sequence[str], paths: Sequence[str] | None = None,
-                 *, direct: bool = False):
+                 *, direct: bool = False, listed: dict[int, tuple[Any, dict[str, tuple[int, Any]]]] | None = None):
         self._openers = list(openers)
         self._labels = list(labels)
         self._paths = tuple(paths if paths is not None else labels)
@@ -1002,6 +1014,10 @@ class H5Source(m.BaseSource):
         self._direct = direct
         self._data = _fs.DataFiles()
         self._last: tuple[int, str, Any] | None = None
+        # Per shard: the file's fingerprint when it was listed, and where its contiguous
+        # datasets lie. While the open file still has that fingerprint, their blocks are read
+        # at those offsets without reopening the dataset through HDF5.
+        self._listed = listed or {}
 
     def files(self) -> tuple[str, ...]:
         return self._paths
@@ -1037,6 +1053,10 @@ class H5Source(m.BaseSource):
         """
         shard = variable.shards[0] if variable.shards else 0
         label = self._labels[shard]
+        listed = self._listed_location(shard, variable)
+        if listed is not None:
+            yield from self._direct_blocks(label, variable, *listed, elements)
+            return
 
         def prepare() -> Any:
             # diff streams a variable twice (a byte-equality pass, then statistics): the second
@@ -1062,11 +1082,34 @@ class H5Source(m.BaseSource):
             yield block.reshape(-1)
             del block
 
+    def _listed_location(self, shard: int, variable: m.Variable) -> tuple[str, int, np.dtype] | None:
+        """Where the listing found ``variable``'s bytes, while the file is still the one listed
+        (same device, inode, size and modification time): else None, and the dataset is
+        opened and checked again through HDF5."""
+        listed = self._listed.get(shard) if self._direct else None
+        location = listed[1].get(variable.key) if listed else None
+        if location is None:
+            return None
+        offset, stored = location
+        dtype = m.numpy_dtype("bfloat16") if variable.dtype == "bfloat16" else stored
+        if dtype is None or dtype.kind not in DIRECT_KINDS or dtype.itemsize != stored.itemsize:
+            return None
+        path = self._labels[shard]
+        try:
+            if self._data.fingerprint(path) != listed[0]:
+                return None
+        except CkptError:
+            return None
+        size = self._data.size(path)
+        if size is None or offset + variable.size * dtype.itemsize > size:
+            return None
+        return path, offset, dtype
+
     def _direct_location(self, shard: int, dsid: Any, variable: m.Variable) -> tuple[str, int, np.dtype] | None:
         """Where a dataset's bytes can be read straight from the file: contiguous storage
         (never filtered) of a fixed-size number type in a local HDF5 file, inside the file."""
         dtype = m.numpy_dtype("bfloat16") if variable.dtype == "bfloat16" else dsid.dtype
-        if not self._direct or dtype is None or dtype.kind not in "fiucbV" or dtype.itemsize != dsid.dtype.itemsize:
+        if not self._direct or dtype is None or dtype.kind not in DIRECT_KINDS or dtype.itemsize != dsid.dtype.itemsize:
             return None
         offset = dsid.get_offset()
         if offset is None:
@@ -1129,6 +1172,7 @@ def open_h5(path: str) -> m.Checkpoint:
         UnsafeFileError: Links, external/virtual datasets or shape bombs.
     """
     path = str(path)
+    listed = None if _fs.is_remote(path) else _fs.fingerprint(path)  # the file as it was listed
     h5 = _open_file(path)
     try:
         listing = guard_h5(path, lambda: list_h5_file(h5, path))
@@ -1142,7 +1186,8 @@ def open_h5(path: str) -> m.Checkpoint:
         step_source=listing.step_source,
         num_shards=1,
         info=listing.info,
-        source=H5Source([lambda: _open_file(path)], [path], direct=not _fs.is_remote(path)),
+        source=H5Source([lambda: _open_file(path)], [path], direct=not _fs.is_remote(path),
+                        listed={0: (listed, listing.locations)} if listed is not None else None),
     )
 
 
