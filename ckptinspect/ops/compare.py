@@ -269,27 +269,42 @@ def _pool() -> ThreadPoolExecutor:
 def _run_parts(fn: Callable[[int, int], Any], size: int) -> list[Any]:
     """``fn(start, stop)`` over the parts of ``range(size)``, results in order.
 
-    With several parts and ``WORKERS > 1``, the calling thread takes the first part and the
-    pool the others; every part has finished when this returns (or raises), so the caller may
-    reuse the buffers the parts read.
+    With several parts and ``WORKERS > 1``, the calling thread and ``WORKERS - 1`` pool threads
+    take the next part left until none is (balanced whatever the parts cost); every part has
+    finished when this returns (or raises), so the caller may reuse the buffers they read.
     """
     bounds = [(i, min(i + PART_ELEMENTS, size)) for i in range(0, size, PART_ELEMENTS)] or [(0, 0)]
     if len(bounds) == 1 or WORKERS <= 1:
         return [fn(i, j) for i, j in bounds]
-    futures = [_pool().submit(fn, i, j) for i, j in bounds[1:]]
+    results: list[Any] = [None] * len(bounds)
+    order = iter(range(len(bounds)))
+    lock = threading.Lock()
+
+    def drain() -> None:
+        while True:
+            with lock:
+                k = next(order, None)
+            if k is None:
+                return
+            results[k] = fn(*bounds[k])
+
+    futures = [_pool().submit(drain) for _ in range(min(WORKERS, len(bounds)) - 1)]
+    error: BaseException | None = None
     try:
-        first = fn(*bounds[0])
-    finally:
-        rest = []
-        error: BaseException | None = None
-        for f in futures:  # wait for every part, even when one failed
-            try:
-                rest.append(f.result())
-            except BaseException as e:  # noqa: BLE001 - re-raised below, after the others finished
-                error = error or e
+        drain()
+    except BaseException as e:  # noqa: BLE001 - re-raised below, once the pool's parts are done
+        error = e
+        with lock:
+            for _ in order:  # leave nothing for the pool to start
+                pass
+    for f in futures:  # wait for every part, even when one failed
+        try:
+            f.result()
+        except BaseException as e:  # noqa: BLE001
+            error = error or e
     if error is not None:
         raise error
-    return [first, *rest]
+    return results
 
 
 def _identical_part(x: np.ndarray, y: np.ndarray) -> tuple[bool, bool] | None:
