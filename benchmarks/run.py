@@ -310,7 +310,7 @@ def make_pairs(s: c.CheckpointSet, out: pathlib.Path) -> list[Pair]:
         ]),
         Pair("diff-h5", "diff", "compare A with B (legacy .h5 files)", [
             c.Tool("ckptinspect diff", [*CKPT, "diff", s.h5_a, s.h5_b], ok_codes=(1,), **ours),
-            c.Tool("h5diff -d 0.01", ["h5diff", "-d", "0.01", s.h5_a, s.h5_b], ok_codes=(1,), missing=h5diff),
+            c.Tool("h5diff -d 0.01", ["h5diff", "-d", "0.01", s.h5_a, s.h5_b], ok_codes=(0, 1), missing=h5diff),
             c.Tool("h5py script (max abs diff per dataset)", py(H5PY_DIFF.format(a=s.h5_a, b=s.h5_b))),
         ]),
         Pair("extract", "extract", "model weights only, optimizer stripped, to a TF bundle", [
@@ -385,7 +385,7 @@ def scale_tools(s: c.CheckpointSet, baselines: bool) -> dict[str, list[c.Tool]]:
                      c.Tool("TF script (load_checkpoint + numpy)", py(TF_STATS.format(p=s.a)))],
         "diff": [c.Tool("ckptinspect diff", [*CKPT, "diff", s.a, s.b], ok_codes=(1,), ours=True), c.Tool("TF script (max abs diff per key)", py(TF_DIFF.format(a=s.a, b=s.b)))],
         "diff-h5": [c.Tool("ckptinspect diff", [*CKPT, "diff", s.h5_a, s.h5_b], ok_codes=(1,), ours=True),
-                    c.Tool("h5diff -d 0.01", ["h5diff", "-d", "0.01", s.h5_a, s.h5_b], ok_codes=(1,), missing=h5diff)],
+                    c.Tool("h5diff -d 0.01", ["h5diff", "-d", "0.01", s.h5_a, s.h5_b], ok_codes=(0, 1), missing=h5diff)],
         "verify": [c.Tool("ckptinspect verify", [*CKPT, "verify", s.a], ours=True), c.Tool("TF: get_tensor of every key", py(TF_READ_ALL.format(p=s.a)))],
     }
     if "h5" not in s.meta.get("kinds", ()):
