@@ -68,6 +68,7 @@ def _diff_with(monkeypatch, workers: int, *args, **kwargs):
 def test_diff_same_results_with_one_and_two_workers(pair, monkeypatch, tol):
     one = _diff_with(monkeypatch, 1, *pair, **tol).to_dict()
     two = _diff_with(monkeypatch, 2, *pair, **tol).to_dict()
+    assert compare.PARALLEL_WORKERS >= 1
     assert one == two  # the same numbers, bit for bit, and the same row order
     assert [v["name"] for v in one["variables"]] == [v["name"] for v in two["variables"]]
     rows = {v["name"].split("/")[1]: v for v in two["variables"]}

@@ -58,11 +58,15 @@ BLOCK_BYTES = 1 << 20  # bytes per side held at a time when streaming from a dat
 # would allocate a third tensor-sized buffer).
 COMPARE_CHUNK_BYTES = 4 << 20
 STRING_KINDS = "OSU"
-# Both cores: a block is cut into parts of PART_ELEMENTS, compared by up to WORKERS threads
-# (numpy releases the GIL). The cut does not depend on WORKERS and the parts' sums are added
-# in order, so results are the same bits with 1 worker or several. Only the parts of one block
-# pair are in flight at a time: memory stays at a block per side.
-WORKERS = max(1, min(2, os.cpu_count() or 1))
+# A block is cut into parts of PART_ELEMENTS, compared by up to WORKERS threads (numpy releases
+# the GIL). The cut does not depend on WORKERS and the parts' sums are added in order, so results
+# are the same bits with 1 worker or several; only the parts of one block pair are in flight.
+# Default 1: on the 2-vCPU benchmark machine, two threads made diff of the 1 GB pair slower
+# (in-process, idle: 1.05 s with 1, 1.43 s with 2; all-equal pair 0.56 vs 0.81 s): the work is
+# memory-bound and a 1 MiB block's parts are too small for the thread hand-offs. Set it to
+# PARALLEL_WORKERS to use the pool.
+PARALLEL_WORKERS = max(1, min(2, os.cpu_count() or 1))
+WORKERS = 1
 PART_ELEMENTS = 8 * CHUNK_ELEMENTS
 _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
