@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence
 
 from .errors import CheckpointNotFoundError
 
@@ -40,6 +40,7 @@ __all__ = [
     "FLOAT_DTYPES",
     "numpy_dtype",
     "display_name",
+    "role_totals",
 ]
 
 ROLE_MODEL = "model"
@@ -350,6 +351,22 @@ class BaseSource:
         pass
 
 
+def role_totals(items: Iterable[Any], extra: str | None = None) -> dict[str, dict[str, int]]:
+    """``count`` and ``nbytes`` per role (every role of :data:`ROLES`, plus ``all``) of things
+    with a ``role`` and ``nbytes`` (variables, report rows); with ``extra``, that integer
+    attribute summed too (``new_nbytes``)."""
+    keys = ("count", "nbytes") + ((extra,) if extra else ())
+    out = {r: dict.fromkeys(keys, 0) for r in (*ROLES, "all")}
+    for v in items:
+        for r in (v.role, "all"):
+            row = out[r]
+            row["count"] += 1
+            row["nbytes"] += v.nbytes
+            if extra:
+                row[extra] += getattr(v, extra)
+    return out
+
+
 def display_name(text: str) -> str:
     """A key or name as shown to people: bytes that are not UTF-8 as backslash escapes.
 
@@ -458,12 +475,7 @@ class Checkpoint:
 
     def totals(self) -> dict[str, dict[str, int]]:
         """Count and bytes per role, plus ``all``."""
-        out = {r: {"count": 0, "nbytes": 0} for r in (*ROLES, "all")}
-        for v in self.variables:
-            for r in (v.role, "all"):
-                out[r]["count"] += 1
-                out[r]["nbytes"] += v.nbytes
-        return out
+        return role_totals(self.variables)
 
     # -- values --------------------------------------------------------------------------
     def read(self, name_or_key: str | Variable) -> np.ndarray:

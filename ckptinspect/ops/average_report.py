@@ -4,7 +4,7 @@ newest or dropped, counts and bytes per role."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable
+from typing import Any
 
 from .. import model as m
 
@@ -74,16 +74,6 @@ class AveragedVariable:
         }
 
 
-def _totals(variables: Iterable[AveragedVariable], action: str) -> dict[str, dict[str, int]]:
-    out = {r: {"count": 0, "nbytes": 0} for r in (*m.ROLES, "all")}
-    for v in variables:
-        if v.action == action:
-            for r in (v.role, "all"):
-                out[r]["count"] += 1
-                out[r]["nbytes"] += v.nbytes
-    return out
-
-
 @dataclasses.dataclass(frozen=True)
 class AverageReport:
     """What :func:`ckptinspect.average` wrote.
@@ -129,17 +119,17 @@ class AverageReport:
     @property
     def averaged(self) -> dict[str, dict[str, int]]:
         """Count and bytes averaged, per role and ``all``."""
-        return _totals(self.variables, ACTION_AVERAGED)
+        return m.role_totals(v for v in self.variables if v.action == ACTION_AVERAGED)
 
     @property
     def copied(self) -> dict[str, dict[str, int]]:
         """Count and bytes copied unchanged from the newest input, per role and ``all``."""
-        return _totals(self.variables, ACTION_COPIED)
+        return m.role_totals(v for v in self.variables if v.action == ACTION_COPIED)
 
     @property
     def dropped(self) -> dict[str, dict[str, int]]:
         """Count and bytes left out (``role="model"``), per role and ``all``."""
-        return _totals(self.variables, ACTION_DROPPED)
+        return m.role_totals(v for v in self.variables if v.action == ACTION_DROPPED)
 
     def to_dict(self) -> dict[str, Any]:
         """The ``average --format json`` document (docs/INTERFACE.md)."""

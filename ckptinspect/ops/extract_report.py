@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable
+from typing import Any
 
 
 from .. import model as m
@@ -51,16 +51,6 @@ class ExtractedVariable:
         }
 
 
-def _totals(variables: Iterable[ExtractedVariable], kept: bool) -> dict[str, dict[str, int]]:
-    out = {r: {"count": 0, "nbytes": 0} for r in (*m.ROLES, "all")}
-    for v in variables:
-        if v.kept == kept:
-            for r in (v.role, "all"):
-                out[r]["count"] += 1
-                out[r]["nbytes"] += v.nbytes
-    return out
-
-
 @dataclasses.dataclass(frozen=True)
 class ExtractReport:
     """What :func:`extract` wrote.
@@ -104,12 +94,12 @@ class ExtractReport:
     @property
     def kept(self) -> dict[str, dict[str, int]]:
         """Count and bytes kept, per role and ``all``."""
-        return _totals(self.variables, True)
+        return m.role_totals(v for v in self.variables if v.kept)
 
     @property
     def dropped(self) -> dict[str, dict[str, int]]:
         """Count and bytes dropped, per role and ``all``."""
-        return _totals(self.variables, False)
+        return m.role_totals(v for v in self.variables if not v.kept)
 
     @property
     def saving(self) -> float:

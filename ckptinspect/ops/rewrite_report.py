@@ -124,24 +124,13 @@ class RewriteReport:
     notes: tuple[str, ...] = ()
 
     def totals(self) -> dict[str, dict[str, dict[str, int]]]:
-        """Per action (and ``kept``), per role and ``all``: ``count`` and ``bytes`` (source
-        bytes; for ``cast`` also ``new_bytes``)."""
-        out: dict[str, dict[str, dict[str, int]]] = {}
-        for action in ("kept", *ACTIONS):
-            rows: dict[str, dict[str, int]] = {}
-            for v in self.variables:
-                hit = not v.dropped if action == "kept" else action in v.actions
-                if not hit:
-                    continue
-                for role in (v.role, "all"):
-                    row = rows.setdefault(role, {"count": 0, "bytes": 0, "new_bytes": 0})
-                    row["count"] += 1
-                    row["bytes"] += v.nbytes
-                    row["new_bytes"] += v.new_nbytes
-            for row in rows.values():
-                if action != ACTION_CAST:
-                    del row["new_bytes"]
-            out[action] = {r: rows[r] for r in (*m.ROLES, "all") if r in rows}
+        """Per action (and ``kept``), per role and ``all``: ``count`` and ``nbytes`` (source
+        bytes; for ``cast`` also ``new_nbytes``), as every report's totals."""
+        out: dict[str, dict[str, dict[str, int]]] = {
+            "kept": m.role_totals(v for v in self.variables if not v.dropped)}
+        for action in ACTIONS:
+            out[action] = m.role_totals((v for v in self.variables if action in v.actions),
+                                        extra="new_nbytes" if action == ACTION_CAST else None)
         return out
 
     @property
@@ -151,8 +140,8 @@ class RewriteReport:
 
     def summary(self) -> str:
         t = self.totals()
-        parts = [f"{a} {t[a]['all']['count']}" for a in ACTIONS if "all" in t[a]]
-        kept = t["kept"].get("all", {"count": 0})["count"]
+        parts = [f"{a} {t[a]['all']['count']}" for a in ACTIONS if t[a]["all"]["count"]]
+        kept = t["kept"]["all"]["count"]
         return f"{kept} tensors written" + (f" ({', '.join(parts)})" if parts else " (unchanged)")
 
     def to_dict(self) -> dict[str, Any]:

@@ -174,14 +174,14 @@ def rewrite_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
             line += f"; pruned {g['source_nodes']} -> {g['nodes']} objects"
         header.append(line)
 
-    def cell(action: str, role: str, key: str = "bytes") -> tuple[int, str]:
-        row = totals[action].get(role)
-        return (row["count"], human_bytes(row[key])) if row else (0, "-")
+    def cell(action: str, role: str, key: str = "nbytes") -> tuple[int, str]:
+        row = totals[action][role]
+        return (row["count"], human_bytes(row[key])) if row["count"] else (0, "-")
 
     rows = []
     for r in ("model", "optimizer", "metadata", "all"):
         kept, renamed, dropped, cast = cell("kept", r), cell("renamed", r), cell("dropped", r), cell("cast", r)
-        cast_new = cell("cast", r, "new_bytes")[1]
+        cast_new = cell("cast", r, "new_nbytes")[1]
         rows.append({"role": r, "kept": kept[0], "kept_bytes": kept[1], "renamed": renamed[0],
                      "dropped": dropped[0], "dropped_bytes": dropped[1], "cast": cast[0],
                      "cast_bytes": f"{cast[1]} -> {cast_new}" if cast[0] else "-"})
