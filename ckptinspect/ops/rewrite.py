@@ -49,6 +49,7 @@ from ..formats import (
 from .compare import bit_equal
 from .mapping import RulesLike, apply_rules, parse_mapping, rules_text
 from .rewrite_report import RewriteReport, RewrittenVariable
+from .rewrite_safetensors import SAFETENSORS_SUFFIX, rewrite_safetensors
 
 __all__ = ["rewrite", "CAST_DTYPES", "RewriteReport", "RewrittenVariable"]
 
@@ -339,7 +340,8 @@ def rewrite(
     Args:
         src: A TF checkpoint (prefix, ``.index``, directory, SavedModel, V1 table) or a Keras
             ``.weights.h5`` / legacy ``.h5`` file.
-        out: The output: a TF prefix for a TF source, a file of the same kind for a Keras one.
+        out: The output: a ``.safetensors`` file (any source), else a TF prefix for a TF source
+            and a file of the same kind for a Keras one.
         rename: ``REGEX=REPLACEMENT`` rules (or pairs, or a dict), applied in order with
             ``re.sub`` to every readable name (``--map`` semantics).
         drop: Regexes; a variable whose new name matches one (``re.search``) is left out.
@@ -383,7 +385,10 @@ def rewrite(
                 check_regular(path)
         protected = [src, ckpt.path, *_source_files(ckpt)]
         source_bytes = _size(_source_files(ckpt))
-        if ckpt.format in KERAS_SOURCE_FORMATS:
+        if out.endswith(SAFETENSORS_SUFFIX):  # any source the tool reads
+            files, out_format, copied, notes, graph_info = rewrite_safetensors(ckpt, out, plans, force, protected)
+            out_bytes = _size(files)
+        elif ckpt.format in KERAS_SOURCE_FORMATS:
             from .rewrite_keras import rewrite_keras  # noqa: PLC0415 - h5py only for Keras files
 
             files, out_format, copied, notes, graph_info = rewrite_keras(ckpt, out, plans, force, protected)
@@ -401,7 +406,8 @@ def rewrite(
             out_bytes = _size(files)
         else:
             raise UsageError(
-                f"{ckpt.path}: rewrite reads TF checkpoints and Keras .weights.h5/.h5 files (this is {ckpt.format})"
+                f"{ckpt.path}: rewrite writes {ckpt.format} sources to a .safetensors file only (TF checkpoints"
+                " and Keras .weights.h5/.h5 files also to their own format)"
             )
     finally:
         ckpt.close()
