@@ -152,16 +152,21 @@ def _check_dataset(dsid: Any, key: str, label: str) -> None:
     Args:
         dsid: The low-level ``h5py.h5d.DatasetID``.
     """
-    h5py = _h5py()
-    shape = dsid.shape or ()
+    shape = tuple(dsid.shape or ())
+    _check_storage(dsid, key, label, shape, dsid.get_offset())
+
+
+def _check_storage(dsid: Any, key: str, label: str, shape: tuple[int, ...], offset: int | None) -> None:
+    """:func:`_check_dataset` with the dataset's shape and file offset already fetched."""
     declared = math.prod(shape) * dsid.dtype.itemsize
     if declared > MAX_DECLARED_BYTES:
         raise UnsafeFileError(
             f"{label}: dataset {key!r} declares shape {shape} ({declared} bytes, more than the"
             f" {MAX_DECLARED_BYTES}-byte limit); refusing a possible shape bomb"
         )
-    if dsid.get_offset() is not None:
+    if offset is not None:
         return  # contiguous storage allocated inside this file: neither external nor virtual
+    h5py = _h5py()
     dcpl = dsid.get_create_plist()
     if dcpl.get_external_count() > 0:
         files = [_text(dcpl.get_external(i)[0]) for i in range(dcpl.get_external_count())]
@@ -190,11 +195,15 @@ def _attr_text(oid: Any, name: bytes) -> str | None:
     return _text(value.reshape(-1)[0])
 
 
-def _is_unallocated(dsid: Any) -> bool:
-    """A dataset with elements but no storage: created, never written (metadata only)."""
-    h5py = _h5py()
-    if dsid.get_storage_size() != 0:
+def _is_unallocated(dsid: Any, storage: int | None = None) -> bool:
+    """A dataset with elements but no storage: created, never written (metadata only).
+
+    Args:
+        storage: ``dsid.get_storage_size()``, when the caller already has it.
+    """
+    if (dsid.get_storage_size() if storage is None else storage) != 0:
         return False
+    h5py = _h5py()
     space = dsid.get_space()
     if space.get_simple_extent_type() == h5py.h5s.NULL or space.get_simple_extent_npoints() == 0:
         return False
@@ -215,21 +224,24 @@ def _fill_value(dsid: Any) -> Any:
     return value[()]
 
 
-def _describe(dsid: Any, key: str) -> _Dataset:
+def _describe(dsid: Any, key: str, label: str) -> _Dataset:
+    """Check a dataset (as :func:`_check_dataset`) and describe it, asking HDF5 for its shape,
+    file offset and storage size once each."""
     dtype = dsid.dtype
+    shape = tuple(dsid.shape or ())
+    at = dsid.get_offset()  # None unless contiguous storage is allocated (never filtered)
+    _check_storage(dsid, key, label, shape, at)
     attr_dtype = _attr_text(dsid, DTYPE_ATTR.encode()) if dtype.kind == "V" else None
-    shape = tuple(int(d) for d in (dsid.shape or ()))
     name = _dtype_name(dtype, attr_dtype)
+    storage = dsid.get_storage_size()
     if dtype.kind == "O" or (dtype.kind in "SU" and dtype.itemsize == 0):
-        nbytes = int(dsid.get_storage_size())
+        nbytes = int(storage)
     else:
         nbytes = math.prod(shape) * dtype.itemsize
     offset = None
-    if dtype.kind in DIRECT_KINDS and dtype.itemsize and nbytes:
-        at = dsid.get_offset()  # None unless contiguous storage is allocated (never filtered)
-        if at is not None and dsid.get_storage_size() == nbytes:
-            offset = int(at)
-    return _Dataset(key=key, shape=shape, dtype=name, nbytes=nbytes, allocated=not _is_unallocated(dsid),
+    if at is not None and dtype.kind in DIRECT_KINDS and dtype.itemsize and nbytes and storage == nbytes:
+        offset = int(at)
+    return _Dataset(key=key, shape=shape, dtype=name, nbytes=nbytes, allocated=not _is_unallocated(dsid, storage),
                     offset=offset, stored=dtype)
 
 
@@ -319,9 +331,7 @@ def _walk(h5: Any, label: str) -> _Walk:
             continue
         name = name_of(raw)
         if obj_type == h5o.TYPE_DATASET:
-            dsid = h5o.open(root, raw)
-            _check_dataset(dsid, name, label)
-            datasets[name] = _describe(dsid, name)
+            datasets[name] = _describe(h5o.open(root, raw), name, label)
         elif obj_type == h5o.TYPE_GROUP:
             groups.add(name)
             if raw == vars_leaf[1:] or raw.endswith(vars_leaf):
