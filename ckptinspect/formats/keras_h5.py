@@ -28,6 +28,10 @@ keras/src/saving/saving_lib.py, tf_keras/src/saving/legacy/hdf5_format.py):
 Untrusted files: soft and external links, external and virtual datasets, and datasets that
 declare absurd sizes are refused with :class:`~ckptinspect.errors.UnsafeFileError` when the
 file is opened, before anything is read (and checked again when a value is read).
+
+This module is the public face; the mechanics live in private sub-modules: ``_h5_walk`` (the
+safety walk and dataset descriptions), ``_h5_read`` (opening files, :class:`H5Source`),
+``_h5_legacy`` and ``_h5_keras3`` (variable names and header facts of each layout).
 """
 
 from __future__ import annotations
