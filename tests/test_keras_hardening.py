@@ -34,7 +34,7 @@ import ckptinspect
 from catalogue import KERAS, RUN
 from ckptinspect.cli import app
 from ckptinspect.errors import CorruptCheckpointError, UnallocatedDataError, UnsafeFileError
-from ckptinspect.formats import keras_h5, keras_zip
+from ckptinspect.formats import _h5_read, keras_h5, keras_zip
 from ckptinspect.ops.stats import CHUNK_ELEMENTS, tensor_stats
 
 h5py = pytest.importorskip("h5py")
@@ -149,7 +149,7 @@ def test_records_compare_by_bytes(tmp_path):
 
 def test_too_many_variable_length_elements_are_refused(tmp_path, monkeypatch):
     path = cases_keras.h5_vlen(tmp_path)
-    monkeypatch.setattr(keras_h5, "MAX_OBJECT_ELEMENTS", 2)
+    monkeypatch.setattr(_h5_read, "MAX_OBJECT_ELEMENTS", 2)
     with ckptinspect.open(path) as ckpt:
         with pytest.raises(UnsafeFileError, match=r"holds 3 variable-length elements \(limit 2"):
             ckpt.read("layers/extra/vars/0")

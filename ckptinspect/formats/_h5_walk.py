@@ -1,0 +1,401 @@
+"""The safety walk of a Keras HDF5 file: every object listed through h5py's low-level API,
+links, external/virtual datasets and shape bombs refused, dataset shapes, types and storage
+described (metadata only). Part of :mod:`.keras_h5`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+from .. import model as m
+from ..errors import CheckpointNotFoundError, CorruptCheckpointError, UnallocatedDataError, UnsafeFileError
+
+# Keras 3 layout names the walk needs.
+VARS_GROUP = "vars"
+NAME_ATTR = "name"
+DTYPE_ATTR = "dtype"
+
+# Safety limits. A dataset may declare at most MAX_DECLARED_BYTES (1 TiB); above
+# BOMB_FLOOR_BYTES (4 GiB) it must also store at least 1/BOMB_MAX_EXPANSION of its declared
+# size (the rule Keras's own loader applies to shape/decompression bombs).
+MAX_DECLARED_BYTES = 1 << 40
+DIRECT_KINDS = "fiucbV"  # fixed-size numpy kinds whose stored bytes may be read at their file offset
+BOMB_FLOOR_BYTES = 1 << 32
+BOMB_MAX_EXPANSION = 1000
+
+# dtype names of HDF5 types that are not numbers: no statistics; ``diff`` compares them by
+# value (references by the path of the object they point to, the rest by their bytes).
+DTYPE_REFERENCE = "reference"
+DTYPE_REGION_REFERENCE = "region-reference"
+DTYPE_COMPOUND = "compound"
+DTYPE_OPAQUE = "opaque"
+DTYPE_ARRAY = "array"
+DTYPE_OBJECT = "object"
+VLEN_PREFIX = "vlen-"
+
+
+def _h5py():
+    import h5py  # noqa: PLC0415 - keep `import ckptinspect` light
+
+    return h5py
+
+
+# -- small helpers -------------------------------------------------------------------------
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, np.ndarray) and value.shape == ():
+        return _text(value[()])
+    return str(value)
+
+
+def _attr_values(oid: Any, name: str) -> list[str] | None:
+    """A string-list attribute of a low-level object (None when absent), read without h5py's
+    high-level attribute manager (a legacy file has one ``weight_names`` per layer)."""
+    h5py = _h5py()
+    raw = name.encode()
+    if not h5py.h5a.exists(oid, raw):
+        return None
+    aid = h5py.h5a.open(oid, raw)
+    shape = aid.shape
+    if shape is None or math.prod(shape) == 0:  # null dataspace, or Keras's empty float array
+        return []
+    value = np.empty(shape, aid.dtype)
+    aid.read(value)
+    return [_text(x) for x in value.reshape(-1)]
+
+
+def _split_attr(obj: Any, name: str) -> list[str]:
+    """A list attribute as Keras stores it: whole, or split into ``name0``, ``name1``...
+
+    Args:
+        obj: An h5py object or a low-level object id.
+    """
+    from h5py._objects import ObjectID  # noqa: PLC0415 - the base of every low-level id
+
+    oid = obj if isinstance(obj, ObjectID) else obj.id
+    whole = _attr_values(oid, name)
+    if whole is not None:
+        return whole
+    out: list[str] = []
+    index = 0
+    while (chunk := _attr_values(oid, f"{name}{index}")) is not None:
+        out.extend(chunk)
+        index += 1
+    return out
+
+
+def _has_split_attr(obj: Any, name: str) -> bool:
+    return name in obj.attrs or f"{name}0" in obj.attrs
+
+
+def _strip_index(name: str) -> str:
+    """Readable names drop the ``:0`` output index of TF variable names."""
+    return m.strip_output_index(name)
+
+
+_DTYPE_NAMES: dict[np.dtype, str] = {}
+
+
+def _dtype_name(dtype: np.dtype, attr_dtype: str | None) -> str:
+    """The dtype ``ls`` shows: numpy's name for numbers, else what the HDF5 type is."""
+    if attr_dtype == "bfloat16" and dtype.itemsize == 2 and dtype.kind == "V" and dtype.names is None:
+        return "bfloat16"
+    if dtype.kind == "O":  # h5py keeps what the object is in the dtype's metadata; never cached
+        h5py = _h5py()
+        ref = h5py.check_ref_dtype(dtype)
+        if ref is not None:
+            return DTYPE_REGION_REFERENCE if ref is h5py.RegionReference else DTYPE_REFERENCE
+        base = h5py.check_vlen_dtype(dtype)
+        if base in (str, bytes):
+            return "string"
+        if base is not None:
+            return VLEN_PREFIX + _dtype_name(np.dtype(base), None)
+        return DTYPE_OBJECT
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        if dtype.kind in "SU":
+            name = "string"
+        elif dtype.kind == "b":
+            name = "bool"
+        elif dtype.kind == "V":
+            name = DTYPE_COMPOUND if dtype.names else DTYPE_ARRAY if dtype.subdtype else DTYPE_OPAQUE
+        else:
+            name = dtype.name
+        _DTYPE_NAMES[dtype] = name
+    return name
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+# -- the safety walk -----------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class _Dataset:
+    key: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    allocated: bool = True
+    offset: int | None = None  # contiguous, unfiltered storage of fixed-size values at this file offset
+    stored: Any = None  # the numpy dtype of the stored values (with their byte order)
+
+
+def _check_dataset(dsid: Any, key: str, label: str) -> None:
+    """Refuse external, virtual and absurdly sized datasets (metadata only).
+
+    Args:
+        dsid: The low-level ``h5py.h5d.DatasetID``.
+    """
+    shape = tuple(dsid.shape or ())
+    _check_storage(dsid, key, label, shape, dsid.get_offset())
+
+
+def _check_storage(dsid: Any, key: str, label: str, shape: tuple[int, ...], offset: int | None) -> None:
+    """:func:`_check_dataset` with the dataset's shape and file offset already fetched."""
+    declared = math.prod(shape) * dsid.dtype.itemsize
+    if declared > MAX_DECLARED_BYTES:
+        raise UnsafeFileError(
+            f"{label}: dataset {key!r} declares shape {shape} ({declared} bytes, more than the"
+            f" {MAX_DECLARED_BYTES}-byte limit); refusing a possible shape bomb"
+        )
+    if offset is not None:
+        return  # contiguous storage allocated inside this file: neither external nor virtual
+    h5py = _h5py()
+    dcpl = dsid.get_create_plist()
+    if dcpl.get_external_count() > 0:
+        files = [_text(dcpl.get_external(i)[0]) for i in range(dcpl.get_external_count())]
+        raise UnsafeFileError(f"{label}: dataset {key!r} keeps its data in external file(s) {files}; refusing to follow")
+    if dcpl.get_layout() == h5py.h5d.VIRTUAL:
+        raise UnsafeFileError(f"{label}: dataset {key!r} is a virtual dataset; refusing to follow")
+    if declared > BOMB_FLOOR_BYTES:
+        stored = dsid.get_storage_size()
+        if declared > BOMB_MAX_EXPANSION * stored:
+            raise UnsafeFileError(
+                f"{label}: dataset {key!r} declares {declared} bytes but stores only {stored};"
+                " refusing a possible shape/decompression bomb"
+            )
+
+
+def _attr_text(oid: Any, name: bytes) -> str | None:
+    """A string attribute of a low-level object, or None when it has none (or is not text)."""
+    h5py = _h5py()
+    if not h5py.h5a.exists(oid, name):
+        return None
+    aid = h5py.h5a.open(oid, name)
+    if aid.dtype.kind not in "OSU" or aid.shape not in ((), (1,)):
+        return None
+    value = np.empty(aid.shape, aid.dtype)
+    aid.read(value)
+    return _text(value.reshape(-1)[0])
+
+
+def _is_unallocated(dsid: Any, storage: int | None = None) -> bool:
+    """A dataset with elements but no storage: created, never written (metadata only).
+
+    Args:
+        storage: ``dsid.get_storage_size()``, when the caller already has it.
+    """
+    if (dsid.get_storage_size() if storage is None else storage) != 0:
+        return False
+    h5py = _h5py()
+    space = dsid.get_space()
+    if space.get_simple_extent_type() == h5py.h5s.NULL or space.get_simple_extent_npoints() == 0:
+        return False
+    return dsid.get_create_plist().get_layout() in (h5py.h5d.CONTIGUOUS, h5py.h5d.CHUNKED)
+
+
+def _fill_value(dsid: Any) -> Any:
+    """What an unwritten element reads as (a numpy scalar), or None when HDF5 leaves it undefined."""
+    h5py = _h5py()
+    dtype = dsid.dtype
+    if dtype.kind == "O":
+        return None
+    dcpl = dsid.get_create_plist()
+    if dcpl.fill_value_defined() == h5py.h5d.FILL_VALUE_UNDEFINED:
+        return None
+    value = np.zeros((), dtype=dtype)
+    dcpl.get_fill_value(value)
+    return value[()]
+
+
+def _describe(dsid: Any, key: str, label: str) -> _Dataset:
+    """Check a dataset (as :func:`_check_dataset`) and describe it, asking HDF5 for its shape,
+    file offset and storage size once each."""
+    dtype = dsid.dtype
+    shape = tuple(dsid.shape or ())
+    at = dsid.get_offset()  # None unless contiguous storage is allocated (never filtered)
+    _check_storage(dsid, key, label, shape, at)
+    attr_dtype = _attr_text(dsid, DTYPE_ATTR.encode()) if dtype.kind == "V" else None
+    name = _dtype_name(dtype, attr_dtype)
+    storage = dsid.get_storage_size()
+    if dtype.kind == "O" or (dtype.kind in "SU" and dtype.itemsize == 0):
+        nbytes = int(storage)
+    else:
+        nbytes = math.prod(shape) * dtype.itemsize
+    offset = None
+    if at is not None and dtype.kind in DIRECT_KINDS and dtype.itemsize and nbytes and storage == nbytes:
+        offset = int(at)
+    return _Dataset(key=key, shape=shape, dtype=name, nbytes=nbytes, allocated=not _is_unallocated(dsid, storage),
+                    offset=offset, stored=dtype)
+
+
+def _unallocated_error(dsid: Any, key: str, label: str) -> UnallocatedDataError:
+    shape = tuple(int(d) for d in (dsid.shape or ()))
+    declared = math.prod(shape) * dsid.dtype.itemsize
+    fill = _fill_value(dsid)
+    reads_as = "undefined values" if fill is None else f"its fill value {_fill_text(fill)}"
+    return UnallocatedDataError(
+        f"{label}: dataset {key!r} is declared but unallocated: shape {list(shape)}"
+        f" {_dtype_name(dsid.dtype, None)} ({_human(declared)}) was never written, it would read as {reads_as}",
+        key=key,
+        fill_value=fill,
+    )
+
+
+def _fill_text(value: Any) -> str:
+    if isinstance(value, (bytes, np.void)):
+        return repr(bytes(value))
+    return repr(value.item()) if hasattr(value, "item") else repr(value)
+
+
+def _human(n: int) -> str:
+    size = float(n)
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{n} bytes" if unit == "bytes" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} bytes"  # pragma: no cover
+
+
+@dataclasses.dataclass
+class _Walk:
+    """Every hard-linked dataset (in link order) and the ``name`` of every ``vars`` group."""
+
+    datasets: dict[str, _Dataset]
+    groups: set[str]
+    vars_names: dict[str, str]
+
+
+def _walk(h5: Any, label: str) -> _Walk:
+    """Every object of the file, through h5py's low-level API, refusing anything unsafe.
+
+    Two traversals run inside HDF5: a link visit checks that every link is a hard link (no
+    object is opened for a soft or external one), then an object visit lists each object once
+    (a group reached twice through hard links is visited once), depth first in name order.
+    Only datasets and ``vars`` groups are then opened, for their shape, type and ``name``.
+
+    Raises:
+        UnsafeFileError: A soft, external or user-defined link, or an unsafe dataset.
+        CorruptCheckpointError: A link name that is not UTF-8.
+    """
+    h5py = _h5py()
+    h5l, h5o = h5py.h5l, h5py.h5o
+    root = h5["/"].id
+
+    def name_of(raw: bytes) -> str:
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise CorruptCheckpointError(f"{label}: link name {raw!r} is not UTF-8") from None
+
+    # Stopping a visit: return a true value from the callback (an exception raised inside
+    # HDF5's callback does not propagate cleanly through h5py).
+    bad: list[tuple[bytes, int]] = []
+    root.links.visit(lambda raw, info: bad.append((raw, info.type)) if info.type != h5l.TYPE_HARD else None, info=True)
+    if bad:
+        raw, link_type = bad[0]
+        name = name_of(raw)
+        if link_type == h5l.TYPE_SOFT:
+            target = _text(root.links.get_val(raw))
+            raise UnsafeFileError(f"{label}: soft link {name!r} -> {target!r}; refusing to follow links")
+        if link_type == h5l.TYPE_EXTERNAL:
+            filename, path = (_text(x) for x in root.links.get_val(raw))
+            raise UnsafeFileError(f"{label}: external link {name!r} -> {filename}:{path}; refusing to follow links")
+        raise UnsafeFileError(f"{label}: link {name!r} of unknown type {link_type}; refusing to follow")
+
+    objects: list[tuple[bytes, int]] = []
+    h5o.visit(root, lambda raw, info: objects.append((raw, info.type)), info=True)
+    datasets: dict[str, _Dataset] = {}
+    groups: set[str] = set()
+    vars_names: dict[str, str] = {}
+    vars_leaf = b"/" + VARS_GROUP.encode()
+    name_attr = NAME_ATTR.encode()
+    for raw, obj_type in objects:
+        if raw == b".":
+            continue
+        name = name_of(raw)
+        if obj_type == h5o.TYPE_DATASET:
+            datasets[name] = _describe(h5o.open(root, raw), name, label)
+        elif obj_type == h5o.TYPE_GROUP:
+            groups.add(name)
+            if raw == vars_leaf[1:] or raw.endswith(vars_leaf):
+                named = _attr_text(h5o.open(root, raw), name_attr)
+                if named is not None:
+                    vars_names[name] = named
+    return _Walk(datasets, groups, vars_names)
+
+
+def _safe_dataset(h5: Any, key: str, label: str) -> Any:
+    """Open dataset ``key`` (a low-level ``DatasetID``) through hard links only, checking it
+    again before a read: the file may have changed since it was listed.
+
+    Each prefix of the path is checked with ``H5Lget_info`` before HDF5 traverses it, so a
+    soft or external link is refused rather than followed.
+    """
+    h5py = _h5py()
+    root = h5["/"].id
+    raw = key.encode("utf-8")
+    parts = raw.split(b"/")
+    for i in range(1, len(parts) + 1):
+        prefix = b"/".join(parts[:i])
+        if not root.links.exists(prefix):
+            raise CheckpointNotFoundError(f"{label}: no dataset {key!r} (the file changed since it was listed?)")
+        link_type = root.links.get_info(prefix).type
+        if link_type != h5py.h5l.TYPE_HARD:
+            kind = {h5py.h5l.TYPE_SOFT: "SoftLink", h5py.h5l.TYPE_EXTERNAL: "ExternalLink"}.get(link_type, "link")
+            raise UnsafeFileError(f"{label}: {prefix.decode('utf-8', 'replace')!r} is a {kind}; refusing to follow links")
+    oid = h5py.h5o.open(root, raw)
+    if h5py.h5i.get_type(oid) != h5py.h5i.DATASET:
+        raise CheckpointNotFoundError(f"{label}: {key!r} is not a dataset")
+    _check_dataset(oid, key, label)
+    return oid
+
+
+def _join(*parts: str) -> str:
+    return "/".join(p for p in parts if p)
+
+
+def _make_variables(
+    rows: list[tuple[str, str, str]],
+    walk: _Walk | None,
+    *,
+    datasets: dict[str, _Dataset] | None = None,
+    shard_of: dict[str, int] | None = None,
+) -> list[m.Variable]:
+    datasets = datasets if datasets is not None else walk.datasets  # type: ignore[union-attr]
+    counts: dict[str, int] = {}
+    for _, name, _ in rows:
+        counts[name] = counts.get(name, 0) + 1
+    variables = []
+    for key, name, role in rows:
+        if counts[name] > 1:
+            name = _strip_index(key)
+        ds = datasets[key]
+        variables.append(
+            m.Variable(
+                key=key,
+                name=name,
+                shape=ds.shape,
+                dtype=ds.dtype,
+                nbytes=ds.nbytes,
+                shards=(shard_of[key],) if shard_of is not None else (),
+                role=role,
+            )
+        )
+    return variables
