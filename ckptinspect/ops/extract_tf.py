@@ -42,7 +42,7 @@ from ..formats import (
     write_bundle_native,
 )
 from .extract_report import ExtractedVariable
-from .extract_writers import TF_SOURCE_FORMATS, Verifier, need_object_graph, source_matcher
+from .extract_writers import TF_SOURCE_FORMATS, Verifier, gather_blocks, need_object_graph, source_matcher
 
 __all__ = [
     "META_OBJECT_GRAPH",
@@ -254,15 +254,8 @@ def _read_back(written: m.Checkpoint, wv: m.Variable) -> Any:
     TensorFlow), anything else through the reader."""
     if wv.dtype not in m.NUMERIC_DTYPES or wv.sliced:
         return written.read(wv)
-    out = np.empty(wv.size, dtype=m.numpy_dtype(wv.dtype))
-    pos = 0
-    for block in written.iter_blocks(wv, STREAM_ELEMENTS):
-        flat = np.asarray(block).reshape(-1)
-        out[pos : pos + flat.size] = flat
-        pos += flat.size
-    if pos != wv.size:
-        raise VerificationError(f"{written.path}: read-back check failed: {wv.key!r} holds {pos} of {wv.size} values")
-    return out.reshape(wv.shape)
+    return gather_blocks(written, wv, STREAM_ELEMENTS, lambda n: VerificationError(
+        f"{written.path}: read-back check failed: {wv.key!r} holds {n} of {wv.size} values"))
 
 
 def write_tf(

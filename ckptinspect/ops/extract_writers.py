@@ -33,6 +33,7 @@ __all__ = [
     "Verifier",
     "write_npz",
     "write_safetensors_output",
+    "gather_blocks",
     "write_h5_copy",
     "write_weights_from_builder",
     "call_builder",
@@ -85,17 +86,25 @@ def _value_reader(ckpt: m.Checkpoint) -> Callable[[m.Variable], np.ndarray]:
         dtype = m.numpy_dtype(v.dtype)
         if ckpt.format == m.FORMAT_TF_V1 or v.sliced or dtype is None:
             return numpy_view(restore_tensor(ckpt.path, v.key, v.dtype))
-        out = np.empty(v.size, dtype=dtype)
-        pos = 0
-        for block in ckpt.iter_blocks(v, COMPARE_CHUNK // max(1, dtype.itemsize)):
-            flat = np.asarray(block).reshape(-1)
-            out[pos : pos + flat.size] = flat
-            pos += flat.size
-        if pos != v.size:
-            raise CorruptCheckpointError(f"{ckpt.path}: {v.key!r} holds {pos} of {v.size} values")
-        return out.reshape(v.shape)
+        return gather_blocks(ckpt, v, COMPARE_CHUNK // max(1, dtype.itemsize),
+                             lambda n: CorruptCheckpointError(f"{ckpt.path}: {v.key!r} holds {n} of {v.size} values"))
 
     return read
+
+
+def gather_blocks(ckpt: m.Checkpoint, v: m.Variable, elements: int, short: Callable[[int], CkptError]) -> np.ndarray:
+    """A numeric variable read whole from its streamed blocks (``Checkpoint.iter_blocks``: for TF
+    bundles crc-checked, without TensorFlow); ``short(n)`` is raised when the blocks hold ``n``
+    values instead of ``v.size``."""
+    out = np.empty(v.size, dtype=m.numpy_dtype(v.dtype))
+    pos = 0
+    for block in ckpt.iter_blocks(v, elements):
+        flat = np.asarray(block).reshape(-1)
+        out[pos : pos + flat.size] = flat
+        pos += flat.size
+    if pos != v.size:
+        raise short(pos)
+    return out.reshape(v.shape)
 
 
 class Verifier:

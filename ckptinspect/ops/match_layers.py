@@ -95,8 +95,7 @@ LEAF_CLASSES: Mapping[str, frozenset[str]] = {
     "recurrent_kernel": frozenset({"recurrent_kernel"}),
 }
 POSITIONAL_LEAF = "vars/"
-# PyTorch module paths (state_dict keys) separate their components with dots.
-TORCH_SEPARATOR = "."
+TORCH_SEPARATOR = "."  # PyTorch module paths (state_dict keys) separate their components with dots
 NUMBERED_RE = re.compile(r"^(?P<base>.+?)_(?P<n>\d+)$")
 # Groups with more layers than this on both sides try only "equal numbers" and "same rank"
 # alignments and the offsets of the first layers (every offset would be quadratic).
