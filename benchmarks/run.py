@@ -9,7 +9,8 @@ chain with its Adam state as a TF bundle, single-shard and multi-shard, as legac
 command and its alternatives alternating, the order reversed every round, after untimed warm-up
 runs that leave the page cache warm), and records the median wall time, the spread (max - min)
 and the peak RSS of each child (``ru_maxrss`` from ``os.wait4``). A scale series times ``ls``,
-``diff`` and ``verify`` (and their TensorFlow counterparts) against checkpoint size and plots it
+``ls --stats``, ``diff`` (TF bundles and .h5), ``verify``, ``scan``, ``average`` and ``extract`` (and
+their TensorFlow or read-once counterparts) against checkpoint size and plots it
 to ``benchmarks/scale.png`` (needs matplotlib: ``pip install -e .[bench]``).
 
 Writes ``benchmarks/RESULTS.md`` (and ``results.json`` in the work folder). Hand-written notes
@@ -49,7 +50,8 @@ PY = sys.executable
 CKPT = [PY, "-m", "ckptinspect"]
 HDF5_TOOLS_HINT = "not installed (Debian: apt-get install hdf5-tools)"
 # The scale series: series id -> the ckptinspect command it needs.
-SCALE_SERIES = {"ls": "ls", "ls-stats": "ls", "diff": "diff", "diff-h5": "diff", "verify": "verify"}
+SCALE_SERIES = {"ls": "ls", "ls-stats": "ls", "diff": "diff", "diff-h5": "diff", "verify": "verify",
+                "scan": "scan", "average": "average", "extract": "extract"}
 SCALE_COMMANDS = tuple(SCALE_SERIES)
 # Pairs whose ckptinspect command imports TensorFlow (builds a Keras model or writes through TF).
 TF_IMPORTING = ("extract", "extract-weights-h5", "transplant", "transplant-weights-h5")
@@ -376,10 +378,17 @@ def torch_pairs(s: c.CheckpointSet, out: pathlib.Path) -> list[Pair]:
     return [Pair(pid, "ls", TORCH_TITLES[pid], tools) for pid, tools in groups.items()]
 
 
-def scale_tools(s: c.CheckpointSet, baselines: bool) -> dict[str, list[c.Tool]]:
-    """The scale series' tools per series id: ckptinspect, then (optionally) its peer."""
+def scale_tools(s: c.CheckpointSet, baselines: bool, out: pathlib.Path) -> dict[str, list[c.Tool]]:
+    """The scale series' tools per series id: ckptinspect, then (optionally) its peer.
+
+    The commands that stream tensors into an output or across a run (``scan``, ``average``,
+    ``extract``) are timed against the cheapest route that reads the same bytes once (our
+    ``verify``, ``cat``); their TF routes hold whole checkpoints in memory and are timed on the
+    main set only.
+    """
     h5diff = None if shutil.which("h5diff") else f"h5diff {HDF5_TOOLS_HINT}"
-    out = {
+    three = [s.a, s.b, s.c]
+    series_tools = {
         "ls": [c.Tool("ckptinspect ls", [*CKPT, "ls", s.a], ours=True), c.Tool("tf.train.list_variables", py(TF_LIST.format(p=s.a)))],
         "ls-stats": [c.Tool("ckptinspect ls --stats", [*CKPT, "ls", s.a, "--stats"], ours=True),
                      c.Tool("TF script (load_checkpoint + numpy)", py(TF_STATS.format(p=s.a)))],
@@ -387,10 +396,22 @@ def scale_tools(s: c.CheckpointSet, baselines: bool) -> dict[str, list[c.Tool]]:
         "diff-h5": [c.Tool("ckptinspect diff", [*CKPT, "diff", s.h5_a, s.h5_b], ok_codes=(1,), ours=True),
                     c.Tool("h5diff -d 0.01", ["h5diff", "-d", "0.01", s.h5_a, s.h5_b], ok_codes=(0, 1), missing=h5diff)],
         "verify": [c.Tool("ckptinspect verify", [*CKPT, "verify", s.a], ours=True), c.Tool("TF: get_tensor of every key", py(TF_READ_ALL.format(p=s.a)))],
+        "scan": [c.Tool("ckptinspect scan", [*CKPT, "scan", s.run], ours=True),
+                 c.Tool("read each checkpoint once: ckptinspect verify DIR", [*CKPT, "verify", s.run])],
+        "average": [c.Tool("ckptinspect average", [*CKPT, "average", *three, "-o", str(out / "scale_average" / "ckpt")],
+                           cleanup=(str(out / "scale_average"),), ours=True),
+                    c.Tool("cat the three to /dev/null (reading once)", cat_prefixes(three))],
+        "extract": [c.Tool("ckptinspect extract", [*CKPT, "extract", s.a, "-o", str(out / "scale_extract" / "ckpt")],
+                           cleanup=(str(out / "scale_extract"),), ours=True),
+                    c.Tool("cat A to /dev/null (reading once)", cat_prefixes([s.a]))],
     }
-    if "h5" not in s.meta.get("kinds", ()):
-        out.pop("diff-h5")
-    return {k: v if baselines else v[:1] for k, v in out.items()}
+    kinds = set(s.meta.get("kinds", ()))
+    for series, need in (("diff-h5", "h5"), ("average", "third")):
+        if need not in kinds:
+            series_tools.pop(series)
+    if not os.path.isfile(os.path.join(s.run, "checkpoint")):
+        series_tools.pop("scan")
+    return {k: v if baselines else v[:1] for k, v in series_tools.items()}
 
 
 def sanity_checks(s: c.CheckpointSet, pair_ids: set[str], commands: set[str]) -> list[list[str]]:
@@ -595,7 +616,8 @@ def plot_scale(scale: list[dict[str, Any]], path: pathlib.Path) -> str:
         from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # noqa: PLC0415
     except ImportError:
         return "matplotlib is not installed (pip install -e .[bench]): no plot written"
-    colors = {"ls": "tab:blue", "ls-stats": "tab:purple", "diff": "tab:orange", "diff-h5": "tab:red", "verify": "tab:green"}
+    colors = {"ls": "tab:blue", "ls-stats": "tab:purple", "diff": "tab:orange", "diff-h5": "tab:red", "verify": "tab:green",
+              "scan": "tab:brown", "average": "tab:pink", "extract": "tab:olive"}
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 5.2))
     sizes = [p["bytes"] / MIB for p in scale]
     handles, names = [], []
@@ -647,7 +669,7 @@ def plot_scale(scale: list[dict[str, Any]], path: pathlib.Path) -> str:
     ax_t.set_title("time vs checkpoint size")
     ax_m.set_ylabel("peak RSS of the process (MiB)")
     ax_m.set_title("peak memory vs checkpoint size")
-    fig.suptitle(f"ckptinspect (solid) vs TensorFlow (dashed): whole processes, {scale[0]['entries']} variables, "
+    fig.suptitle(f"ckptinspect (solid) vs TensorFlow or read-once baselines (dashed): whole processes, {scale[0]['entries']} variables, "
                  f"{os.cpu_count()} cores", fontsize=11)
     fig.legend(handles, names, loc="lower center", ncol=3, fontsize=9, frameon=False)
     fig.tight_layout(rect=(0, 0.12, 1, 0.96))
@@ -714,8 +736,9 @@ def write_results(path: pathlib.Path, args: argparse.Namespace, info: dict[str, 
         lines.append("")
     if scale:
         lines += ["## Scale series", "",
-                  f"`ls`, `diff` and `verify` against checkpoint size ({scale[0]['entries']} variables at every size; "
-                  "diff compares A with its perturbed copy B, so it reads twice the bytes). "
+                  f"{', '.join(f'`{k}`' for k in SCALE_COMMANDS)} against checkpoint size ({scale[0]['entries']} variables at every size; "
+                  "diff compares A with its perturbed copy B, so it reads twice the bytes; scan reads a run of "
+                  f"{c.RUN_CHECKPOINTS} checkpoints, average three; their baselines read the same bytes once). "
                   + (f"Baseline for diff's memory target: `ckptinspect diff` peak on a {FLOOR_MB} MB pair with the same "
                      f"variables, {mib(floor_peak)} MiB." if floor_peak else ""), ""]
         rows = []
@@ -723,11 +746,11 @@ def write_results(path: pathlib.Path, args: argparse.Namespace, info: dict[str, 
             for cmd in SCALE_COMMANDS:
                 for label, m in point["results"].get(cmd, {}).items():
                     if isinstance(m, c.Measurement):
-                        rows.append([f"{point['size_mb']} MB ({mib(point['bytes'])} MiB)", label, f"{m.median:.3f}", f"{m.spread:.3f}", mib(m.peak),
-                                     f"{mib(point['largest_tensor_bytes'])}"])
+                        rows.append([f"{point['size_mb']} MB ({mib(point['bytes'])} MiB)", f"`{cmd}`", label, f"{m.median:.3f}", f"{m.spread:.3f}",
+                                     mib(m.peak), f"{mib(point['largest_tensor_bytes'])}"])
                     else:
-                        rows.append([f"{point['size_mb']} MB", label, "failed", "", "", str(m).splitlines()[0][:100]])
-        lines += [table(["size", "tool", "median s", "spread s", "peak MiB", "largest tensor MiB"], rows, align="llrrrr"), ""]
+                        rows.append([f"{point['size_mb']} MB", f"`{cmd}`", label, "failed", "", "", str(m).splitlines()[0][:100]])
+        lines += [table(["size", "series", "tool", "median s", "spread s", "peak MiB", "largest tensor MiB"], rows, align="lllrrrr"), ""]
         if plot_line and plot_line.startswith("plot written"):
             lines += [f"![time and peak memory against checkpoint size]({os.path.relpath(args.plot_path, path.parent)})", ""]
         elif plot_line:
@@ -802,7 +825,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(p.id == "diff" for p in chosen) or run_scale:
         wanted.append((floor_layout, {"bundle"}))
     if run_scale:
-        wanted += [(lay, {"bundle", "h5"}) for lay in scale_layouts]
+        wanted += [(lay, {"bundle", "h5", "third"}) for lay in scale_layouts]
     sets = c.ensure_checkpoints(wanted, work, log=log)
     s = sets[main_layout.name]
     pairs = select(make_pairs(s, work / "_out"), args.only)
@@ -849,9 +872,10 @@ def main(argv: list[str] | None = None) -> int:
     if run_scale:
         for lay in scale_layouts:
             ss = sets[lay.name]
+            c.ensure_run(ss)
             point = {"size_mb": lay.size_mb, "bytes": ss.meta["files"]["a"], "entries": ss.meta["entries"],
                      "largest_tensor_bytes": ss.meta["largest_tensor_bytes"], "results": {}}
-            for cmd, tools in scale_tools(ss, args.scale_baselines).items():
+            for cmd, tools in scale_tools(ss, args.scale_baselines, work / "_out").items():
                 if SCALE_SERIES[cmd] not in commands:
                     continue
                 if lay == main_layout and cmd in results:  # the same runs as the main pair
