@@ -88,8 +88,9 @@ def test_report_has_machine_targets_and_scale(run):
     assert re.search(r"\| verify at least as fast as .* \(verify\) \| [\d.]+x", targets)
     scale = text[text.index("## Scale series"):text.index("## Notes")]
     for size in ("1 MB", "2 MB"):
-        for tool in ("ckptinspect ls", "ckptinspect diff", "ckptinspect verify"):
-            assert re.search(rf"^\| {size} \([\d.]+ MiB\) \| {tool} \| [\d.]+ \|", scale, re.M), (size, tool)
+        for series, tool in (("ls", "ckptinspect ls"), ("diff", "ckptinspect diff"), ("verify", "ckptinspect verify"),
+                             ("scan", "ckptinspect scan"), ("average", "ckptinspect average"), ("extract", "ckptinspect extract")):
+            assert re.search(rf"^\| {size} \([\d.]+ MiB\) \| `{series}` \| {tool} \| [\d.]+ \|", scale, re.M), (size, series)
     if importlib.util.find_spec("matplotlib") is None:
         assert "matplotlib is not installed" in scale and not plot.exists()
     else:
