@@ -774,6 +774,7 @@ def main(argv: list[str] | None = None) -> int:
                     "diff-h5, extract, extract-weights-h5, transplant, transplant-weights-h5, average, verify, verify-sharded, ls-safetensors, "
                     "ls-pt, scan; ls*, diff*...")
     ap.add_argument("--scale", default="100,1024,4096", help="checkpoint sizes (MB) of the scale series; '' for none")
+    ap.add_argument("--scale-rounds", type=int, help="timed runs per tool in the scale series (default: --rounds)")
     ap.add_argument("--scale-baselines", action=argparse.BooleanOptionalAction, default=True, help="time TensorFlow in the scale series too")
     ap.add_argument("--work", default=str(c.DEFAULT_WORK), help="where checkpoints are generated and cached")
     ap.add_argument("--results", default=str(RESULTS), help="the Markdown report to write")
@@ -883,7 +884,8 @@ def main(argv: list[str] | None = None) -> int:
                     if len(point["results"][cmd]) == len(tools):
                         continue
                 start = time.perf_counter()
-                point["results"][cmd] = c.time_tools(tools, args.rounds, args.warmup, env=ss.env(), cwd=str(work))
+                rounds = args.rounds if args.scale_rounds is None else args.scale_rounds
+                point["results"][cmd] = c.time_tools(tools, rounds, args.warmup, env=ss.env(), cwd=str(work))
                 log(f"scale {lay.size_mb} MB {cmd} ({time.perf_counter() - start:.0f} s)")
             scale.append(point)
     info["load_end"] = c.load_average()
