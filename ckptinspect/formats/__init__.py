@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import importlib
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .. import model as m
 from ..errors import (
@@ -45,23 +45,10 @@ from ._layout import (
 from ._sstable import is_table
 from ._torch_layout import hf_weights_in, is_hf_index, is_safetensors_head, is_torch_legacy_head, is_torch_zip
 from ._crc import mask as mask_crc32c
-from .tf_bundle import (
-    OBJECT_GRAPH_KEY,
-    StoredSliceBlocks,
-    check_bundle,
-    object_graph_bytes,
-    open_bundle,
-    stored_slice_blocks,
-)
-from .tf_state import (
-    DirectoryListing,
-    checkpoint_present,
-    checkpoint_step,
-    read_directory,
-    state_changed,
-    state_fingerprint,
-)
-from .tf_v1 import check_v1, is_v1_table, open_v1
+
+if TYPE_CHECKING:  # imported on first use (see _LAZY_NAMES): `ls x.safetensors` never loads the TF readers
+    from .tf_bundle import OBJECT_GRAPH_KEY, StoredSliceBlocks, object_graph_bytes, stored_slice_blocks
+    from .tf_state import DirectoryListing, checkpoint_present, checkpoint_step
 
 __all__ = [
     "Kind",
@@ -165,6 +152,8 @@ def _table_kind(path: str) -> Kind | None:
     tail = _fs.read_range(path, size - 48, 48)
     if not is_table(tail):
         return None
+    from .tf_v1 import is_v1_table  # noqa: PLC0415 - the TF readers load for tables only
+
     return Kind.TF_V1 if is_v1_table(path) else Kind.TF_BUNDLE
 
 
@@ -301,6 +290,10 @@ def _open_directory(directory: str) -> m.Checkpoint:
     CheckpointManager) is not an error: the directory is listed again, up to
     :data:`RESOLVE_ATTEMPTS` times. Once open, the command sticks to that checkpoint.
     """
+    from .tf_bundle import open_bundle  # noqa: PLC0415 - see _LAZY_NAMES
+    from .tf_state import checkpoint_present  # noqa: PLC0415
+    from .tf_v1 import open_v1  # noqa: PLC0415
+
     for attempt in range(1, RESOLVE_ATTEMPTS + 1):
         listing = list_directory(directory)
         if listing.v1 is not None:  # a directory holding only V1 checkpoint files (export-00000-of-00001)
@@ -338,7 +331,14 @@ def _with_warnings(ckpt: m.Checkpoint, warnings: tuple[str, ...]) -> m.Checkpoin
     return dataclasses.replace(ckpt, info={**ckpt.info, "warnings": [*warnings, *ckpt.info.get("warnings", ())]})
 
 
+def _open_bundle(prefix: str) -> m.Checkpoint:
+    from .tf_bundle import open_bundle  # noqa: PLC0415 - see _LAZY_NAMES
+
+    return open_bundle(prefix)
+
+
 def _open_savedmodel(directory: str) -> m.Checkpoint:
+    from .tf_bundle import open_bundle  # noqa: PLC0415
 
     return open_bundle(_fs.join(directory, SAVED_MODEL_VARIABLES), format=m.FORMAT_TF_SAVEDMODEL)
 
@@ -394,16 +394,28 @@ def _check_by_reading(path: str, opener: Callable[[str], m.Checkpoint]) -> Check
 
 
 def _check_bundle(prefix: str) -> Any:
+    from .tf_bundle import check_bundle  # noqa: PLC0415 - see _LAZY_NAMES
+
     if _fs.isdir(prefix + INDEX_SUFFIX):
         raise NotACheckpointError(f"{prefix}{INDEX_SUFFIX}: is a directory, not an index file")
     return check_bundle(prefix)
 
 
 def _check_savedmodel(directory: str) -> Any:
+    from .tf_bundle import check_bundle  # noqa: PLC0415
+
     return check_bundle(_fs.join(directory, SAVED_MODEL_VARIABLES), format=m.FORMAT_TF_SAVEDMODEL)
 
 
+def _open_v1(path: str) -> m.Checkpoint:
+    from .tf_v1 import open_v1  # noqa: PLC0415 - see _LAZY_NAMES
+
+    return open_v1(path)
+
+
 def _check_v1(path: str) -> Check:
+    from .tf_v1 import check_v1  # noqa: PLC0415
+
     return Check(path, lambda *_: check_v1(path), 1)
 
 
@@ -434,9 +446,9 @@ def _lazy(module: str, open_name: str, check_name: str) -> _Format:
 
 
 _FORMATS: dict[Kind, _Format] = {
-    Kind.TF_BUNDLE: _Format(open_bundle, _check_bundle),
+    Kind.TF_BUNDLE: _Format(_open_bundle, _check_bundle),
     Kind.TF_SAVEDMODEL: _Format(_open_savedmodel, _check_savedmodel),
-    Kind.TF_V1: _Format(open_v1, _check_v1),
+    Kind.TF_V1: _Format(_open_v1, _check_v1),
     Kind.HDF5: _reading("keras_h5", "open_h5"),
     Kind.KERAS_SHARDED: _reading("keras_h5", "open_sharded"),
     Kind.ZIP: _reading("keras_zip", "open_zip"),
@@ -509,6 +521,8 @@ def list_directory(directory: str) -> DirectoryListing:
         NotACheckpointError: No checkpoint at all in the directory (saying what it holds
             instead: SavedModel exports, Keras files).
     """
+    from .tf_state import read_directory  # noqa: PLC0415 - see _LAZY_NAMES
+
     listing = read_directory(directory)
     if listing.latest is None and not listing.checkpoints:
         v1 = _v1_in_directory(directory)
@@ -518,9 +532,22 @@ def list_directory(directory: str) -> DirectoryListing:
     return listing
 
 
-directory_fingerprint = state_fingerprint
-directory_changed = state_changed
 is_remote = _fs.is_remote
+
+# Public names of the TF readers, imported on first use: detection reads a file's first bytes
+# and imports the one format module it picked, so `ls x.safetensors` or `ls model.h5` never
+# loads the TF bundle, directory or V1 readers (nor concurrent.futures, glob, the object graph).
+_LAZY_NAMES = {
+    "OBJECT_GRAPH_KEY": ("tf_bundle", "OBJECT_GRAPH_KEY"),
+    "StoredSliceBlocks": ("tf_bundle", "StoredSliceBlocks"),
+    "stored_slice_blocks": ("tf_bundle", "stored_slice_blocks"),
+    "object_graph_bytes": ("tf_bundle", "object_graph_bytes"),
+    "DirectoryListing": ("tf_state", "DirectoryListing"),
+    "checkpoint_step": ("tf_state", "checkpoint_step"),
+    "checkpoint_present": ("tf_state", "checkpoint_present"),
+    "directory_fingerprint": ("tf_state", "state_fingerprint"),
+    "directory_changed": ("tf_state", "state_changed"),
+}
 
 # Writing TF bundles (extract, transplant) goes through TensorFlow and numpy: those names are
 # imported on first use, so that listing imports neither.
@@ -535,6 +562,11 @@ _GRAPH_EDIT_NAMES = ("GraphEdit", "EditedGraph", "edit_object_graph", "escape_pa
 
 
 def __getattr__(name: str) -> Any:
+    lazy = _LAZY_NAMES.get(name)
+    if lazy is not None:
+        value = getattr(importlib.import_module(f".{lazy[0]}", __name__), lazy[1])
+        globals()[name] = value  # once: later lookups are plain module attributes
+        return value
     if name in _WRITER_NAMES:
         from . import tf_writer  # noqa: PLC0415
 

@@ -20,17 +20,13 @@ JSON and CSV are never shortened.
 
 from __future__ import annotations
 
-import csv
 import enum
-import io
-import json
 import math
 import os
 import re
 import shutil
 import sys
 import textwrap
-import unicodedata
 from typing import Any, Iterable, Sequence
 
 from ..model import display_name, format_shape
@@ -114,6 +110,8 @@ def display_width(s: str) -> int:
 
 
 def _char_width(c: str) -> int:
+    import unicodedata  # noqa: PLC0415 - non-ASCII text only
+
     if unicodedata.combining(c):
         return 0
     return 2 if unicodedata.east_asian_width(c) in "WF" else 1
@@ -259,6 +257,8 @@ def _clean(obj: Any) -> Any:
 
 
 def to_json(doc: dict[str, Any]) -> str:
+    import json  # noqa: PLC0415 - the table, the default, goes without it
+
     return json.dumps(_clean(doc), indent=2, default=_json_default, allow_nan=False)
 
 
@@ -299,6 +299,9 @@ def render(
         return to_json(doc) + "\n"
     rows = list(rows)
     if fmt == OutputFormat.csv:
+        import csv  # noqa: PLC0415 - csv output only
+        import io  # noqa: PLC0415
+
         keys = list(csv_columns or [k for k, _ in columns])
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=keys, extrasaction="ignore", lineterminator="\n")
@@ -367,15 +370,25 @@ def simple_table(
     is not enough leaves out the ``optional`` columns in order (a last line says so).
     """
     headers = [escape_controls(h) for h in headers]
-    cells = [["" if c is None else escape_controls(c) for c in row] for row in rows]
-    keep = list(range(len(headers)))
-    hidden: list[str] = []
+    cells: list[list[str]] = []
+    plain: list[bool] = []  # rows of printable ASCII only: escaping changes nothing, a width is a length
     content = [0] * len(headers)
-    for row in cells:
-        for i, c in enumerate(row):
-            w = display_width(c)
+    for raw in rows:
+        row = ["" if c is None else c if type(c) is str else str(c) for c in raw]
+        joined = "".join(row)
+        if joined.isascii() and joined.isprintable():
+            widths_of = map(len, row)
+            plain.append(True)
+        else:
+            row = [escape_controls(c) for c in row]
+            widths_of = map(display_width, row)
+            plain.append(False)
+        cells.append(row)
+        for i, w in enumerate(widths_of):
             if w > content[i]:
                 content[i] = w
+    keep = list(range(len(headers)))
+    hidden: list[str] = []
     widths = [max(display_width(h) + 2, c) for h, c in zip(headers, content)]
     wrap = False
     if width is not None and _table_width(widths) > width:
@@ -392,15 +405,19 @@ def simple_table(
         headers = [headers[i] for i in keep]
         cells = [[row[i] for i in keep] for row in cells]
         last = len(keep) - 1
-        for row in cells:
+        for r, row in enumerate(cells):
             for i, c in enumerate(row):
                 if display_width(c) > widths[i] and not (wrap and i == last):
                     row[i] = middle_ellipsis(c, widths[i])
+                    plain[r] = False  # the ellipsis is not ASCII
         headers = [middle_ellipsis(h, w) for h, w in zip(headers, widths)]
     lines = [COLUMN_GAP.join(_pad(h, w) for h, w in zip(headers, widths)).rstrip(),
              COLUMN_GAP.join("-" * w for w in widths)]
-    for row in cells:
-        if wrap and display_width(row[-1]) > widths[-1]:
+    padded = COLUMN_GAP.join(f"{{:<{w}}}" for w in widths).format  # pads by length: right for plain rows
+    for row, is_plain in zip(cells, plain):
+        if is_plain and len(row) == len(widths) and not (wrap and len(row[-1]) > widths[-1]):
+            lines.append(padded(*row).rstrip())
+        elif wrap and display_width(row[-1]) > widths[-1]:
             pieces = textwrap.wrap(row[-1], width=widths[-1], break_long_words=True, break_on_hyphens=False)
             offset = " " * (_table_width(widths[:-1]) + len(COLUMN_GAP))
             lines.append(COLUMN_GAP.join(_pad(c, w) for c, w in zip(row[:-1] + [pieces[0]], widths)).rstrip())

@@ -189,8 +189,8 @@ def ls_view(listing, fmt: OutputFormat, tree: bool = False, width: int | None = 
     csv_cols = ["key", "name", "shape", "dtype", "nbytes", "shards", "role"]
     if stats is not None:
         csv_cols += ["min", "max", "mean", "std", "nan", "inf"]
-    return render(fmt, doc=listing.to_dict(), rows=rows, columns=columns, header=header, csv_columns=csv_cols,
-                  width=width)
+    doc = listing.to_dict() if fmt == OutputFormat.json else {}  # the table and CSV show rows only
+    return render(fmt, doc=doc, rows=rows, columns=columns, header=header, csv_columns=csv_cols, width=width)
 
 
 def ls_warnings(listing) -> str:

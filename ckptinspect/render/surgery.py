@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from ._core import (
@@ -347,6 +346,8 @@ def doctor_assignment_map_view(report, fmt: OutputFormat) -> str:
     if fmt == OutputFormat.csv:
         return render(fmt, doc={}, rows=[{"checkpoint_key": k, "variable": v} for k, v in amap.items()],
                       columns=[("checkpoint_key", "checkpoint_key"), ("variable", "variable")])
+    import json  # noqa: PLC0415 - this view only
+
     return json.dumps(amap, indent=2) + "\n"
 
 
