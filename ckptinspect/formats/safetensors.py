@@ -66,6 +66,7 @@ ITEMSIZE = {name: m.ITEMSIZE[name] for name in DTYPES.values()}
 UNREADABLE_DTYPES = frozenset({"F4", "F6_E2M3", "F6_E3M2", "F8_E8M0"})
 COUNTER_NAMES = frozenset({"step", "global_step", "epoch", "iteration", "iter", "iterations"})
 STEP_METADATA_KEYS = ("step", "global_step", "epoch")
+_INT_ONLY = {int}  # the types of a valid shape's dimensions (bool is not int here)
 
 
 def _one_line(e: BaseException) -> str:
@@ -98,11 +99,13 @@ class Header:
 
 def _no_duplicates(label: str) -> Callable[[list[tuple[str, Any]]], dict]:
     def hook(pairs: list[tuple[str, Any]]) -> dict:
-        out: dict[str, Any] = {}
-        for k, v in pairs:
-            if k in out:
-                raise CorruptCheckpointError(f"{label}: safetensors header names {k!r} twice")
-            out[k] = v
+        out = dict(pairs)
+        if len(out) != len(pairs):  # a name given twice: say which one comes back first
+            seen: set[str] = set()
+            for k, _ in pairs:
+                if k in seen:
+                    raise CorruptCheckpointError(f"{label}: safetensors header names {k!r} twice")
+                seen.add(k)
         return out
 
     return hook
@@ -161,10 +164,10 @@ def read_header(path: str, strict: bool = True) -> Header:
         else:
             raise CorruptCheckpointError(f"{path}: safetensors entry {name!r} has unknown dtype {code!r:.40}")
         if (not isinstance(shape, list) or len(shape) > MAX_DIMS
-                or not all(type(d) is int and d >= 0 for d in shape)):
+                or (shape and not (set(map(type, shape)) == _INT_ONLY and min(shape) >= 0))):
             raise CorruptCheckpointError(f"{path}: safetensors entry {name!r} has a bad shape {shape!r:.80}")
-        if (not isinstance(offsets, list) or len(offsets) != 2 or not all(type(o) is int for o in offsets)
-                or not 0 <= offsets[0] <= offsets[1]):
+        if (not isinstance(offsets, list) or len(offsets) != 2 or type(offsets[0]) is not int
+                or type(offsets[1]) is not int or not 0 <= offsets[0] <= offsets[1]):
             raise CorruptCheckpointError(f"{path}: safetensors entry {name!r} has bad data_offsets {offsets!r:.80}")
         begin, end = offsets
         if dtype in ITEMSIZE:
@@ -193,8 +196,8 @@ def read_header(path: str, strict: bool = True) -> Header:
 
 
 def _role(t: SafetensorsTensor) -> str:
-    leaf = t.name.replace("/", ".").rsplit(".", 1)[-1].lower()
-    if t.shape == () and t.dtype in m.INTEGER_DTYPES and leaf in COUNTER_NAMES:
+    if t.shape == () and t.dtype in m.INTEGER_DTYPES \
+            and t.name.replace("/", ".").rsplit(".", 1)[-1].lower() in COUNTER_NAMES:
         return m.ROLE_METADATA
     return m.ROLE_MODEL
 
