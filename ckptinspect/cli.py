@@ -35,8 +35,8 @@ EXIT_ERROR = 2
 # int, float, bool, an Enum choice, a list of str) are coerced here when they are plainly of that
 # type; anything else, and every value that does not convert, goes to typer's own path, so its
 # results and error messages are unchanged (tests/test_ux.py checks both routes agree).
-_INT_RE = re.compile(r"[+-]?\d+")
-_FLOAT_RE = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+_INT_RE = r"[+-]?\d+"  # patterns compiled on first use (re's cache): most commands take no number
+_FLOAT_RE = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
 _NOT_FAST = object()
 
 
@@ -60,9 +60,9 @@ def fast_value(param, value):  # noqa: ANN001, ANN201 - a typer parameter and it
         return value
     if annotation is bool and type(value) is bool:
         return value
-    if annotation is int and (type(value) is int or (type(value) is str and _INT_RE.fullmatch(value))):
+    if annotation is int and (type(value) is int or (type(value) is str and re.fullmatch(_INT_RE, value))):
         return int(value)
-    if annotation is float and (type(value) in (int, float) or (type(value) is str and _FLOAT_RE.fullmatch(value))):
+    if annotation is float and (type(value) in (int, float) or (type(value) is str and re.fullmatch(_FLOAT_RE, value))):
         return float(value)
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
         if isinstance(value, annotation):

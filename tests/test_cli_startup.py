@@ -62,3 +62,56 @@ def test_ls_does_not_import_pydantic():
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.stdout.strip().splitlines()[-1] == "0 False", done.stderr
+
+
+# What `ls` may not import, per format: detection reads a file's first bytes and imports only
+# the module of the format it found (formats/__init__.py, _LAZY_NAMES and _FORMATS).
+TF_READERS = ("ckptinspect.formats.tf_bundle", "ckptinspect.formats.tf_data", "ckptinspect.formats.tf_state",
+              "ckptinspect.formats.tf_v1", "ckptinspect.formats.tf_object_graph", "ckptinspect.formats._protos")
+OTHER_READERS = ("ckptinspect.formats.keras_h5", "ckptinspect.formats.keras_zip", "ckptinspect.formats.npz",
+                 "ckptinspect.formats.torch_pickle", "ckptinspect.formats.hf_sharded")
+NEVER_FOR_LS = ("tensorflow", "keras", "torch", "pydantic", "google.protobuf", "ckptinspect.ops.stats",
+                "ckptinspect.ops.diff", "ckptinspect.trainer", "concurrent.futures", "csv")
+
+
+def _ls_modules(path: str, *args: str) -> tuple[int, set[str]]:
+    """Exit code and every module imported by `ckptinspect ls PATH ARGS...` in a fresh interpreter."""
+    code = ("import sys; from ckptinspect.cli import app\n"
+            f"try:\n    app(['ls', {path!r}, *{list(args)!r}])\nexcept SystemExit as e:\n    code = e.code\n"
+            "print(code); print(' '.join(sorted(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) >= 2, done.stderr
+    return int(lines[-2]), set(lines[-1].split())
+
+
+def _loaded(modules: set[str], names: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in modules for n in names if m == n or m.startswith(n + "."))
+
+
+@pytest.mark.parametrize("fmt", ["table", "json", "csv"])
+def test_ls_safetensors_imports_only_what_it_needs(fmt):
+    code, modules = _ls_modules("fixtures/torch/model.safetensors", "--format", fmt)
+    assert code == 0
+    assert "ckptinspect.formats.safetensors" in modules  # the reader did run
+    # the header is JSON, read without numpy: no values, no TF reader, no other format's module
+    assert _loaded(modules, ("numpy", "h5py", "safetensors") + TF_READERS + OTHER_READERS
+                   + NEVER_FOR_LS[:-1]) == []
+    assert ("csv" in modules) == (fmt == "csv")
+
+
+def test_ls_keras_h5_imports_no_tf_reader():
+    code, modules = _ls_modules("fixtures/keras/model.h5")
+    assert code == 0
+    assert "ckptinspect.formats.keras_h5" in modules and "h5py" in modules
+    assert _loaded(modules, TF_READERS + NEVER_FOR_LS + ("ckptinspect.formats.torch_pickle",
+                                                         "ckptinspect.formats.safetensors")) == []
+
+
+def test_ls_tf_bundle_still_finds_its_reader():
+    """The lazy registry hands a TF directory to the TF readers (and imports nothing else)."""
+    code, modules = _ls_modules("fixtures/run")
+    assert code == 0
+    assert {"ckptinspect.formats.tf_bundle", "ckptinspect.formats.tf_state"} <= modules
+    assert _loaded(modules, OTHER_READERS + ("h5py", "tensorflow", "pydantic", "csv")) == []

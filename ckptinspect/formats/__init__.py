@@ -420,12 +420,14 @@ def _check_v1(path: str) -> Check:
 
 
 # -- the registry ------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
 class _Format:
-    """How to open and how to check one kind of path."""
+    """How to open and how to check one kind of path (a plain class: a dataclass costs start-up)."""
 
-    open: Callable[[str], m.Checkpoint]
-    check: Callable[[str], Any]
+    __slots__ = ("open", "check")
+
+    def __init__(self, open: Callable[[str], m.Checkpoint], check: Callable[[str], Any]):  # noqa: A002
+        self.open = open
+        self.check = check
 
 
 def _deferred(module: str, name: str) -> Callable[[str], Any]:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
 from ..model import ROLES, Checkpoint, Variable
 from .roles import mark_optimizer
-from .stats import Progress, Stats
+
+if TYPE_CHECKING:  # the statistics module loads for --stats only
+    from .stats import Progress, Stats
 
 __all__ = ["Listing", "list_variables"]
 

@@ -70,12 +70,14 @@ MIN_WRAPPED_WIDTH = 24  # a wrapped last column (a problem's text) keeps at leas
 COLUMN_GAP = "  "
 # C0 and C1 controls, DEL, and the invisible bidirectional / line-separator marks that can
 # reorder or break what a terminal shows.
-_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+# (The patterns are compiled on first use, through re's cache: printable ASCII, what almost every
+# name is, never needs them.)
+_CONTROL_RE = "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]"
 _NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 CSV_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 CSV_GUARD = "'"
-_PLAIN_NUMBER_RE = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:inf|nan)|-")
-_LABEL_RE = re.compile(r"^([^\s:][^:]{0,24}:\s+)\S")  # "path:    ", "note:     "...
+_PLAIN_NUMBER_RE = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:inf|nan)|-"
+_LABEL_RE = r"^([^\s:][^:]{0,24}:\s+)\S"  # "path:    ", "note:     "...
 PROGRESS_BAR = 30
 PROGRESS_MIN_BAR = 10
 
@@ -84,9 +86,9 @@ def escape_controls(text: Any) -> str:
     """``text`` with control characters as visible escapes (``\\x1b``, ``\\n``, ``\\u202e``),
     and bytes of a key that are not UTF-8 as ``\\xff`` (:func:`~ckptinspect.model.display_name`)."""
     s = display_name(str(text))
-    if not _CONTROL_RE.search(s):
+    if (s.isascii() and s.isprintable()) or not re.search(_CONTROL_RE, s):  # ASCII: printable = no control
         return s
-    return _CONTROL_RE.sub(_escape_one, s)
+    return re.sub(_CONTROL_RE, _escape_one, s)
 
 
 def _escape_one(match: re.Match[str]) -> str:
@@ -97,7 +99,7 @@ def _escape_one(match: re.Match[str]) -> str:
 def csv_safe(value: Any) -> Any:
     """A CSV cell a spreadsheet will not run: ``'`` before a text starting with ``= + - @``,
     a tab or a carriage return (plain numbers such as ``-0.5`` stay as they are)."""
-    if isinstance(value, str) and value.startswith(CSV_FORMULA_STARTS) and not _PLAIN_NUMBER_RE.fullmatch(value):
+    if isinstance(value, str) and value.startswith(CSV_FORMULA_STARTS) and not re.fullmatch(_PLAIN_NUMBER_RE, value):
         return CSV_GUARD + value
     return value
 
@@ -184,7 +186,7 @@ def fit_lines(lines: Iterable[str], width: int | None) -> list[str]:
         if width is None or display_width(line) <= width:
             out.append(line)
             continue
-        match = _LABEL_RE.match(line)
+        match = re.match(_LABEL_RE, line)
         label = match.group(1) if match and len(match.group(1)) < width // 2 else ""
         out += _wrap(line[len(label):], width - len(label), label, " " * (len(label) or 2))
     return out

@@ -166,13 +166,22 @@ def ls_view(listing, fmt: OutputFormat, tree: bool = False, width: int | None = 
         columns += [("min", "min"), ("max", "max"), ("mean", "mean"), ("std", "std"), ("nan", "nan"), ("inf", "inf")]
     rows = []
     unreadable = info.get("unreadable") or {}
+    shapes: dict[tuple, str] = {}  # thousands of variables, a few distinct shapes and sizes
+    sizes: dict[int, str] = {}
     for v in (sorted(listing.variables, key=lambda v: v.name) if tree else listing.variables):
+        dims = tuple(v.shape)
+        shape = shapes.get(dims)
+        if shape is None:
+            shape = shapes[dims] = fmt_shape(dims)
+        size = sizes.get(v.nbytes)
+        if size is None:
+            size = sizes[v.nbytes] = human_bytes(v.nbytes)
         row = {
             "key": v.key,
             "name": v.name,
-            "shape": fmt_shape(v.shape),
+            "shape": shape,
             "dtype": v.dtype + (UNREADABLE_MARK if v.key in unreadable and fmt == OutputFormat.table else ""),
-            "size": human_bytes(v.nbytes),
+            "size": size,
             "nbytes": v.nbytes,
             "shards": ",".join(str(s) for s in v.shards) or "-",
             "role": v.role,
