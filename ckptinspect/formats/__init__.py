@@ -3,7 +3,10 @@
 Operations import only this package's public names (an import-linter contract): they open a
 :class:`~ckptinspect.model.Checkpoint` with :func:`open_checkpoint` and read through its
 tensor source, or check one with :func:`prepare_check`. One module per format family,
-picked by content (:func:`detect`) and registered once in :data:`_FORMATS`:
+picked by content (:func:`detect`) and registered once in :data:`_FORMATS`. Detection uses the
+signature modules only (``_layout``, ``_sstable``, ``_torch_layout``); a format's module is
+imported when its format is opened or checked, and the public names that come from the TF
+readers (:data:`_LAZY_NAMES`) on first use, so listing one format loads no other reader:
 
 * :mod:`.tf_bundle` - TF bundle checkpoints (``.index`` + ``.data-*``), TF1 and TF2, with
   :mod:`.tf_data` for their data files at the byte level and :mod:`.tf_object_graph` for a
