@@ -587,3 +587,44 @@ def test_step_is_the_optimizer_iteration_count(realworld, relpath, step, key):
     if key is not None and relpath.endswith(".h5"):
         with h5py.File(realworld / relpath, "r") as f:
             assert int(np.asarray(f[key][()]).reshape(())) == step
+
+
+def _hdf5_object_visit(path):
+    """What HDF5's own object visit (H5Ovisit) lists: each object once, in its order."""
+    objects = []
+    with h5py.File(path, "r") as h5:
+        h5py.h5o.visit(h5["/"].id, lambda raw, info: objects.append((raw.decode(), info.type)), info=True)
+    datasets = [n for n, t in objects if t == h5py.h5o.TYPE_DATASET]
+    groups = {n for n, t in objects if t == h5py.h5o.TYPE_GROUP}
+    return datasets, groups
+
+
+def test_walk_lists_objects_as_hdf5s_object_visit(tmp_path):
+    """The walk's one link visit lists what H5Ovisit lists, in its order: a dataset or group
+    reached through several hard links once (under its first name), links back to the root or
+    to a parent, empty groups, named datatypes skipped; ``vars`` names read from empty groups too."""
+    from ckptinspect.formats._h5_walk import _walk
+
+    path = tmp_path / "links.weights.h5"
+    with h5py.File(path, "w") as h5:
+        g = _keras3_like(h5)
+        g["1"] = np.arange(3, dtype="int64")
+        h5["layers/alias/vars/0"] = g["0"]  # one dataset under two names: listed once, first name
+        h5["b_group_again"] = h5["layers/dense"]  # a group under two names: entered once
+        h5["layers/dense/to_root"] = h5["/"]  # back to the root
+        h5["layers/dense/vars/to_parent"] = h5["layers/dense"]  # back to a parent
+        h5.create_group("empty")
+        h5.create_group("layers/lonely/vars").attrs["name"] = "lonely"  # an empty vars group
+        h5["named_type"] = np.dtype("<f4")  # a committed datatype: no variable
+        h5["z/late"] = np.ones(2, "float32")
+    datasets, groups = _hdf5_object_visit(path)
+    assert "layers/alias/vars/0" not in datasets and "empty" in groups  # the file is what we meant
+    with h5py.File(path, "r") as h5:
+        walk = _walk(h5, str(path))
+    assert list(walk.datasets) == datasets
+    assert walk.groups == groups
+    # name order reaches the dense layer first as b_group_again (HDF5 lists it there)
+    assert walk.vars_names == {"b_group_again/vars": "dense", "layers/lonely/vars": "lonely"}
+    assert datasets == ["b_group_again/vars/0", "b_group_again/vars/1", "z/late"]
+    ckpt = ckptinspect.open(path)
+    assert sorted(v.key for v in ckpt) == datasets

@@ -294,17 +294,21 @@ class _Walk:
 def _walk(h5: Any, label: str) -> _Walk:
     """Every object of the file, through h5py's low-level API, refusing anything unsafe.
 
-    Two traversals run inside HDF5: a link visit checks that every link is a hard link (no
-    object is opened for a soft or external one), then an object visit lists each object once
-    (a group reached twice through hard links is visited once), depth first in name order.
-    Only datasets and ``vars`` groups are then opened, for their shape, type and ``name``.
+    One traversal runs inside HDF5, a link visit (depth first in name order, each group
+    entered once): every link must be a hard link (no object is opened for a soft or external
+    one), and each object is listed once, under the first name that reaches it (its address
+    identifies it), as ``H5Ovisit`` lists objects. A name with names below it is a group; any
+    other object is opened and asked what it is: datasets are described, ``vars`` groups give
+    their ``name`` attribute, named datatypes are skipped. (``H5Ovisit`` would also list each
+    object once, but it reads every object header in full for its info: a second traversal
+    as long as the listing itself.)
 
     Raises:
         UnsafeFileError: A soft, external or user-defined link, or an unsafe dataset.
         CorruptCheckpointError: A link name that is not UTF-8.
     """
     h5py = _h5py()
-    h5l, h5o = h5py.h5l, h5py.h5o
+    h5l, h5o, h5i = h5py.h5l, h5py.h5o, h5py.h5i
     root = h5["/"].id
 
     def name_of(raw: bytes) -> str:
@@ -313,12 +317,14 @@ def _walk(h5: Any, label: str) -> _Walk:
         except UnicodeDecodeError:
             raise CorruptCheckpointError(f"{label}: link name {raw!r} is not UTF-8") from None
 
-    # Stopping a visit: return a true value from the callback (an exception raised inside
-    # HDF5's callback does not propagate cleanly through h5py).
-    bad: list[tuple[bytes, int]] = []
-    root.links.visit(lambda raw, info: bad.append((raw, info.type)) if info.type != h5l.TYPE_HARD else None, info=True)
-    if bad:
-        raw, link_type = bad[0]
+    # The callback returns None (continue): an exception raised inside HDF5's callback does not
+    # propagate cleanly through h5py.
+    links: list[tuple[bytes, int, int]] = []  # (name, link type, object address for hard links)
+    root.links.visit(lambda raw, info: links.append((raw, info.type, info.u)), info=True)
+    hard = h5l.TYPE_HARD
+    for raw, link_type, _ in links:
+        if link_type == hard:
+            continue
         name = name_of(raw)
         if link_type == h5l.TYPE_SOFT:
             target = _text(root.links.get_val(raw))
@@ -328,23 +334,32 @@ def _walk(h5: Any, label: str) -> _Walk:
             raise UnsafeFileError(f"{label}: external link {name!r} -> {filename}:{path}; refusing to follow links")
         raise UnsafeFileError(f"{label}: link {name!r} of unknown type {link_type}; refusing to follow")
 
-    objects: list[tuple[bytes, int]] = []
-    h5o.visit(root, lambda raw, info: objects.append((raw, info.type)), info=True)
+    parents = {raw.rpartition(b"/")[0] for raw, _, _ in links if b"/" in raw}  # groups with something below
+    seen = {h5o.get_info(root).addr}  # the root is no object of its own listing (a link back to it)
     datasets: dict[str, _Dataset] = {}
     groups: set[str] = set()
     vars_names: dict[str, str] = {}
     vars_leaf = b"/" + VARS_GROUP.encode()
     name_attr = NAME_ATTR.encode()
-    for raw, obj_type in objects:
-        if raw == b".":
+    for raw, _, address in links:
+        if address in seen:  # reached again through another hard link
             continue
+        seen.add(address)
         name = name_of(raw)
-        if obj_type == h5o.TYPE_DATASET:
-            datasets[name] = _describe(h5o.open(root, raw), name, label)
-        elif obj_type == h5o.TYPE_GROUP:
+        oid = None
+        if raw in parents:
+            is_group = True
+        else:
+            oid = h5o.open(root, raw)
+            kind = h5i.get_type(oid)
+            if kind == h5i.DATASET:
+                datasets[name] = _describe(oid, name, label)
+                continue
+            is_group = kind == h5i.GROUP  # else a named datatype: not listed
+        if is_group:
             groups.add(name)
             if raw == vars_leaf[1:] or raw.endswith(vars_leaf):
-                named = _attr_text(h5o.open(root, raw), name_attr)
+                named = _attr_text(oid if oid is not None else h5o.open(root, raw), name_attr)
                 if named is not None:
                     vars_names[name] = named
     return _Walk(datasets, groups, vars_names)
