@@ -45,7 +45,8 @@ from .. import model as m
 from ..errors import CorruptCheckpointError, OutputExistsError, UsageError
 from ._lazymod import lazy_import
 from . import _fs
-from ._crc import crc32c_module, mask
+from .bundle_combine import BlockFeed, Combined
+from ._crc import crc32c_combine, crc32c_module, mask
 from ._layout import INDEX_SUFFIX, data_path
 from ._ordered_code import encode_tensor_name_slice
 from ._table_builder import DEFAULT_BLOCK_SIZE, TableBuilder, put_varint
@@ -76,6 +77,8 @@ PACKED_INT4_DTYPES = ("int4", "uint4")
 ENCODABLE_DTYPES = (frozenset(m.NUMERIC_DTYPES) | frozenset(PACKED_INT4_DTYPES)) & frozenset(DTYPE_ENUMS)
 BUNDLE_VERSION = b"\x08\x01"  # VersionDef {producer: kTensorBundleVersion = 1}, min_consumer 0
 WRITE_BUFFER_BYTES = 1 << 20  # small writes are gathered up to this size
+WRITE_GATHER_BYTES = 8 << 20  # computed blocks are written by one pwritev of up to this much
+WRITE_GATHER_BUFFERS = 256  # ... or of this many buffers (Linux takes up to 1024)
 COPY_CHUNK_BYTES = 8 << 20  # read/write copies and checked copies move this much at a time
 STREAM_BLOCK_ELEMENTS = 1 << 20  # elements per block when copy_tensor falls back to streaming
 _UINT32_MAX = 0xFFFFFFFF
@@ -187,6 +190,7 @@ class TensorData:
     encoded: tuple[bytes, int] | None = dataclasses.field(default=None, repr=False)
     blocks: Callable[[], Iterable[Any]] | None = dataclasses.field(default=None, repr=False)
     stored: StoredBytes | None = None
+    combined: Combined | None = dataclasses.field(default=None, repr=False)
 
     @classmethod
     def from_array(cls, value: Any) -> "TensorData":
@@ -226,6 +230,49 @@ class TensorData:
             raise UsageError(f"cannot stream a {dtype} tensor into a TF bundle. Expected one of {sorted(ENCODABLE_DTYPES)}")
         shape = tuple(int(d) for d in shape)
         return cls(dtype, shape, _count(shape) * np_dtype.itemsize, blocks=blocks)
+
+    @classmethod
+    def from_combined(
+        cls,
+        dtype: str,
+        shape: Sequence[int],
+        inputs: Sequence["TensorData"],
+        fn: Callable[[int, Sequence[np.ndarray], np.ndarray], None],
+        *,
+        labels: Sequence[str] | None = None,
+        written: Callable[[int], None] | None = None,
+    ) -> "TensorData":
+        """A numeric value computed element by element from runs stored in other bundles
+        (``average``), in blocks, on worker threads (:mod:`.bundle_combine`).
+
+        Args:
+            dtype: The output's dtype.
+            shape: Its shape; every input holds as many elements.
+            inputs: Runs built with :meth:`from_stored` (numeric dtypes); their bytes are
+                checked against their recorded crc32c as they are read.
+            fn: ``fn(start, blocks, out)`` fills ``out`` (output elements ``start`` ..
+                ``start + out.size``) from the same elements of every input (read-only
+                arrays); called from worker threads, blocks in any order.
+            labels: Names of the inputs for messages (default: the output's shape and dtype).
+            written: Called with the run's masked crc32c once it is written.
+
+        Raises:
+            UsageError: A dtype that is not numeric, or an input of another element count.
+        """
+        out = cls.from_blocks(dtype, shape, lambda: ())
+        count = _count(out.shape)
+        dtypes = []
+        for data in inputs:
+            np_dtype = _numpy_dtype(data.dtype) if data.dtype in ENCODABLE_DTYPES else None
+            if data.stored is None or np_dtype is None:
+                raise UsageError(f"a combined tensor reads stored numeric runs. Received: {data.dtype} {data.shape}")
+            if data.stored.size != count * np_dtype.itemsize:
+                raise UsageError(f"a combined {dtype} {list(out.shape)} tensor reads runs of {count} elements."
+                                 f" Received: {data.dtype} {list(data.shape)}")
+            dtypes.append(np_dtype)
+        names = tuple(labels) if labels is not None else tuple(f"{d.dtype} {list(d.shape)}" for d in inputs)
+        combined = Combined(tuple(d.stored for d in inputs), tuple(dtypes), names, fn, written)
+        return dataclasses.replace(out, blocks=None, combined=combined)
 
     @classmethod
     def from_stored(cls, dtype: str, shape: Sequence[int], stored: StoredBytes) -> "TensorData":
@@ -470,16 +517,33 @@ class _ShardFile:
         self.fd = _create(path)
         self.offset = 0
         self._buf = bytearray()
+        self._pending: list[memoryview] = []  # buffers lent by the caller, written in one pwritev
+        self._pending_bytes = 0
+        self._releases: list[Callable[[], None]] = []
 
     def write(self, data: Any) -> None:
         view = memoryview(data).cast("B")
         if len(view) < WRITE_BUFFER_BYTES:
             self._buf += view
-            if len(self._buf) >= WRITE_BUFFER_BYTES:
+            if len(self._buf) >= WRITE_BUFFER_BYTES and not self._pending:
                 self.flush()
             return
         self.flush()
         self._pwrite(view)
+
+    def write_lent(self, view: memoryview, release: Callable[[], None]) -> None:
+        """Write a buffer the caller lends until ``release()`` (called once it is written):
+        such buffers are gathered, without copying, into positioned writes of up to
+        :data:`WRITE_GATHER_BYTES`."""
+        if self._buf:
+            self._pending.append(memoryview(self._buf))
+            self._pending_bytes += len(self._buf)
+            self._buf = bytearray()
+        self._pending.append(view)
+        self._pending_bytes += len(view)
+        self._releases.append(release)
+        if self._pending_bytes >= WRITE_GATHER_BYTES or len(self._pending) >= WRITE_GATHER_BUFFERS:
+            self.flush()
 
     def _pwrite(self, view: memoryview) -> None:
         done = 0
@@ -489,12 +553,26 @@ class _ShardFile:
 
     def flush(self) -> None:
         if self._buf:
-            self._pwrite(memoryview(self._buf))
+            self._pending.append(memoryview(self._buf))
+            self._pending_bytes += len(self._buf)
             self._buf = bytearray()
+        if not self._pending:
+            return
+        views, releases = self._pending, self._releases
+        self._pending, self._pending_bytes, self._releases = [], 0, []
+        while views:
+            n = os.pwritev(self.fd, views, self.offset)
+            self.offset += n
+            while views and n >= len(views[0]):
+                n -= len(views.pop(0))
+            if n:
+                views[0] = views[0][n:]
+        for release in releases:
+            release()
 
     @property
     def size(self) -> int:
-        return self.offset + len(self._buf)
+        return self.offset + self._pending_bytes + len(self._buf)
 
     def close(self, fsync: bool) -> None:
         try:
@@ -514,8 +592,9 @@ def _readonly_bytes(arr: np.ndarray) -> np.ndarray:
 
 
 class _Writer:
-    def __init__(self, check_copies: bool):
+    def __init__(self, check_copies: bool, feed: BlockFeed | None = None):
         self.check_copies = check_copies
+        self.feed = feed
         self.crc32c = crc32c_module()
         self.copied = 0
         self._sources: dict[str, int] = {}
@@ -552,6 +631,21 @@ class _Writer:
         if done != total:
             raise UsageError(f"{run.label}: blocks hold {done} elements, shape {list(data.shape)} needs {total}")
         return mask(crc)
+
+    def write_combined(self, out: _ShardFile, run: _Run) -> int:
+        data = run.data
+        combined = data.combined
+        assert combined is not None and self.feed is not None
+        feed = self.feed
+        crc, first = 0, True
+        for block in feed.run(combined, _numpy_dtype(data.dtype), _count(data.shape)):
+            crc = block.out_crc if first else crc32c_combine(crc, block.out_crc, len(block.view))
+            first = False
+            out.write_lent(block.view, lambda block=block: feed.release(block))
+        crc = mask(crc)
+        if combined.written is not None:
+            combined.written(crc)
+        return crc
 
     # byte-exact copies
     def _source(self, path: str) -> int:
@@ -648,6 +742,8 @@ class _Writer:
             return self.write_array(out, data.array)
         if data.blocks is not None:
             return self.write_blocks(out, run)
+        if data.combined is not None:
+            return self.write_combined(out, run)
         raise UsageError(f"{run.label}: no value")  # pragma: no cover - TensorData is built by its constructors
 
 
@@ -772,7 +868,9 @@ def write_bundle_native(
     if os.path.lexists(prefix + INDEX_SUFFIX):
         raise OutputExistsError(f"{prefix}{INDEX_SUFFIX}: exists; write bundles into a fresh location")
     created: list[str] = []
-    writer = _Writer(check_copies)
+    combined = [(r.data.combined, _numpy_dtype(r.data.dtype), _count(r.data.shape)) for r in runs
+                if r.data.combined is not None]
+    writer = _Writer(check_copies, BlockFeed(combined) if combined else None)
     shard_bytes: list[int] = []
     out: _ShardFile | None = None
     try:
@@ -819,6 +917,8 @@ def write_bundle_native(
         raise
     finally:
         writer.close()
+        if writer.feed is not None:
+            writer.feed.close()
     return WriteSummary(
         prefix=prefix,
         num_shards=num_shards,

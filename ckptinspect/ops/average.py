@@ -255,6 +255,9 @@ class _Plan:
         dtype = m.numpy_dtype(v.dtype)
         if dtype is None:  # pragma: no cover - every float dtype has one (ml_dtypes comes with TF)
             raise UsageError(f"'{m.display_name(v.key)}': cannot average {v.dtype} values here")
+        combined = self._combined(v, key)
+        if combined is not None:
+            return combined
         if not v.slices:
             record = Computed()
             self.computed[key] = [record]
@@ -284,6 +287,50 @@ class _Plan:
             slices.append((part.starts, part.lengths, data))
         self.computed[key] = records
         return OutputTensor(key, v.dtype, v.shape, slices=tuple(slices))
+
+    def _combined(self, v: m.Variable, key: str) -> OutputTensor | None:
+        """The averaged tensor computed from the inputs' stored bytes on worker threads (every
+        input a local TF bundle); None when an input cannot be read that way."""
+        copies = [copy_tensor(c, c[v.key]) for c in self.ckpts]
+        runs = [[t.data] if t.data is not None else [s[2] for s in t.slices] for t in copies]
+        extents = [[s[:2] for s in t.slices] for t in copies]
+        if any(d.stored is None for r in runs for d in r) or any(e != extents[-1] for e in extents):
+            return None
+        newest = copies[-1]
+        records = []
+        datas = []
+        label = m.display_name(v.key)
+        for i, data in enumerate(runs[-1]):
+            record = Computed()
+            records.append(record)
+            datas.append(TensorData.from_combined(
+                v.dtype, data.shape, [r[i] for r in runs], self._block_fn(v, record),
+                labels=[label] * len(runs), written=self._written_fn(v, record, last=i == len(runs[-1]) - 1)))
+        self.computed[key] = records
+        if newest.data is not None:
+            return OutputTensor.whole(key, datas[0])
+        return OutputTensor(key, v.dtype, v.shape, slices=tuple((s[0], s[1], d) for s, d in zip(newest.slices, datas)))
+
+    def _block_fn(self, v: m.Variable, record: Computed) -> Callable[[int, Sequence[np.ndarray], np.ndarray], None]:
+        combiner, size = self.combiner, v.size
+
+        def fn(start: int, blocks: Sequence[np.ndarray], out: np.ndarray) -> None:
+            combiner.combine(blocks, out.dtype, size, out=out)
+            if start == 0:  # the first values, compared with the file on read-back
+                record.spot = out[:SPOT_ELEMENTS].view(np.uint8).tobytes()
+
+        return fn
+
+    def _written_fn(self, v: m.Variable, record: Computed, last: bool) -> Callable[[int], None]:
+        def written(crc32c: int) -> None:
+            record.written_crc32c = crc32c
+            record.done = True
+            if last:
+                self.done += 1
+                if self.progress is not None:
+                    self.progress(self.done, self.total, v)
+
+        return written
 
     def _blocks(self, v: m.Variable, streams: Callable[[], list[Iterator[np.ndarray]]], dtype: np.dtype,
                 record: Computed, last: bool) -> Iterator[np.ndarray]:

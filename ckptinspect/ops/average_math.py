@@ -6,6 +6,7 @@ See :mod:`.average` for the exact formulas (and why the mean starts from ``0.0``
 from __future__ import annotations
 
 import itertools
+import threading
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -38,6 +39,7 @@ class Computed:
         self._crc = 0
         self.spot = b""
         self.done = False
+        self.written_crc32c: int | None = None  # set when the writer computed it (worker threads)
 
     def add(self, block: np.ndarray) -> None:
         raw = block.reshape(-1).view(np.uint8)
@@ -49,17 +51,21 @@ class Computed:
     @property
     def crc32c(self) -> int:
         """The masked crc32c of the values computed (as TF records it)."""
+        if self.written_crc32c is not None:
+            return self.written_crc32c
         return mask_crc32c(self._crc)
 
 
 class Combiner:
-    """Combines the inputs' blocks of one run: mean or EMA in float64, rounded once."""
+    """Combines the inputs' blocks of one run: mean or EMA in float64, rounded once.
+
+    :meth:`combine` may be called from several threads at once when each call is given its
+    ``out`` (the float64 scratch space is per thread)."""
 
     def __init__(self, count: int, decay: float | None):
         self.count = count
         self.decay = decay
-        self._acc = np.empty(0, np.float64)
-        self._tmp = np.empty(0, np.float64)
+        self._local = threading.local()
         self._out: dict[np.dtype, np.ndarray] = {}
         if decay is not None:
             self.decay = float(decay)
@@ -74,10 +80,11 @@ class Combiner:
         return buf[:n]
 
     def _buffers(self) -> tuple[np.ndarray, np.ndarray]:
-        if self._acc.size == 0:
-            self._acc = np.empty(CHUNK_ELEMENTS, np.float64)
-            self._tmp = np.empty(CHUNK_ELEMENTS, np.float64)
-        return self._acc, self._tmp
+        local = self._local
+        if getattr(local, "acc", None) is None:
+            local.acc = np.empty(CHUNK_ELEMENTS, np.float64)
+            local.tmp = np.empty(CHUNK_ELEMENTS, np.float64)
+        return local.acc, local.tmp
 
     @staticmethod
     def _wide(block: np.ndarray, tmp: np.ndarray) -> np.ndarray:
@@ -92,16 +99,23 @@ class Combiner:
         tmp[: block.size] = block  # exact: every stored float type widens to float64 without rounding
         return tmp[: block.size]
 
-    def combine(self, blocks: Sequence[np.ndarray], dtype: np.dtype, whole_size: int) -> np.ndarray:
-        """The blocks (one per input, in order) combined, rounded once to ``dtype`` (in a buffer
-        the next call reuses: write it out first)."""
+    def combine(self, blocks: Sequence[np.ndarray], dtype: np.dtype, whole_size: int,
+                out: np.ndarray | None = None) -> np.ndarray:
+        """The blocks (one per input, in order) combined, rounded once to ``dtype``, into
+        ``out`` (flat, of the blocks' size) or else a buffer the next call reuses (write it
+        out first)."""
         n = blocks[0].size
         if any(b.size != n for b in blocks):
             raise CorruptCheckpointError("the inputs' values came in blocks of different sizes")
         if self.decay is None and whole_size == 1:  # one element: numpy's own reduction over the N values
             stacked = np.stack([np.asarray(b, dtype=np.float64).reshape(-1) for b in blocks])
-            return np.mean(stacked, axis=0).astype(dtype)
-        out = self._output(n, dtype)
+            result = np.mean(stacked, axis=0).astype(dtype)
+            if out is None:
+                return result
+            out[...] = result
+            return out
+        if out is None:
+            out = self._output(n, dtype)
         acc, tmp = self._buffers()
         flat = [b.reshape(-1) for b in blocks]
         for i in range(0, n, CHUNK_ELEMENTS):  # chunks the float64 buffers of which stay in cache
