@@ -45,6 +45,7 @@ from .. import model as m
 from ..errors import CorruptCheckpointError, OutputExistsError, UsageError
 from ._lazymod import lazy_import
 from . import _fs
+from ._direct_io import DirectShard
 from .bundle_combine import BlockFeed, Combined
 from ._crc import crc32c_combine, crc32c_module, mask
 from ._layout import INDEX_SUFFIX, data_path
@@ -105,6 +106,20 @@ class StoredBytes:
     offset: int
     size: int
     crc32c: int
+
+    def read(self, start: int = 0, size: int | None = None) -> bytes:
+        """Bytes of the run from ``start`` (``size`` of them, default to its end), read from
+        its file (a regular file only). Safe to call from several threads.
+
+        Raises:
+            CorruptCheckpointError: The file is missing, not a regular file, or ends first.
+        """
+        size = self.size - start if size is None else min(size, self.size - start)
+        fd = _open_source(self.path)
+        try:
+            return _pread_all(fd, self.offset + start, max(0, size), self.path)
+        finally:
+            os.close(fd)
 
 
 def _numpy_dtype(name: str) -> np.dtype | None:
@@ -665,7 +680,9 @@ class _Writer:
             raise CorruptCheckpointError(
                 f"{stored.path}: truncated: {run.label!r} needs bytes {stored.offset}..{end}, the file has {have}"
             )
-        if self.check_copies:
+        if isinstance(out, DirectShard) and not self.check_copies:
+            out.write_from(fd, stored.offset, stored.size, stored.path)
+        elif self.check_copies:
             crc = self._copy_checked(out, run, fd)
             if crc != (stored.crc32c or 0):
                 raise CorruptCheckpointError(f"{stored.path}: {run.label!r}: {crc_mismatch(stored.crc32c or 0, crc)}")
@@ -727,8 +744,7 @@ class _Writer:
         crc = 0
         for chunk in self._chunks(fd, stored.offset, stored.size, stored.path):
             crc = self.crc32c.extend(crc, _readonly_bytes(np.frombuffer(chunk, dtype=np.uint8)))
-            out.flush()
-            out._pwrite(chunk)
+            out.write(chunk)
         return mask(crc)
 
     def write(self, out: _ShardFile, run: _Run) -> int:
@@ -878,7 +894,9 @@ def write_bundle_native(
         for run in runs:
             by_shard[run.shard].append(run)
         for shard, shard_runs in enumerate(by_shard):
-            out = _ShardFile(data_path(prefix, shard, num_shards))
+            path = data_path(prefix, shard, num_shards)
+            # computed tensors (average): written around the page cache on an I/O thread
+            out = DirectShard(path, _create) if any(r.data.combined is not None for r in shard_runs) else _ShardFile(path)
             created.append(out.path)
             for run in shard_runs:
                 run.offset = out.size
