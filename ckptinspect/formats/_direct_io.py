@@ -10,6 +10,11 @@ computation goes on meanwhile. The last, partial buffer is written padded to
 :data:`ALIGN` bytes and the file truncated to its size; ``fsync`` then has only metadata and
 the device's cache left to flush.
 
+The first bytes of every run marked with :meth:`DirectShard.mark_head` are read back from the
+file by the I/O thread right after the piece holding them is written, and compared with the
+bytes staged (on the device when written with ``O_DIRECT``): a write that did not land where
+planned is an error before the file is used, at no cost to the computation.
+
 Where the file system refuses ``O_DIRECT`` (tmpfs, some network file systems, alignment it
 does not accept) the same writes go through the page cache, still from the I/O thread.
 """
@@ -22,12 +27,13 @@ import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
-from ..errors import CorruptCheckpointError
+from ..errors import CorruptCheckpointError, VerificationError
 
-__all__ = ["ALIGN", "STAGE_BYTES", "DirectShard", "direct_io_enabled"]
+__all__ = ["ALIGN", "STAGE_BYTES", "HEAD_BYTES", "DirectShard", "direct_io_enabled"]
 
 ALIGN = 4096  # O_DIRECT offsets, lengths and addresses: a multiple of the logical block size
 STAGE_BYTES = 8 << 20  # bytes per O_DIRECT write (two staging buffers)
+HEAD_BYTES = 4096  # bytes of a marked run read back after it is written
 _ENV = "CKPTINSPECT_DIRECT_IO"  # "0": write through the page cache
 
 
@@ -64,6 +70,9 @@ class DirectShard:
         self._fill = 0
         self._written = 0  # bytes handed to the I/O thread (whole staging buffers)
         self._io = ThreadPoolExecutor(1, thread_name_prefix="ckptinspect-io")
+        self._heads: list[tuple[int, int, Callable[[], None] | None]] = []  # (start, end, when read back)
+        self._scratch: mmap.mmap | None = None  # the I/O thread's aligned read-back buffer
+        self.heads_checked = 0
 
     @property
     def size(self) -> int:
@@ -83,6 +92,41 @@ class DirectShard:
             view = view[n:]
             if self._fill == STAGE_BYTES:
                 self._submit()
+
+    def mark_head(self, nbytes: int, done: Callable[[], None] | None = None) -> None:
+        """Read back the next ``nbytes`` (at most :data:`HEAD_BYTES`) written once they are
+        on file, compare them with what was staged, and call ``done()`` (from the I/O thread)."""
+        if nbytes > 0:
+            self._heads.append((self.size, self.size + min(nbytes, HEAD_BYTES), done))
+        elif done is not None:
+            done()
+
+    def _heads_in(self, start: int, end: int) -> list[tuple[int, int, Callable[[], None] | None]]:
+        """The marked ranges (parts) inside ``start..end``, each with its callback when its
+        last part is there; the rest stays marked."""
+        parts, rest = [], []
+        for s, e, done in self._heads:
+            if s >= end:
+                rest.append((s, e, done))
+                continue
+            parts.append((s, min(e, end), done if e <= end else None))
+            if e > end:
+                rest.append((end, e, done))
+        self._heads = rest
+        return parts
+
+    def _read_back(self, buf: mmap.mmap, base: int, parts: list[tuple[int, int, Callable[[], None] | None]]) -> None:
+        if self._scratch is None:
+            self._scratch = mmap.mmap(-1, 2 * ALIGN + HEAD_BYTES)
+        view = memoryview(self._scratch)
+        for s, e, done in parts:
+            lo, hi = s // ALIGN * ALIGN, -(-e // ALIGN) * ALIGN  # whole aligned blocks, as O_DIRECT reads
+            got = os.preadv(self.fd, [view[: hi - lo]], lo)
+            if got < e - lo or view[s - lo : e - lo] != memoryview(buf)[s - base : e - base]:
+                raise VerificationError(f"{self.path}: bytes {s}..{e} read back are not the bytes written")
+            self.heads_checked += 1
+            if done is not None:
+                done()
 
     def write_lent(self, view: memoryview, release: Callable[[], None]) -> None:
         """Copy ``view`` into the staging buffer and give it back at once."""
@@ -106,6 +150,12 @@ class DirectShard:
             if self._fill == STAGE_BYTES:
                 self._submit()
 
+    def _write_piece(self, i: int, length: int, offset: int, parts: list[Any]) -> None:
+        buf = self._bufs[i]
+        self._pwrite_all(memoryview(buf)[:length], offset)
+        if parts:
+            self._read_back(buf, offset, parts)
+
     def _pwrite_all(self, view: memoryview, offset: int) -> None:
         done = 0
         while done < len(view):
@@ -123,7 +173,8 @@ class DirectShard:
 
     def _submit(self) -> None:
         i = self._cur
-        self._futures[i] = self._io.submit(self._pwrite_all, memoryview(self._bufs[i])[:STAGE_BYTES], self._written)
+        parts = self._heads_in(self._written, self._written + STAGE_BYTES)
+        self._futures[i] = self._io.submit(self._write_piece, i, STAGE_BYTES, self._written, parts)
         self._written += STAGE_BYTES
         self._fill = 0
         self._cur ^= 1
@@ -144,7 +195,7 @@ class DirectShard:
                 if self.direct:
                     length = -(-tail // ALIGN) * ALIGN
                     buf[tail:length] = bytes(length - tail)
-                self._pwrite_all(memoryview(buf)[:length], self._written)
+                self._write_piece(self._cur, length, self._written, self._heads_in(self._written, self._written + tail))
                 if length != tail:
                     os.ftruncate(self.fd, self._written + tail)
             if fsync:
@@ -153,9 +204,11 @@ class DirectShard:
             for i in (0, 1):
                 try:
                     self._wait(i)
-                except OSError:
-                    pass  # an earlier error is the one raised
+                except Exception:  # noqa: BLE001 - an earlier error is the one raised
+                    pass
             self._io.shutdown(wait=True)
             os.close(self.fd)
             for buf in self._bufs:
                 buf.close()
+            if self._scratch is not None:
+                self._scratch.close()

@@ -51,6 +51,8 @@ class Combined:
             Called from worker threads, any block in any order: it must depend on its
             arguments only (scratch space per thread).
         written: Called in the writer's thread with the run's masked crc32c once it is written.
+        read_back: Called (from the writer's I/O thread) once the run's first bytes were read
+            back from the file and found to be the bytes computed.
     """
 
     inputs: tuple[Any, ...]
@@ -58,6 +60,7 @@ class Combined:
     labels: tuple[str, ...]
     fn: Callable[[int, Sequence[np.ndarray], np.ndarray], None]
     written: Callable[[int], None] | None = None
+    read_back: Callable[[], None] | None = None
 
 
 @dataclasses.dataclass

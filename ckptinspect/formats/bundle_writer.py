@@ -256,6 +256,7 @@ class TensorData:
         *,
         labels: Sequence[str] | None = None,
         written: Callable[[int], None] | None = None,
+        read_back: Callable[[], None] | None = None,
     ) -> "TensorData":
         """A numeric value computed element by element from runs stored in other bundles
         (``average``), in blocks, on worker threads (:mod:`.bundle_combine`).
@@ -270,6 +271,9 @@ class TensorData:
                 arrays); called from worker threads, blocks in any order.
             labels: Names of the inputs for messages (default: the output's shape and dtype).
             written: Called with the run's masked crc32c once it is written.
+            read_back: Called (from the writer's I/O thread) once the run's first bytes
+                (:data:`~._direct_io.HEAD_BYTES`) were read back from the file and found to be
+                the bytes computed.
 
         Raises:
             UsageError: A dtype that is not numeric, or an input of another element count.
@@ -286,7 +290,7 @@ class TensorData:
                                  f" Received: {data.dtype} {list(data.shape)}")
             dtypes.append(np_dtype)
         names = tuple(labels) if labels is not None else tuple(f"{d.dtype} {list(d.shape)}" for d in inputs)
-        combined = Combined(tuple(d.stored for d in inputs), tuple(dtypes), names, fn, written)
+        combined = Combined(tuple(d.stored for d in inputs), tuple(dtypes), names, fn, written, read_back)
         return dataclasses.replace(out, blocks=None, combined=combined)
 
     @classmethod
@@ -517,9 +521,9 @@ def _assign_shards(runs: list[_Run], max_shard_bytes: int | None) -> int:
 
 
 # -- writing ---------------------------------------------------------------------------------
-def _create(path: str) -> int:
+def _create(path: str, readable: bool = False) -> int:
     try:
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0), _FILE_MODE)
+        return os.open(path, (os.O_RDWR if readable else os.O_WRONLY) | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0), _FILE_MODE)
     except FileExistsError:
         raise OutputExistsError(f"{path}: exists; write bundles into a fresh location (save_bundle_native replaces atomically)") from None
 
@@ -652,6 +656,8 @@ class _Writer:
         combined = data.combined
         assert combined is not None and self.feed is not None
         feed = self.feed
+        if isinstance(out, DirectShard):
+            out.mark_head(data.nbytes, combined.read_back)
         crc, first = 0, True
         for block in feed.run(combined, _numpy_dtype(data.dtype), _count(data.shape)):
             crc = block.out_crc if first else crc32c_combine(crc, block.out_crc, len(block.view))
@@ -896,7 +902,7 @@ def write_bundle_native(
         for shard, shard_runs in enumerate(by_shard):
             path = data_path(prefix, shard, num_shards)
             # computed tensors (average): written around the page cache on an I/O thread
-            out = DirectShard(path, _create) if any(r.data.combined is not None for r in shard_runs) else _ShardFile(path)
+            out = DirectShard(path, lambda p: _create(p, readable=True)) if any(r.data.combined is not None for r in shard_runs) else _ShardFile(path)
             created.append(out.path)
             for run in shard_runs:
                 run.offset = out.size

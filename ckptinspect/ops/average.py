@@ -308,7 +308,8 @@ class _Plan:
             records.append(record)
             datas.append(TensorData.from_combined(
                 v.dtype, data.shape, [r[i] for r in runs], self._block_fn(v, record),
-                labels=[label] * len(runs), written=self._written_fn(v, record, last=i == len(runs[-1]) - 1)))
+                labels=[label] * len(runs), written=self._written_fn(v, record, last=i == len(runs[-1]) - 1),
+                read_back=lambda record=record: setattr(record, "read_back", True)))
         self.computed[key] = records
         if newest.data is not None:
             return OutputTensor.whole(key, datas[0])
@@ -380,10 +381,13 @@ class _Plan:
                         raise fail(f"'{m.display_name(p.output_key)}' does not hold the values computed")
                     if any(r is None for r in runs):  # pragma: no cover - our own bundle: stored runs
                         raise fail(f"'{m.display_name(p.output_key)}' cannot be read back")
-                    spots.extend((p.output_key, run, record.spot) for run, record in zip(runs, records))
+                    for run, record in zip(runs, records):
+                        if record.written_crc32c is None:  # streamed in this thread: read its first values here
+                            spots.append((p.output_key, run, record.spot))
+                        elif not record.read_back:  # computed on workers: the writer read them back
+                            raise fail(f"'{m.display_name(p.output_key)}': its first values were not read back")
                 checked += 1
-        # the first values of every averaged run, read from the data file (on the device, when
-        # it was written around the page cache: several reads in flight)
+        # the first values of the averaged runs streamed in this thread, read from the data file
         heads = ordered_map(lambda s: s[1].read(0, len(s[2])), spots, SPOT_READERS)
         for (key, _, spot), head in zip(spots, heads):
             if head != spot:

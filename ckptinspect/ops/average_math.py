@@ -40,6 +40,7 @@ class Computed:
         self.spot = b""
         self.done = False
         self.written_crc32c: int | None = None  # set when the writer computed it (worker threads)
+        self.read_back = False  # the writer read its first bytes back from the file: the ones computed
 
     def add(self, block: np.ndarray) -> None:
         raw = block.reshape(-1).view(np.uint8)
