@@ -205,6 +205,18 @@ def cat_prefixes(paths: list[str]) -> list[str]:
     return ["sh", "-c", 'for p in "$@"; do cat "$p".index "$p".data-*; done > /dev/null', "sh", *paths]
 
 
+def read_write_floor(paths: list[str], out: str, direct: bool) -> list[str]:
+    """The I/O floor of a job that reads the given TF prefixes once and writes one checkpoint of
+    the last one's size durably: ``cat`` them to /dev/null, then ``dd`` the last one's data files
+    to ``out`` with ``conv=fsync`` (through the page cache, or with ``oflag=direct`` around it,
+    as ``average`` writes)."""
+    flags = "conv=fsync oflag=direct" if direct else "conv=fsync"
+    script = ('out="$1"; shift; for p in "$@"; do cat "$p".index "$p".data-*; done > /dev/null && mkdir -p "$(dirname "$out")"'
+              ' && for p in "$@"; do last="$p"; done && for f in "$last".data-*; do'
+              f' dd if="$f" of="$out" bs=8M {flags} status=none || exit 1; rm -f "$out"; done')
+    return ["sh", "-c", script, "sh", out, *paths]
+
+
 # The floor of diff on TF bundles: the index parsed by ckptinspect (no TF import), then both
 # checkpoints' bytes read in 1 MiB blocks into reused buffers, and the same comparison in numpy,
 # single-threaded: equal bytes -> finite check; else float64 max |a - b| and the sums behind
@@ -277,7 +289,7 @@ def make_pairs(s: c.CheckpointSet, out: pathlib.Path) -> list[Pair]:
     o = {k: str(out / k / "ckpt") for k in ("extract_ours", "extract_tf", "transplant_ours", "transplant_tf",
                                             "rewrite_ours", "rewrite_tf")}
     o |= {k: str(out / f"{k}.weights.h5") for k in ("extract_wh5_ours", "extract_wh5_keras", "transplant_wh5_ours", "transplant_wh5_keras")}
-    o |= {k: str(out / k / "ckpt") for k in ("average_ours", "average_tf")}
+    o |= {k: str(out / k / "ckpt") for k in ("average_ours", "average_tf", "average_floor", "average_floor_direct")}
     three = [s.a, s.b, s.c]  # one run: A, B (A perturbed), C (B perturbed again)
     ours = dict(ours=True)
     return [
@@ -340,6 +352,10 @@ def make_pairs(s: c.CheckpointSet, out: pathlib.Path) -> list[Pair]:
         Pair("average", "average", "mean of three checkpoints of one run (A, B, C) vs reading them once", [
             c.Tool("ckptinspect average", [*CKPT, "average", *three, "-o", o["average_ours"]], cleanup=(str(out / "average_ours"),), **ours),
             c.Tool("cat the three to /dev/null (reading once)", cat_prefixes(three)),
+            c.Tool("I/O floor: cat the three + dd one checkpoint, conv=fsync", read_write_floor(three, o["average_floor"], False),
+                   cleanup=(str(out / "average_floor"),)),
+            c.Tool("I/O floor: cat the three + dd one checkpoint, oflag=direct conv=fsync",
+                   read_write_floor(three, o["average_floor_direct"], True), cleanup=(str(out / "average_floor_direct"),)),
             c.Tool("TF: get_tensor of every key of the three", py(TF_READ_THREE.format(paths=three))),
             c.Tool("TF script: load_checkpoint x3 + np.mean + SaveV2", py(TF_AVERAGE.format(paths=three, out=o["average_tf"])), cleanup=(str(out / "average_tf"),)),
         ]),
@@ -602,6 +618,11 @@ def evaluate_targets(results: dict[str, dict[str, Any]], s: c.CheckpointSet, flo
     add("average of three checkpoints within 2x of reading them once (cat)",
         f"{a.median / r.median:.2f}x ({a.median:.3f} s vs {r.median:.3f} s), peak {mib(a.peak)} MiB" if a and r else None,
         a.median <= 2 * r.median if a and r else None)
+    floors = [f for f in (med(results, "average", "I/O floor: cat the three + dd one checkpoint, conv=fsync"),
+                          med(results, "average", "I/O floor: cat the three + dd one checkpoint, oflag=direct conv=fsync")) if f]
+    f = min(floors, key=lambda t: t.median) if floors else None
+    add("(context) average vs the I/O floor of reading the three once and writing one checkpoint durably (faster dd row)",
+        f"{a.median / f.median:.2f}x ({a.median:.3f} s vs {f.median:.3f} s)" if a and f else None, None)
     return rows
 
 
