@@ -28,14 +28,20 @@ The arithmetic, exactly (``x_1 .. x_N`` the inputs in step order, as float64):
   float64, every operation in float64), the result ``e_N.astype(dtype)``: the newest weighs
   ``1 - d``, the oldest ``d ** (N - 1)``.
 
-Values are streamed: for each variable the inputs' blocks are read in lock-step, so memory is
-about one block per input plus a float64 accumulator block. Sliced (TF1 partitioned) variables
+Values are streamed. From local TF bundles (the usual case) each averaged tensor is a
+``TensorData.from_combined`` run: the writer cuts it into blocks of about 1 MiB per input that
+worker threads read (checked against each input's recorded crc32c), combine and checksum, and
+writes them in order (``formats.bundle_combine``; the same bits with any number of workers),
+around the page cache on an I/O thread (``formats._direct_io``). Otherwise (a remote input) the
+inputs' blocks are read in lock-step in the writer's thread. Memory is a few blocks per worker
+plus the writer's staging buffers. Sliced (TF1 partitioned) variables
 are averaged slice by slice and written with the newest's slices. Inputs that disagree on keys,
 shapes, dtypes or slicing are refused with one error listing the disagreements.
 
 The output is written under a temporary name, read back (keys, shapes, dtypes and the object
 graph compared with the plan, every averaged tensor's recorded checksum compared with the
-checksum of the values computed and its first values, read from the data file, with the
+checksum of the values computed, its first 4 KiB read from the data file right after they were
+written (by the writer's I/O thread; by this module for streamed ones) and compared with the
 computed ones, every copied tensor's recorded checksum with the newest's) and only then renamed
 into place. ``ckptinspect verify OUT`` re-reads every byte.
 
