@@ -21,6 +21,7 @@ BLOCK_ELEMENTS = 1 << 20  # elements per block read from each input (and written
 CHUNK_ELEMENTS = 1 << 16  # elements combined at a time: the float64 buffers stay in the CPU cache
 SPOT_ELEMENTS = 1024  # first values of every averaged tensor (and slice) compared on read-back
 _ML_DTYPES = frozenset({"bfloat16", "float8_e5m2", "float8_e4m3fn"})  # not numpy's own: widened explicitly
+_WIDEN: dict[np.dtype, bool] = {}  # dtype -> whether it is one of _ML_DTYPES
 
 
 def averaged_dtype(variable: m.Variable) -> bool:
@@ -91,7 +92,10 @@ class Combiner:
     def _wide(block: np.ndarray, tmp: np.ndarray) -> np.ndarray:
         """A block numpy adds to float64 as it is (its own float types widen inside the loop),
         or widened explicitly (ml_dtypes' bfloat16 and float8)."""
-        return Combiner._as_float64(block, tmp) if block.dtype.name in _ML_DTYPES else block
+        widen = _WIDEN.get(block.dtype)
+        if widen is None:  # dtype.name is slow (Python code in numpy): looked up once per dtype
+            widen = _WIDEN[block.dtype] = block.dtype.name in _ML_DTYPES
+        return Combiner._as_float64(block, tmp) if widen else block
 
     @staticmethod
     def _as_float64(block: np.ndarray, tmp: np.ndarray) -> np.ndarray:
