@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import functools
 import os
 import struct
 from typing import Any, Callable, Iterable, Sequence
@@ -122,6 +123,7 @@ class StoredBytes:
             os.close(fd)
 
 
+@functools.lru_cache(maxsize=None)
 def _numpy_dtype(name: str) -> np.dtype | None:
     """The little-endian numpy dtype of an encodable dtype name, or None."""
     if name in PACKED_INT4_DTYPES:
@@ -278,20 +280,23 @@ class TensorData:
         Raises:
             UsageError: A dtype that is not numeric, or an input of another element count.
         """
-        out = cls.from_blocks(dtype, shape, lambda: ())
-        count = _count(out.shape)
+        out_dtype = _numpy_dtype(dtype) if dtype in ENCODABLE_DTYPES else None
+        if out_dtype is None:
+            raise UsageError(f"cannot compute a {dtype} tensor into a TF bundle. Expected one of {sorted(ENCODABLE_DTYPES)}")
+        shape = tuple(int(d) for d in shape)
+        count = _count(shape)
         dtypes = []
         for data in inputs:
             np_dtype = _numpy_dtype(data.dtype) if data.dtype in ENCODABLE_DTYPES else None
             if data.stored is None or np_dtype is None:
                 raise UsageError(f"a combined tensor reads stored numeric runs. Received: {data.dtype} {data.shape}")
             if data.stored.size != count * np_dtype.itemsize:
-                raise UsageError(f"a combined {dtype} {list(out.shape)} tensor reads runs of {count} elements."
+                raise UsageError(f"a combined {dtype} {list(shape)} tensor reads runs of {count} elements."
                                  f" Received: {data.dtype} {list(data.shape)}")
             dtypes.append(np_dtype)
         names = tuple(labels) if labels is not None else tuple(f"{d.dtype} {list(d.shape)}" for d in inputs)
         combined = Combined(tuple(d.stored for d in inputs), tuple(dtypes), names, fn, written, read_back)
-        return dataclasses.replace(out, blocks=None, combined=combined)
+        return cls(dtype, shape, count * out_dtype.itemsize, combined=combined)
 
     @classmethod
     def from_stored(cls, dtype: str, shape: Sequence[int], stored: StoredBytes) -> "TensorData":
