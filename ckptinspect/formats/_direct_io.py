@@ -57,8 +57,8 @@ def _set_direct(fd: int, on: bool) -> bool:
 
 class DirectShard:
     """A data file being written in :data:`STAGE_BYTES` pieces, with ``O_DIRECT`` where the
-    file system takes it (the writer's ``_ShardFile`` interface: ``write``, ``write_lent``,
-    ``write_from``, ``size``, ``close``)."""
+    file system takes it (the writer's ``_ShardFile`` interface: ``write``, ``size``,
+    ``flush``, ``close``; and ``write_lent``, ``write_from``, ``mark_head``)."""
 
     def __init__(self, path: str, create: Callable[[str], int]):
         self.path = path
@@ -129,7 +129,8 @@ class DirectShard:
                 done()
 
     def write_lent(self, view: memoryview, release: Callable[[], None]) -> None:
-        """Copy ``view`` into the staging buffer and give it back at once."""
+        """Copy ``view`` (a buffer the caller lends) into the staging buffers and give it back
+        at once with ``release()``."""
         self.write(view)
         release()
 

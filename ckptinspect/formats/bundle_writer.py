@@ -79,8 +79,6 @@ PACKED_INT4_DTYPES = ("int4", "uint4")
 ENCODABLE_DTYPES = (frozenset(m.NUMERIC_DTYPES) | frozenset(PACKED_INT4_DTYPES)) & frozenset(DTYPE_ENUMS)
 BUNDLE_VERSION = b"\x08\x01"  # VersionDef {producer: kTensorBundleVersion = 1}, min_consumer 0
 WRITE_BUFFER_BYTES = 1 << 20  # small writes are gathered up to this size
-WRITE_GATHER_BYTES = 8 << 20  # computed blocks are written by one pwritev of up to this much
-WRITE_GATHER_BUFFERS = 256  # ... or of this many buffers (Linux takes up to 1024)
 COPY_CHUNK_BYTES = 8 << 20  # read/write copies and checked copies move this much at a time
 STREAM_BLOCK_ELEMENTS = 1 << 20  # elements per block when copy_tensor falls back to streaming
 _UINT32_MAX = 0xFFFFFFFF
@@ -541,33 +539,16 @@ class _ShardFile:
         self.fd = _create(path)
         self.offset = 0
         self._buf = bytearray()
-        self._pending: list[memoryview] = []  # buffers lent by the caller, written in one pwritev
-        self._pending_bytes = 0
-        self._releases: list[Callable[[], None]] = []
 
     def write(self, data: Any) -> None:
         view = memoryview(data).cast("B")
         if len(view) < WRITE_BUFFER_BYTES:
             self._buf += view
-            if len(self._buf) >= WRITE_BUFFER_BYTES and not self._pending:
+            if len(self._buf) >= WRITE_BUFFER_BYTES:
                 self.flush()
             return
         self.flush()
         self._pwrite(view)
-
-    def write_lent(self, view: memoryview, release: Callable[[], None]) -> None:
-        """Write a buffer the caller lends until ``release()`` (called once it is written):
-        such buffers are gathered, without copying, into positioned writes of up to
-        :data:`WRITE_GATHER_BYTES`."""
-        if self._buf:
-            self._pending.append(memoryview(self._buf))
-            self._pending_bytes += len(self._buf)
-            self._buf = bytearray()
-        self._pending.append(view)
-        self._pending_bytes += len(view)
-        self._releases.append(release)
-        if self._pending_bytes >= WRITE_GATHER_BYTES or len(self._pending) >= WRITE_GATHER_BUFFERS:
-            self.flush()
 
     def _pwrite(self, view: memoryview) -> None:
         done = 0
@@ -577,26 +558,12 @@ class _ShardFile:
 
     def flush(self) -> None:
         if self._buf:
-            self._pending.append(memoryview(self._buf))
-            self._pending_bytes += len(self._buf)
+            self._pwrite(memoryview(self._buf))
             self._buf = bytearray()
-        if not self._pending:
-            return
-        views, releases = self._pending, self._releases
-        self._pending, self._pending_bytes, self._releases = [], 0, []
-        while views:
-            n = os.pwritev(self.fd, views, self.offset)
-            self.offset += n
-            while views and n >= len(views[0]):
-                n -= len(views.pop(0))
-            if n:
-                views[0] = views[0][n:]
-        for release in releases:
-            release()
 
     @property
     def size(self) -> int:
-        return self.offset + self._pending_bytes + len(self._buf)
+        return self.offset + len(self._buf)
 
     def close(self, fsync: bool) -> None:
         try:
@@ -656,13 +623,12 @@ class _Writer:
             raise UsageError(f"{run.label}: blocks hold {done} elements, shape {list(data.shape)} needs {total}")
         return mask(crc)
 
-    def write_combined(self, out: _ShardFile, run: _Run) -> int:
+    def write_combined(self, out: DirectShard, run: _Run) -> int:
         data = run.data
         combined = data.combined
         assert combined is not None and self.feed is not None
         feed = self.feed
-        if isinstance(out, DirectShard):
-            out.mark_head(data.nbytes, combined.read_back)
+        out.mark_head(data.nbytes, combined.read_back)
         crc, first = 0, True
         for block in feed.run(combined, _numpy_dtype(data.dtype), _count(data.shape)):
             crc = block.out_crc if first else crc32c_combine(crc, block.out_crc, len(block.view))
