@@ -72,7 +72,7 @@ from ..formats import (
     save_bundle_native,
     stored_slice_blocks,
 )
-from .average_math import BLOCK_ELEMENTS, SPOT_ELEMENTS, Combiner, Computed, averaged_dtype, lockstep
+from .average_math import BLOCK_ELEMENTS, Combiner, Computed, averaged_dtype, lockstep
 from .average_h5 import WEIGHTS_H5_SUFFIX, average_weights_h5
 from .average_report import (
     ACTION_AVERAGED,
@@ -313,7 +313,7 @@ class _Plan:
             record = Computed()
             records.append(record)
             datas.append(TensorData.from_combined(
-                v.dtype, data.shape, [r[i] for r in runs], self._block_fn(v, record),
+                v.dtype, data.shape, [r[i] for r in runs], self._block_fn(v),
                 labels=[label] * len(runs), written=self._written_fn(v, record, last=i == len(runs[-1]) - 1),
                 read_back=lambda record=record: setattr(record, "read_back", True)))
         self.computed[key] = records
@@ -321,13 +321,13 @@ class _Plan:
             return OutputTensor.whole(key, datas[0])
         return OutputTensor(key, v.dtype, v.shape, slices=tuple((s[0], s[1], d) for s, d in zip(newest.slices, datas)))
 
-    def _block_fn(self, v: m.Variable, record: Computed) -> Callable[[int, Sequence[np.ndarray], np.ndarray], None]:
+    def _block_fn(self, v: m.Variable) -> Callable[[int, Sequence[np.ndarray], np.ndarray], None]:
+        """One block of the mean (or EMA), on a worker thread (the writer reads the first bytes
+        written back and compares them with the ones computed)."""
         combiner, size = self.combiner, v.size
 
         def fn(start: int, blocks: Sequence[np.ndarray], out: np.ndarray) -> None:
             combiner.combine(blocks, out.dtype, size, out=out)
-            if start == 0:  # the first values, compared with the file on read-back
-                record.spot = out[:SPOT_ELEMENTS].view(np.uint8).tobytes()
 
         return fn
 
