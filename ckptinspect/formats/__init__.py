@@ -50,7 +50,7 @@ from ._torch_layout import hf_weights_in, is_hf_index, is_safetensors_head, is_t
 from ._crc import mask as mask_crc32c
 
 if TYPE_CHECKING:  # imported on first use (see _LAZY_NAMES): `ls x.safetensors` never loads the TF readers
-    from .tf_bundle import OBJECT_GRAPH_KEY, StoredSliceBlocks, object_graph_bytes, stored_slice_blocks
+    from .tf_bundle import OBJECT_GRAPH_KEY, StoredSliceBlocks, object_graph_bytes, stored_slice_blocks, stream_blocks
     from .tf_state import DirectoryListing, checkpoint_present, checkpoint_step
 
 __all__ = [
@@ -100,6 +100,8 @@ __all__ = [
     "stored_slice_blocks",
     "object_graph_bytes",
     "mask_crc32c",
+    # scan: blocks of a bundle's values read without TensorFlow, from several threads
+    "stream_blocks",
 ]
 check_regular = _fs.check_regular  # outputs copy from source files: refuse FIFOs and devices first
 SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
@@ -514,8 +516,13 @@ def prepare_check(path: str) -> tuple[Kind, Any]:
     return kind, _FORMATS[kind].check(target)
 
 
-def list_directory(directory: str) -> DirectoryListing:
+def list_directory(directory: str, *, steps: bool = True) -> DirectoryListing:
     """A checkpoint directory, read once, without opening any checkpoint.
+
+    Args:
+        directory: The directory.
+        steps: Read the last checkpoints' steps from their indexes (as ``ls`` shows them);
+            False: from their names only (for callers that open every checkpoint anyway).
 
     Returns:
         The :class:`~ckptinspect.formats.tf_state.DirectoryListing`: retained checkpoints, the
@@ -528,7 +535,7 @@ def list_directory(directory: str) -> DirectoryListing:
     """
     from .tf_state import read_directory  # noqa: PLC0415 - see _LAZY_NAMES
 
-    listing = read_directory(directory)
+    listing = read_directory(directory, steps=steps)
     if listing.latest is None and not listing.checkpoints:
         v1 = _v1_in_directory(directory)
         if v1 is None:
@@ -547,6 +554,7 @@ _LAZY_NAMES = {
     "StoredSliceBlocks": ("tf_bundle", "StoredSliceBlocks"),
     "stored_slice_blocks": ("tf_bundle", "stored_slice_blocks"),
     "object_graph_bytes": ("tf_bundle", "object_graph_bytes"),
+    "stream_blocks": ("tf_bundle", "stream_blocks"),
     "DirectoryListing": ("tf_state", "DirectoryListing"),
     "checkpoint_step": ("tf_state", "checkpoint_step"),
     "checkpoint_present": ("tf_state", "checkpoint_present"),

@@ -21,6 +21,7 @@ import contextlib
 import os
 import posixpath
 import stat
+import threading
 from typing import Any, BinaryIO, Iterator
 
 from ..errors import CheckpointNotFoundError, UnsafeFileError
@@ -447,6 +448,7 @@ class DataFiles:
         self._remote: dict[str, Any] = {}  # remote files: open file objects, ranged reads
         self._sizes: dict[str, int | None] = {}
         self._buffers: list[bytearray] = []
+        self._opening = threading.Lock()  # reads (and the buffer pool) may be used from several threads
 
     def size(self, path: str) -> int | None:
         """The file's size, or None when it cannot be stat'ed or is not a regular file (a FIFO
@@ -498,19 +500,24 @@ class DataFiles:
             return len(data)
         fd = self._fds.get(path)
         if fd is None:
-            with open_binary(path) as f:  # regular files only (never blocks on a FIFO)
-                fd = self._fds[path] = os.dup(f.fileno())
+            with self._opening:  # one descriptor per file, whichever thread opens it first
+                fd = self._fds.get(path)
+                if fd is None:
+                    with open_binary(path) as f:  # regular files only (never blocks on a FIFO)
+                        fd = self._fds[path] = os.dup(f.fileno())
         return os.preadv(fd, [buffer], offset)
 
     def take_buffer(self, nbytes: int) -> bytearray:
         """A buffer of at least ``nbytes`` from the pool (give it back with :meth:`give_buffer`)."""
-        for i, buf in enumerate(self._buffers):
-            if len(buf) >= nbytes:
-                return self._buffers.pop(i)
+        with self._opening:
+            for i, buf in enumerate(self._buffers):
+                if len(buf) >= nbytes:
+                    return self._buffers.pop(i)
         return bytearray(nbytes)
 
     def give_buffer(self, buf: bytearray) -> None:
-        self._buffers.append(buf)
+        with self._opening:
+            self._buffers.append(buf)
 
     def close(self) -> None:
         self._buffers.clear()

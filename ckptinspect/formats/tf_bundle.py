@@ -682,6 +682,26 @@ def stored_slice_blocks(checkpoint: m.Checkpoint, variable: m.Variable, elements
     return source.slice_blocks(variable, elements)
 
 
+def stream_blocks(checkpoint: m.Checkpoint, variable: m.Variable, elements: int) -> Iterator[np.ndarray] | None:
+    """One variable of a local TF bundle in blocks, as :meth:`~ckptinspect.model.Checkpoint.iter_blocks`
+    gives them (``elements`` at a time, each a view of a buffer the next block reuses, checksum
+    checked after the last), read without TensorFlow, safe to run in several threads at once
+    (several per thread too, each with its own buffer).
+
+    Returns:
+        The blocks, or None when the value is not a plain run of bytes of a local bundle
+        (another format, a sliced variable, a remote file): read it with ``iter_blocks`` then.
+
+    Raises:
+        CorruptCheckpointError: An entry TensorFlow cannot read (and, from the iterator, a
+            truncated file or a checksum mismatch).
+    """
+    source = checkpoint.source
+    if not isinstance(source, BundleSource):
+        return None
+    return source.raw_blocks(variable, elements)
+
+
 def object_graph_bytes(checkpoint: m.Checkpoint) -> bytes | None:
     """The exact bytes of a TF bundle's serialized object graph (``_CHECKPOINTABLE_OBJECT_GRAPH``),
     read without TensorFlow; None for a name-based (TF1) bundle or any other format."""
@@ -834,6 +854,15 @@ class BundleSource(m.BaseSource):
         raw = self._raw_entry(variable)
         if raw is None:
             return super().iter_blocks(variable, elements)
+        return tf_data.iter_raw_blocks(raw[0], raw[1], raw[2], elements, self._files)
+
+    def raw_blocks(self, variable: m.Variable, elements: int) -> Iterator[np.ndarray] | None:
+        """``variable``'s blocks straight from its local data file (see :func:`stream_blocks`),
+        or None when it has no plain local run of bytes (sliced, remote)."""
+        self._check_readable(variable)
+        raw = self._raw_entry(variable)
+        if raw is None or _fs.is_remote(raw[0]):
+            return None
         return tf_data.iter_raw_blocks(raw[0], raw[1], raw[2], elements, self._files)
 
     def stored_runs(self, variable: m.Variable) -> tuple[StoredRun, ...] | None:

@@ -143,7 +143,8 @@ def iter_raw_blocks(
     """Blocks of ``block_elements`` elements of a tensor, read straight from its data file.
 
     Each block is a view of one pooled buffer that the next block overwrites: use it (or copy
-    it) before asking for the next.
+    it) before asking for the next. Several of these may run at once in several threads on the
+    same ``files`` (local files).
 
     Raises:
         CorruptCheckpointError: The file ends early, or the bytes do not match the stored

@@ -22,13 +22,12 @@ import os
 import statistics
 from typing import Any, Sequence
 
-import numpy as np
-
 from .. import model as m
 from ..errors import CkptError
 from ..formats import open_checkpoint, prepare_check
+from .scan_measure import STATS_DTYPES, measure_chains
 from .scan_series import HEALTH_DAMAGED, SERIES_DIRECTORY, Entry, Problem, Series, find_series, shard_problems
-from .scan_stats import BLOCK_ELEMENTS, Figures, Sums, _Buffers, figures_of, measure
+from .scan_stats import BLOCK_ELEMENTS, Figures, Sums, figures_of
 
 __all__ = [
     "FROZEN_MAX_REL_CHANGE",
@@ -70,7 +69,6 @@ STATUS_DAMAGED = m.STATUS_DAMAGED
 STATUS_MISSING = m.STATUS_MISSING
 KERAS_VARS = "vars"  # Keras 3 files store a layer's weights as LAYER/vars/0, LAYER/vars/1...
 TOP_LAYER = ""  # the layer of a variable whose name has no "/"
-_STATS_DTYPES = (m.INTEGER_DTYPES | m.FLOAT_DTYPES | {"bool"})
 
 
 def layer_of(name: str) -> str:
@@ -331,42 +329,6 @@ def _layers(variables: list[VariableStep], sums: list[Sums]) -> tuple[LayerStep,
     return tuple(LayerStep(layer, count[0], figures_of(total)) for layer, (total, count) in grouped.items())
 
 
-class _Store:
-    """Two tensor-sized arrays (each variable's value in the current and the previous
-    checkpoint, in their own dtypes), reused from variable to variable: the memory bound."""
-
-    def __init__(self) -> None:
-        self._raw = [np.empty(0, np.uint8), np.empty(0, np.uint8)]
-        self._next = 0
-
-    def take(self, var: m.Variable) -> np.ndarray | None:
-        """A free array for ``var``'s value (the one not holding the previous value)."""
-        dtype = m.numpy_dtype(var.dtype)
-        if dtype is None:
-            return None
-        i = self._next
-        self._next = 1 - i
-        need = var.size * dtype.itemsize
-        if self._raw[i].size < need:
-            self._raw[i] = np.empty(need, np.uint8)
-        return self._raw[i][:need].view(dtype)
-
-
-def _kept(blocks: Any, store: np.ndarray | None) -> Any:
-    """The blocks, each also copied into ``store`` (the value kept for the next checkpoint)."""
-    at = 0
-    for block in blocks:
-        if store is not None:
-            store[at : at + block.size] = block.reshape(-1)
-        at += block.size
-        yield block
-
-
-def _slices(value: np.ndarray, elements: int) -> Any:
-    for i in range(0, value.size, elements):
-        yield value[i : i + elements]
-
-
 @dataclasses.dataclass
 class _Step:
     """One opened checkpoint's results, gathered variable by variable."""
@@ -385,7 +347,7 @@ def _key_order(window: list[_Step]) -> list[str]:
     """Every numeric key of the window, in the first checkpoint's storage order (then the others')."""
     keys: dict[str, None] = {}
     for st in window:
-        numeric = [v for v in st.ckpt.variables if v.dtype in _STATS_DTYPES]
+        numeric = [v for v in st.ckpt.variables if v.dtype in STATS_DTYPES]
         for v in sorted(numeric, key=st.ckpt.storage_order):
             keys.setdefault(v.key)
     return list(keys)
@@ -393,48 +355,30 @@ def _key_order(window: list[_Step]) -> list[str]:
 
 def _measure_window(window: list[_Step], role: str | None, progress: m.Progress | None, counter: list[int]) -> None:
     """Variable by variable, each checkpoint of the window in step order: every value read once,
-    compared with the same variable's value in the previous checkpoint (kept in memory)."""
-    store = _Store()
-    buffers = _Buffers(BLOCK_ELEMENTS)
+    compared with the same variable's value in the previous checkpoint (:mod:`.scan_measure`:
+    chains of a key measured in parallel, merged here in key order)."""
     for i, st in enumerate(window):
         if i and not st.carry:
             st.compared_to = window[i - 1].ckpt.path
-    for key in _key_order(window):
-        prev: tuple[m.Variable, np.ndarray | None, float] | None = None
-        for st in window:
-            var = st.by_key.get(key)
-            if var is None or var.dtype not in _STATS_DTYPES:
-                prev = None
+    chains = measure_chains(_key_order(window), [(st.ckpt, st.by_key) for st in window], role, BLOCK_ELEMENTS)
+    for outcomes in chains:
+        for o in outcomes:
+            st = window[o.index]
+            if st.carry:
                 continue
-            selected = role is None or var.role == role
-            try:
-                if selected:
-                    keep = store.take(var)
-                    paired = prev is not None and prev[0].shape == var.shape and prev[1] is not None \
-                        and math.isfinite(prev[2])
-                    previous = _slices(prev[1], BLOCK_ELEMENTS) if paired else None
-                    sums = measure(_kept(st.ckpt.iter_blocks(var, BLOCK_ELEMENTS), keep), previous,
-                                   prev[2] if paired else None, buffers)
-                    prev = (var, keep, sums.sumsq)
-                else:
-                    for _ in st.ckpt.iter_blocks(var, BLOCK_ELEMENTS):  # its checksum only
-                        pass
-            except CkptError as e:
-                prev = None
-                if not st.carry:
-                    st.failures.append(f"{var.name}: {e}")
-                    if selected:
-                        st.variables.append(VariableStep(var.name, var.key, var.role, layer_of(var.name),
-                                                         var.shape, var.dtype, None))
-            else:
-                if selected and not st.carry:
-                    st.variables.append(VariableStep(var.name, var.key, var.role, layer_of(var.name), var.shape,
-                                                     var.dtype, figures_of(sums)))
-                    st.sums.append(sums)
-            if not st.carry:
-                counter[0] += 1
-                if progress is not None:
-                    progress(counter[0], counter[1], var)
+            var = o.var
+            if o.error is not None:
+                st.failures.append(f"{var.name}: {o.error}")
+                if o.selected:
+                    st.variables.append(VariableStep(var.name, var.key, var.role, layer_of(var.name),
+                                                     var.shape, var.dtype, None))
+            elif o.selected and o.sums is not None:
+                st.variables.append(VariableStep(var.name, var.key, var.role, layer_of(var.name), var.shape,
+                                                 var.dtype, figures_of(o.sums)))
+                st.sums.append(o.sums)
+            counter[0] += 1
+            if progress is not None:
+                progress(counter[0], counter[1], var)
 
 
 def _report(st: _Step) -> StepReport:
@@ -472,42 +416,50 @@ def scan(paths: str | Sequence[str], *, role: str | None = None, progress: m.Pro
         raise UsageError("nothing to scan: give a directory or checkpoint paths")
     series: Series = find_series(source)
     health: list[Problem] = list(series.problems)
-    # Steps first, to put the checkpoints in order: a TF directory's listing has them (read from
-    # the indexes, as `ls` shows them); other checkpoints are opened for theirs (metadata only).
+    # Steps first, to put the checkpoints in order: each checkpoint is opened (its index: metadata
+    # only) for its step; the first MAX_OPEN_CHECKPOINTS stay open for the measuring pass.
     planned: list[tuple[Entry, int | None, str | None]] = []
-    for entry in series.entries:
-        if not entry.exists or (series.kind == SERIES_DIRECTORY and entry.step is not None):
-            planned.append((entry, entry.step, None))
-            continue
-        ckpt, step, error = _open_step(entry)
-        if ckpt is not None:
+    kept: dict[int, m.Checkpoint] = {}  # by position in series.entries
+    try:
+        for n, entry in enumerate(series.entries):
+            if not entry.exists:
+                planned.append((entry, entry.step, None))
+                continue
+            ckpt, step, error = _open_step(entry)
+            if ckpt is not None:
+                if len(kept) < MAX_OPEN_CHECKPOINTS:
+                    kept[n] = ckpt
+                else:
+                    ckpt.close()
+            planned.append((entry, step, error))
+        order = sorted(range(len(planned)), key=lambda n: _sort_key(planned[n][0], planned[n][1]))
+        return _scan_planned(source, series, role, progress, health, [(planned[n], kept.pop(n, None)) for n in order])
+    finally:
+        for ckpt in kept.values():
             ckpt.close()
-        planned.append((entry, step, error))
-    planned.sort(key=lambda p: _sort_key(p[0], p[1]))
-    results: dict[int, StepReport] = {}
-    shards: dict[str, int | None] = {}
-    opened: list[tuple[int, Entry, int | None]] = []  # checkpoints to measure, in step order
-    for i, (entry, step, error) in enumerate(planned):
-        if not entry.exists:
-            results[i] = StepReport(step, entry.path, None, STATUS_MISSING, problems=("its files are missing",))
-        elif error is not None:
-            results[i] = _damaged(entry, step, error)
-            shards[entry.path] = None
-        else:
-            opened.append((i, entry, step))
+
+
+def _measure_windows(opened: list[tuple[int, Entry, int | None, m.Checkpoint | None]], role: str | None,
+                     progress: m.Progress | None, results: dict[int, StepReport], shards: dict[str, int | None]) -> None:
+    """Measure the checkpoints in windows of MAX_OPEN_CHECKPOINTS (a checkpoint still open is
+    used, then closed, by its window: its entry in ``opened`` is cleared)."""
     counter = [0, 0]
     carry: tuple[Entry, int | None] | None = None  # the last measured checkpoint of the previous window
     for w in range(0, len(opened), MAX_OPEN_CHECKPOINTS):
         window: list[_Step] = []
+        batch = opened[w : w + MAX_OPEN_CHECKPOINTS]
         try:
             if carry is not None:  # read again, for its values only
                 ckpt, _, _ = _open_step(carry[0])
                 if ckpt is not None:
                     window.append(_Step(carry[1], ckpt, {v.key: v for v in ckpt.variables}, carry=True))
             members = []
-            for i, entry, step in opened[w : w + MAX_OPEN_CHECKPOINTS]:
-                ckpt, step, error = _open_step(entry)
+            for n, (i, entry, step, ckpt) in enumerate(batch):
+                error = None
+                if ckpt is None:
+                    ckpt, step, error = _open_step(entry)
                 missing = [f for f in ckpt.files() if not os.path.exists(f)] if ckpt is not None else []
+                opened[w + n] = (i, entry, step, None)  # closed here or by the window from now on
                 if missing:  # verify's check says what is wrong, without reading through TensorFlow's reader
                     ckpt.close()
                     ckpt, error = None, f"{missing[0]}: missing"
@@ -520,7 +472,7 @@ def scan(paths: str | Sequence[str], *, role: str | None = None, progress: m.Pro
                 window.append(st)
                 members.append((i, entry, st))
             if not counter[1] and members:  # the progress total, estimated from the first checkpoint
-                counter[1] = len(opened) * sum(v.dtype in _STATS_DTYPES for v in members[0][2].ckpt.variables)
+                counter[1] = len(opened) * sum(v.dtype in STATS_DTYPES for v in members[0][2].ckpt.variables)
             _measure_window(window, role, progress, counter)
             for i, entry, st in members:
                 report = _report(st)
@@ -533,6 +485,30 @@ def scan(paths: str | Sequence[str], *, role: str | None = None, progress: m.Pro
         finally:
             for st in window:
                 st.ckpt.close()
+
+
+def _scan_planned(source: tuple[str, ...], series: Series, role: str | None, progress: m.Progress | None,
+                  health: list[Problem], planned: list[tuple[tuple[Entry, int | None, str | None], m.Checkpoint | None]]
+                  ) -> ScanReport:
+    """The measuring pass over the checkpoints in step order (each with its checkpoint when it
+    is still open from the planning; closed here)."""
+    results: dict[int, StepReport] = {}
+    shards: dict[str, int | None] = {}
+    opened: list[tuple[int, Entry, int | None, m.Checkpoint | None]] = []  # checkpoints to measure, in step order
+    for i, ((entry, step, error), ckpt) in enumerate(planned):
+        if not entry.exists:
+            results[i] = StepReport(step, entry.path, None, STATUS_MISSING, problems=("its files are missing",))
+        elif error is not None:
+            results[i] = _damaged(entry, step, error)
+            shards[entry.path] = None
+        else:
+            opened.append((i, entry, step, ckpt))
+    try:
+        _measure_windows(opened, role, progress, results, shards)
+    finally:
+        for *_, ckpt in opened:
+            if ckpt is not None:
+                ckpt.close()
     steps = [results[i] for i in sorted(results)]
     for r in steps:  # in step order
         if r.status == STATUS_DAMAGED:

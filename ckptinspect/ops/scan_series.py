@@ -4,7 +4,7 @@ A series is one of:
 
 * a TF checkpoint directory (``CheckpointManager`` / ``Saver``): every checkpoint its state
   file lists, then those only on disk (:func:`ckptinspect.formats.list_directory`, as ``ls``
-  and ``verify`` read it);
+  and ``verify`` read it; steps from the names here, ``scan`` opens each checkpoint for its own);
 * a directory of Keras files (``ModelCheckpoint`` with ``{epoch}`` in its file name:
   ``weights.03.weights.h5``, ``model-05.h5``, ``ckpt_7.keras``);
 * a list of paths, each one checkpoint (a directory in the list is the checkpoint it resolves to).
@@ -146,7 +146,7 @@ def _temporaries(directory: str) -> list[Problem]:
 
 def _directory_series(directory: str) -> Series:
     try:
-        listing = list_directory(directory)
+        listing = list_directory(directory, steps=False)  # scan opens each checkpoint for its step
     except NotACheckpointError:
         files = _keras_files(directory) if os.path.isdir(directory) else []
         if not files:
