@@ -291,3 +291,19 @@ def test_stream_blocks_is_none_for_other_formats(tmp_path):
     model.save_weights(str(path))
     with open_checkpoint(str(path)) as ckpt:
         assert stream_blocks(ckpt, ckpt.variables[0], 64) is None
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 255, 256, 257, 1000, 65537])
+def test_same_bytes_finds_any_changed_byte(n):
+    rng = np.random.default_rng(n)
+    a = rng.integers(0, 255, n, dtype=np.uint8)
+    assert scan_stats._same_bytes(a, a.copy())
+    for i in sorted({0, n // 2, n - 1}) if n else []:
+        b = a.copy()
+        b[i] ^= 1
+        assert not scan_stats._same_bytes(a, b), i
+    f = rng.standard_normal(n).astype(np.float32)
+    g = f.copy()
+    if n:
+        g[-1] = np.float32(-0.0) if f[-1] == 0 else -f[-1]  # -0.0 == 0.0 as values, not as bytes
+        assert not scan_stats._same_bytes(f, g)

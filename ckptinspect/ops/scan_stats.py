@@ -192,15 +192,16 @@ def _count_nonfinite(x: np.ndarray) -> tuple[int, int]:
 
 
 def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether two contiguous arrays of one dtype and size hold the same bytes (first a peek,
-    then 8 bytes at a time: a few GB/s, no float arithmetic)."""
+    """Whether two contiguous arrays of one dtype and size hold the same bytes (first a peek in
+    Python, then 8 bytes at a time: a few GB/s, no float arithmetic, one numpy call)."""
     x = a.view(np.uint8)
     y = b.view(np.uint8)
-    if not np.array_equal(x[:PEEK_BYTES], y[:PEEK_BYTES]):
+    if x[:PEEK_BYTES].tobytes() != y[:PEEK_BYTES].tobytes():
         return False
     whole = x.size - x.size % 8
-    return bool(np.array_equal(x[:whole].view(np.uint64), y[:whole].view(np.uint64))
-                and np.array_equal(x[whole:], y[whole:]))
+    if whole < x.size and x[whole:].tobytes() != y[whole:].tobytes():
+        return False
+    return bool(np.array_equal(x[:whole].view(np.uint64), y[:whole].view(np.uint64)))
 
 
 class Accumulator:
