@@ -323,7 +323,13 @@ class TensorSource(Protocol):
 
 
 class BaseSource:
-    """Defaults for a :class:`TensorSource`: blocks are slices of the value read whole."""
+    """Defaults for a :class:`TensorSource`: blocks are slices of the value read whole.
+
+    ``concurrent_reads``: True when :meth:`read` and :meth:`iter_blocks` may be called from
+    several threads at once, for different variables (``diff`` then compares two at a time).
+    """
+
+    concurrent_reads = False
 
     def read(self, variable: Variable) -> np.ndarray:  # pragma: no cover - abstract
         raise NotImplementedError

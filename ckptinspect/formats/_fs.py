@@ -441,27 +441,35 @@ def fingerprint(path: str) -> tuple[int, int, int, int] | None:
 
 class DataFiles:
     """Data files opened once for a whole operation: sizes, positioned reads, and a pool of
-    read buffers reused across tensors (fresh buffers would cost a page fault per 4 KiB)."""
+    read buffers reused across tensors (fresh buffers would cost a page fault per 4 KiB).
+
+    Safe to use from several threads at once (``diff`` reads two variables at a time): local
+    reads are positioned (``preadv`` on a shared descriptor), the pool, the open descriptors
+    and the sizes are guarded by a lock, and a remote file's seek-and-read is done under it.
+    """
 
     def __init__(self) -> None:
         self._fds: dict[str, int] = {}
         self._remote: dict[str, Any] = {}  # remote files: open file objects, ranged reads
         self._sizes: dict[str, int | None] = {}
         self._buffers: list[bytearray] = []
-        self._opening = threading.Lock()  # reads (and the buffer pool) may be used from several threads
+        self._lock = threading.RLock()
 
     def size(self, path: str) -> int | None:
         """The file's size, or None when it cannot be stat'ed or is not a regular file (a FIFO
         or device is left for the checkpoint's reader, which refuses it)."""
-        if path not in self._sizes:
-            if is_remote(path):
-                try:
-                    self._sizes[path] = getsize(path) if exists(path) else None
-                except Exception:  # noqa: BLE001 - an unreachable remote file is left for the reader to report
-                    self._sizes[path] = None
-            else:
-                self._sizes[path] = os.path.getsize(path) if is_regular(path) else None
-        return self._sizes[path]
+        if path in self._sizes:
+            return self._sizes[path]
+        with self._lock:
+            if path not in self._sizes:
+                if is_remote(path):
+                    try:
+                        self._sizes[path] = getsize(path) if exists(path) else None
+                    except Exception:  # noqa: BLE001 - an unreachable remote file is left for the reader to report
+                        self._sizes[path] = None
+                else:
+                    self._sizes[path] = os.path.getsize(path) if is_regular(path) else None
+            return self._sizes[path]
 
     def pin(self, path: str) -> None:
         """Open ``path`` now and keep it open: its bytes stay readable even if it is deleted
@@ -470,12 +478,22 @@ class DataFiles:
         Raises:
             CheckpointNotFoundError, UnsafeFileError: Missing, unreadable or not a regular file.
         """
-        if path in self._fds:
-            return
-        with open_binary(path) as f:
-            fd = os.dup(f.fileno())
-        self._fds[path] = fd
-        self._sizes[path] = os.fstat(fd).st_size
+        self._fd(path, pin=True)
+
+    def _fd(self, path: str, pin: bool = False) -> int:
+        """The descriptor of local ``path``, opened (regular files only) on first use."""
+        fd = self._fds.get(path)
+        if fd is not None:
+            return fd
+        with self._lock:
+            fd = self._fds.get(path)
+            if fd is None:
+                with open_binary(path) as f:  # regular files only (never blocks on a FIFO)
+                    fd = os.dup(f.fileno())
+                self._fds[path] = fd
+                if pin:  # a pinned file's size is the open file's, whatever its path holds later
+                    self._sizes[path] = os.fstat(fd).st_size
+            return fd
 
     def fingerprint(self, path: str) -> tuple[int, int, int, int]:
         """(device, inode, size, modification time in ns) of the file as opened here (opened,
@@ -484,46 +502,40 @@ class DataFiles:
         Raises:
             CheckpointNotFoundError, UnsafeFileError: Missing, unreadable or not a regular file.
         """
-        self.pin(path)
-        return _stat_key(os.fstat(self._fds[path]))
+        return _stat_key(os.fstat(self._fd(path)))
 
     def pread_into(self, path: str, buffer: memoryview, offset: int) -> int:
         """Fill ``buffer`` from ``offset``; returns the bytes read (fewer at the end of the file)."""
         if is_remote(path):
-            f = self._remote.get(path)
-            if f is None:
-                f = self._remote[path] = open_binary(path)
-            with _reading(path):
-                f.seek(offset)
-                data = f.read(len(buffer))  # one ranged read of exactly these bytes
+            with self._lock:  # one file object, one position: one reader at a time
+                f = self._remote.get(path)
+                if f is None:
+                    f = self._remote[path] = open_binary(path)
+                with _reading(path):
+                    f.seek(offset)
+                    data = f.read(len(buffer))  # one ranged read of exactly these bytes
             buffer[: len(data)] = data
             return len(data)
-        fd = self._fds.get(path)
-        if fd is None:
-            with self._opening:  # one descriptor per file, whichever thread opens it first
-                fd = self._fds.get(path)
-                if fd is None:
-                    with open_binary(path) as f:  # regular files only (never blocks on a FIFO)
-                        fd = self._fds[path] = os.dup(f.fileno())
-        return os.preadv(fd, [buffer], offset)
+        return os.preadv(self._fd(path), [buffer], offset)
 
     def take_buffer(self, nbytes: int) -> bytearray:
         """A buffer of at least ``nbytes`` from the pool (give it back with :meth:`give_buffer`)."""
-        with self._opening:
+        with self._lock:
             for i, buf in enumerate(self._buffers):
                 if len(buf) >= nbytes:
                     return self._buffers.pop(i)
         return bytearray(nbytes)
 
     def give_buffer(self, buf: bytearray) -> None:
-        with self._opening:
+        with self._lock:
             self._buffers.append(buf)
 
     def close(self) -> None:
-        self._buffers.clear()
-        fds, self._fds = self._fds, {}
+        with self._lock:
+            self._buffers.clear()
+            fds, self._fds = self._fds, {}
+            remote, self._remote = self._remote, {}
         for fd in fds.values():
             os.close(fd)
-        remote, self._remote = self._remote, {}
         for f in remote.values():
             f.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import math
+import threading
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -262,6 +263,11 @@ class H5Source(m.BaseSource):
         # datasets lie. While the open file still has that fingerprint, their blocks are read
         # at those offsets without reopening the dataset through HDF5.
         self._listed = listed or {}
+        # Local files may be read from several threads (different variables): blocks at a
+        # file offset are positioned reads into buffers of their own; everything that goes
+        # through h5py (and the files it opens, the dataset last opened) holds this lock.
+        self.concurrent_reads = direct
+        self._h5_lock = threading.RLock()
 
     def files(self) -> tuple[str, ...]:
         return self._paths
@@ -271,9 +277,10 @@ class H5Source(m.BaseSource):
         return self._openers[shard]()
 
     def _file(self, shard: int) -> Any:
-        if shard not in self._files:
-            self._files[shard] = self._openers[shard]()
-        return self._files[shard]
+        with self._h5_lock:
+            if shard not in self._files:
+                self._files[shard] = self._openers[shard]()
+            return self._files[shard]
 
     def read(self, variable: m.Variable) -> np.ndarray:
         """The value of ``variable`` as a numpy array."""
@@ -284,7 +291,8 @@ class H5Source(m.BaseSource):
             ds = _safe_dataset(self._file(shard), variable.key, label)
             return _read_dataset(ds, variable, label)
 
-        return guard_h5(label, go)
+        with self._h5_lock:
+            return guard_h5(label, go)
 
     def iter_blocks(self, variable: m.Variable, elements: int) -> Iterator[np.ndarray]:
         """The flattened value in blocks of at most ``elements`` elements, each read from the
@@ -312,17 +320,20 @@ class H5Source(m.BaseSource):
             self._last = (shard, variable.key, dsid)
             return dsid
 
-        dsid = guard_h5(label, prepare)
+        with self._h5_lock:
+            dsid = guard_h5(label, prepare)
         shape = tuple(int(d) for d in (dsid.shape or ()))
         if not shape or _is_variable_length(dsid.dtype) or shape != tuple(variable.shape):
             yield from super().iter_blocks(variable, elements)
             return
-        direct = self._direct_location(shard, dsid, variable)
+        with self._h5_lock:
+            direct = self._direct_location(shard, dsid, variable)
         if direct is not None:
             yield from self._direct_blocks(label, variable, *direct, elements)
             return
         for start, count in _hyperslabs(shape, elements):
-            block = guard_h5(label, lambda: _read_numeric(dsid, variable, label, start, count))  # noqa: B023
+            with self._h5_lock:
+                block = guard_h5(label, lambda: _read_numeric(dsid, variable, label, start, count))  # noqa: B023
             yield block.reshape(-1)
             del block
 
@@ -391,7 +402,8 @@ class H5Source(m.BaseSource):
     def close(self) -> None:
         self._last = None
         self._data.close()
-        files, self._files = self._files, {}
+        with self._h5_lock:
+            files, self._files = self._files, {}
         for f in files.values():
             try:
                 f.close()

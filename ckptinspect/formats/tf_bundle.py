@@ -28,6 +28,7 @@ import glob
 import os
 import re
 import struct
+import threading
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 from .. import model as m
@@ -738,7 +739,14 @@ def check_bundle_files(prefix: str, num_shards: int | None = None) -> None:
 class BundleSource(m.BaseSource):
     """Values of a bundle: whole tensors through TensorFlow's reader (opened on first use);
     streamed blocks of unsliced numeric tensors straight from the local data files, crc32c
-    checked, without TensorFlow."""
+    checked, without TensorFlow.
+
+    Safe for concurrent reads of different variables: streamed blocks are positioned reads
+    into buffers of their own (:class:`~._fs.DataFiles` is thread-safe), and every use of
+    TensorFlow's reader is serialised by a lock (a failed lookup resets the shared reader).
+    """
+
+    concurrent_reads = True
 
     def __init__(self, prefix: str, index: BundleIndex):
         self.prefix = prefix
@@ -753,6 +761,7 @@ class BundleSource(m.BaseSource):
         self._reader = None
         self._files = _fs.DataFiles()
         self._pinned = False
+        self._reader_lock = threading.RLock()
 
     def _check_readable(self, variable: m.Variable) -> None:
         """Refuse, before TensorFlow sees the key, an entry it cannot read: it would abort the
@@ -786,6 +795,10 @@ class BundleSource(m.BaseSource):
         self._pinned = True
 
     def read(self, variable: m.Variable) -> np.ndarray:
+        with self._reader_lock:
+            return self._read(variable)
+
+    def _read(self, variable: m.Variable) -> np.ndarray:
         from .._tf import get_tensor  # noqa: PLC0415
 
         self._check_readable(variable)

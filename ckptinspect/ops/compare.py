@@ -16,9 +16,7 @@ value, without being materialised.
 from __future__ import annotations
 
 import math
-import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -36,8 +34,6 @@ __all__ = [
     "STATUS_DTYPE",
     "CHUNK_ELEMENTS",
     "BLOCK_BYTES",
-    "PART_ELEMENTS",
-    "WORKERS",
     "NUMERIC_DTYPES",
     "bit_equal",
     "compare_variables",
@@ -52,24 +48,15 @@ STATUS_DTYPE = "dtype_mismatch"
 STATUSES = (STATUS_EQUAL, STATUS_CHANGED, STATUS_ADDED, STATUS_REMOVED, STATUS_SHAPE, STATUS_DTYPE)
 
 # Streaming.
-CHUNK_ELEMENTS = 8192  # arithmetic step: small enough that BLAS dot never spawns threads (OpenBLAS: n > 10000)
+CHUNK_ELEMENTS = 8192  # elements per BLAS dot call: OpenBLAS starts threads of its own above 10,000
 BLOCK_BYTES = 1 << 20  # bytes per side held at a time when streaming from a data file
+# float64 work buffers per thread: a block is converted and compared this many elements at a
+# time (one 1 MiB block of float32), a few numpy calls per piece.
+SCRATCH_ELEMENTS = 1 << 18
 # Bit-equality compares at most this many bytes at a time (np.array_equal of whole tensors
 # would allocate a third tensor-sized buffer).
 COMPARE_CHUNK_BYTES = 4 << 20
 STRING_KINDS = "OSU"
-# A block is cut into parts of PART_ELEMENTS, compared by up to WORKERS threads (numpy releases
-# the GIL). The cut does not depend on WORKERS and the parts' sums are added in order, so results
-# are the same bits with 1 worker or several; only the parts of one block pair are in flight.
-# Default 1: on the 2-vCPU benchmark machine, two threads made diff of the 1 GB pair slower
-# (in-process, idle: 1.05 s with 1, 1.43 s with 2; all-equal pair 0.56 vs 0.81 s): the work is
-# memory-bound and a 1 MiB block's parts are too small for the thread hand-offs. Set it to
-# PARALLEL_WORKERS to use the pool.
-PARALLEL_WORKERS = max(1, min(2, os.cpu_count() or 1))
-WORKERS = 1
-PART_ELEMENTS = 8 * CHUNK_ELEMENTS
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
 
 
 # -- bit equality --------------------------------------------------------------------------------
@@ -120,8 +107,41 @@ def bit_equal(a: Any, b: Any) -> bool:
 
 
 # -- comparing values ----------------------------------------------------------------------------
+def _rowdot_einsum(a: np.ndarray, b: np.ndarray) -> np.ndarray:  # numpy < 2.0 has no vecdot
+    return np.einsum("ij,ij->i", a, b)
+
+
+_ROWDOT: Callable[[np.ndarray, np.ndarray], np.ndarray] = getattr(np, "vecdot", _rowdot_einsum)
+
+
+def _dot(a: np.ndarray, b: np.ndarray) -> float:
+    """``a . b`` of two float64 1-D arrays, as the sum of the dot products of consecutive runs
+    of :data:`CHUNK_ELEMENTS` (one numpy call for all of them): each run's dot is a short BLAS
+    call (OpenBLAS starts threads of its own above 10,000 elements, which would fight the
+    comparing threads for the cores), the runs' products are added in order."""
+    full = a.size - a.size % CHUNK_ELEMENTS
+    total = 0.0
+    if full:
+        total = float(_ROWDOT(a[:full].reshape(-1, CHUNK_ELEMENTS), b[:full].reshape(-1, CHUNK_ELEMENTS)).sum())
+    if full < a.size:
+        total += float(np.dot(a[full:], b[full:]))
+    return total
+
+
+class _Scratch(threading.local):
+    """Per-thread float64 buffers of :data:`SCRATCH_ELEMENTS` (made once per thread: fresh
+    2 MiB arrays for every block would cost a page fault per 4 KiB)."""
+
+    def __init__(self) -> None:
+        self.a = np.empty(SCRATCH_ELEMENTS, np.float64)
+        self.b = np.empty(SCRATCH_ELEMENTS, np.float64)
+
+
+_SCRATCH = _Scratch()
+
+
 class _Accumulator:
-    """Running sums over aligned chunks of A and B (float64), NaN/Inf counts, element counts."""
+    """Running sums over aligned blocks of A and B (float64), NaN/Inf counts, element counts."""
 
     def __init__(self, atol: float, rtol: float):
         self.atol = atol
@@ -133,11 +153,22 @@ class _Accumulator:
         self.nan_a = self.inf_a = self.nan_b = self.inf_b = 0
         self.nonfinite_mismatch = 0
 
-    # Each method takes 1-D arrays of equal length.
+    # Each method takes 1-D arrays of equal length; arrays larger than SCRATCH_ELEMENTS are
+    # taken in pieces of that many elements, in order.
     def equal_chunk(self, x: np.ndarray) -> None:
-        """A chunk whose two sides are bitwise identical."""
-        x64 = x.astype(np.float64)
-        s = float(np.dot(x64, x64))
+        """Values whose two sides are bitwise identical."""
+        for i in range(0, x.size, SCRATCH_ELEMENTS):
+            self._equal_piece(x[i : i + SCRATCH_ELEMENTS])
+
+    def chunk(self, x: np.ndarray, y: np.ndarray, exact_int: bool) -> None:
+        """Values that may differ; ``exact_int`` when both sides are integers."""
+        for i in range(0, x.size, SCRATCH_ELEMENTS):
+            self._piece(x[i : i + SCRATCH_ELEMENTS], y[i : i + SCRATCH_ELEMENTS], exact_int)
+
+    def _equal_piece(self, x: np.ndarray) -> None:
+        x64 = _SCRATCH.a[: x.size]
+        np.copyto(x64, x, casting="unsafe")
+        s = _dot(x64, x64)
         if not math.isfinite(s):
             nan = int(np.count_nonzero(np.isnan(x64)))
             inf = int(np.count_nonzero(np.isinf(x64)))
@@ -146,32 +177,32 @@ class _Accumulator:
             self.inf_a += inf
             self.inf_b += inf
             x64 = x64[np.isfinite(x64)]
-            s = float(np.dot(x64, x64))
+            s = _dot(x64, x64)
         self.saa += s
         self.sbb += s
         self.sab += s
         self.pairs += x64.size
 
-    def chunk(self, x: np.ndarray, y: np.ndarray, exact_int: bool) -> None:
-        """A chunk that may differ; ``exact_int`` when both sides are integers."""
-        if exact_int:
-            if not np.count_nonzero(x != y):
-                self.equal_chunk(x)
-                return
-        x64 = x.astype(np.float64)
-        y64 = y.astype(np.float64)
-        saa = float(np.dot(x64, x64))
-        sbb = float(np.dot(y64, y64))
+    def _piece(self, x: np.ndarray, y: np.ndarray, exact_int: bool) -> None:
+        if exact_int and not np.count_nonzero(x != y):
+            self._equal_piece(x)
+            return
+        x64 = _SCRATCH.a[: x.size]
+        y64 = _SCRATCH.b[: y.size]
+        np.copyto(x64, x, casting="unsafe")
+        np.copyto(y64, y, casting="unsafe")
+        saa = _dot(x64, x64)
+        sbb = _dot(y64, y64)
         if not (math.isfinite(saa) and math.isfinite(sbb)):
             x64, y64 = self._split_nonfinite(x64, y64)
-            saa = float(np.dot(x64, x64))
-            sbb = float(np.dot(y64, y64))
+            saa = _dot(x64, x64)
+            sbb = _dot(y64, y64)
         self.saa += saa
         self.sbb += sbb
-        self.sab += float(np.dot(x64, y64))
+        self.sab += _dot(x64, y64)
         self.pairs += x64.size
         d = np.subtract(x64, y64, out=x64)
-        sdd = float(np.dot(d, d))
+        sdd = _dot(d, d)
         if sdd == 0.0 and not d.any():
             return
         self.sdd += sdd
@@ -181,7 +212,7 @@ class _Accumulator:
             self.max_abs = mx
         if mx > self.atol:
             if self.rtol:
-                limit = np.abs(y64)
+                limit = np.abs(y64, out=y64)
                 limit *= self.rtol
                 limit += self.atol
                 self.ndiff += int(np.count_nonzero(d > limit))
@@ -237,6 +268,18 @@ class _Accumulator:
         }
 
 
+_IDENTICAL = {
+    "max_abs_diff": 0.0,
+    "rel_l2": 0.0,
+    "num_different": 0,
+    "nan_a": 0,
+    "inf_a": 0,
+    "nan_b": 0,
+    "inf_b": 0,
+    "nonfinite_mismatch": 0,
+}
+
+
 def _arith_view(block: np.ndarray) -> np.ndarray:
     """A view numpy can do float64 arithmetic on: complex as (re, im) pairs, bool as uint8."""
     if block.dtype.kind == "c":
@@ -252,133 +295,100 @@ def _block_source(ckpt: Checkpoint, var: Variable, block: int) -> Callable[[], I
 
 
 def _pairs(blocks_a: Iterator[np.ndarray], blocks_b: Iterator[np.ndarray], label: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    for xa in blocks_a:
-        xb = next(blocks_b, None)
-        if xb is None or xb.size != xa.size:
-            raise CorruptCheckpointError(f"{label}: fewer values than its shape declares")
-        yield xa, xb
-    if next(blocks_b, None) is not None:
-        raise CorruptCheckpointError(f"{label}: more values than its shape declares")
-
-
-def _pool() -> ThreadPoolExecutor:
-    """The threads that compare parts of blocks beside the calling thread (made once)."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(max_workers=max(1, WORKERS - 1), thread_name_prefix="ckptinspect-compare")
-        return _POOL
-
-
-def _run_parts(fn: Callable[[int, int], Any], size: int) -> list[Any]:
-    """``fn(start, stop)`` over the parts of ``range(size)``, results in order.
-
-    With several parts and ``WORKERS > 1``, the calling thread and ``WORKERS - 1`` pool threads
-    take the next part left until none is (balanced whatever the parts cost); every part has
-    finished when this returns (or raises), so the caller may reuse the buffers they read.
-    """
-    bounds = [(i, min(i + PART_ELEMENTS, size)) for i in range(0, size, PART_ELEMENTS)] or [(0, 0)]
-    if len(bounds) == 1 or WORKERS <= 1:
-        return [fn(i, j) for i, j in bounds]
-    results: list[Any] = [None] * len(bounds)
-    order = iter(range(len(bounds)))
-    lock = threading.Lock()
-
-    def drain() -> None:
-        while True:
-            with lock:
-                k = next(order, None)
-            if k is None:
-                return
-            results[k] = fn(*bounds[k])
-
-    futures = [_pool().submit(drain) for _ in range(min(WORKERS, len(bounds)) - 1)]
-    error: BaseException | None = None
     try:
-        drain()
-    except BaseException as e:  # noqa: BLE001 - re-raised below, once the pool's parts are done
-        error = e
-        with lock:
-            for _ in order:  # leave nothing for the pool to start
-                pass
-    for f in futures:  # wait for every part, even when one failed
-        try:
-            f.result()
-        except BaseException as e:  # noqa: BLE001
-            error = error or e
-    if error is not None:
-        raise error
-    return results
+        for xa in blocks_a:
+            xb = next(blocks_b, None)
+            if xb is None or xb.size != xa.size:
+                raise CorruptCheckpointError(f"{label}: fewer values than its shape declares")
+            yield xa, xb
+        if next(blocks_b, None) is not None:
+            raise CorruptCheckpointError(f"{label}: more values than its shape declares")
+    finally:  # release the formats' buffers now, in this thread (not whenever they are collected)
+        for blocks in (blocks_a, blocks_b):
+            close = getattr(blocks, "close", None)
+            if close is not None:
+                close()
 
 
-def _identical_part(x: np.ndarray, y: np.ndarray) -> tuple[bool, bool] | None:
-    """(finite, nonzero) of a part whose two sides hold the same bytes; None when they differ."""
-    if not bit_equal(x, y):
-        return None
+def _identical_block(x: np.ndarray) -> bool | None:
+    """Whether a block whose two sides hold the same bytes has a nonzero value; None when it
+    holds NaN or Inf (counted by the full statistics)."""
     if x.dtype.kind == "f":
         lo, hi = x.min(), x.max()
-        return bool(math.isfinite(lo) and math.isfinite(hi)), not (lo == 0 and hi == 0)
-    return True, bool(x.any())
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            return None
+        return not (lo == 0 and hi == 0)
+    return bool(x.any())
 
 
-def _identical(blocks: Iterator[tuple[np.ndarray, np.ndarray]]) -> dict[str, Any] | None:
-    """The result for a variable whose two sides hold the same bytes, streaming (no float64
-    pass: rel_l2 0, cosine 1 unless all zero); None as soon as a block differs, or when the
-    value holds NaN/Inf (the general path counts them) or nothing."""
+def _compare_blocks(source_a: Callable[[], Iterator[np.ndarray]], source_b: Callable[[], Iterator[np.ndarray]],
+                    label: str, atol: float, rtol: float, same_dtype: bool) -> dict[str, Any]:
+    """The statistics of two streamed values, in one pass over their blocks.
+
+    Most variables of two checkpoints are either untouched or changed everywhere. While the
+    blocks of a same-dtype pair hold the same bytes, only finiteness and "any nonzero" are
+    checked (no float64 pass); a variable equal throughout returns the exact result of
+    identical values (rel_l2 0, cosine 1 unless all zero). Once a block differs (or holds
+    NaN/Inf), every later block gets the full float64 statistics, and the identical blocks
+    skipped before it are read again for their sums only. Each block's sums are kept apart
+    and added in block order at the end: the result depends on the blocks only, not on the
+    thread that computed them.
+    """
+    partials: list[_Accumulator | None] = []  # None: identical, finite, sums not computed yet
     nonzero = False
-    seen = False
-    for xa, xb in blocks:
+    prefilter = same_dtype
+    for xa, xb in _pairs(source_a(), source_b(), label):
         x, y = _arith_view(xa), _arith_view(xb)
-        if x.size == 0:
-            if not bit_equal(xa, xb):
-                return None
+        if not x.size:
             continue
-        seen = True
-        for part in _run_parts(lambda i, j: _identical_part(x[i:j], y[i:j]), x.size):
-            if part is None or not part[0]:
-                return None
-            nonzero = nonzero or part[1]
-    if not seen:
-        return None
-    return {
-        "max_abs_diff": 0.0,
-        "rel_l2": 0.0,
-        "cosine": 1.0 if nonzero else None,
-        "num_different": 0,
-        "nan_a": 0,
-        "inf_a": 0,
-        "nan_b": 0,
-        "inf_b": 0,
-        "nonfinite_mismatch": 0,
-    }
-
-
-def _accumulate_part(x: np.ndarray, y: np.ndarray, atol: float, rtol: float, prefilter: bool) -> tuple[_Accumulator, bool]:
-    """Sums over one part (chunk by chunk), and whether its two sides held the same bytes."""
-    acc = _Accumulator(atol, rtol)
-    if prefilter and bit_equal(x, y):
-        for i in range(0, x.size, CHUNK_ELEMENTS):
-            acc.equal_chunk(x[i : i + CHUNK_ELEMENTS])
-        return acc, True
-    exact_int = x.dtype.kind in "iu" and y.dtype.kind in "iu"
-    for i in range(0, x.size, CHUNK_ELEMENTS):
-        acc.chunk(x[i : i + CHUNK_ELEMENTS], y[i : i + CHUNK_ELEMENTS], exact_int)
-    return acc, False
-
-
-def _accumulate(pairs: Iterator[tuple[np.ndarray, np.ndarray]], atol: float, rtol: float, prefilter: bool) -> dict[str, Any]:
-    """The statistics of every block pair, each block's parts compared in the pool and added
-    in order (the same bits whatever the number of workers)."""
-    acc = _Accumulator(atol, rtol)
-    for xa, xb in pairs:
-        x, y = _arith_view(xa), _arith_view(xb)
-        parts = _run_parts(lambda i, j, p=prefilter: _accumulate_part(x[i:j], y[i:j], atol, rtol, p), x.size)
-        for part, same in parts:
-            acc.merge(part)
+        if prefilter and x.dtype == y.dtype and bit_equal(x, y):
+            flag = _identical_block(x)
+            if flag is not None:
+                nonzero = nonzero or flag
+                partials.append(None)
+                continue
+            acc = _Accumulator(atol, rtol)
+            acc.equal_chunk(x)
+        else:
             # A variable that differs in one block usually differs in all: stop looking for
-            # equal bytes (per block, so the choice does not depend on the workers).
-            prefilter = prefilter and same
-    return acc.result()
+            # equal bytes.
+            prefilter = False
+            acc = _Accumulator(atol, rtol)
+            acc.chunk(x, y, x.dtype.kind in "iu" and y.dtype.kind in "iu")
+        partials.append(acc)
+    if not partials:
+        return _Accumulator(atol, rtol).result()  # no values
+    skipped = [k for k, p in enumerate(partials) if p is None]
+    if len(skipped) == len(partials):
+        return {**_IDENTICAL, "cosine": 1.0 if nonzero else None}
+    if skipped:
+        _fill_skipped(source_a(), partials, skipped[-1], atol, rtol)
+    total = _Accumulator(atol, rtol)
+    for p in partials:
+        total.merge(p)
+    return total.result()
+
+
+def _fill_skipped(blocks: Iterator[np.ndarray], partials: list[_Accumulator | None], last: int, atol: float,
+                  rtol: float) -> None:
+    """The sums of the identical blocks the first pass skipped (A's side read again, up to
+    block ``last``; both sides hold these bytes, and the checksums were checked then)."""
+    try:
+        k = 0
+        for xa in blocks:
+            x = _arith_view(xa)
+            if not x.size:
+                continue
+            if partials[k] is None:
+                acc = partials[k] = _Accumulator(atol, rtol)
+                acc.equal_chunk(x)
+            if k == last:
+                return
+            k += 1
+    finally:
+        close = getattr(blocks, "close", None)
+        if close is not None:
+            close()
 
 
 def _compare_numeric(
@@ -386,20 +396,9 @@ def _compare_numeric(
 ) -> dict[str, Any]:
     itemsize = max(_itemsize(va.dtype), _itemsize(vb.dtype))
     block = max(CHUNK_ELEMENTS, (BLOCK_BYTES // itemsize) // CHUNK_ELEMENTS * CHUNK_ELEMENTS)
-    source_a = _block_source(ckpt_a, va, block)
-    source_b = _block_source(ckpt_b, vb, block)
     label = f"{ckpt_b.path}: {vb.key!r}"
-    if va.dtype == vb.dtype:
-        # Most variables of two checkpoints are either untouched or changed everywhere: try
-        # the cheap byte comparison first; a variable that differs is read again below.
-        pairs = _pairs(source_a(), source_b(), label)
-        try:
-            quick = _identical(pairs)
-        finally:
-            pairs.close()
-        if quick is not None:
-            return quick
-    return _accumulate(_pairs(source_a(), source_b(), label), atol, rtol, va.dtype == vb.dtype)
+    return _compare_blocks(_block_source(ckpt_a, va, block), _block_source(ckpt_b, vb, block), label, atol, rtol,
+                           va.dtype == vb.dtype)
 
 
 def _itemsize(dtype: str) -> int:
@@ -506,9 +505,7 @@ def _compare_unallocated(
         constant = np.full(values.size, fill)
         xa, xb = (constant, values) if empty_a else (values, constant)
         x, y = _arith_view(xa), _arith_view(xb)
-        exact_int = x.dtype.kind in "iu" and y.dtype.kind in "iu"
-        for i in range(0, x.size, CHUNK_ELEMENTS):
-            acc.chunk(x[i : i + CHUNK_ELEMENTS], y[i : i + CHUNK_ELEMENTS], exact_int)
+        acc.chunk(x, y, x.dtype.kind in "iu" and y.dtype.kind in "iu")
     return acc.result()
 
 

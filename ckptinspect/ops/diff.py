@@ -19,6 +19,7 @@ import math
 import os
 from typing import Any, Callable, Iterable, Mapping
 
+from .._parallel import ordered_map
 from ..errors import UsageError
 from ..model import ROLES, Checkpoint, Variable
 from .compare import (
@@ -55,6 +56,10 @@ __all__ = [
     "parse_mapping",
     "compare_variables",
 ]
+
+# Variables drawn ahead of the one whose result is awaited (threads go on with the next ones
+# while a large tensor is compared; only the results wait).
+DIFF_AHEAD = 16
 
 # Table order of the statuses that are not "changed" (changed rows are sorted by movement).
 _STATUS_RANK = {STATUS_CHANGED: 0, STATUS_DTYPE: 1, STATUS_SHAPE: 2, STATUS_REMOVED: 3, STATUS_ADDED: 4, STATUS_EQUAL: 5}
@@ -385,11 +390,20 @@ def diff(
             notes.append(f"{backwards} pair(s) fit the layout rules the other way round: the rules describe A's"
                          " layout (A is the PyTorch side, B the Keras one); swap A and B")
         source_a = RearrangedSource(ca, fits) if fits else ca
+
+        def one(entry: _Entry) -> VariableDiff:
+            name, va, vb, how = entry
+            return _diff_one(name, how, source_a, va, cb, vb, float(atol), float(rtol), fits)
+
+        # Two variables compared at a time when both formats allow concurrent reads (each
+        # variable is compared whole by one thread, so its numbers do not depend on the
+        # threads); results and progress come in read order.
+        workers = None if _concurrent(ca) and _concurrent(cb) else 1
         results = []
-        for i, (name, va, vb, how) in enumerate(entries, 1):
-            results.append(_diff_one(name, how, source_a, va, cb, vb, float(atol), float(rtol), fits))
+        for i, row in enumerate(ordered_map(one, entries, workers=workers, ahead=DIFF_AHEAD), 1):
+            results.append(row)
             if progress is not None:
-                progress(i, len(entries), results[-1])
+                progress(i, len(entries), row)
         return DiffReport(
             a=ca.path,
             b=cb.path,
@@ -407,6 +421,11 @@ def diff(
     finally:
         for c in opened:
             c.close()
+
+
+def _concurrent(ckpt: Checkpoint) -> bool:
+    """Whether ``ckpt``'s values may be read from several threads at once."""
+    return bool(getattr(ckpt.source, "concurrent_reads", False))
 
 
 def _same_path(a: Any, b: Any) -> bool:
