@@ -17,7 +17,7 @@ import collections
 import dataclasses
 import math
 import os
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from .._parallel import ordered_map
 from ..errors import UsageError
@@ -57,9 +57,12 @@ __all__ = [
     "compare_variables",
 ]
 
-# Variables drawn ahead of the one whose result is awaited (threads go on with the next ones
-# while a large tensor is compared; only the results wait).
-DIFF_AHEAD = 16
+# Variables are handed to the comparing threads in batches of consecutive ones, about
+# BATCH_BYTES (or BATCH_VARIABLES) each, at most BATCHES_AHEAD batches in flight (threads go on
+# with the next batches while a large tensor is compared; only the results wait).
+BATCH_BYTES = 4 << 20
+BATCH_VARIABLES = 64
+BATCHES_AHEAD = 4
 
 # Table order of the statuses that are not "changed" (changed rows are sorted by movement).
 _STATUS_RANK = {STATUS_CHANGED: 0, STATUS_DTYPE: 1, STATUS_SHAPE: 2, STATUS_REMOVED: 3, STATUS_ADDED: 4, STATUS_EQUAL: 5}
@@ -391,19 +394,20 @@ def diff(
                          " layout (A is the PyTorch side, B the Keras one); swap A and B")
         source_a = RearrangedSource(ca, fits) if fits else ca
 
-        def one(entry: _Entry) -> VariableDiff:
-            name, va, vb, how = entry
-            return _diff_one(name, how, source_a, va, cb, vb, float(atol), float(rtol), fits)
+        def batch(group: list[_Entry]) -> list[VariableDiff]:
+            return [_diff_one(name, how, source_a, va, cb, vb, float(atol), float(rtol), fits)
+                    for name, va, vb, how in group]
 
-        # Two variables compared at a time when both formats allow concurrent reads (each
-        # variable is compared whole by one thread, so its numbers do not depend on the
-        # threads); results and progress come in read order.
+        # Two batches of variables compared at a time when both formats allow concurrent
+        # reads (each variable is compared whole by one thread, so its numbers do not depend
+        # on the threads); results and progress come in read order.
         workers = None if _concurrent(ca) and _concurrent(cb) else 1
-        results = []
-        for i, row in enumerate(ordered_map(one, entries, workers=workers, ahead=DIFF_AHEAD), 1):
-            results.append(row)
-            if progress is not None:
-                progress(i, len(entries), row)
+        results: list[VariableDiff] = []
+        for rows in ordered_map(batch, _batches(entries), workers=workers, ahead=BATCHES_AHEAD):
+            for row in rows:
+                results.append(row)
+                if progress is not None:
+                    progress(len(results), len(entries), row)
         return DiffReport(
             a=ca.path,
             b=cb.path,
@@ -421,6 +425,22 @@ def diff(
     finally:
         for c in opened:
             c.close()
+
+
+def _batches(entries: list[_Entry]) -> Iterator[list[_Entry]]:
+    """Consecutive entries in groups of about :data:`BATCH_BYTES` (at most
+    :data:`BATCH_VARIABLES`): one hand-off between threads per group, not per variable."""
+    group: list[_Entry] = []
+    nbytes = 0
+    for entry in entries:
+        group.append(entry)
+        va, vb = entry[1], entry[2]
+        nbytes += max(va.nbytes if va is not None else 0, vb.nbytes if vb is not None else 0)
+        if nbytes >= BATCH_BYTES or len(group) >= BATCH_VARIABLES:
+            yield group
+            group, nbytes = [], 0
+    if group:
+        yield group
 
 
 def _concurrent(ckpt: Checkpoint) -> bool:
