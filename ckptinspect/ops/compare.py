@@ -51,8 +51,8 @@ STATUSES = (STATUS_EQUAL, STATUS_CHANGED, STATUS_ADDED, STATUS_REMOVED, STATUS_S
 CHUNK_ELEMENTS = 8192  # elements per BLAS dot call: OpenBLAS starts threads of its own above 10,000
 BLOCK_BYTES = 1 << 20  # bytes per side held at a time when streaming from a data file
 # float64 work buffers per thread: a block is converted and compared this many elements at a
-# time (one 1 MiB block of float32), a few numpy calls per piece.
-SCRATCH_ELEMENTS = 1 << 18
+# time (half a 1 MiB block of float32: 1 MiB per buffer), a few numpy calls per piece.
+SCRATCH_ELEMENTS = 1 << 17
 # Bit-equality compares at most this many bytes at a time (np.array_equal of whole tensors
 # would allocate a third tensor-sized buffer).
 COMPARE_CHUNK_BYTES = 4 << 20
@@ -130,7 +130,7 @@ def _dot(a: np.ndarray, b: np.ndarray) -> float:
 
 class _Scratch(threading.local):
     """Per-thread float64 buffers of :data:`SCRATCH_ELEMENTS` (made once per thread: fresh
-    2 MiB arrays for every block would cost a page fault per 4 KiB)."""
+    1 MiB arrays for every block would cost a page fault per 4 KiB)."""
 
     def __init__(self) -> None:
         self.a = np.empty(SCRATCH_ELEMENTS, np.float64)
