@@ -5,7 +5,11 @@ when both sides have the same format, by readable name otherwise, with the name 
 between formats smoothed out (``:0`` suffixes, ``/.ATTRIBUTES/VARIABLE_VALUE``, an outer prefix
 one side has and the other does not, Keras 3 positional ``layer/vars/N`` names). Then each pair
 is compared value by value, streaming (:func:`ckptinspect.ops.compare.compare_variables`): only
-one pair of tensors is held at a time.
+one pair of tensors is held at a time per thread. When both checkpoints can be read from several
+threads (``concurrent_reads``: TF bundles, local HDF5 files), batches of consecutive variables are
+compared by up to :data:`ckptinspect._parallel.WORKERS` threads; each variable is compared whole
+by one thread, and the rows come back in read order, so the report is the same bits with one
+thread or two.
 
 Equality follows numpy's ``isclose`` (``|a - b| <= atol + rtol * |b|``, computed in float64) with
 NaN equal to NaN and infinities equal to infinities of the same sign.
