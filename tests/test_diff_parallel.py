@@ -287,3 +287,39 @@ def test_cli_json_is_the_same_with_workers_env_1_and_2(pairs):
             out[kind, workers] = proc.stdout
         assert out[kind, "1"] == out[kind, "2"]
         assert json.loads(out[kind, "1"])["summary"]["changed"] > 10
+
+
+# -- the checksum of streamed blocks ---------------------------------------------------------------
+@pytest.mark.parametrize("direct", [True, False])
+def test_buffer_crc32c_equals_google_crc32c(monkeypatch, direct):
+    """The streamed blocks' crc32c (the C library through ctypes, which releases the GIL; or the
+    package's ``extend``) equals google-crc32c's on the same bytes, continued block by block."""
+    import google_crc32c
+
+    from ckptinspect.formats import _crc
+
+    if not direct:
+        monkeypatch.setattr(_crc, "_LIB", [None])
+    extend = _crc.buffer_crc32c()
+    data = bytearray(np.random.default_rng(5).integers(0, 256, 3_000_001, dtype=np.uint8).tobytes())
+    assert extend(0, data, len(data)) == google_crc32c.extend(0, bytes(data))
+    crc, expected = 0, 0
+    for n in (1, 7, 4096, 1 << 20, 0, 123_457):
+        block = bytearray(data[:n])
+        crc = extend(crc, bytearray(block + b"tail"), n)  # only the first n bytes count
+        expected = google_crc32c.extend(expected, bytes(block))
+        assert crc == expected, n
+    with pytest.raises(ValueError):
+        extend(0, bytearray(4), 5)
+
+
+def test_the_c_library_is_found_where_the_wheel_ships_it():
+    """On this platform (a manylinux wheel of google-crc32c) the library behind the package is
+    called directly: blocks are checksummed without holding the GIL."""
+    import google_crc32c
+
+    from ckptinspect.formats import _crc
+
+    if google_crc32c.implementation != "c" or sys.platform != "linux":
+        pytest.skip("google-crc32c's C library is found where its Linux wheels ship it")
+    assert _crc._crc32c_library() is not None

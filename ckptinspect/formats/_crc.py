@@ -7,12 +7,17 @@ stays well distributed. Table blocks, tensors and string lengths all use it.
 
 from __future__ import annotations
 
-__all__ = ["MASK_DELTA", "mask", "unmask", "masked_crc32c", "crc32c_module", "crc32c_combine"]
+import os
+import threading
+from typing import Any, Callable
+
+__all__ = ["MASK_DELTA", "mask", "unmask", "masked_crc32c", "crc32c_module", "crc32c_combine", "buffer_crc32c"]
 
 MASK_DELTA = 0xA282EAD8
 _UINT32 = 0xFFFFFFFF
 _POLY = 0x82F63B78  # crc32c (Castagnoli), bit-reflected
 _X2N_TABLE_SIZE = 64  # x^(2^k) mod P for k < 64: lengths up to 2^61 bytes
+_CHECK = (b"123456789", 0xE3069283)  # the crc32c check value (RFC 3720, B.4)
 
 
 def crc32c_module():
@@ -20,6 +25,84 @@ def crc32c_module():
     import google_crc32c  # noqa: PLC0415
 
     return google_crc32c
+
+
+_LIB: list[Any] = []
+_LIB_LOCK = threading.Lock()
+
+
+def _crc32c_library() -> Any:
+    """google/crc32c's C library as the ``google-crc32c`` wheel ships it (or the system's), its
+    ``crc32c_extend`` called through ctypes, which releases the GIL during the call (the
+    package's own ``extend`` keeps the GIL for anything but ``bytes``, so two threads
+    checksumming blocks would take turns); None when it cannot be found or gives a wrong
+    check value."""
+    with _LIB_LOCK:
+        if _LIB:
+            return _LIB[0]
+        lib = None
+        try:
+            import ctypes  # noqa: PLC0415 - loaded with the first streamed checksum (`ls` never needs it)
+            import ctypes.util  # noqa: PLC0415
+            import glob  # noqa: PLC0415
+
+            here = os.path.dirname(crc32c_module().__file__)
+            candidates = [
+                *sorted(glob.glob(os.path.join(here, os.pardir, "google_crc32c.libs", "libcrc32c*"))),  # manylinux
+                *sorted(glob.glob(os.path.join(here, ".dylibs", "libcrc32c*"))),  # macOS
+                *sorted(glob.glob(os.path.join(here, "*crc32c*.dll"))),  # Windows
+            ]
+            found = ctypes.util.find_library("crc32c")
+            if found:
+                candidates.append(found)
+            for path in candidates:
+                try:
+                    candidate = ctypes.CDLL(path)
+                    fn = candidate.crc32c_extend
+                except (OSError, AttributeError):
+                    continue
+                fn.restype = ctypes.c_uint32
+                fn.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t]
+                data, expected = _CHECK
+                if fn(0, data, len(data)) == expected:
+                    lib = fn
+                    break
+        except Exception:  # noqa: BLE001 - any surprise: the package's own extend is used
+            lib = None
+        _LIB.append(lib)
+        return lib
+
+
+def buffer_crc32c() -> Callable[[int, bytearray, int], int]:
+    """``extend(crc, buffer, nbytes)``: the crc32c of the first ``nbytes`` of a ``bytearray``,
+    continuing ``crc``, releasing the GIL while it runs when the C library can be called
+    directly (else through ``google_crc32c.extend``, on a read-only view: no copy)."""
+    fn = _crc32c_library()
+    if fn is not None:
+        import ctypes  # noqa: PLC0415 - loaded by _crc32c_library already
+
+        def extend(crc: int, buffer: bytearray, nbytes: int) -> int:
+            if not 0 <= nbytes <= len(buffer):
+                raise ValueError(f"{nbytes} bytes asked of a buffer of {len(buffer)}")
+            if not nbytes:
+                return crc
+            anchor = ctypes.c_char.from_buffer(buffer)  # holds the buffer (no resize) during the call
+            try:
+                return fn(crc, ctypes.addressof(anchor), nbytes)
+            finally:
+                del anchor
+
+        return extend
+    module = crc32c_module()
+
+    def extend_package(crc: int, buffer: bytearray, nbytes: int) -> int:
+        import numpy as np  # noqa: PLC0415 - only where values are read
+
+        raw = np.frombuffer(buffer, dtype=np.uint8, count=nbytes)
+        raw.flags.writeable = False  # google-crc32c reads a read-only buffer in place (no copy)
+        return module.extend(crc, raw)
+
+    return extend_package
 
 
 def mask(crc: int) -> int:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 from .. import model as m
 from ..errors import CheckpointNotFoundError, CkptError, CorruptCheckpointError
 from . import _fs
-from ._crc import crc32c_module, mask, unmask
+from ._crc import buffer_crc32c, crc32c_module, mask, unmask
 from ._layout import INDEX_SUFFIX, data_path
 from ._wire import MalformedError, read_varint
 
@@ -153,7 +153,7 @@ def iter_raw_blocks(
     import numpy as np  # noqa: PLC0415 - numpy only where values are read (`ls` lists without it)
 
     total = entry.size // dtype.itemsize
-    crc32c = crc32c_module()
+    crc_extend = buffer_crc32c()  # releases the GIL: two threads may stream tensors at once
     crc = 0
     done = 0
     offset = entry.offset
@@ -166,9 +166,7 @@ def iter_raw_blocks(
             got = files.pread_into(path, view[:nbytes], offset)
             if got != nbytes:
                 raise CorruptCheckpointError(f"{path}: truncated: {entry.key!r} ends past the end of the file")
-            raw = np.frombuffer(buf, dtype=np.uint8, count=nbytes)
-            raw.flags.writeable = False  # google-crc32c reads a read-only buffer in place (no copy)
-            crc = crc32c.extend(crc, raw)
+            crc = crc_extend(crc, buf, nbytes)
             done += n
             offset += nbytes
             yield np.frombuffer(buf, dtype=dtype, count=n)
