@@ -64,8 +64,8 @@ __all__ = [
 # Variables are handed to the comparing threads in batches of consecutive ones, about
 # BATCH_BYTES (or BATCH_VARIABLES) each, at most BATCHES_AHEAD batches in flight (threads go on
 # with the next batches while a large tensor is compared; only the results wait).
-BATCH_BYTES = 4 << 20
-BATCH_VARIABLES = 64
+BATCH_BYTES = 16 << 20
+BATCH_VARIABLES = 256
 BATCHES_AHEAD = 4
 
 # Table order of the statuses that are not "changed" (changed rows are sorted by movement).
