@@ -639,7 +639,7 @@ def plot_scale(scale: list[dict[str, Any]], path: pathlib.Path) -> str:
         return "matplotlib is not installed (pip install -e .[bench]): no plot written"
     colors = {"ls": "tab:blue", "ls-stats": "tab:purple", "diff": "tab:orange", "diff-h5": "tab:red", "verify": "tab:green",
               "scan": "tab:brown", "average": "tab:pink", "extract": "tab:olive"}
-    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 5.2))
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 7.4))
     sizes = [p["bytes"] / MIB for p in scale]
     handles, names = [], []
     for cmd in SCALE_COMMANDS:
@@ -692,8 +692,11 @@ def plot_scale(scale: list[dict[str, Any]], path: pathlib.Path) -> str:
     ax_m.set_title("peak memory vs checkpoint size")
     fig.suptitle(f"ckptinspect (solid) vs TensorFlow or read-once baselines (dashed): whole processes, {scale[0]['entries']} variables, "
                  f"{os.cpu_count()} cores", fontsize=11)
+    # The legend (up to 3 columns) gets its own band below the axes, sized by its rows.
+    rows = -(-len(names) // 3)
+    band = min(0.45, 0.03 + 0.028 * rows)
     fig.legend(handles, names, loc="lower center", ncol=3, fontsize=9, frameon=False)
-    fig.tight_layout(rect=(0, 0.12, 1, 0.96))
+    fig.tight_layout(rect=(0, band, 1, 0.96))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return f"plot written to {path}"
