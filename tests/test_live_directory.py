@@ -136,8 +136,10 @@ def _write_state(d: pathlib.Path, names: list[str]) -> None:
 
 def test_a_checkpoint_rotated_out_while_being_read_stays_readable(tmp_path):
     """ls --stats / diff resolved DIR to ckpt-3; the writer deletes ckpt-3 before the values are
-    read: the numeric values still come from the data files held open since the directory was
-    resolved; a string value (read by TensorFlow, by name) is reported as rotated, not damaged."""
+    read: the values still come from the data files held open since the directory was resolved
+    (numbers streamed, and a string tensor, which TensorFlow can no longer read by name, decoded
+    from the held-open file and checked against its checksum); a value whose bytes went with the
+    files is reported as rotated, not damaged."""
     import ckptinspect
 
     d = _manager_dir(tmp_path / "run")
@@ -149,7 +151,26 @@ def test_a_checkpoint_rotated_out_while_being_read_stays_readable(tmp_path):
         np.testing.assert_array_equal(kernel, np.arange(12, dtype=np.float32).reshape(3, 4) + 3)
         blocks = np.concatenate([b.copy() for b in ckpt.iter_blocks("model/kernel", 5)])
         np.testing.assert_array_equal(blocks, kernel.reshape(-1))
-        with pytest.raises(ckptinspect.CheckpointNotFoundError, match=re.escape(ROTATED)):
+        names = ckpt.read("model/names")
+        assert names.dtype == object and names.tolist() == [b"a", b"bb"]
+    # A held-open file that is damaged is refused (the checksum), not decoded.
+    d2 = _manager_dir(tmp_path / "run2")
+    with ckptinspect.open(str(d2)) as ckpt:
+        entry = next(e for e in ckptinspect.formats.tf_bundle.read_index(ckpt.path).entries if e.key.startswith("model/names"))
+        data = next(d2.glob("ckpt-3.data-*"))
+        raw = bytearray(data.read_bytes())
+        raw[entry.offset + entry.size - 1] ^= 0x01
+        data.write_bytes(bytes(raw))  # same inode: the held-open file sees the flip
+        for f in d2.glob("ckpt-3.*"):
+            f.unlink()
+        with pytest.raises(ckptinspect.CorruptCheckpointError, match="checksum does not match"):
+            ckpt.read("model/names")
+    # Deleted before the directory is resolved: nothing was held open, so it is rotated.
+    d3 = _manager_dir(tmp_path / "run3")
+    with ckptinspect.open(str(d3 / "ckpt-3")) as ckpt:  # a prefix: nothing held open
+        for f in d3.glob("ckpt-3.*"):
+            f.unlink()
+        with pytest.raises(ckptinspect.CkptError):
             ckpt.read("model/names")
 
 

@@ -43,7 +43,7 @@ from ._lazymod import lazy_import
 from ._layout import INDEX_SUFFIX, data_path, decode_key, encode_key
 from ._ordered_code import decode_tensor_name_slice
 from ._sstable import iter_table
-from ._wire import MalformedError
+from ._wire import MalformedError, read_varint
 from .tf_data import DTYPE_NAMES, decode_string_scalar, expected_nbytes, read_raw
 from .tf_object_graph import (
     METADATA_LOCAL_NAMES,
@@ -816,6 +816,9 @@ class BundleSource(m.BaseSource):
 
         raw = self._raw_entry(variable)
         if raw is None:
+            strings = self._pinned_strings(variable)
+            if strings is not None:
+                return strings
             directory = _fs.dirname(self.prefix) or "."
             raise CheckpointNotFoundError(
                 f"{self.prefix}: deleted while being read (rotated out by the process saving into {directory});"
@@ -845,6 +848,46 @@ class BundleSource(m.BaseSource):
             out[()] = value
             return out
         return np.asarray(value)
+
+    def _pinned_strings(self, variable: m.Variable) -> np.ndarray | None:
+        """An unsliced string tensor read from the held-open data file, after TensorFlow could
+        not read it by name (its files deleted): the stored layout (varint64 lengths, their
+        masked crc32c, the bytes) checked against the entry's checksum and decoded; None when
+        the entry is not such a tensor or the held-open file does not hold it.
+
+        Raises:
+            CorruptCheckpointError: The bytes do not match the recorded checksum or layout.
+        """
+        import numpy as np  # noqa: PLC0415, F811 - loaded with tf_data already
+
+        entry = self._entries.get(variable.key)
+        if entry is None or entry.slices or entry.problem is not None or entry.dtype != "string":
+            return None
+        path = data_path(self.prefix, entry.shard_id, self.num_shards)
+        size = self._files.size(path)
+        if size is None or size < entry.offset + entry.size:
+            return None
+        buf = bytearray(entry.size)
+        if self._files.pread_into(path, memoryview(buf), entry.offset) != entry.size:
+            return None
+        raw = bytes(buf)
+        count = variable.size
+        try:
+            actual = tf_data.tensor_crc32c("string", tuple(entry.shape), raw)
+        except MalformedError as e:
+            raise CorruptCheckpointError(f"{path}: cannot read {_label(variable)}: {e}") from None
+        if entry.crc32c is not None and actual != entry.crc32c:
+            raise CorruptCheckpointError(f"{path}: {_label(variable)}: {tf_data.crc_mismatch(entry.crc32c, actual)}")
+        lengths, pos = [], 0
+        for _ in range(count):
+            length, pos = read_varint(raw, pos)
+            lengths.append(length)
+        pos += 4  # the masked crc32c of the lengths, checked above
+        out = np.empty(count, dtype=object)
+        for i, length in enumerate(lengths):
+            out[i] = raw[pos : pos + length]
+            pos += length
+        return out.reshape(variable.shape)
 
     def _raw_entry(self, variable: m.Variable) -> tuple[str, IndexEntry, np.dtype] | None:
         """Where ``variable``'s bytes can be read directly (ranged reads for a remote one): an
