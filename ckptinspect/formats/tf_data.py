@@ -22,14 +22,14 @@ entries (``formats.tf_bundle``).
 
 from __future__ import annotations
 
-import collections
+import contextlib
 import dataclasses
 import os
 import struct
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
 from .. import model as m
+from .._parallel import ordered_map
 from ..errors import CheckpointNotFoundError, CkptError, CorruptCheckpointError
 from . import _fs
 from ._crc import buffer_crc32c, crc32c_module, mask, unmask
@@ -404,45 +404,22 @@ class BundleCheck:
         nbytes = 0
         handles: dict[int, Any] = {}
         parallel = CHECK_WORKERS > 1 and not _fs.is_remote(self.path)
-        pool = ThreadPoolExecutor(CHECK_WORKERS, thread_name_prefix="ckptinspect-verify") if parallel else None
-        in_flight: collections.deque[tuple[list[tuple[_Item, str]], Any]] = collections.deque()
-        batch: list[tuple[_Item, str, Any, Any]] = []
-        batch_bytes = 0
 
-        def submit() -> None:
-            nonlocal batch, batch_bytes
-            if not batch:
-                return
-            work, batch, batch_bytes = batch, [], 0
-            fn = lambda: [pre if f is None else _checked(f, it, crc32c) for it, _, pre, f in work]  # noqa: E731
-            in_flight.append(([(it, path) for it, path, _, _ in work], pool.submit(fn) if pool else _Now(fn())))
-
-        def emit(limit: int) -> None:
-            nonlocal done
-            while len(in_flight) > limit:
-                items, future = in_flight.popleft()
-                for (it, path), found in zip(items, future.result()):
-                    if found is not None:
-                        kind, problem, actual = found
-                        damaged.append(m.Damage(
-                            key=it.key, name=it.name, file=path, kind=kind, problem=problem, shard=it.shard,
-                            offset=it.offset, size=it.size, slice=it.slice,
-                            stored_crc32c=it.crc32c if it.crc32c is not None else 0, actual_crc32c=actual,
-                        ))
-                    done += 1
-                    if progress is not None:
-                        progress(done, total, it)
-
-        try:
+        def batches() -> Iterator[list[tuple[_Item, str, Any, Any]]]:
+            """Items in file order, in batches of about BATCH_BYTES (one item a batch when not
+            parallel), each with its damage known up front or the file to check it in; the
+            shards are opened here, in the calling thread."""
+            nonlocal nbytes
+            batch: list[tuple[_Item, str, Any, Any]] = []
+            batch_bytes = 0
             for it in self.items:
                 path = data_path(self.path, it.shard, self.num_shards)
                 size = self.sizes.get(it.shard)
-                pre: tuple[str, str, int | None] | None = None
-                reader = None
                 if size is None:
-                    pre = m.DAMAGE_MISSING_SHARD, "its data shard is missing", None
+                    batch.append((it, path, (m.DAMAGE_MISSING_SHARD, "its data shard is missing", None), None))
                 elif it.offset + it.size > size:
-                    pre = m.DAMAGE_TRUNCATED, f"needs bytes {it.offset}..{it.offset + it.size}, the shard has {size}", None
+                    problem = f"needs bytes {it.offset}..{it.offset + it.size}, the shard has {size}"
+                    batch.append((it, path, (m.DAMAGE_TRUNCATED, problem, None), None))
                 else:
                     f = handles.get(it.shard)
                     if f is None:
@@ -454,21 +431,34 @@ class BundleCheck:
                             raise CheckpointNotFoundError(f"{path}: permission denied") from None
                         except OSError as e:
                             raise CheckpointNotFoundError(f"{path}: cannot open the data shard: {e.strerror or e}") from None
-                    reader = _Positioned(f.fileno()) if parallel else f
+                    batch.append((it, path, None, _Positioned(f.fileno()) if parallel else f))
                     nbytes += it.size
                     batch_bytes += it.size
-                if pre is not None and reader is None:
-                    batch.append((it, path, pre, None))
-                else:
-                    batch.append((it, path, None, reader))
                 if batch_bytes >= BATCH_BYTES or not parallel:
-                    submit()
-                    emit(CHECK_WORKERS + 1 if parallel else 0)
-            submit()
-            emit(0)
+                    yield batch
+                    batch, batch_bytes = [], 0
+            if batch:
+                yield batch
+
+        def check(work: list[tuple[_Item, str, Any, Any]]) -> list[tuple[_Item, str, tuple[str, str, int | None] | None]]:
+            return [(it, path, pre if f is None else _checked(f, it, crc32c)) for it, path, pre, f in work]
+
+        results = ordered_map(check, batches(), workers=CHECK_WORKERS if parallel else 1, ahead=CHECK_WORKERS + 1)
+        try:
+            with contextlib.closing(results):  # the threads are done before the shards close
+                for checked in results:
+                    for it, path, found in checked:
+                        if found is not None:
+                            kind, problem, actual = found
+                            damaged.append(m.Damage(
+                                key=it.key, name=it.name, file=path, kind=kind, problem=problem, shard=it.shard,
+                                offset=it.offset, size=it.size, slice=it.slice,
+                                stored_crc32c=it.crc32c if it.crc32c is not None else 0, actual_crc32c=actual,
+                            ))
+                        done += 1
+                        if progress is not None:
+                            progress(done, total, it)
         finally:
-            if pool is not None:
-                pool.shutdown(wait=True, cancel_futures=True)
             for f in handles.values():
                 f.close()
         status = m.STATUS_DAMAGED if damaged or self.problems else m.STATUS_INTACT
@@ -476,16 +466,6 @@ class BundleCheck:
             self.path, self.format, status, step=self.step, tensors=len(self.items),
             nbytes=nbytes, problems=tuple(self.problems), damaged=tuple(damaged),
         )
-
-
-class _Now:
-    """A result computed in the calling thread, shaped like a future."""
-
-    def __init__(self, value: Any):
-        self._value = value
-
-    def result(self) -> Any:
-        return self._value
 
 
 class _Positioned:
