@@ -43,7 +43,7 @@ from ._lazymod import lazy_import
 from ._layout import INDEX_SUFFIX, data_path, decode_key, encode_key
 from ._ordered_code import decode_tensor_name_slice
 from ._sstable import iter_table
-from ._wire import MalformedError, read_varint
+from ._wire import MalformedError
 from .tf_data import DTYPE_NAMES, decode_string_scalar, expected_nbytes, read_raw
 from .tf_object_graph import (
     METADATA_LOCAL_NAMES,
@@ -878,15 +878,8 @@ class BundleSource(m.BaseSource):
             raise CorruptCheckpointError(f"{path}: cannot read {_label(variable)}: {e}") from None
         if entry.crc32c is not None and actual != entry.crc32c:
             raise CorruptCheckpointError(f"{path}: {_label(variable)}: {tf_data.crc_mismatch(entry.crc32c, actual)}")
-        lengths, pos = [], 0
-        for _ in range(count):
-            length, pos = read_varint(raw, pos)
-            lengths.append(length)
-        pos += 4  # the masked crc32c of the lengths, checked above
         out = np.empty(count, dtype=object)
-        for i, length in enumerate(lengths):
-            out[i] = raw[pos : pos + length]
-            pos += length
+        out[:] = tf_data.decode_string_tensor(raw, count)
         return out.reshape(variable.shape)
 
     def _raw_entry(self, variable: m.Variable) -> tuple[str, IndexEntry, np.dtype] | None:

@@ -46,6 +46,7 @@ __all__ = [
     "STORED_ITEMSIZE",
     "read_raw",
     "decode_string_scalar",
+    "decode_string_tensor",
     "iter_raw_blocks",
     "tensor_crc32c",
     "BundleCheck",
@@ -126,6 +127,28 @@ def decode_string_scalar(raw: bytes) -> bytes:
     if pos + length > len(raw):
         raise MalformedError("string tensor shorter than its declared length")
     return raw[pos : pos + length]
+
+
+def decode_string_tensor(raw: bytes, count: int) -> list[bytes]:
+    """The ``count`` elements of a string tensor as stored in a bundle (varint64 lengths, their
+    masked crc32c, the bytes; check it first with :func:`tensor_crc32c`).
+
+    Raises:
+        MalformedError: The lengths run past the bytes.
+    """
+    lengths = []
+    pos = 0
+    for _ in range(count):
+        length, pos = read_varint(raw, pos)
+        lengths.append(length)
+    pos += 4  # masked crc32c of the lengths
+    if pos + sum(lengths) > len(raw):
+        raise MalformedError(f"string tensor of {count} elements shorter than its declared lengths")
+    out = []
+    for length in lengths:
+        out.append(raw[pos : pos + length])
+        pos += length
+    return out
 
 
 def crc_mismatch(stored: int, actual: int) -> str:
