@@ -28,7 +28,7 @@ import numpy as np
 
 from .. import _parallel
 from ..errors import CorruptCheckpointError
-from ._crc import crc32c_combine, crc32c_module, mask
+from ._crc import buffer_crc32c, crc32c_combine, mask
 from .tf_data import crc_mismatch
 
 __all__ = ["BLOCK_BYTES", "Combined", "BlockFeed", "Block"]
@@ -103,7 +103,7 @@ class BlockFeed:
             CorruptCheckpointError: An input file is missing, not a regular file, or shorter
                 than a run it holds.
         """
-        self._crc32c = crc32c_module()
+        self._crc_extend = buffer_crc32c()  # releases the GIL: the workers checksum at once
         self._fds: dict[str, int] = {}
         self._free: list[bytearray] = []
         self._local = threading.local()
@@ -171,9 +171,7 @@ class BlockFeed:
                 if n == 0:
                     raise CorruptCheckpointError(f"{src.path}: truncated: {label!r} ends past the end of the file")
                 done += n
-            raw = np.frombuffer(buf, np.uint8, nbytes)
-            raw.flags.writeable = False  # google-crc32c reads a read-only buffer in place
-            crcs.append(self._crc32c.extend(0, raw))
+            crcs.append(self._crc_extend(0, buf, nbytes))
             sizes.append(nbytes)
             arr = np.frombuffer(buf, dtype, job.count)
             arr.flags.writeable = False
@@ -186,9 +184,7 @@ class BlockFeed:
         except BaseException:
             self._free.append(out_buf)
             raise
-        raw = np.frombuffer(out_buf, np.uint8, nbytes)
-        raw.flags.writeable = False
-        return Block(memoryview(out_buf)[:nbytes], out_buf, crcs, sizes, self._crc32c.extend(0, raw))
+        return Block(memoryview(out_buf)[:nbytes], out_buf, crcs, sizes, self._crc_extend(0, out_buf, nbytes))
 
     def run(self, combined: Combined, out_dtype: np.dtype, count: int) -> Iterator[Block]:
         """The blocks of the next combined run (the one given, in write order), in order;
