@@ -22,7 +22,7 @@ import dataclasses
 import json
 import math
 import os
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from .. import model as m
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError, UnsafeFileError
@@ -74,9 +74,8 @@ def _one_line(e: BaseException) -> str:
 
 
 # -- the header ------------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class SafetensorsTensor:
-    """One header entry: where its bytes are in the file."""
+class SafetensorsTensor(NamedTuple):
+    """One header entry: where its bytes are in the file (a named tuple: a header holds thousands)."""
 
     name: str
     dtype: str  # ckptinspect name (float32...) or the raw code for unreadable ones
@@ -183,8 +182,7 @@ def read_header(path: str, strict: bool = True) -> Header:
             if strict:
                 raise CorruptCheckpointError(problem)
             problems[name] = problem
-        tensors.append(SafetensorsTensor(name=name, dtype=dtype, shape=tuple(shape), start=data_start + begin,
-                                         nbytes=end - begin))
+        tensors.append(SafetensorsTensor(name, dtype, tuple(shape), data_start + begin, end - begin))
     spans = sorted((t.start, t.start + t.nbytes, t.name) for t in tensors if t.nbytes)
     for (b0, e0, n0), (b1, _e1, n1) in zip(spans, spans[1:]):
         if b1 < e0:
