@@ -11,10 +11,12 @@ from __future__ import annotations
 import collections.abc
 import enum
 import re
+import sys
 from typing import Callable
 
 import typer
 import typer.main
+from typer._click.exceptions import ClickException, NoArgsIsHelpError
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 __all__ = ["fast_value", "LazyApp", "Command", "Group"]
@@ -176,8 +178,37 @@ class _LazyCommands(collections.abc.MutableMapping):
         return name in self._infos or name in self._built
 
 
+def usage_error_line(e: ClickException) -> str:
+    """A parser error as the one ``Error:`` line every other error is (the contract's exit 2):
+    typer's own display is a usage line, a hint and a framed message over five lines."""
+    text = " ".join(e.format_message().split()).rstrip(".")
+    ctx = getattr(e, "ctx", None)
+    if ctx is not None and ctx.help_option_names:
+        text += f" (see '{ctx.command_path} {ctx.help_option_names[-1]}')"
+    return f"Error: {text}"
+
+
 class Group(TyperGroup):
-    """The app's group: commands looked up in :class:`_LazyCommands`, clean help display."""
+    """The app's group: commands looked up in :class:`_LazyCommands`, clean help display,
+    parser errors on one ``Error:`` line (:func:`usage_error_line`)."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):  # noqa: ANN001, ANN201
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:  # typer's own main, told to hand errors back instead of displaying them
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except NoArgsIsHelpError as e:  # `ckptinspect` alone: the help, as typer shows it
+            e.show()
+            sys.exit(e.exit_code)
+        except ClickException as e:
+            from .render import escape_controls  # noqa: PLC0415 - errors only; the args may hold escapes
+
+            sys.stderr.write(escape_controls(usage_error_line(e)) + "\n")
+            sys.exit(e.exit_code)
+        except typer.Abort:
+            sys.stderr.write("Error: aborted\n")
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
 
     def __init__(self, *args, **kwargs):  # noqa: ANN002, ANN003
         super().__init__(*args, **kwargs)

@@ -308,6 +308,34 @@ def test_every_option_has_help_text_and_a_metavar():
                 assert param.metavar, (command.name, param.name)
 
 
+@pytest.mark.parametrize("args,message", [
+    (["ls", "--bogus", "x"], "No such option: --bogus (see 'ckptinspect ls --help')"),
+    (["ls"], "Missing argument 'PATH' (see 'ckptinspect ls --help')"),
+    (["diff", "a"], "Missing argument 'B' (see 'ckptinspect diff --help')"),
+    (["ls", "x", "--format", "xml"], "Invalid value for '--format' / '-f'"),
+    (["average", "--last", "x", "d", "-o", "o"], "Invalid value for '--last'"),
+    (["nosuch"], "No such command 'nosuch' (see 'ckptinspect --help')"),
+    (["ls", "--\x1b[31mred", "x"], "No such option: --\\x1b[31mred"),  # the terminal escape shown, not obeyed
+])
+def test_bad_arguments_are_one_error_line(args, message):
+    """The contract's exit 2 for bad arguments: one ``Error:`` line, as for every other error
+    (typer's own display is a usage line, a hint and a framed message)."""
+    result = invoke(*args)
+    assert result.exit_code == 2 and result.stdout == "", result.output
+    assert result.stderr.startswith(f"Error: {message}") and result.stderr.count("\n") == 1, result.stderr
+
+
+def test_bad_arguments_one_line_in_a_real_process():
+    import subprocess  # noqa: PLC0415
+
+    proc = subprocess.run([sys.executable, "-m", "ckptinspect", "verify", "--nope", "x"], capture_output=True,
+                          text=True, timeout=60, cwd=ROOT)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == "Error: No such option: --nope (see 'python -m ckptinspect verify --help')\n"
+    bare = subprocess.run([sys.executable, "-m", "ckptinspect"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert bare.returncode == 2 and "Usage:" in bare.stdout + bare.stderr and "Error" not in bare.stdout + bare.stderr
+
+
 def test_help_names_the_metavars():
     text = invoke("diff", "--help", env={"COLUMNS": "200"}).stdout
     for metavar in ("FLOAT", "REGEX=REPLACEMENT", "ROLE", "[table|json|csv]"):
