@@ -32,14 +32,8 @@ from ckptinspect.formats._ordered_code import (
 )
 from ckptinspect.formats._sstable import iter_table
 from ckptinspect.formats._table_builder import TableBuilder
-from ckptinspect.formats.bundle_writer import (
-    OutputTensor,
-    StoredBytes,
-    TensorData,
-    copy_tensor,
-    save_bundle_native,
-    write_bundle_native,
-)
+from ckptinspect.formats.bundle_tensors import OutputTensor, StoredBytes, TensorData
+from ckptinspect.formats.bundle_writer import copy_tensor, save_bundle_native, write_bundle_native
 from ckptinspect.formats.tf_bundle import OBJECT_GRAPH_KEY, read_index
 
 tf = pytest.importorskip("tensorflow")

@@ -568,8 +568,8 @@ _WRITER_NAMES = ("BundleTensor", "write_bundle", "object_graph_tensor", "prune_o
                  "numpy_view")
 
 
-_NATIVE_WRITER_NAMES = ("OutputTensor", "TensorData", "StoredBytes", "WriteSummary", "write_bundle_native",
-                        "save_bundle_native", "copy_tensor", "compare_copy")
+_NATIVE_WRITER_NAMES = ("WriteSummary", "write_bundle_native", "save_bundle_native", "copy_tensor", "compare_copy")
+_NATIVE_TENSOR_NAMES = ("OutputTensor", "TensorData", "StoredBytes")
 
 _GRAPH_EDIT_NAMES = ("GraphEdit", "EditedGraph", "edit_object_graph", "escape_path", "unescape_path")
 
@@ -588,6 +588,10 @@ def __getattr__(name: str) -> Any:
         from . import bundle_writer  # noqa: PLC0415
 
         return getattr(bundle_writer, name)
+    if name in _NATIVE_TENSOR_NAMES:
+        from . import bundle_tensors  # noqa: PLC0415
+
+        return getattr(bundle_tensors, name)
     if name in _GRAPH_EDIT_NAMES:
         from . import tf_graph_edit  # noqa: PLC0415
 

@@ -19,7 +19,7 @@ keys), so that for the same entries the bytes are the same:
 * the 48-byte footer: the metaindex and index handles padded to 40 bytes, then the magic
   number as two little-endian ``uint32`` (low word first).
 
-Nothing here knows what the keys and values mean (:mod:`.bundle_writer` does).
+Nothing here knows what the keys and values mean (:mod:`._bundle_plan` does).
 """
 
 from __future__ import annotations

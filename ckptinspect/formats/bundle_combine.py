@@ -1,7 +1,7 @@
 """Runs of a bundle computed element by element from runs stored in other bundles, on both cores.
 
 ``average`` writes each float tensor as a function of the same tensor in N input bundles. Such
-a run is a :class:`Combined`: the input runs (:class:`~.bundle_writer.StoredBytes`: file,
+a run is a :class:`Combined`: the input runs (:class:`~.bundle_tensors.StoredBytes`: file,
 offset, size, recorded crc32c) and a function from the inputs' blocks to the output block.
 :class:`BlockFeed` cuts every combined run of a bundle into blocks of about
 :data:`BLOCK_BYTES` per input and hands them to :func:`ckptinspect._parallel.ordered_map`:
@@ -43,7 +43,7 @@ class Combined:
 
     Attributes:
         inputs: The input runs (objects with ``path``, ``offset``, ``size``, ``crc32c``:
-            :class:`~.bundle_writer.StoredBytes`), each of ``count`` elements.
+            :class:`~.bundle_tensors.StoredBytes`), each of ``count`` elements.
         dtypes: Their little-endian numpy dtypes.
         labels: For messages: which tensor each input run is.
         fn: ``fn(start, blocks, out)``: fill ``out`` (the output elements ``start`` ..
@@ -128,9 +128,9 @@ class BlockFeed:
     def _fd(self, path: str) -> int:
         fd = self._fds.get(path)
         if fd is None:
-            from .bundle_writer import _open_source  # noqa: PLC0415 - the writer's one way to open a source
+            from .bundle_tensors import open_source  # noqa: PLC0415 - the writer's one way to open a source
 
-            fd = self._fds[path] = _open_source(path)
+            fd = self._fds[path] = open_source(path)
         return fd
 
     def _jobs(self) -> Iterator[_Job]:
