@@ -31,6 +31,7 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 from ckptinspect import trainer  # noqa: E402
+from ckptinspect.trainer import net as trainer_net  # noqa: E402
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures"
 GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
@@ -105,7 +106,7 @@ def test_output_keeps_the_newest_object_graph_and_restores_into_the_model(run, a
     newest = tf.train.load_checkpoint(str(run / "ckpt-8"))
     assert tf.train.load_checkpoint(str(out)).get_tensor(GRAPH_KEY) == newest.get_tensor(GRAPH_KEY)
     model = trainer.build_model(seed=5)
-    optimizer = keras.optimizers.Adam(learning_rate=0.5, name=trainer.OPTIMIZER_NAME)
+    optimizer = keras.optimizers.Adam(learning_rate=0.5, name=trainer_net.OPTIMIZER_NAME)
     optimizer.build(model.trainable_variables)
     step = tf.Variable(0, dtype=tf.int64)
     root = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)

@@ -40,6 +40,7 @@ tf = pytest.importorskip("tensorflow")
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
 from ckptinspect import trainer  # noqa: E402
+from ckptinspect.trainer import net as trainer_net  # noqa: E402
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures"
 NAN_WITH_PAYLOAD = np.frombuffer(struct.pack("<I", 0x7FC00123), "<f4")[0]
@@ -385,7 +386,7 @@ def test_tf2_fixture_rewritten_gives_tensorflows_bytes_and_restores(tmp_path):
     import keras  # noqa: PLC0415
 
     model = trainer.build_model(seed=3)
-    optimizer = keras.optimizers.Adam(name=trainer.OPTIMIZER_NAME)
+    optimizer = keras.optimizers.Adam(name=trainer_net.OPTIMIZER_NAME)
     optimizer.build(model.trainable_variables)
     step = tf.Variable(0, dtype=tf.int64)
     root = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
@@ -436,7 +437,7 @@ def test_sharded_sliced_tf2_source_rewritten_in_small_shards_restores(tmp_path):
     import keras  # noqa: PLC0415
 
     model = trainer.build_model(seed=3)
-    optimizer = keras.optimizers.Adam(name=trainer.OPTIMIZER_NAME)
+    optimizer = keras.optimizers.Adam(name=trainer_net.OPTIMIZER_NAME)
     optimizer.build(model.trainable_variables)
     root = tf.train.Checkpoint(model=model, optimizer=optimizer, step=tf.Variable(0, dtype=tf.int64))
     root.save_counter  # noqa: B018 - created on first use; the checkpoint holds one

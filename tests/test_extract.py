@@ -31,6 +31,7 @@ keras = pytest.importorskip("keras")
 h5py = pytest.importorskip("h5py")
 
 from ckptinspect import trainer  # noqa: E402
+from ckptinspect.trainer import net as trainer_net  # noqa: E402
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures"
 GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
@@ -261,9 +262,9 @@ def test_keras2_tf_save_weights_output_loads_with_assert_consumed(src, tmp_path)
     out = tmp_path / "k2"
     report = ckptinspect.extract(str(src["k2_tf"]), str(out))
     assert report.dropped["optimizer"]["count"] > 0
-    fresh = trainer._build_keras2_model(tf_keras, seed=1)
+    fresh = trainer_net.build_keras2_model(tf_keras, seed=1)
     fresh.load_weights(str(out)).assert_consumed()
-    ref = trainer._build_keras2_model(tf_keras, seed=2)
+    ref = trainer_net.build_keras2_model(tf_keras, seed=2)
     ref.load_weights(str(src["k2_tf"])).expect_partial()
     assert_weights_equal(fresh, ref)
     assert not any("optimizer" in k or "OPTIMIZER_SLOT" in k for k in tf_keys(out))

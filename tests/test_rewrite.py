@@ -25,6 +25,7 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 from ckptinspect import trainer  # noqa: E402
+from ckptinspect.trainer import net as trainer_net  # noqa: E402
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures"
 GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
@@ -48,7 +49,7 @@ def tf_values(prefix) -> dict[str, np.ndarray]:
 
 def renamed_model(monkeypatch, head: str = "out", seed: int = 5):
     """The trainer's architecture with the head layer named ``head``."""
-    monkeypatch.setattr(trainer, "HEAD_NAME", head)
+    monkeypatch.setattr(trainer_net, "HEAD_NAME", head)
     return trainer.build_model(seed=seed)
 
 
@@ -332,12 +333,12 @@ def test_keras2_weights_h5_rename_loads_by_name(tmp_path, monkeypatch):
     src = FIXTURES / "keras" / "keras2_weights.h5"
     out = tmp_path / "renamed.h5"
     ckptinspect.rewrite(src, out, rename=["^head/=out/"])
-    monkeypatch.setattr(trainer, "HEAD_NAME", "out")
-    model = trainer._build_net(tf_keras, 5)
+    monkeypatch.setattr(trainer_net, "HEAD_NAME", "out")
+    model = trainer_net.build_net(tf_keras, 5)
     model.load_weights(str(out), by_name=True)  # finds the layer group by its new name
-    ref = trainer._build_net(tf_keras, 7)
-    monkeypatch.setattr(trainer, "HEAD_NAME", "head")
-    ref = trainer._build_net(tf_keras, 7)
+    ref = trainer_net.build_net(tf_keras, 7)
+    monkeypatch.setattr(trainer_net, "HEAD_NAME", "head")
+    ref = trainer_net.build_net(tf_keras, 7)
     ref.load_weights(str(src), by_name=True)
     for w, r in zip(model.weights, ref.weights):
         assert same_bits(w.numpy(), r.numpy()), w.name

@@ -27,6 +27,8 @@ import pytest
 
 import ckptinspect
 from ckptinspect import trainer
+from ckptinspect.trainer import fixtures as trainer_fixtures
+from ckptinspect.trainer import training
 from ckptinspect.errors import OutputExistsError, UsageError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -276,7 +278,7 @@ def test_cli_train(runs):
 @pytest.mark.slow  # the `runs` fixture trains and regenerates the fixtures (~45 s)
 def test_regenerated_run_matches_committed_layout(runs):
     fresh = runs["root"] / "fx"
-    for name in trainer.FIXTURE_SUBDIRS:
+    for name in trainer_fixtures.FIXTURE_SUBDIRS:
         ours = sorted(p.relative_to(fresh / name).as_posix() for p in (fresh / name).rglob("*") if p.is_file())
         committed = sorted(p.relative_to(FIXTURES / name).as_posix() for p in (FIXTURES / name).rglob("*") if p.is_file())
         if not trainer.keras2_available():
@@ -295,13 +297,13 @@ def test_regenerated_run_matches_committed_layout(runs):
 def test_sharded_save_spans_several_files(runs):
     sharded = runs["root"] / "fx" / "sharded"
     meta = json.loads((sharded / trainer.METADATA_FILE).read_text())
-    assert meta["max_shard_bytes"] == trainer.FIXTURE_SHARD_BYTES
+    assert meta["max_shard_bytes"] == trainer_fixtures.FIXTURE_SHARD_BYTES
     for step in (2, 4):
         prefix = str(sharded / f"ckpt-{step}")
         data = sorted(glob.glob(prefix + ".data-*"))
         assert len(data) == meta["num_shards"] > 1
         assert all(f.endswith(f"-of-{len(data):05d}") for f in data)
-        assert all(os.path.getsize(f) <= 4 * trainer.FIXTURE_SHARD_BYTES for f in data)
+        assert all(os.path.getsize(f) <= 4 * trainer_fixtures.FIXTURE_SHARD_BYTES for f in data)
         reader = tf.train.load_checkpoint(prefix)
         with ckptinspect.open(prefix) as ckpt:
             assert ckpt.num_shards == len(data)
@@ -319,13 +321,13 @@ def test_keras_files_hold_the_final_model(runs):
     assert sorted(os.path.basename(p) for p in runs["result"]["fx_keras"]) == sorted(
         [*trainer.KERAS3_FILES, *(("keras2_model.h5", "keras2_weights.h5", "ckpt") if trainer.keras2_available() else ())]
     )
-    for name in (trainer.KERAS3_ZIP, trainer.KERAS3_LEGACY_H5):
+    for name in (training.KERAS3_ZIP, training.KERAS3_LEGACY_H5):
         loaded = keras.saving.load_model(str(fx / "keras" / name))
         assert [w.shape for w in loaded.weights] == [v.shape for v in final.values()]
         assert all(np.array_equal(w.numpy(), v) for w, v in zip(loaded.weights, final.values())), name
         assert int(loaded.optimizer.iterations.numpy()) == 8, name
     model = trainer.build_model()
-    model.load_weights(str(fx / "keras" / trainer.KERAS3_WEIGHTS))
+    model.load_weights(str(fx / "keras" / training.KERAS3_WEIGHTS))
     assert all(np.array_equal(w.numpy(), final[w.path]) for w in model.weights)
 
 
@@ -333,16 +335,16 @@ def test_keras_files_hold_the_final_model(runs):
 def test_keras2_files(runs):
     tf_keras = pytest.importorskip("tf_keras")
     keras2 = runs["root"] / "fx" / "keras"
-    model = tf_keras.models.load_model(str(keras2 / trainer.KERAS2_MODEL_H5))
+    model = tf_keras.models.load_model(str(keras2 / training.KERAS2_MODEL_H5))
     assert model.name == "net" and int(model.optimizer.iterations.numpy()) == 2
     assert tuple(model.get_layer("encoder").get_layer("enc_dense").kernel.shape) == (8, 16)
     assert not model.get_layer("frozen").trainable
     assert len(model.weights) == 10
-    shapes = tf_shapes(str(keras2 / trainer.KERAS2_TF_PREFIX))
+    shapes = tf_shapes(str(keras2 / training.KERAS2_TF_PREFIX))
     assert any(k.startswith("layer_with_weights-") for k in shapes)
     # tf_keras 2.x's Adam stores its 12 slots as optimizer/_variables/N (not .OPTIMIZER_SLOT).
     assert sum(k.startswith("optimizer/_variables/") for k in shapes) == 12
-    assert tf.train.latest_checkpoint(str(keras2 / trainer.KERAS2_TF_DIR)) == str(keras2 / trainer.KERAS2_TF_PREFIX)
+    assert tf.train.latest_checkpoint(str(keras2 / training.KERAS2_TF_DIR)) == str(keras2 / training.KERAS2_TF_PREFIX)
 
 
 # -- the committed fixtures --------------------------------------------------------------------
@@ -394,7 +396,7 @@ def test_committed_fixtures_are_small():
     assert sum(p.stat().st_size for p in files) < 512 * 1024
 
 
-@pytest.mark.parametrize("name", [*trainer.KERAS3_FILES, trainer.KERAS2_MODEL_H5, trainer.KERAS2_WEIGHTS_H5])
+@pytest.mark.parametrize("name", [*trainer.KERAS3_FILES, training.KERAS2_MODEL_H5, training.KERAS2_WEIGHTS_H5])
 def test_committed_keras_files_open(name):
     path = FIXTURES / "keras" / name
     if not path.exists():
@@ -406,4 +408,4 @@ def test_committed_keras_files_open(name):
     with ckptinspect.open(str(path)) as ckpt:
         names = {v.name for v in ckpt.filter(role="model")}
         assert len(names) == 10, sorted(names)
-        assert ckpt.filter(role="optimizer") or name == trainer.KERAS2_WEIGHTS_H5
+        assert ckpt.filter(role="optimizer") or name == training.KERAS2_WEIGHTS_H5

@@ -31,7 +31,7 @@ def _architecture(*, encoder: str, enc_dense: str, frozen: str, bn: str, head: s
     """The fixture architecture with other layer names, a resized ``frozen`` or an extra layer."""
     import keras
 
-    from ckptinspect import trainer as t
+    from ckptinspect.trainer import net as t
 
     inputs = keras.Input(shape=(t.INPUT_DIM,), name="features")
     h = keras.Sequential([keras.layers.Dense(t.HIDDEN_DIM, activation="relu", name=enc_dense)], name=encoder)(inputs)
