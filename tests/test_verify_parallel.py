@@ -6,8 +6,14 @@ Checkpoints are written by TensorFlow; ground truth for values comes from Tensor
 
 from __future__ import annotations
 
+import json
+import os
 import pathlib
 import shutil
+import subprocess
+import sys
+import textwrap
+import threading
 
 import numpy as np
 import pytest
@@ -20,8 +26,11 @@ from ckptinspect.ops import compare
 
 tf = pytest.importorskip("tensorflow")
 
-RUN = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "run"
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RUN = ROOT / "fixtures" / "run"
 BLOCK_FLOATS = compare.BLOCK_BYTES // 4
+SMALL_BATCH_BYTES = 1 << 16
+POOL_THREAD_PREFIX = "ckptinspect"  # ordered_map's ThreadPoolExecutor(thread_name_prefix=...)
 
 
 def _write(prefix: pathlib.Path, values: dict[str, np.ndarray]) -> str:
@@ -92,11 +101,41 @@ def test_diff_real_fixture_same_with_one_and_two_workers(monkeypatch):
 
 
 def _verify_with(monkeypatch, workers: int, path: str):
-    monkeypatch.setattr(tf_data, "CHECK_WORKERS", workers)
-    monkeypatch.setattr(tf_data, "BATCH_BYTES", 1 << 16)  # many batches in flight even on a small file
+    monkeypatch.setattr(_parallel, "WORKERS", workers)
+    monkeypatch.setattr(tf_data, "BATCH_BYTES", SMALL_BATCH_BYTES)  # many batches in flight even on a small file
     seen: list[str] = []
     report = ckptinspect.verify(path, progress=lambda done, total, item: seen.append((done, item.key)))
     return report, seen
+
+
+def _pool_threads() -> set[str]:
+    """Names of the threads of ``_parallel.ordered_map``'s pool alive now."""
+    return {t.name for t in threading.enumerate() if t.name.startswith(POOL_THREAD_PREFIX)}
+
+
+# Runs in a fresh interpreter, so that CKPTINSPECT_WORKERS is read when ckptinspect is imported.
+VERIFY_SCRIPT = textwrap.dedent(
+    f"""
+    import json, sys, threading
+    import ckptinspect
+    from ckptinspect import _parallel
+    from ckptinspect.formats import tf_data
+
+    tf_data.BATCH_BYTES = {SMALL_BATCH_BYTES}
+    pool, seen = set(), []
+    before = most = threading.active_count()
+
+    def progress(done, total, item):
+        global most
+        seen.append([done, item.key])
+        most = max(most, threading.active_count())
+        pool.update(t.name for t in threading.enumerate() if t.name.startswith({POOL_THREAD_PREFIX!r}))
+
+    report = ckptinspect.verify(sys.argv[1], progress=progress)
+    json.dump({{"workers": _parallel.WORKERS, "pool": sorted(pool), "before": before, "most": most, "seen": seen,
+               "report": report.to_dict()}}, sys.stdout)
+    """
+)
 
 
 def _damage(prefix: str, dest: pathlib.Path, key: str, at: int) -> str:
@@ -118,6 +157,26 @@ def test_verify_same_results_and_order_with_one_and_two_workers(pair, monkeypatc
         two, seen_two = _verify_with(monkeypatch, 2, path)
         assert one.to_dict() == two.to_dict() and one.intact
         assert seen_one == seen_two and [d for d, _ in seen_two] == list(range(1, len(seen_two) + 1))
+
+
+def test_workers_from_the_environment_give_verify_one_thread(pair, monkeypatch):
+    """``CKPTINSPECT_WORKERS=1`` (the knob of diff, scan and average) in a fresh process: verify
+    checks in the calling thread, no pool thread ever runs, and the result and progress order are
+    those of two workers here, where the pool's threads are seen at work."""
+    env = {**os.environ, "CKPTINSPECT_WORKERS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", VERIFY_SCRIPT, pair[0]], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    one = json.loads(proc.stdout)
+    assert one["workers"] == 1
+    assert one["pool"] == [] and one["most"] == one["before"]  # no thread started while verify ran
+    pool: set[str] = set()
+    two, seen = _verify_with(monkeypatch, 2, pair[0])
+    monkeypatch.setattr(tf_data, "BATCH_BYTES", SMALL_BATCH_BYTES)
+    ckptinspect.verify(pair[0], progress=lambda done, total, item: pool.update(_pool_threads()))
+    assert pool  # two workers: the pool's threads are there while verify runs
+    assert one["report"] == json.loads(json.dumps(two.to_dict())) and two.intact
+    assert [tuple(x) for x in one["seen"]] == seen and len(seen) == two.to_dict()["summary"]["tensors"]
 
 
 def test_damaged_block_reported_at_its_variable(pair, monkeypatch, tmp_path):

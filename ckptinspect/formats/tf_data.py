@@ -29,7 +29,7 @@ import struct
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
 from .. import model as m
-from .._parallel import ordered_map
+from .. import _parallel
 from ..errors import CheckpointNotFoundError, CkptError, CorruptCheckpointError
 from . import _fs
 from ._crc import buffer_crc32c, crc32c_module, mask, unmask
@@ -72,9 +72,9 @@ STORED_ITEMSIZE = {
                      "uint2", "float4_e2m1fn"), 1),
 }
 CHUNK_BYTES = 8 << 20  # bytes read (and checksummed) at a time when checking
-# verify uses both cores: runs of bytes are checksummed by up to CHECK_WORKERS threads
-# (google-crc32c and reads release the GIL), in batches of about BATCH_BYTES.
-CHECK_WORKERS = max(1, min(2, os.cpu_count() or 1))
+# verify uses both cores: runs of bytes are checksummed by up to _parallel.WORKERS threads
+# (CKPTINSPECT_WORKERS, as diff, scan and average; google-crc32c and reads release the GIL),
+# in batches of about BATCH_BYTES.
 BATCH_BYTES = 8 << 20
 _UINT32_MAX = 0xFFFFFFFF
 
@@ -407,8 +407,8 @@ class BundleCheck:
 
     def run(self, progress: m.Progress | None = None, done: int = 0, total: int | None = None) -> m.CheckResult:
         """Check every item, in file order; local shards are checksummed by up to
-        ``CHECK_WORKERS`` threads, a batch of about ``BATCH_BYTES`` each, at most
-        ``CHECK_WORKERS + 1`` batches in flight. Results (and progress calls) come in file
+        ``_parallel.WORKERS`` threads (``CKPTINSPECT_WORKERS``), a batch of about
+        ``BATCH_BYTES`` each, at most one batch more than workers in flight. Results (and progress calls) come in file
         order whatever the number of workers.
 
         Args:
@@ -426,7 +426,8 @@ class BundleCheck:
         damaged = list(self.damaged)
         nbytes = 0
         handles: dict[int, Any] = {}
-        parallel = CHECK_WORKERS > 1 and not _fs.is_remote(self.path)
+        workers = _parallel.WORKERS
+        parallel = workers > 1 and not _fs.is_remote(self.path)
 
         def batches() -> Iterator[list[tuple[_Item, str, Any, Any]]]:
             """Items in file order, in batches of about BATCH_BYTES (one item a batch when not
@@ -466,7 +467,7 @@ class BundleCheck:
         def check(work: list[tuple[_Item, str, Any, Any]]) -> list[tuple[_Item, str, tuple[str, str, int | None] | None]]:
             return [(it, path, pre if f is None else _checked(f, it, crc32c)) for it, path, pre, f in work]
 
-        results = ordered_map(check, batches(), workers=CHECK_WORKERS if parallel else 1, ahead=CHECK_WORKERS + 1)
+        results = _parallel.ordered_map(check, batches(), workers=workers if parallel else 1, ahead=workers + 1)
         try:
             with contextlib.closing(results):  # the threads are done before the shards close
                 for checked in results:
