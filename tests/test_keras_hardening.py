@@ -34,7 +34,7 @@ import ckptinspect
 from catalogue import KERAS, RUN
 from ckptinspect.cli import app
 from ckptinspect.errors import CorruptCheckpointError, UnallocatedDataError, UnsafeFileError
-from ckptinspect.formats import _h5_read, keras_h5, keras_zip
+from ckptinspect.formats import _h5_read, _zip_read, keras_h5
 from ckptinspect.ops.stats import CHUNK_ELEMENTS, tensor_stats
 
 h5py = pytest.importorskip("h5py")
@@ -343,12 +343,12 @@ def test_deflated_member_is_inflated_on_demand(tmp_path):
 
 def test_inflate_window_random_seeks(tmp_path, monkeypatch):
     """Reads at random offsets (backwards and forwards across snapshots) give the member's bytes."""
-    monkeypatch.setattr(keras_zip, "INFLATE_SNAPSHOT_BYTES", 64 << 10)
+    monkeypatch.setattr(_zip_read, "INFLATE_SNAPSHOT_BYTES", 64 << 10)
     data = np.random.default_rng(2).integers(0, 4, 3 * MiB, dtype=np.uint8).tobytes()  # compressible
     path = tmp_path / "a.zip"
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
         zf.writestr("m", data)
-    stream = keras_zip._open_member(str(path), "m")
+    stream = _zip_read.open_member(str(path), "m")
     rng = random.Random(3)
     try:
         for _ in range(200):
@@ -359,7 +359,7 @@ def test_inflate_window_random_seeks(tmp_path, monkeypatch):
             got = stream.readinto(buf)
             assert bytes(buf[:got]) == data[start : start + n]
             assert got == min(n, len(data) - start)
-        assert len(stream._snaps) <= keras_zip.MAX_INFLATE_SNAPSHOTS
+        assert len(stream._snaps) <= _zip_read.MAX_INFLATE_SNAPSHOTS
     finally:
         stream.close()
 
@@ -372,13 +372,13 @@ def test_inflate_window_damaged_and_truncated_streams():
     data = np.random.default_rng(5).integers(0, 4, MiB, dtype=np.uint8).tobytes()
     packer = zlib.compressobj(6, zlib.DEFLATED, -15)
     packed = packer.compress(data) + packer.flush()
-    cut = keras_zip._InflateWindow(io.BytesIO(packed[: len(packed) // 2]), 0, len(packed), len(data))
+    cut = _zip_read._InflateWindow(io.BytesIO(packed[: len(packed) // 2]), 0, len(packed), len(data))
     with pytest.raises(OSError, match="ends inside the member's compressed bytes"):
         cut.seek(len(data) - 10)
         cut.readinto(bytearray(10))
     garbage = bytearray(packed)
     garbage[100:400] = bytes(range(256)) + bytes(range(44))
-    broken = keras_zip._InflateWindow(io.BytesIO(bytes(garbage)), 0, len(garbage), len(data))
+    broken = _zip_read._InflateWindow(io.BytesIO(bytes(garbage)), 0, len(garbage), len(data))
     with pytest.raises(OSError, match="the member's deflate stream is damaged: Error -3"):
         broken.seek(len(data) - 10)
         broken.readinto(bytearray(10))

@@ -20,7 +20,7 @@ import pytest
 
 import ckptinspect
 from ckptinspect.errors import CorruptCheckpointError, NotACheckpointError, UnsafeFileError
-from ckptinspect.formats import keras_zip
+from ckptinspect.formats import _zip_read
 
 h5py = pytest.importorskip("h5py")
 keras_writers = pytest.importorskip("keras_writers")
@@ -143,7 +143,7 @@ def test_deflated_member_with_small_snapshot_interval(k3, tmp_path, monkeypatch)
     with zipfile.ZipFile(src) as zin, zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zout:
         for info in zin.infolist():
             zout.writestr(info.filename, zin.read(info))
-    monkeypatch.setattr(keras_zip, "INFLATE_SNAPSHOT_BYTES", 4096)
+    monkeypatch.setattr(_zip_read, "INFLATE_SNAPSHOT_BYTES", 4096)
     with ckptinspect.open(path) as ckpt:
         assert_matches_inner_h5(ckpt, path)
 
@@ -253,7 +253,7 @@ def test_absolute_member_refused(k3, tmp_path):
 
 def test_zip_bomb_refused(k3, tmp_path):
     path = tmp_path / "bomb.keras"
-    size = keras_zip.BOMB_FLOOR_BYTES + (1 << 20)
+    size = _zip_read.BOMB_FLOOR_BYTES + (1 << 20)
     with zipfile.ZipFile(path, "w") as zout:
         _copy_members(k3["paths"]["keras"], zout, skip=("model.weights.h5",))
         with zout.open(zipfile.ZipInfo("model.weights.h5"), "w") as f:

@@ -366,7 +366,7 @@ class Check:
 
 def _check_by_reading(path: str, opener: Callable[[str], m.Checkpoint]) -> Check:
     """Open the file (with its reader's safety checks) and read every variable, in blocks."""
-    from .keras_zip import member_damage  # noqa: PLC0415 - numpy/h5py only for Keras files
+    from ._zip_read import member_damage  # noqa: PLC0415 - only for zip archives (.keras, .npz)
 
     try:
         ckpt = opener(path)
