@@ -70,7 +70,7 @@ def get_tensor(reader, prefix: str, key: str) -> np.ndarray:
     """One tensor's value, with TensorFlow's errors turned into ours."""
     tf = import_tf()
     try:
-        # The exact bytes: a key that is not UTF-8 is held as surrogate escapes (formats.tf_bundle).
+        # The exact bytes: a key that is not UTF-8 is held as surrogate escapes (formats._bundle_index).
         value = reader.get_tensor(key.encode("utf-8", "surrogateescape"))
     except tf.errors.NotFoundError as e:
         raise CheckpointNotFoundError(f"{prefix}: {key!r}: {_first_line(e)}") from None

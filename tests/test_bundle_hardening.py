@@ -26,7 +26,8 @@ from cases_bundle import CASES, KEY, NAME, TF_OUTCOME, non_utf8_keys
 from catalogue import RUN, _copy_prefix
 from ckptinspect.cli import app
 from ckptinspect.errors import CorruptCheckpointError, UsageError
-from ckptinspect.formats import tf_bundle
+from ckptinspect.formats import _bundle_index, tf_object_graph
+from ckptinspect.formats._wire import MalformedError
 from ckptinspect.model import display_name
 
 runner = CliRunner()
@@ -67,13 +68,13 @@ def entry_cases(tmp_path_factory) -> dict[str, pathlib.Path]:
 
 def test_entries_are_checked_when_the_index_is_parsed(entry_cases):
     for name, (_, kind, problem) in ENTRY_EDITS.items():
-        index = tf_bundle.read_index(str(entry_cases[name]))
+        index = _bundle_index.read_index(str(entry_cases[name]))
         bad = {e.key: e.problem for e in index.entries if e.problem is not None}
         assert bad == {KEY: (kind, problem)}, name
 
 
 def test_entry_problem_rules():
-    ok = tf_bundle.entry_problem
+    ok = _bundle_index.entry_problem
     assert ok(1, (16, 16), 1024, holds_data=True) is None
     assert ok(29, (6,), 6, holds_data=True) is None  # int4: one byte per element, as TF stores it
     assert ok(29, (6,), 24, holds_data=True)[0] == "size"
@@ -213,8 +214,8 @@ def test_object_graph_walk_is_linear():
     """300,000 chained objects: parsed and analysed in a few seconds (the old walk stored a
     path tuple per node: 14 GB for 40,000)."""
     start = time.perf_counter()
-    nodes = tf_bundle.parse_object_graph(chain_graph(300_000))
-    facts = tf_bundle.analyse_object_graph(nodes)
+    nodes = tf_object_graph.parse_object_graph(chain_graph(300_000))
+    facts = tf_object_graph.analyse_object_graph(nodes)
     assert time.perf_counter() - start < 20
     (fact,) = facts.values()
     assert fact.role == "model" and fact.name == "deep/v"
@@ -222,17 +223,17 @@ def test_object_graph_walk_is_linear():
 
 
 def test_graph_objects_are_counted_before_decoding():
-    assert tf_bundle.count_graph_objects(chain_graph(10)) == 22  # 11 nodes, 10 child references, 1 attribute
+    assert tf_object_graph.count_graph_objects(chain_graph(10)) == 22  # 11 nodes, 10 child references, 1 attribute
     start = time.perf_counter()
-    with pytest.raises(tf_bundle.MalformedError, match="object graph holds more than 1000000 objects"):
-        tf_bundle.parse_object_graph(b"\n\x00" * 8_000_000)  # decoded: ~400 MB in protobuf alone
+    with pytest.raises(MalformedError, match="object graph holds more than 1000000 objects"):
+        tf_object_graph.parse_object_graph(b"\n\x00" * 8_000_000)  # decoded: ~400 MB in protobuf alone
     assert time.perf_counter() - start < 10
 
 
 def test_path_budget_is_a_clear_error():
-    nodes = tf_bundle.parse_object_graph(chain_graph(3_000, every_node_holds=True))
-    with pytest.raises(tf_bundle.MalformedError, match="object graph paths add up to more than 4000000 elements"):
-        tf_bundle.analyse_object_graph(nodes)
+    nodes = tf_object_graph.parse_object_graph(chain_graph(3_000, every_node_holds=True))
+    with pytest.raises(MalformedError, match="object graph paths add up to more than 4000000 elements"):
+        tf_object_graph.analyse_object_graph(nodes)
 
 
 @pytest.fixture(scope="module")

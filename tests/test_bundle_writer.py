@@ -34,7 +34,7 @@ from ckptinspect.formats._sstable import iter_table
 from ckptinspect.formats._table_builder import TableBuilder
 from ckptinspect.formats.bundle_tensors import OutputTensor, StoredBytes, TensorData
 from ckptinspect.formats.bundle_writer import copy_tensor, save_bundle_native, write_bundle_native
-from ckptinspect.formats.tf_bundle import OBJECT_GRAPH_KEY, read_index
+from ckptinspect.formats._bundle_index import OBJECT_GRAPH_KEY, read_index
 
 tf = pytest.importorskip("tensorflow")
 ml_dtypes = pytest.importorskip("ml_dtypes")

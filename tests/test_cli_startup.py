@@ -66,7 +66,8 @@ def test_ls_does_not_import_pydantic():
 
 # What `ls` may not import, per format: detection reads a file's first bytes and imports only
 # the module of the format it found (formats/__init__.py, _LAZY_NAMES and _FORMATS).
-TF_READERS = ("ckptinspect.formats.tf_bundle", "ckptinspect.formats.tf_data", "ckptinspect.formats.tf_state",
+TF_READERS = ("ckptinspect.formats.tf_bundle", "ckptinspect.formats._bundle_index", "ckptinspect.formats._bundle_vars",
+              "ckptinspect.formats.tf_data", "ckptinspect.formats.tf_state",
               "ckptinspect.formats.tf_v1", "ckptinspect.formats.tf_object_graph", "ckptinspect.formats._protos")
 OTHER_READERS = ("ckptinspect.formats.keras_h5", "ckptinspect.formats.keras_zip", "ckptinspect.formats.npz",
                  "ckptinspect.formats.torch_pickle", "ckptinspect.formats.hf_sharded")

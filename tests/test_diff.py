@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 import ckptinspect
 from ckptinspect.cli import app
-from ckptinspect.formats.tf_bundle import read_index
+from ckptinspect.formats._bundle_index import read_index
 from ckptinspect.ops import diff as d
 
 tf = pytest.importorskip("tensorflow")

@@ -28,7 +28,7 @@ import pytest
 import ckptinspect
 from ckptinspect import _parallel
 from ckptinspect.errors import CorruptCheckpointError
-from ckptinspect.formats.tf_bundle import read_index
+from ckptinspect.formats._bundle_index import read_index
 from ckptinspect.ops import compare as cmp
 from ckptinspect.ops import diff as d
 

@@ -60,7 +60,7 @@ EVERY_READER = """
     import json, sys
     from ckptinspect.errors import CkptError
     from ckptinspect.formats import _fs
-    from ckptinspect.formats.tf_bundle import read_index
+    from ckptinspect.formats._bundle_index import read_index
     from ckptinspect.formats.tf_v1 import is_v1_table, iter_v1_table, open_v1
     from ckptinspect.formats.keras_h5 import open_h5
     from ckptinspect.formats.keras_zip import open_zip
@@ -114,7 +114,7 @@ BOUNDED = """
     import json, sys
     from ckptinspect.errors import CkptError
     from ckptinspect.formats import _fs, detect
-    from ckptinspect.formats.tf_bundle import read_index
+    from ckptinspect.formats._bundle_index import read_index
 
     def outcome(fn):
         try:

@@ -1,6 +1,6 @@
 """Property-based tests: random corruptions of real ``.index`` files fed to the index parser.
 
-The parser (``formats.tf_bundle.parse_index``) must either return a well-typed
+The parser (``formats._bundle_index.parse_index``) must either return a well-typed
 :class:`BundleIndex` or raise :class:`MalformedError`: no other exception (no IndexError or
 struct.error from reading past a buffer, no TypeError from a field of the wrong wire type), and
 no hang. Block checksums would reject almost every random change before any decoding, so half
@@ -21,13 +21,9 @@ from hypothesis import strategies as st
 
 from ckptinspect.formats import _sstable
 from ckptinspect.formats._wire import MalformedError
-from ckptinspect.formats.tf_bundle import (
-    BundleIndex,
-    _decode_slice_key,
-    decode_string_scalar,
-    parse_index,
-    parse_object_graph,
-)
+from ckptinspect.formats._bundle_index import BundleIndex, _decode_slice_key, parse_index
+from ckptinspect.formats.tf_data import decode_string_scalar
+from ckptinspect.formats.tf_object_graph import parse_object_graph
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 REALWORLD = ROOT.parent / "shared" / "realworld"

@@ -156,7 +156,7 @@ def test_a_checkpoint_rotated_out_while_being_read_stays_readable(tmp_path):
     # A held-open file that is damaged is refused (the checksum), not decoded.
     d2 = _manager_dir(tmp_path / "run2")
     with ckptinspect.open(str(d2)) as ckpt:
-        entry = next(e for e in ckptinspect.formats.tf_bundle.read_index(ckpt.path).entries if e.key.startswith("model/names"))
+        entry = next(e for e in ckptinspect.formats._bundle_index.read_index(ckpt.path).entries if e.key.startswith("model/names"))
         data = next(d2.glob("ckpt-3.data-*"))
         raw = bytearray(data.read_bytes())
         raw[entry.offset + entry.size - 1] ^= 0x01

@@ -19,7 +19,7 @@ import pytest
 import ckptinspect
 from ckptinspect.errors import CorruptCheckpointError
 from ckptinspect.formats import _protos
-from ckptinspect.formats.tf_bundle import is_optimizer_node, parse_object_graph, walk
+from ckptinspect.formats.tf_object_graph import is_optimizer_node, parse_object_graph, walk
 from ckptinspect.formats.tf_writer import escape_local_name, prune_object_graph
 
 tf = pytest.importorskip("tensorflow")

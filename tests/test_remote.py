@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 import ckptinspect
 from ckptinspect.cli import app
-from ckptinspect.formats.tf_bundle import OBJECT_GRAPH_KEY, read_index
+from ckptinspect.formats._bundle_index import OBJECT_GRAPH_KEY, read_index
 
 fsspec = pytest.importorskip("fsspec")
 from fsspec.implementations.local import LocalFileSystem  # noqa: E402

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import ckptinspect
-from ckptinspect.formats import tf_bundle
+from ckptinspect.formats import _bundle_index, tf_bundle
 
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
@@ -346,7 +346,7 @@ def test_parse_index_snappy_compressed_blocks(realworld):
     """The TF Serving SavedModels store snappy-compressed index blocks."""
     prefix = realworld / "savedmodel-tf2-half-plus-two/saved_model_half_plus_two_tf2_cpu/00000123/variables/variables"
     data = pathlib.Path(str(prefix) + ".index").read_bytes()
-    index = tf_bundle.parse_index(data)
+    index = _bundle_index.parse_index(data)
     keys = {e.key for e in index.entries}
     assert keys == set(tf.train.load_checkpoint(str(prefix)).get_variable_to_shape_map())
 
@@ -356,7 +356,7 @@ def test_index_entries_agree_with_data_files(keras3_ckpt):
     from ckptinspect.formats._crc import masked_crc32c
 
     prefix = keras3_ckpt["latest"]
-    index = tf_bundle.read_index(prefix)
+    index = _bundle_index.read_index(prefix)
     data = pathlib.Path(tf_bundle.data_path(prefix, 0, index.num_shards)).read_bytes()
     for entry in index.entries:
         if entry.slices or entry.dtype == "string":  # string crcs cover lengths too (verify's tests)

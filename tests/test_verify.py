@@ -20,7 +20,8 @@ from typer.testing import CliRunner
 
 import ckptinspect
 from ckptinspect.cli import app
-from ckptinspect.formats.tf_bundle import OBJECT_GRAPH_KEY, data_path, read_index
+from ckptinspect.formats._bundle_index import OBJECT_GRAPH_KEY, read_index
+from ckptinspect.formats.tf_bundle import data_path
 from ckptinspect.formats import tf_data
 from ckptinspect.formats._crc import mask
 

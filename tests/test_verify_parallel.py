@@ -21,7 +21,7 @@ import pytest
 import ckptinspect
 from ckptinspect import _parallel
 from ckptinspect.formats import tf_data
-from ckptinspect.formats.tf_bundle import read_index
+from ckptinspect.formats._bundle_index import read_index
 from ckptinspect.ops import compare
 
 tf = pytest.importorskip("tensorflow")

@@ -50,7 +50,8 @@ from ._torch_layout import hf_weights_in, is_hf_index, is_safetensors_head, is_t
 from ._crc import mask as mask_crc32c
 
 if TYPE_CHECKING:  # imported on first use (see _LAZY_NAMES): `ls x.safetensors` never loads the TF readers
-    from .tf_bundle import OBJECT_GRAPH_KEY, StoredSliceBlocks, object_graph_bytes, stored_slice_blocks, stream_blocks
+    from ._bundle_index import OBJECT_GRAPH_KEY
+    from .tf_bundle import StoredSliceBlocks, object_graph_bytes, stored_slice_blocks, stream_blocks
     from .tf_state import DirectoryListing, checkpoint_present, checkpoint_step
 
 __all__ = [
@@ -550,7 +551,7 @@ is_remote = _fs.is_remote
 # and imports the one format module it picked, so `ls x.safetensors` or `ls model.h5` never
 # loads the TF bundle, directory or V1 readers (nor concurrent.futures, glob, the object graph).
 _LAZY_NAMES = {
-    "OBJECT_GRAPH_KEY": ("tf_bundle", "OBJECT_GRAPH_KEY"),
+    "OBJECT_GRAPH_KEY": ("_bundle_index", "OBJECT_GRAPH_KEY"),
     "StoredSliceBlocks": ("tf_bundle", "StoredSliceBlocks"),
     "stored_slice_blocks": ("tf_bundle", "stored_slice_blocks"),
     "object_graph_bytes": ("tf_bundle", "object_graph_bytes"),

@@ -16,11 +16,11 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from ..errors import UsageError
+from ._bundle_index import OBJECT_GRAPH_KEY
 from ._lazymod import lazy_import
 from ._ordered_code import encode_tensor_name_slice
 from ._table_builder import TableBuilder
 from .bundle_tensors import DTYPE_ENUMS, OutputTensor, TensorData
-from .tf_bundle import OBJECT_GRAPH_KEY
 from .tf_data import fmt_slice
 
 # The protobuf runtime loads when an index or object graph is first decoded (see _lazymod).

@@ -1,35 +1,22 @@
 """TF bundle checkpoints: ``PREFIX.index`` + ``PREFIX.data-0000k-of-0000N``.
 
-Listing reads only the ``.index`` file (an SSTable of ``BundleEntryProto`` records keyed by
-tensor name; the empty key holds the ``BundleHeaderProto``) and, for TF2 object-based
-checkpoints, the object graph (``_CHECKPOINTABLE_OBJECT_GRAPH``, a ``TrackableObjectGraph``
-stored as a string tensor). TensorFlow is not imported for that. Values come from
-``tf.train.load_checkpoint``, one tensor at a time.
+Listing reads only the ``.index`` file (parsed by :mod:`._bundle_index`) and, for TF2
+object-based checkpoints, the object graph (``_CHECKPOINTABLE_OBJECT_GRAPH``; names and roles
+come from :mod:`._bundle_vars`). TensorFlow is not imported for that. Values come from
+``tf.train.load_checkpoint``, one tensor at a time, or are streamed straight from the data files
+(:class:`BundleSource`).
 
-Field numbers used here (tensorflow/core/protobuf/tensor_bundle.proto, tensor_shape.proto,
-tensor_slice.proto; the object graph's are in :mod:`.tf_object_graph`):
-
-* BundleHeaderProto: num_shards=1, endianness=2, version=3.
-* BundleEntryProto: dtype=1, shape=2, shard_id=3, offset=4, size=5, crc32c=6, slices=7.
-* TensorShapeProto: dim=2 (Dim: size=1, name=2), unknown_rank=3.
-* TensorSliceProto: extent=1 (Extent: start=1, length=2).
-
-Every entry is checked when the index is parsed (:func:`entry_problem`): one TensorFlow cannot
-read (an unknown dtype, a resource handle, a shape it aborts on, a size other than shape x
-dtype) is listed, reported by ``verify``, and never handed to TensorFlow. Keys keep their exact
-bytes (:func:`~._layout.decode_key`).
+Entries TensorFlow cannot read (:func:`~._bundle_index.entry_problem`) are listed, reported by
+``verify`` (:func:`check_bundle`), and never handed to TensorFlow.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import glob
 import os
-import re
-import struct
 import threading
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from .. import model as m
 from ..errors import (
@@ -39,596 +26,39 @@ from ..errors import (
     NotACheckpointError,
 )
 from . import _fs, tf_data
-from ._lazymod import lazy_import
-from ._layout import INDEX_SUFFIX, data_path, decode_key, encode_key
-from ._ordered_code import decode_tensor_name_slice
-from ._sstable import iter_table
-from ._wire import MalformedError
-from .tf_data import DTYPE_NAMES, decode_string_scalar, expected_nbytes, read_raw
-from .tf_object_graph import (
-    METADATA_LOCAL_NAMES,
-    VARIABLE_VALUE,
-    GraphNode,
-    KeyFacts,
-    ObjectPaths,
-    analyse_object_graph,
-    count_graph_objects,
-    is_optimizer_node,
-    parse_object_graph,
-    walk,
+from ._bundle_index import OBJECT_GRAPH_KEY, BundleIndex, IndexEntry, fits_tensorflow, read_index
+from ._bundle_vars import (
+    MAX_OBJECT_GRAPH_BYTES,
+    build_variables,
+    key_name,
+    step_candidates,
+    step_from_name,
+    unreadable_entries,
 )
-
-# The protobuf runtime loads when an index or object graph is first decoded (see _lazymod).
-_protos = lazy_import(__package__ + "._protos")
+from ._layout import INDEX_SUFFIX, data_path
+from ._wire import MalformedError
+from .tf_data import decode_string_scalar, read_raw
 
 if TYPE_CHECKING:
     import numpy as np
 
 __all__ = [
     "INDEX_SUFFIX",
-    "OBJECT_GRAPH_KEY",
-    "IndexEntry",
-    "BundleIndex",
-    "parse_index",
-    "read_index",
     "data_path",
     "open_bundle",
     "check_bundle",
     "BundleSource",
     "StoredRun",
     "check_bundle_files",
-    "step_from_name",
-    "decode_key",
-    "encode_key",
-    "entry_problem",
-    # the object graph (tf_object_graph), for the bundle writers
-    "VARIABLE_VALUE",
-    "parse_object_graph",
-    "count_graph_objects",
-    "analyse_object_graph",
-    "is_optimizer_node",
-    "walk",
-    "ObjectPaths",
 ]
 
-OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
-ATTRIBUTES_MARK = "/.ATTRIBUTES/"
-OPTIMIZER_SLOT_MARK = "/.OPTIMIZER_SLOT/"
-STEP_SUFFIX_RE = re.compile(r"[-_](\d+)$")
-# A sharded V1 Saver's file names end in the shard (model.ckpt-7-00000-of-00001), or in TF's
-# pattern for all of them in its state file (model.ckpt-7-?????-of-00001).
-V1_SHARD_SUFFIX_RE = re.compile(r"-(\d{5}|\?{5})-of-\d{5}$")
-
-# Names of step / counter variables (metadata).
-STEP_NAMES = ("global_step", "step")
-# TF1 name-based optimizer slots: ``<var>/<OptimizerName>[_N]`` as tf.compat.v1 optimizers name
-# them. (Keras optimizer-v2 slots in graph mode live under ``training/`` or ``<Optimizer>/``,
-# matched by TF1_OPTIMIZER_NAMES; bare suffixes such as ``/m`` or ``/linear`` are not used,
-# since model variables can end that way too.)
-TF1_SLOT_RE = re.compile(
-    r"/(Adam|Momentum|Ftrl|RMSProp|Adagrad|AdagradDA|Adadelta|Adamax|Nadam|ProximalAdagrad|"
-    r"LazyAdam)(_\d+)?$"
-    # BERT's AdamWeightDecayOptimizer (google-research/bert optimization.py) and the TF1 ports
-    # of it name its slots ``<var>/adam_m`` and ``<var>/adam_v``.
-    r"|/adam_[mv]$"
-)
-TF1_OPTIMIZER_NAMES = re.compile(r"(^|/)(beta1_power|beta2_power)(_\d+)?$|^training/|^(Adam|SGD|RMSprop|Adagrad|Ftrl|Nadam|Adamax|Adadelta|optimizer)(_\d+)?/")
-# Largest ``.index`` file read: an index holds ~100 bytes per tensor or slice, so this is far
-# beyond any real checkpoint, and it keeps a hostile file (a sparse 3 GB ``.index``) from being read.
-MAX_INDEX_BYTES = 256 << 20
 MAX_PINNED_SHARDS = 256  # data files held open for a checkpoint resolved from a live directory
-KERAS_METRICS_KEY_RE = re.compile(r"(^|/)keras_api/(layer_)?metrics/")
-OPTIMIZER_KEY_PART = "optimizer"
-KERAS3_MODEL_VARIABLES = "_trainable_variables"
-
-# TensorFlow's limits on a shape (tensorflow/core/framework/tensor_shape.h): it aborts the
-# process on more dimensions or on an element count that overflows int64.
-MAX_DIMS = 254
-MAX_ELEMENTS = (1 << 63) - 1
-# The object graph is read whole: far beyond any real one (tens of KB for hundreds of
-# variables); tf_object_graph bounds what is decoded.
-MAX_OBJECT_GRAPH_BYTES = 32 << 20
-
-
-
-@dataclasses.dataclass(frozen=True)
-class IndexEntry:
-    """One ``BundleEntryProto`` record.
-
-    ``problem`` is set when TensorFlow cannot read the entry (unknown dtype, a resource
-    handle, a shape it aborts on, a size that disagrees with shape x dtype): ``(kind, text)``,
-    kind ``dtype`` or ``size``. Such an entry is damage for ``verify`` and is never handed to
-    TensorFlow.
-    """
-
-    key: str
-    dtype: str
-    shape: tuple[int, ...]
-    shard_id: int
-    offset: int
-    size: int
-    crc32c: int | None
-    slices: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
-    problem: tuple[str, str] | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class BundleIndex:
-    """A parsed ``.index`` file.
-
-    Attributes:
-        num_shards: From the header.
-        entries: Every named tensor, in key order (sliced ones have ``slices`` and no data).
-        slice_entries: For each sliced tensor name, its stored slices.
-        compressed: True when any block was snappy-compressed.
-    """
-
-    num_shards: int
-    entries: tuple[IndexEntry, ...]
-    slice_entries: dict[str, tuple[tuple[tuple[int, ...], tuple[int, ...], IndexEntry], ...]]
-
-
-def _shape_of(shape) -> tuple[int, ...]:
-    if shape.unknown_rank:
-        return ()
-    dims = tuple(d.size for d in shape.dim)
-    if any(d < 0 for d in dims):
-        raise MalformedError(f"negative dimension in shape {dims}")
-    return dims
-
-
-def _parse_shape(buf: bytes) -> tuple[int, ...]:
-    """A serialized ``TensorShapeProto`` as a tuple."""
-    shape = _protos.TensorShapeProto()
-    try:
-        shape.ParseFromString(buf)
-    except _protos.DecodeError as e:
-        raise MalformedError(f"bad TensorShapeProto: {e}") from None
-    return _shape_of(shape)
-
-
-def entry_problem(
-    code: int, shape: tuple[int, ...], size: int, *, holds_data: bool
-) -> tuple[str, str] | None:
-    """Why TensorFlow cannot read an index entry, or None when it can.
-
-    Args:
-        code: The ``DataType`` number.
-        shape: The declared shape.
-        size: The bytes the entry records.
-        holds_data: False for the entry of a sliced tensor (its slices hold the bytes).
-
-    Returns:
-        ``(kind, problem)`` with kind ``dtype`` or ``size``, or None.
-    """
-    dtype = DTYPE_NAMES.get(code)
-    if dtype is None or code == 0:
-        return m.DAMAGE_DTYPE, f"unknown dtype {code}: TensorFlow cannot read it"
-    if dtype == "resource":
-        return m.DAMAGE_DTYPE, "dtype resource: a resource handle, not a stored value; TensorFlow cannot read it"
-    if len(shape) > MAX_DIMS:
-        return m.DAMAGE_SIZE, f"shape has {len(shape)} dimensions, more than TensorFlow's {MAX_DIMS}"
-    if not _fits_tensorflow(shape):  # multiplied in order, as TensorFlow does: an overflow on the way aborts it too
-        return m.DAMAGE_SIZE, f"shape {list(shape)} holds more elements than int64 can count"
-    count = 1
-    for d in shape:
-        count *= d
-    if not holds_data:
-        return None
-    expected = expected_nbytes(dtype, shape)
-    if expected is not None and expected != size:
-        return m.DAMAGE_SIZE, (f"the index records {size} bytes, a {dtype} tensor of shape {list(shape)}"
-                               f" takes {expected}")
-    if expected is None and count > size:
-        return m.DAMAGE_SIZE, f"the index records {size} bytes, too few for {count} {dtype} elements"
-    return None
-
-
-def _fits_tensorflow(shape: tuple[int, ...]) -> bool:
-    """Whether TensorFlow can build this shape (else it aborts the process)."""
-    if len(shape) > MAX_DIMS:
-        return False
-    count = 1
-    for d in shape:
-        count *= d
-        if count > MAX_ELEMENTS:
-            return False
-    return True
-
-
-def _parse_entry(key: str, value: bytes, *, stored_slice: bool = False) -> IndexEntry:
-    entry = _protos.BundleEntryProto()
-    try:
-        entry.ParseFromString(value)
-    except _protos.DecodeError as e:
-        raise MalformedError(f"entry {key!r} is not a BundleEntryProto: {e}") from None
-    if entry.offset < 0 or entry.size < 0 or entry.shard_id < 0:
-        raise MalformedError(f"entry {key!r} has a negative offset, size or shard")
-    shape = _shape_of(entry.shape)
-    slices = tuple(
-        (
-            tuple(e.start for e in sl.extent),
-            tuple(e.length if e.HasField("length") else -1 for e in sl.extent),
-        )
-        for sl in entry.slices
-    )
-    return IndexEntry(
-        key=key,
-        dtype=DTYPE_NAMES.get(entry.dtype, f"dtype{entry.dtype}"),
-        shape=shape,
-        shard_id=entry.shard_id,
-        offset=entry.offset,
-        size=entry.size,
-        crc32c=entry.crc32c if entry.HasField("crc32c") else None,
-        slices=slices,
-        problem=entry_problem(entry.dtype, shape, entry.size, holds_data=stored_slice or not slices),
-    )
-
-
-# -- OrderedCode, used for the keys of stored slices (tensorflow/core/util/saved_tensor_slice_util)
-def _oc_read_num(buf: bytes, pos: int) -> tuple[int, int]:
-    if pos >= len(buf):
-        raise MalformedError("truncated ordered-code number")
-    n = buf[pos]
-    if pos + 1 + n > len(buf):
-        raise MalformedError("truncated ordered-code number")
-    return int.from_bytes(buf[pos + 1 : pos + 1 + n], "big"), pos + 1 + n
-
-
-def _oc_read_string(buf: bytes, pos: int) -> tuple[bytes, int]:
-    out = bytearray()
-    while pos < len(buf):
-        c = buf[pos]
-        if c == 0x00:
-            if pos + 1 >= len(buf):
-                break
-            nxt = buf[pos + 1]
-            if nxt == 0x01:
-                return bytes(out), pos + 2
-            if nxt == 0xFF:
-                out.append(0)
-                pos += 2
-                continue
-            raise MalformedError("bad ordered-code escape")
-        if c == 0xFF:
-            if pos + 1 >= len(buf) or buf[pos + 1] != 0x00:
-                raise MalformedError("bad ordered-code escape")
-            out.append(0xFF)
-            pos += 2
-            continue
-        out.append(c)
-        pos += 1
-    raise MalformedError("unterminated ordered-code string")
-
-
-def _decode_slice_key(key: bytes) -> str:
-    """The tensor name of a stored-slice key (``EncodeTensorNameSlice``)."""
-    _, pos = _oc_read_num(key, 0)
-    name, _ = _oc_read_string(key, pos)
-    return decode_key(name)
-
-
-def _slice_extents(key: bytes) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """(starts, lengths) of a stored-slice key, or None when its extents do not decode."""
-    try:
-        _, starts, lengths = decode_tensor_name_slice(key)
-    except MalformedError:
-        return None
-    return starts, lengths
-
-
-def _pair_slices(declared, stored) -> tuple:
-    """Each declared slice of a tensor with the stored entry keyed by the same extents.
-
-    TensorFlow declares slices in the order they were saved, while the index keys sort by
-    start, so the two orders can differ. Stored entries whose keys do not decode are paired,
-    in order, with the declared slices left over.
-    """
-    by_extents: dict = {}
-    undecoded = []
-    for extents, entry in stored:
-        if extents is None or extents in by_extents:
-            undecoded.append(entry)
-        else:
-            by_extents[extents] = entry
-    out = []
-    for st, ln in declared:
-        entry = by_extents.pop((st, ln), None)
-        if entry is None and undecoded:
-            entry = undecoded.pop(0)
-        if entry is not None:
-            out.append((st, ln, entry))
-    return tuple(out)
-
-
-def parse_index(data: bytes) -> BundleIndex:
-    """Parse the bytes of a ``.index`` file.
-
-    Raises:
-        MalformedError: The bytes are not a valid bundle index.
-    """
-    num_shards = None
-    entries: list[IndexEntry] = []
-    slices: dict[str, list] = collections.defaultdict(list)
-    for raw_key, value in iter_table(data):
-        if raw_key == b"":
-            header = _protos.BundleHeaderProto()
-            try:
-                header.ParseFromString(value)
-            except _protos.DecodeError:
-                raise MalformedError("the header entry is not a BundleHeaderProto (a V1 checkpoint?)") from None
-            num_shards = header.num_shards
-            if header.endianness != 0:
-                raise MalformedError("big-endian bundles are not supported")
-            continue
-        if raw_key[:1] == b"\x00":
-            name = _decode_slice_key(raw_key)
-            entry = _parse_entry(name, value, stored_slice=True)
-            slices[name].append((_slice_extents(raw_key), entry))
-            continue
-        entries.append(_parse_entry(decode_key(raw_key), value))
-    if num_shards is None:
-        raise MalformedError("no header entry")
-    if num_shards < 1 or num_shards > 1_000_000:
-        raise MalformedError(f"header declares {num_shards} shards")
-    for e in entries:
-        if e.shard_id >= num_shards:
-            raise MalformedError(f"entry {e.key!r} is in shard {e.shard_id} of {num_shards}")
-    slice_map = {e.key: _pair_slices(e.slices, slices.get(e.key, [])) for e in entries if e.slices}
-    return BundleIndex(num_shards=num_shards, entries=tuple(entries), slice_entries=slice_map)
-
-
-def read_index(prefix: str) -> BundleIndex:
-    """Read and parse ``PREFIX.index``.
-
-    Raises:
-        CheckpointNotFoundError: No index file.
-        CorruptCheckpointError: The index does not parse.
-        UnsafeFileError: The index is not a regular file, or larger than :data:`MAX_INDEX_BYTES`.
-    """
-    path = prefix + INDEX_SUFFIX
-    data = _fs.read_bytes(path, limit=MAX_INDEX_BYTES, what="checkpoint index")
-    try:
-        return parse_index(data)
-    except MalformedError as e:
-        raise CorruptCheckpointError(f"{path}: not a valid checkpoint index: {e}") from None
-
-
-# -- small values read without TensorFlow ---------------------------------------------
-def _read_int_scalar(prefix: str, index: BundleIndex, entry: IndexEntry) -> int | None:
-    if entry.shape != () or entry.slices or entry.problem is not None:
-        return None
-    fmt = {"int64": "<q", "int32": "<i", "uint64": "<Q", "uint32": "<I", "float32": "<f", "float64": "<d"}.get(entry.dtype)
-    if fmt is None or entry.size != struct.calcsize(fmt):
-        return None
-    if not _fs.exists(data_path(prefix, entry.shard_id, index.num_shards)):
-        return None  # a missing shard is for verify (and for reading its values) to report
-    try:
-        raw = read_raw(prefix, index.num_shards, entry)
-    except CorruptCheckpointError:
-        return None  # a short shard, likewise
-    value = struct.unpack(fmt, raw)[0]
-    return int(value) if value == value else None
-
-
-def _key_name(key: str) -> str:
-    """A readable name derived from a key: ``a/b/.ATTRIBUTES/VARIABLE_VALUE`` -> ``a/b``."""
-    if key.endswith(ATTRIBUTES_MARK + VARIABLE_VALUE):
-        return key[: -len(ATTRIBUTES_MARK + VARIABLE_VALUE)]
-    return key.replace(ATTRIBUTES_MARK, "/")
-
-
-def _tf1_role(key: str, entry: IndexEntry) -> str:
-    base = key.rsplit("/", 1)[-1]
-    if base in STEP_NAMES and entry.shape == ():
-        return m.ROLE_METADATA
-    if TF1_OPTIMIZER_NAMES.search(key) or TF1_SLOT_RE.search(key):
-        return m.ROLE_OPTIMIZER
-    return m.ROLE_MODEL
-
-
-def step_from_name(prefix: str) -> int | None:
-    """The number at the end of a prefix's file name (``ckpt-10``, ``model.ckpt-100``, ``ckpt_1``;
-    ``model.ckpt-7-00000-of-00001``, a sharded V1 file, is step 7)."""
-    match = STEP_SUFFIX_RE.search(V1_SHARD_SUFFIX_RE.sub("", _fs.basename(prefix)))
-    return int(match.group(1)) if match else None
-
-
-def _entry_shards(index: BundleIndex, entry: IndexEntry) -> tuple[tuple[int, ...], int, tuple[m.SliceInfo, ...]]:
-    if not entry.slices:
-        return (entry.shard_id,), entry.size, ()
-    infos = tuple(
-        m.SliceInfo(starts=st, lengths=ln, shard=se.shard_id, nbytes=se.size)
-        for st, ln, se in index.slice_entries.get(entry.key, ())
-    )
-    return tuple(sorted({s.shard for s in infos})), sum(s.nbytes for s in infos), infos
-
-
-def _nbytes(entry: IndexEntry, stored: int) -> int:
-    """Bytes the value takes: shape x dtype where both make sense (an entry whose recorded size
-    is wrong shows what it should take), else what the index records."""
-    item = m.ITEMSIZE.get(entry.dtype)
-    if item is None or not _fits_tensorflow(entry.shape):
-        return stored
-    n = item
-    for d in entry.shape:
-        n *= d
-    return n
 
 
 def _label(variable: m.Variable) -> str:
     """``'name'``, or ``'name' (key 'key')`` when they differ, for messages."""
     name, key = m.display_name(variable.name), m.display_name(variable.key)
     return f"'{name}'" if name == key else f"'{name}' (key '{key}')"
-
-
-def _keyed_role(key: str, entry: IndexEntry) -> str:
-    """The role of a TF2 key when the object graph cannot be read: a guess from the key alone
-    (an ``optimizer`` path element or an optimizer slot: optimizer, except a Keras 3
-    optimizer's ``_trainable_variables``, which are the model's; Keras metrics, counters at the
-    top level and non-variable attributes: metadata; else model)."""
-    if OPTIMIZER_SLOT_MARK in key:
-        return m.ROLE_OPTIMIZER
-    if not key.endswith(ATTRIBUTES_MARK + VARIABLE_VALUE) or KERAS_METRICS_KEY_RE.search(key):
-        return m.ROLE_METADATA
-    parts = _key_name(key).split("/")
-    if KERAS3_MODEL_VARIABLES in parts[:-1]:
-        return m.ROLE_MODEL  # a Keras 3 optimizer's list of the model's trainable variables
-    if OPTIMIZER_KEY_PART in parts[:-1]:
-        return m.ROLE_OPTIMIZER
-    if len(parts) == 1 and parts[0] in METADATA_LOCAL_NAMES:
-        return m.ROLE_METADATA
-    return m.ROLE_MODEL
-
-
-def _read_object_graph(prefix: str, index: BundleIndex, entry: IndexEntry) -> list[GraphNode]:
-    """The object graph's nodes.
-
-    Raises:
-        MalformedError: The entry, its bytes or the graph are damaged, or its shard is missing.
-        CheckpointNotFoundError: The shard exists but cannot be read (permission denied).
-    """
-    if entry.problem is not None:
-        raise MalformedError(entry.problem[1])
-    if entry.dtype != "string" or entry.shape != () or entry.slices:
-        raise MalformedError(f"the entry is a {entry.dtype} tensor of shape {list(entry.shape)}, not a scalar string")
-    path = data_path(prefix, entry.shard_id, index.num_shards)
-    if not _fs.exists(path):
-        raise MalformedError("the data shard is missing")
-    try:
-        raw = read_raw(prefix, index.num_shards, entry, limit=MAX_OBJECT_GRAPH_BYTES)
-    except CorruptCheckpointError as e:
-        raise MalformedError(str(e).removeprefix(f"{path}: ")) from None
-    return parse_object_graph(decode_string_scalar(raw))
-
-
-def _unreadable(index: BundleIndex) -> dict[str, str]:
-    """Keys TensorFlow cannot read (see :attr:`IndexEntry.problem`), with why."""
-    out = {}
-    for e in index.entries:
-        if e.problem is not None:
-            out[e.key] = e.problem[1]
-        elif e.slices:
-            bad = next((se.problem[1] for *_, se in index.slice_entries.get(e.key, ()) if se.problem), None)
-            if bad is not None:
-                out[e.key] = f"a stored slice: {bad}"
-    return out
-
-
-def build_variables(prefix: str, index: BundleIndex) -> tuple[list[m.Variable], dict[str, object]]:
-    """The variables of a bundle, with names and roles, and header facts.
-
-    An object graph that cannot be read (missing or short shard, bytes that do not parse, a
-    hostile shape) does not stop the listing: names and roles then come from the keys, and
-    ``info["warnings"]`` says so. Entries TensorFlow cannot read are listed, named in
-    ``info["unreadable"]`` (key -> why) and in a warning.
-
-    Returns:
-        (variables in key order, info dict with ``kind``, ``object_graph``, and when there is
-        something to say ``warnings`` and ``unreadable``).
-
-    Raises:
-        CheckpointNotFoundError: The object graph's shard exists but cannot be read.
-    """
-    info: dict[str, object] = {}
-    warnings: list[str] = []
-    facts: dict[str, KeyFacts] = {}
-    graph_entry = next((e for e in index.entries if e.key == OBJECT_GRAPH_KEY), None)
-    graph_read = False
-    if graph_entry is not None:
-        info["kind"] = "tf2-object"
-        graph_info: dict[str, object] = {"nodes": None, "shard": graph_entry.shard_id, "nbytes": graph_entry.size}
-        try:
-            nodes = _read_object_graph(prefix, index, graph_entry)
-            facts = analyse_object_graph(nodes)
-            graph_info["nodes"] = len(nodes)
-            graph_read = True
-        except MalformedError as e:
-            shard = data_path(prefix, graph_entry.shard_id, index.num_shards)
-            graph_info["error"] = str(e)
-            warnings.append(
-                f"{shard}: the object graph ({OBJECT_GRAPH_KEY}) cannot be read: {e}; names and roles"
-                " below come from the keys (`ckptinspect verify` checks the files)"
-            )
-        info["object_graph"] = graph_info
-    else:
-        info["kind"] = "tf1-name"
-
-    variables = []
-    names_seen: collections.Counter[str] = collections.Counter()
-    pending = []
-    for entry in index.entries:
-        if entry.key == OBJECT_GRAPH_KEY:
-            continue
-        fact = facts.get(entry.key)
-        if graph_read:
-            role = fact.role if fact else (m.ROLE_OPTIMIZER if OPTIMIZER_SLOT_MARK in entry.key else m.ROLE_METADATA)
-            if role == m.ROLE_MODEL and fact.root_child and entry.shape == () and entry.dtype in m.INTEGER_DTYPES:
-                role = m.ROLE_METADATA  # a counter tracked by the root (episode_counter, epoch...)
-            name = (fact.name if fact else None) or _key_name(entry.key)
-        elif graph_entry is not None:
-            role = _keyed_role(entry.key, entry)
-            name = _key_name(entry.key)
-        else:
-            role = _tf1_role(entry.key, entry)
-            name = entry.key
-        names_seen[name] += 1
-        pending.append((entry, fact, role, name))
-    for entry, fact, role, name in pending:
-        if names_seen[name] > 1:
-            name = _key_name(entry.key)
-        shards, stored, slices = _entry_shards(index, entry)
-        variables.append(
-            m.Variable(
-                key=entry.key,
-                name=name,
-                shape=entry.shape,
-                dtype=entry.dtype,
-                nbytes=_nbytes(entry, stored),
-                shards=shards,
-                role=role,
-                slices=slices,
-                graph_path=fact.graph_path if fact else None,
-            )
-        )
-    unreadable = {k: v for k, v in _unreadable(index).items() if k != OBJECT_GRAPH_KEY}
-    if unreadable:
-        info["unreadable"] = unreadable
-        index_path = prefix + INDEX_SUFFIX
-        names = {v.key: v.name for v in variables}
-        warnings += [f"{index_path}: '{m.display_name(names[k])}': {why} (`ckptinspect verify` reports it)"
-                     for k, why in unreadable.items()]
-    if warnings:
-        info["warnings"] = warnings
-    return variables, info
-
-
-def _step_candidates(prefix: str, index: BundleIndex, variables: Iterable[m.Variable]) -> dict[str, int]:
-    """Every step-like number of a checkpoint, best first."""
-    by_key = {e.key: e for e in index.entries}
-    found: dict[str, int] = {}
-    counters: dict[str, int] = {}
-    for v in variables:
-        if v.shape != () or v.sliced:
-            continue
-        base = _key_name(v.key).rsplit("/", 1)[-1]
-        label = None
-        if v.role == m.ROLE_METADATA and base in STEP_NAMES:
-            label, target = f"variable:{_key_name(v.key)}", found
-        elif v.role == m.ROLE_OPTIMIZER and base in ("iter", "_iterations", "iterations", "iteration"):
-            label, target = f"optimizer:{_key_name(v.key)}", counters
-        elif base == "save_counter":
-            label, target = "save_counter", counters
-        if label is not None:
-            value = _read_int_scalar(prefix, index, by_key[v.key])
-            if value is not None:
-                target[label] = value
-    out = dict(found)
-    from_name = step_from_name(prefix)
-    if from_name is not None:
-        out["filename"] = from_name
-    out.update(counters)
-    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -753,11 +183,11 @@ class BundleSource(m.BaseSource):
         self.num_shards = index.num_shards
         self._entries = {e.key: e for e in index.entries}
         self._slices = index.slice_entries
-        self._unreadable = _unreadable(index)
+        self._unreadable = unreadable_entries(index)
         # TensorFlow's CheckpointReader builds every entry's shape when it opens and aborts the
         # process on a shape it cannot hold; RestoreV2 looks up one key only.
         stored = [se for slices in index.slice_entries.values() for *_, se in slices]
-        self._reader_aborts = any(not _fits_tensorflow(e.shape) for e in (*index.entries, *stored))
+        self._reader_aborts = any(not fits_tensorflow(e.shape) for e in (*index.entries, *stored))
         self._reader = None
         self._files = _fs.DataFiles()
         self._pinned = False
@@ -994,7 +424,7 @@ def open_bundle(
         raise NotACheckpointError(f"{prefix}{INDEX_SUFFIX}: is a directory, not an index file")
     index = read_index(prefix)
     variables, info = build_variables(prefix, index)
-    candidates = _step_candidates(prefix, index, variables)
+    candidates = step_candidates(prefix, index, variables)
     source = next(iter(candidates), None)
     step = candidates[source] if source else None
     if candidates:
@@ -1032,7 +462,7 @@ def check_bundle(prefix: str, *, format: str = m.FORMAT_TF_BUNDLE) -> tf_data.Bu
     try:
         variables, _ = build_variables(prefix, index)
         names = {v.key: v.name for v in variables}
-        candidates = _step_candidates(prefix, index, variables)
+        candidates = step_candidates(prefix, index, variables)
         step = next(iter(candidates.values()), step)
     except (CkptError, MalformedError, OSError):
         names = {}
@@ -1047,7 +477,7 @@ def _entry_damage(prefix: str, index: BundleIndex, names: dict[str, str]) -> lis
     def damage(e: IndexEntry, key: str, slice_text: str | None = None) -> m.Damage:
         kind, problem = e.problem
         return m.Damage(
-            key=key, name=names.get(key, _key_name(key)), file=data_path(prefix, e.shard_id, index.num_shards),
+            key=key, name=names.get(key, key_name(key)), file=data_path(prefix, e.shard_id, index.num_shards),
             kind=kind, problem=problem, shard=e.shard_id, offset=e.offset, size=e.size, slice=slice_text,
         )
 

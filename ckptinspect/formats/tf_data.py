@@ -17,7 +17,7 @@
   streamed shard by shard in file order.
 
 Nothing here imports TensorFlow or knows how the index is parsed: callers pass the parsed
-entries (``formats.tf_bundle``).
+entries (``formats._bundle_index``).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from ._wire import MalformedError, read_varint
 if TYPE_CHECKING:
     import numpy as np
 
-    from .tf_bundle import BundleIndex, IndexEntry
+    from ._bundle_index import BundleIndex, IndexEntry
 
 __all__ = [
     "DTYPE_NAMES",

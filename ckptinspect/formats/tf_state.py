@@ -26,8 +26,8 @@ from .. import model as m
 from .._atomic import leftover_temporaries
 from ..errors import CkptError
 from . import _fs
+from ._bundle_vars import step_from_name
 from ._layout import INDEX_SUFFIX, STATE_FILE, data_path
-from .tf_bundle import step_from_name
 
 __all__ = [
     "STATE_FILE",
@@ -288,7 +288,7 @@ def checkpoint_present(prefix: str) -> bool:
     if not _fs.exists(index):
         return _fs.is_regular(prefix)
     try:
-        from .tf_bundle import read_index  # noqa: PLC0415
+        from ._bundle_index import read_index  # noqa: PLC0415
 
         num_shards = read_index(prefix).num_shards
     except (CkptError, OSError):

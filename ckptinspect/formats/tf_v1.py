@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Iterator
 from .. import model as m
 from ..errors import CkptError, CorruptCheckpointError
 from . import _fs
+from ._bundle_index import IndexEntry, parse_shape
+from ._bundle_vars import step_from_name, tf1_role
 from ._sstable import iter_table
 from ._wire import MalformedError, first, parse_message
-from .tf_bundle import IndexEntry, _parse_shape, _tf1_role, step_from_name
 from .tf_data import DTYPE_NAMES
 
 if TYPE_CHECKING:
@@ -125,7 +126,7 @@ def open_v1(path: str, *, checkpoints: tuple[m.RetainedCheckpoint, ...] = ()) ->
         for raw in parse_message(meta).get(1, []):
             f = parse_message(raw)
             name = first(f, 1, b"").decode("utf-8", "replace")
-            shape = _parse_shape(first(f, 2, b""))
+            shape = parse_shape(first(f, 2, b""))
             dtype = DTYPE_NAMES.get(first(f, 3, 0), "unknown")
             n = m.ITEMSIZE.get(dtype, 0)
             for d in shape:
@@ -133,7 +134,7 @@ def open_v1(path: str, *, checkpoints: tuple[m.RetainedCheckpoint, ...] = ()) ->
             entry = IndexEntry(name, dtype, shape, 0, 0, n, None)
             variables.append(
                 m.Variable(key=name, name=name, shape=shape, dtype=dtype, nbytes=n, shards=(0,),
-                           role=_tf1_role(name, entry), slices=_slices(f.get(4, []), shape, dtype))
+                           role=tf1_role(name, entry), slices=_slices(f.get(4, []), shape, dtype))
             )
     except MalformedError as e:
         raise CorruptCheckpointError(f"{path}: not a valid V1 checkpoint: {e}") from None

@@ -30,18 +30,11 @@ from .. import model as m
 from ..errors import CheckpointNotFoundError, CkptError, CorruptCheckpointError, UsageError
 from .._tf import import_tf
 from . import _fs, _protos
-from ._layout import INDEX_SUFFIX, decode_key
+from ._bundle_index import OBJECT_GRAPH_KEY
+from ._layout import INDEX_SUFFIX, decode_key, encode_key
 from ._wire import MalformedError
-from .tf_bundle import (
-    OBJECT_GRAPH_KEY,
-    VARIABLE_VALUE,
-    ObjectPaths,
-    check_bundle_files,
-    encode_key,
-    is_optimizer_node,
-    parse_object_graph,
-    walk,
-)
+from .tf_bundle import check_bundle_files
+from .tf_object_graph import VARIABLE_VALUE, ObjectPaths, is_optimizer_node, parse_object_graph, walk
 
 __all__ = [
     "MIN_SHARD_BYTES",
