@@ -17,6 +17,7 @@ are not read (their checksums are ``verify``'s business).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import statistics
@@ -152,15 +153,15 @@ class StepReport:
     compared_to: str | None = None
     problems: tuple[str, ...] = ()
 
-    @property
+    @functools.cached_property
     def nonfinite(self) -> list[str]:
-        """Names of the variables holding a NaN or Inf."""
+        """Names of the variables holding a NaN or Inf (computed once: the report asks often)."""
         return [v.name for v in self.variables if v.figures is not None and v.figures.nonfinite]
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "path": self.path, "format": self.format, "status": self.status,
                 "compared_to": self.compared_to, "problems": list(self.problems),
-                "nonfinite": self.nonfinite,
+                "nonfinite": list(self.nonfinite),
                 "layers": [x.to_dict() for x in self.layers], "variables": [v.to_dict() for v in self.variables]}
 
 
@@ -228,7 +229,7 @@ class ScanReport:
             "series": self.series,
             "role": self.role,
             "healthy": self.healthy,
-            "first_nonfinite": ({"step": first.step, "path": first.path, "variables": first.nonfinite}
+            "first_nonfinite": ({"step": first.step, "path": first.path, "variables": list(first.nonfinite)}
                                 if first else None),
             "health": [p.to_dict() for p in self.health],
             "drift": [d.to_dict() for d in self.drift],

@@ -62,10 +62,12 @@ def scan_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
     most, NaN/Inf), then health problems and drift. CSV: one row per (step, variable). JSON:
     the report's document.
     """
-    rows = [{"step": s.step, "path": s.path, "status": s.status, **v.to_dict(), "shape": list(v.shape)}
-            for s in report.steps for v in s.variables]
-    if fmt != OutputFormat.table:
-        return render(fmt, doc=report.to_dict(), rows=rows, columns=[(k, k) for k in SCAN_CSV_COLUMNS])
+    if fmt == OutputFormat.csv:
+        rows = [{"step": s.step, "path": s.path, "status": s.status, **v.to_dict(), "shape": list(v.shape)}
+                for s in report.steps for v in s.variables]
+        return render(fmt, doc={}, rows=rows, columns=[(k, k) for k in SCAN_CSV_COLUMNS])
+    if fmt != OutputFormat.table:  # json: the document only (no rows built)
+        return render(fmt, doc=report.to_dict(), rows=(), columns=())
     if width == AUTO:
         width = terminal_width()
     first = report.first_nonfinite
