@@ -307,3 +307,64 @@ def test_same_bytes_finds_any_changed_byte(n):
     if n:
         g[-1] = np.float32(-0.0) if f[-1] == 0 else -f[-1]  # -0.0 == 0.0 as values, not as bytes
         assert not scan_stats._same_bytes(f, g)
+
+
+@pytest.mark.parametrize("route", ["memcmp", "numpy"])
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 255, 256, 257, 1000, 65537])
+def test_same_bytes_routes_agree(monkeypatch, route, n):
+    if route == "numpy":
+        monkeypatch.setattr(scan_stats, "_MEMCMP", None)
+    elif scan_stats._MEMCMP is None:  # pragma: no cover - libc's memcmp is there on Linux and macOS
+        pytest.skip("no memcmp through ctypes here")
+    rng = np.random.default_rng(100 + n)
+    a = rng.integers(0, 255, n, dtype=np.uint8)
+    assert scan_stats._same_bytes(a, a.copy())
+    for i in sorted({0, n // 2, n - 1}) if n else []:
+        b = a.copy()
+        b[i] ^= 0x80
+        assert not scan_stats._same_bytes(a, b), (route, i)
+    assert not scan_stats._same_bytes(a, np.zeros(n + 1, np.uint8))  # another size is never the same
+    f = rng.standard_normal(n).astype(np.float32)
+    assert scan_stats._same_bytes(f, f.copy())
+    assert scan_stats._same_bytes(f, f.view(np.int32).copy())  # bytes, whatever the dtype
+    if n:
+        g = f.copy()
+        g[-1] = np.nextafter(g[-1], np.float32(np.inf))  # one ulp in the last value
+        assert not scan_stats._same_bytes(f, g)
+
+
+def test_report_memcmp_and_numpy_same_bits(run, monkeypatch, small_blocks):
+    fast = _scan(run, monkeypatch, 2)
+    monkeypatch.setattr(scan_stats, "_MEMCMP", None)
+    _same_bits(fast, _scan(run, monkeypatch, 2))
+
+
+def test_two_buffers_held_conversion_survives_the_in_place_difference(monkeypatch):
+    """The difference is taken in place of the previous value's float64 conversion; a chain of
+    changed one-chunk blocks (each converted once, then used as the next one's previous value)
+    still gives numpy's figures at every step."""
+    rng = np.random.default_rng(7)
+    values = [rng.standard_normal(300).astype(np.float32)]
+    for _ in range(4):
+        values.append((values[-1] + rng.standard_normal(300).astype(np.float32) * 0.1).astype(np.float32))
+    buffers = scan_stats.Buffers(512)
+    accs = [scan_stats.Accumulator(512, buffers) for _ in values]
+    chunks = [accs[0].add(values[0], None, None, tag=0)]
+    for i in range(1, len(values)):
+        chunks.append(accs[i].add(values[i], values[i - 1], chunks[i - 1], tag=i, prev_tag=i - 1))
+    for i in range(1, len(values)):
+        c, p = values[i].astype(np.float64), values[i - 1].astype(np.float64)
+        s = accs[i].result(accs[i - 1].sums.sumsq)
+        assert s.diff_sumsq == pytest.approx(float(np.dot(c - p, c - p)), rel=1e-12)
+        assert s.max_abs_change == float(np.max(np.abs(c - p)))
+        assert s.sumsq == pytest.approx(float(np.dot(c, c)), rel=1e-12)
+
+
+def test_report_lists_are_copies(run, monkeypatch):
+    report = ckptinspect.scan(str(run))
+    doc = report.to_dict()
+    assert doc["first_nonfinite"]["variables"] == ["nanvar"]
+    doc["first_nonfinite"]["variables"].append("x")
+    doc["steps"][NAN_FROM - 1]["nonfinite"].append("y")
+    assert report.first_nonfinite.nonfinite == ["nanvar"]
+    assert report.to_dict()["steps"][NAN_FROM - 1]["nonfinite"] == ["nanvar"]
