@@ -368,3 +368,12 @@ def test_report_lists_are_copies(run, monkeypatch):
     doc["steps"][NAN_FROM - 1]["nonfinite"].append("y")
     assert report.first_nonfinite.nonfinite == ["nanvar"]
     assert report.to_dict()["steps"][NAN_FROM - 1]["nonfinite"] == ["nanvar"]
+
+
+def test_same_bytes_of_read_only_and_sliced_arrays():
+    raw = np.arange(1000, dtype=np.float32)
+    frozen = np.frombuffer(raw.tobytes(), dtype=np.float32)  # read-only: its address another way
+    assert not frozen.flags.writeable
+    assert scan_stats._same_bytes(frozen, raw) and scan_stats._same_bytes(raw, frozen)
+    assert scan_stats._same_bytes(raw[500:], frozen[500:])  # a view's own first byte, not its base's
+    assert not scan_stats._same_bytes(raw[500:], frozen[499:999])
