@@ -230,6 +230,28 @@ def test_graph_objects_are_counted_before_decoding():
     assert time.perf_counter() - start < 10
 
 
+def test_graph_object_count_is_what_tensorflow_decodes():
+    """The wire count of a real graph (Keras model + Adam, written by tf.train.Checkpoint) is the
+    objects TensorFlow's own proto decodes: nodes, child references, attributes, slot
+    references, and each node's message fields that are set (has_checkpoint_values)."""
+    tf = pytest.importorskip("tensorflow")
+    from tensorflow.core.protobuf import trackable_object_graph_pb2  # noqa: PLC0415
+
+    blob = tf.train.load_checkpoint(str(RUN / "ckpt-8")).get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH")
+    graph = trackable_object_graph_pb2.TrackableObjectGraph.FromString(blob)
+    expected = sum(1 + len(n.children) + len(n.attributes) + len(n.slot_variables)
+                   + n.HasField("registered_saver") + n.HasField("has_checkpoint_values") for n in graph.nodes)
+    assert len(graph.nodes) > 20 and all(n.HasField("has_checkpoint_values") for n in graph.nodes)
+    assert tf_object_graph.count_graph_objects(blob) == expected
+    with pytest.raises(MalformedError, match=f"more than {expected - 1} objects"):
+        tf_object_graph.count_graph_objects(blob, limit=expected - 1)
+    for cut in range(1, len(blob)):  # every truncation: a count or one MalformedError, never IndexError
+        try:
+            assert tf_object_graph.count_graph_objects(blob[:cut]) <= expected
+        except MalformedError as e:
+            assert "truncated varint" in str(e) or "runs past the end" in str(e), e
+
+
 def test_path_budget_is_a_clear_error():
     nodes = tf_object_graph.parse_object_graph(chain_graph(3_000, every_node_holds=True))
     with pytest.raises(MalformedError, match="object graph paths add up to more than 4000000 elements"):

@@ -73,6 +73,7 @@ MAX_PATH_ELEMENTS = 4_000_000
 # TrackableObject field numbers (see the module docstring).
 NODE_CHILDREN, NODE_ATTRIBUTES, NODE_SLOT_VARIABLES = 1, 2, 3
 NODES_FIELD = 1  # TrackableObjectGraph.nodes
+_NODE_TAG = NODES_FIELD << 3 | WIRE_LEN
 
 
 class GraphNode:
@@ -99,18 +100,36 @@ def count_graph_objects(blob: bytes, limit: int = MAX_OBJECT_GRAPH_OBJECTS) -> i
     pos = objects = 0
     while pos < n:
         tag, pos = (blob[pos], pos + 1) if blob[pos] < 0x80 else read_varint(blob, pos)
-        end = _skip_field(blob, pos, tag & 7)
-        if tag == (NODES_FIELD << 3 | WIRE_LEN):
-            objects += 1
-            inner, _ = read_varint(blob, pos)  # the record's length prefix
-            p = end - inner
-            while p < end:
-                t, p = (blob[p], p + 1) if blob[p] < 0x80 else read_varint(blob, p)
-                if t & 7 == WIRE_LEN:
-                    objects += 1
-                p = _skip_field(blob, p, t & 7)
-            if objects > limit:
-                raise MalformedError(f"object graph holds more than {limit} objects")
+        if tag != _NODE_TAG:
+            pos = _skip_field(blob, pos, tag & 7)
+            continue
+        size, p = (blob[pos], pos + 1) if pos < n and blob[pos] < 0x80 else read_varint(blob, pos)
+        end = p + size
+        if end > n:
+            raise MalformedError("object graph field runs past the end")
+        objects += 1
+        while p < end:  # the record's fields; one-byte tags, lengths and varints decoded inline
+            t = blob[p]
+            if t < 0x80:
+                p += 1
+            else:
+                t, p = read_varint(blob, p)
+            wire = t & 7
+            if wire == WIRE_LEN:
+                objects += 1
+                if p < n and blob[p] < 0x80:
+                    p += blob[p] + 1
+                else:
+                    size, p = read_varint(blob, p)
+                    p += size
+                if p > n:
+                    raise MalformedError("object graph field runs past the end")
+            elif wire == WIRE_VARINT and p < n and blob[p] < 0x80:
+                p += 1
+            else:
+                p = _skip_field(blob, p, wire)
+        if objects > limit:
+            raise MalformedError(f"object graph holds more than {limit} objects")
         pos = end
     return objects
 
