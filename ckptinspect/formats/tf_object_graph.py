@@ -293,7 +293,8 @@ def analyse_object_graph(nodes: list[GraphNode]) -> dict[str, KeyFacts]:
 
     model_parent, model_local = walk(nodes, not_optimizer)
     all_parent, all_local = walk(nodes, lambda i: True)
-    outside_metrics, _ = walk(nodes, not_optimizer, lambda i: i not in metrics)
+    # Without metric containers the walk avoiding them is the model walk.
+    outside_metrics = walk(nodes, not_optimizer, lambda i: i not in metrics)[0] if metrics else model_parent
     model_path = ObjectPaths(model_parent, model_local)
     root_children = {cid for cid, _ in nodes[0].children}
 
