@@ -162,12 +162,12 @@ def _check_dataset(dsid: Any, key: str, label: str) -> None:
         dsid: The low-level ``h5py.h5d.DatasetID``.
     """
     shape = tuple(dsid.shape or ())
-    _check_storage(dsid, key, label, shape, dsid.get_offset())
+    _check_storage(dsid, key, label, shape, dsid.get_offset(), dsid.dtype.itemsize)
 
 
-def _check_storage(dsid: Any, key: str, label: str, shape: tuple[int, ...], offset: int | None) -> None:
-    """:func:`_check_dataset` with the dataset's shape and file offset already fetched."""
-    declared = math.prod(shape) * dsid.dtype.itemsize
+def _check_storage(dsid: Any, key: str, label: str, shape: tuple[int, ...], offset: int | None, itemsize: int) -> None:
+    """:func:`_check_dataset` with the dataset's shape, file offset and element size already fetched."""
+    declared = math.prod(shape) * itemsize
     if declared > MAX_DECLARED_BYTES:
         raise UnsafeFileError(
             f"{label}: dataset {key!r} declares shape {shape} ({declared} bytes, more than the"
@@ -233,13 +233,35 @@ def _fill_value(dsid: Any) -> Any:
     return value[()]
 
 
-def _describe(dsid: Any, key: str, label: str) -> _Dataset:
+class _TypeCache:
+    """The numpy dtype of the HDF5 datatype last converted: a listing's datasets mostly share
+    a few types, and asking HDF5 whether two types are equal costs far less than h5py's
+    conversion of a type to a numpy dtype (the same type always converts to the same dtype)."""
+
+    __slots__ = ("tid", "dtype")
+
+    def __init__(self) -> None:
+        self.tid: Any = None
+        self.dtype: np.dtype | None = None
+
+    def dtype_of(self, dsid: Any) -> np.dtype:
+        tid = dsid.get_type()
+        if self.tid is None or not tid.equal(self.tid):
+            self.tid, self.dtype = tid, tid.dtype
+        return self.dtype  # type: ignore[return-value]
+
+
+def _describe(dsid: Any, key: str, label: str, types: _TypeCache | None = None) -> _Dataset:
     """Check a dataset (as :func:`_check_dataset`) and describe it, asking HDF5 for its shape,
-    file offset and storage size once each."""
-    dtype = dsid.dtype
+    file offset and storage size once each.
+
+    Args:
+        types: The walk's cache of converted types (default: convert this dataset's).
+    """
+    dtype = dsid.dtype if types is None else types.dtype_of(dsid)
     shape = tuple(dsid.shape or ())
     at = dsid.get_offset()  # None unless contiguous storage is allocated (never filtered)
-    _check_storage(dsid, key, label, shape, at)
+    _check_storage(dsid, key, label, shape, at, dtype.itemsize)
     attr_dtype = _attr_text(dsid, DTYPE_ATTR.encode()) if dtype.kind == "V" else None
     name = _dtype_name(dtype, attr_dtype)
     storage = dsid.get_storage_size()
@@ -341,6 +363,7 @@ def _walk(h5: Any, label: str) -> _Walk:
     vars_names: dict[str, str] = {}
     vars_leaf = b"/" + VARS_GROUP.encode()
     name_attr = NAME_ATTR.encode()
+    types = _TypeCache()
     for raw, _, address in links:
         if address in seen:  # reached again through another hard link
             continue
@@ -353,7 +376,7 @@ def _walk(h5: Any, label: str) -> _Walk:
             oid = h5o.open(root, raw)
             kind = h5i.get_type(oid)
             if kind == h5i.DATASET:
-                datasets[name] = _describe(oid, name, label)
+                datasets[name] = _describe(oid, name, label, types)
                 continue
             is_group = kind == h5i.GROUP  # else a named datatype: not listed
         if is_group:
