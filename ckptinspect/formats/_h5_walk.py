@@ -66,6 +66,8 @@ def _attr_values(oid: Any, name: str) -> list[str] | None:
         return []
     value = np.empty(shape, aid.dtype)
     aid.read(value)
+    if value.dtype.kind == "S":  # fixed-length byte strings, as Keras writes names: decoded in one go
+        return [x.decode("utf-8", "replace") for x in value.reshape(-1).tolist()]
     return [_text(x) for x in value.reshape(-1)]
 
 
