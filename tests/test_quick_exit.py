@@ -100,3 +100,34 @@ def test_importing_the_module_runs_nothing():
     proc = subprocess.run([sys.executable, "-c", "import ckptinspect.__main__ as m; print(callable(m.run))"],
                           capture_output=True, text=True, env=ENV, timeout=120)
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "True\n", "")
+
+
+def test_cyclic_garbage_is_still_collected_in_the_process():
+    """The process's higher collector threshold (GC_THRESHOLD): no collection for the objects
+    start-up leaves, but cycles made while a command runs are collected, with no explicit call."""
+    code = textwrap.dedent("""
+        import gc, sys, weakref
+        import ckptinspect.cli as cli
+        from ckptinspect import __main__ as entry
+
+        class Node:
+            pass
+
+        def command():
+            assert gc.get_threshold()[0] == entry.GC_THRESHOLD > 700
+            refs = []
+            for i in range(20 * entry.GC_THRESHOLD // 3):  # 3 container objects per pair
+                a, b = Node(), Node()
+                a.other, b.other = b, a
+                if i % 1000 == 0:
+                    refs.append(weakref.ref(a))
+            print(sum(r() is not None for r in refs), len(refs))
+            sys.exit(0)
+
+        cli.main = command
+        entry.run()
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    alive, made = map(int, proc.stdout.split())
+    assert made > 600 and alive < made // 4, (alive, made)  # most pairs were collected as the loop ran
