@@ -36,13 +36,16 @@ def diff_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
     def counts(x, y) -> str:
         return "-" if x is None else f"{x}/{y}"
 
+    if fmt == OutputFormat.json:  # the document alone: no rows
+        return render(fmt, doc=report.to_dict(), rows=(), columns=())
     rows = []
+    table = fmt == OutputFormat.table
     for v in report.variables:
         size = 1
         for d in v.shape_a or v.shape_b or ():
             size *= d
         rows.append({
-            **v.to_dict(),
+            **({"status": v.status} if table else v.to_dict()),  # the table shows no other field of it
             "shown_name": f"{v.name_a} -> {v.name_b}" if v.names_differ else v.name,
             "shape": pair(v.shape_a, v.shape_b, fmt_shape),
             "dtype": pair(v.dtype_a, v.dtype_b),
