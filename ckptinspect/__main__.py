@@ -24,9 +24,11 @@ def _quick_exit(code: int) -> None:
     skipped is the last garbage collection and the freeing of every module, numpy's and
     HDF5's library teardown: 30-50 ms a command, the state is thrown away with the process
     anyway. Only when nothing could still be pending: no other thread alive (a normal exit
-    would wait for it). Returns (the caller then exits normally) when a stream does not flush.
+    would wait for it), and TensorFlow not loaded (its own teardown is left to run; those
+    commands take seconds anyway). Returns (the caller then exits normally) when a stream
+    does not flush, or in those cases.
     """
-    if threading.active_count() > 1:
+    if threading.active_count() > 1 or "tensorflow" in sys.modules:
         return
     atexit._run_exitfuncs()  # what a normal exit runs first (logging, futures, user handlers)
     try:

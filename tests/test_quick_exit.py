@@ -131,3 +131,37 @@ def test_cyclic_garbage_is_still_collected_in_the_process():
     assert proc.returncode == 0, proc.stderr
     alive, made = map(int, proc.stdout.split())
     assert made > 600 and alive < made // 4, (alive, made)  # most pairs were collected as the loop ran
+
+
+# A module-level object whose finalizer writes a marker: it runs when the interpreter is torn
+# down (a normal exit), never after os._exit (the quick one).
+TEARDOWN_MARKER = textwrap.dedent("""
+    import os, sys
+    class Marker:
+        def __del__(self, write=os.write):  # module globals are gone by then
+            write(2, b"torn down\\n")
+    marker = Marker()
+""")
+
+
+def _run_with_marker(prelude: str) -> subprocess.CompletedProcess:
+    code = TEARDOWN_MARKER + prelude + textwrap.dedent("""
+        sys.argv = ["ckptinspect", "ls", sys.argv[1]]
+        from ckptinspect.__main__ import run
+        run()
+    """)
+    return subprocess.run([sys.executable, "-c", code, str(MODEL_H5)], capture_output=True, text=True, env=ENV,
+                          timeout=300)
+
+
+def test_the_process_skips_interpreter_teardown():
+    proc = _run_with_marker("")
+    assert proc.returncode == 0, proc.stderr
+    assert "torn down" not in proc.stderr and proc.stdout.startswith("path:")
+
+
+@pytest.mark.slow
+def test_with_tensorflow_loaded_the_process_exits_normally():
+    proc = _run_with_marker("import tensorflow\n")
+    assert proc.returncode == 0, proc.stderr
+    assert "torn down\n" in proc.stderr and proc.stdout.startswith("path:")
