@@ -1,10 +1,11 @@
-"""``bit_equal`` (ops/compare.py): the one bit-for-bit equality behind diff, extract and transplant."""
+"""``bit_equal`` and ``same_bytes`` (ops/compare.py): the one bit-for-bit equality behind diff, scan, extract and transplant."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from ckptinspect.ops import compare
 from ckptinspect.ops.compare import COMPARE_CHUNK_BYTES, bit_equal
 
 
@@ -52,3 +53,26 @@ def test_every_element_size(dtype):
     assert bit_equal(x, y)
     y[3] = y[3] + 1
     assert not bit_equal(x, y)
+
+
+@pytest.mark.parametrize("route", ["memcmp", "numpy"])
+def test_both_routes_of_same_bytes_agree(monkeypatch, route):
+    """Contiguous arrays go through libc's memcmp (GIL released) or, where it cannot be
+    called, numpy in chunks: the same answers either way, for bit_equal too."""
+    if route == "numpy":
+        monkeypatch.setattr(compare, "_MEMCMP", None)
+    elif compare._MEMCMP is None:  # pragma: no cover - libc's memcmp is there on Linux and macOS
+        pytest.skip("no libc memcmp here")
+    n = COMPARE_CHUNK_BYTES // 4 * 2 + 3
+    big = np.arange(n, dtype=np.float32)
+    for i in (0, 255, 256, n // 2, n - 1):  # in the peeked bytes, past them, in the last chunk, the tail
+        late = big.copy()
+        late[i] = np.nextafter(late[i], np.float32(np.inf))
+        assert not compare.same_bytes(big, late) and not bit_equal(big, late), i
+    assert compare.same_bytes(big, big.copy()) and bit_equal(big, big.copy())
+    quiet = np.array([np.nan], np.float32)
+    assert not bit_equal(quiet, np.array([0x7FC00001], np.uint32).view(np.float32))  # NaN payloads differ
+    frozen = big.copy()
+    frozen.flags.writeable = False  # read-only arrays are compared at their own address too
+    assert compare.same_bytes(frozen, big) and compare.same_bytes(big[7:], frozen[7:])
+    assert not compare.same_bytes(big[7:-1], frozen[8:])

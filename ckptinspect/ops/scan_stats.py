@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import numpy as np
+
+from .compare import same_bytes
 
 __all__ = ["BLOCK_ELEMENTS", "Figures", "Sums", "Buffers", "Accumulator", "Measured", "measure_value", "figures_of"]
 
@@ -36,9 +38,6 @@ __all__ = ["BLOCK_ELEMENTS", "Figures", "Sums", "Buffers", "Accumulator", "Measu
 # 2-core benchmark machine: fewer numpy calls, the three buffers stay in L3; 64 Ki elements
 # took 20% longer on changed values and 45% longer on a first checkpoint).
 BLOCK_ELEMENTS = 1 << 18
-# Bytes compared first when a span is checked against the previous value without memcmp (a
-# changed tensor almost always differs there, so the full comparison is skipped).
-PEEK_BYTES = 256
 # OpenBLAS computes a dot product of up to 10,000 elements on the calling thread.
 DOT_CHUNK = 8192
 
@@ -192,58 +191,6 @@ def _count_nonfinite(x: np.ndarray) -> tuple[int, int]:
     return nan, inf
 
 
-def _libc_memcmp() -> Callable[[int, int, int], int] | None:
-    """The C library's ``memcmp`` through ctypes (which releases the GIL while it runs: the other
-    worker thread keeps going), checked on a known answer first; None where it cannot be called
-    (then numpy compares)."""
-    try:
-        import ctypes  # noqa: PLC0415 - only where values are compared
-
-        fn = ctypes.CDLL(None).memcmp
-        fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
-        a, b = ctypes.create_string_buffer(b"ab\x00c"), ctypes.create_string_buffer(b"ab\x00d")
-        if fn(a, a, 4) != 0 or fn(a, b, 4) == 0 or fn(a, b, 3) != 0:
-            return None
-        return fn
-    except (OSError, AttributeError, TypeError):
-        return None
-
-
-_MEMCMP = _libc_memcmp()
-
-
-def _address(a: np.ndarray) -> int:
-    """The address of a C-contiguous array's first byte (a writable one through ctypes' view of
-    its buffer, 2.5x cheaper than ``__array_interface__``, which builds a dict). The caller
-    holds ``a`` for as long as the address is used."""
-    if a.flags.writeable:
-        import ctypes  # noqa: PLC0415 - loaded by _libc_memcmp already
-
-        return ctypes.addressof(ctypes.c_char.from_buffer(a))
-    return a.__array_interface__["data"][0]
-
-
-def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether two C-contiguous arrays of one size in bytes hold the same bytes: one ``memcmp``
-    (no temporary, the GIL released, stops at the first difference: a changed block costs
-    next to nothing), else numpy 8 bytes at a time."""
-    if a.nbytes != b.nbytes:
-        return False
-    if not a.nbytes:
-        return True
-    if _MEMCMP is not None and a.flags.c_contiguous and b.flags.c_contiguous:
-        return _MEMCMP(_address(a), _address(b), a.nbytes) == 0
-    x = a.reshape(-1).view(np.uint8)
-    y = b.reshape(-1).view(np.uint8)
-    if x[:PEEK_BYTES].tobytes() != y[:PEEK_BYTES].tobytes():
-        return False
-    whole = x.size - x.size % 8
-    if whole < x.size and x[whole:].tobytes() != y[whole:].tobytes():
-        return False
-    return bool(np.array_equal(x[:whole].view(np.uint64), y[:whole].view(np.uint64)))
-
-
 class Accumulator:
     """The running sums of one value, block after block, and of its change from the previous
     value's blocks (the same element ranges).
@@ -283,7 +230,7 @@ class Accumulator:
         if prev_chunks is not None and not finite:
             prev = None  # a non-finite previous value is compared with nothing (scan's figures say so)
         buffers = self.buffers
-        if prev is not None and finite and prev.dtype == cur.dtype and prev.size == cur.size and _same_bytes(cur, prev):
+        if prev is not None and finite and prev.dtype == cur.dtype and prev.size == cur.size and same_bytes(cur, prev):
             for ss in prev_chunks:  # the same bytes: the same sums, a difference of 0
                 out.sumsq += ss
             out.count += cur.size
