@@ -79,6 +79,26 @@ def test_exit_handlers_run_and_output_is_flushed():
     assert json.loads(rest)["format"] == "keras-h5"
 
 
+def test_exit_handlers_run_once_when_a_stream_does_not_flush():
+    """stdout closed by the reader before the end, the listing still buffered: the quick exit
+    falls back to a normal exit, which must not run the handlers a second time (CPython's
+    ``atexit._run_exitfuncs`` clears them once run)."""
+    code = textwrap.dedent("""
+        import atexit, io, os, sys
+        atexit.register(lambda: os.write(2, b"handler ran\\n"))
+        r, w = os.pipe()
+        os.close(r)  # nobody reads: the last flush fails with a broken pipe
+        os.dup2(w, 1)
+        raw = io.BufferedWriter(io.FileIO(1, "w", closefd=False), buffer_size=1 << 20)
+        sys.stdout = io.TextIOWrapper(raw)  # the whole listing stays buffered until the end
+        sys.argv = ["ckptinspect", "ls", sys.argv[1]]
+        from ckptinspect.__main__ import run
+        run()
+    """)
+    proc = subprocess.run([sys.executable, "-c", code, str(MODEL_H5)], capture_output=True, text=True, env=ENV, timeout=120)
+    assert proc.stderr.count("handler ran") == 1, proc.stderr
+
+
 def test_a_thread_still_running_gets_a_normal_exit():
     """A non-daemon thread alive at the end: the process waits for it, as a normal exit does."""
     code = textwrap.dedent("""
