@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ckptinspect.model import numpy_dtype
 from ckptinspect.ops import compare
 from ckptinspect.ops.compare import COMPARE_CHUNK_BYTES, bit_equal
 
@@ -61,7 +62,7 @@ def test_both_routes_of_same_bytes_agree(monkeypatch, route):
     called, numpy in chunks: the same answers either way, for bit_equal too."""
     if route == "numpy":
         monkeypatch.setattr(compare, "_MEMCMP", None)
-    elif compare._MEMCMP is None:  # pragma: no cover - libc's memcmp is there on Linux and macOS
+    elif compare._memcmp() is None:  # pragma: no cover - libc's memcmp is there on Linux and macOS
         pytest.skip("no libc memcmp here")
     n = COMPARE_CHUNK_BYTES // 4 * 2 + 3
     big = np.arange(n, dtype=np.float32)
@@ -76,3 +77,37 @@ def test_both_routes_of_same_bytes_agree(monkeypatch, route):
     frozen.flags.writeable = False  # read-only arrays are compared at their own address too
     assert compare.same_bytes(frozen, big) and compare.same_bytes(big[7:], frozen[7:])
     assert not compare.same_bytes(big[7:-1], frozen[8:])
+
+
+@pytest.mark.parametrize("route", ["memcmp", "numpy"])
+def test_dtypes_without_a_buffer_format_compare_too(monkeypatch, route):
+    """bfloat16 (ml_dtypes) has no buffer-protocol format: its address is taken through a byte
+    view (a ctypes view of the array itself raised ValueError in diff, extract and rewrite)."""
+    if route == "numpy":
+        monkeypatch.setattr(compare, "_MEMCMP", None)
+    bf16 = numpy_dtype("bfloat16")
+    if bf16 is None:  # pragma: no cover - ml_dtypes comes with TensorFlow
+        pytest.skip("no bfloat16 dtype here")
+    x = np.arange(1000, dtype=np.float32).astype(bf16)
+    y = x.copy()
+    assert bit_equal(x, y) and compare.same_bytes(x, y)
+    y[999] = bf16.type(-1.0)
+    assert not bit_equal(x, y) and not compare.same_bytes(x, y)
+    scalar = np.asarray(x[3])  # 0-d
+    assert bit_equal(scalar, scalar.copy()) and not bit_equal(scalar, np.asarray(x[4]))
+
+
+def test_importing_compare_loads_no_native_library():
+    """libc is opened at the first comparison, not at import: a command that refuses a file
+    (the malicious-pickle audit forbids ctypes.dlopen) never loads it."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    code = ("import sys, ctypes, numpy\n"  # numpy's own import opens the interpreter through ctypes
+            "def hook(event, args):\n"
+            "    if event == 'ctypes.dlopen': raise RuntimeError('dlopen at import')\n"
+            "sys.addaudithook(hook)\n"
+            "import ckptinspect.ops.compare, ckptinspect.ops.diff, ckptinspect.ops.scan_stats\n"
+            "print('ok')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.stdout == "ok\n", proc.stderr

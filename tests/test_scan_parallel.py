@@ -314,7 +314,7 @@ def test_same_bytes_finds_any_changed_byte(n):
 def test_same_bytes_routes_agree(monkeypatch, route, n):
     if route == "numpy":
         monkeypatch.setattr(compare, "_MEMCMP", None)
-    elif compare._MEMCMP is None:  # pragma: no cover - libc's memcmp is there on Linux and macOS
+    elif compare._memcmp() is None:  # pragma: no cover - libc's memcmp is there on Linux and macOS
         pytest.skip("no memcmp through ctypes here")
     rng = np.random.default_rng(100 + n)
     a = rng.integers(0, 255, n, dtype=np.uint8)

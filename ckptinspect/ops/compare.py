@@ -95,7 +95,17 @@ def _libc_memcmp() -> Callable[[int, int, int], int] | None:
         return None
 
 
-_MEMCMP = _libc_memcmp()
+_UNRESOLVED = object()
+_MEMCMP: Any = _UNRESOLVED  # libc's memcmp, looked up at the first comparison (not at import)
+
+
+def _memcmp() -> Callable[[int, int, int], int] | None:
+    """libc's ``memcmp`` (None where it cannot be called), loaded when values are first
+    compared: importing the module loads no native library (a refused file never gets there)."""
+    global _MEMCMP  # noqa: PLW0603 - resolved once; two threads resolving at once get the same function
+    if _MEMCMP is _UNRESOLVED:
+        _MEMCMP = _libc_memcmp()
+    return _MEMCMP
 
 
 def _address(a: np.ndarray) -> int:
@@ -105,7 +115,8 @@ def _address(a: np.ndarray) -> int:
     if a.flags.writeable:
         import ctypes  # noqa: PLC0415 - loaded by _libc_memcmp already
 
-        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+        # Through a byte view: the buffer protocol has no format for dtypes such as bfloat16.
+        return ctypes.addressof(ctypes.c_char.from_buffer(a.reshape(-1).view(np.uint8)))
     return a.__array_interface__["data"][0]
 
 
@@ -117,8 +128,9 @@ def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
         return False
     if not a.nbytes:
         return True
-    if _MEMCMP is not None and a.flags.c_contiguous and b.flags.c_contiguous:
-        return _MEMCMP(_address(a), _address(b), a.nbytes) == 0
+    memcmp = _memcmp()
+    if memcmp is not None and a.flags.c_contiguous and b.flags.c_contiguous:
+        return memcmp(_address(a), _address(b), a.nbytes) == 0
     x = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
     y = np.ascontiguousarray(b).reshape(-1).view(np.uint8)
     if x[:PEEK_BYTES].tobytes() != y[:PEEK_BYTES].tobytes():
