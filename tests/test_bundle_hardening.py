@@ -210,6 +210,7 @@ def test_raw_keys_through_every_command(raw_keys, tmp_path):
 
 
 # -- 4. deep object graphs: linear walks ---------------------------------------------------------
+@pytest.mark.slow  # ~2.5 s: in CI's slow run
 def test_object_graph_walk_is_linear():
     """300,000 chained objects: parsed and analysed in a few seconds (the old walk stored a
     path tuple per node: 14 GB for 40,000)."""
@@ -278,6 +279,7 @@ MEASURED_LS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # ~2 s with its fixture: in CI's slow run
 def test_ls_of_a_300k_deep_graph_in_bounded_time_and_memory(deep):
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", MEASURED_LS, str(deep)], capture_output=True, text=True, timeout=120)

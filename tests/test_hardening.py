@@ -236,6 +236,7 @@ def test_no_traceback_in_a_real_process(catalogue):
             assert proc.stderr == "" and "DAMAGED" in proc.stdout
 
 
+@pytest.mark.slow  # ~6 s (TensorFlow in a subprocess): in CI's slow run
 def test_reads_after_a_failed_sliced_read_do_not_abort(catalogue):
     """TF's reader aborts the process on the lookup after a failed sliced read; ours reopens it.
     Then, in the same process (one TensorFlow start-up), ``ls --stats`` on the checkpoint: one
