@@ -217,6 +217,7 @@ def test_tf_keras_full_model_with_optimizer(k2):
             # The dataset is model_weights/<layer>/<Keras 2 weight name>.
             keras_name = v.key.split("/", 2)[2]
             assert np.array_equal(ckpt.read(v), k2["values"][keras_name]), v.key
+            assert np.array_equal(h5[v.key][()], k2["values"][keras_name]), v.key  # h5py reads the same dataset
     # The duplicated layer/layer nesting is gone: model_weights/head/head/kernel:0 -> head/kernel.
     assert ckpt["head/kernel"].key == "model_weights/head/head/kernel:0"
     assert ckpt["encoder/enc_dense/kernel"].key == "model_weights/encoder/enc_dense/kernel:0"

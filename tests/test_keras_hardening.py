@@ -18,7 +18,6 @@ import json
 import os
 import pathlib
 import random
-import resource
 import shutil
 import subprocess
 import sys
@@ -34,7 +33,7 @@ import ckptinspect
 from catalogue import KERAS, RUN
 from ckptinspect.cli import app
 from ckptinspect.errors import CorruptCheckpointError, UnallocatedDataError, UnsafeFileError
-from ckptinspect.formats import _h5_read, _zip_read, keras_h5
+from ckptinspect.formats import _h5_read, _zip_read
 from ckptinspect.ops.stats import CHUNK_ELEMENTS, tensor_stats
 
 h5py = pytest.importorskip("h5py")
