@@ -1,4 +1,4 @@
-"""``bit_equal`` and ``same_bytes`` (ops/compare.py): the one bit-for-bit equality behind diff, scan, extract and transplant."""
+"""``bit_equal`` and ``same_bytes`` (ops/bit_equality.py): the one bit-for-bit equality behind diff, scan, extract and transplant."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from ckptinspect.model import numpy_dtype
-from ckptinspect.ops import compare
-from ckptinspect.ops.compare import COMPARE_CHUNK_BYTES, bit_equal
+from ckptinspect.ops import bit_equality
+from ckptinspect.ops.bit_equality import COMPARE_CHUNK_BYTES, bit_equal
 
 
 def test_nan_payloads_and_signed_zeros_count():
@@ -61,22 +61,22 @@ def test_both_routes_of_same_bytes_agree(monkeypatch, route):
     """Contiguous arrays go through libc's memcmp (GIL released) or, where it cannot be
     called, numpy in chunks: the same answers either way, for bit_equal too."""
     if route == "numpy":
-        monkeypatch.setattr(compare, "_MEMCMP", None)
-    elif compare._memcmp() is None:  # pragma: no cover - libc's memcmp is there on Linux and macOS
+        monkeypatch.setattr(bit_equality, "_MEMCMP", None)
+    elif bit_equality._memcmp() is None:  # pragma: no cover - libc's memcmp is there on Linux and macOS
         pytest.skip("no libc memcmp here")
     n = COMPARE_CHUNK_BYTES // 4 * 2 + 3
     big = np.arange(n, dtype=np.float32)
     for i in (0, 255, 256, n // 2, n - 1):  # in the peeked bytes, past them, in the last chunk, the tail
         late = big.copy()
         late[i] = np.nextafter(late[i], np.float32(np.inf))
-        assert not compare.same_bytes(big, late) and not bit_equal(big, late), i
-    assert compare.same_bytes(big, big.copy()) and bit_equal(big, big.copy())
+        assert not bit_equality.same_bytes(big, late) and not bit_equal(big, late), i
+    assert bit_equality.same_bytes(big, big.copy()) and bit_equal(big, big.copy())
     quiet = np.array([np.nan], np.float32)
     assert not bit_equal(quiet, np.array([0x7FC00001], np.uint32).view(np.float32))  # NaN payloads differ
     frozen = big.copy()
     frozen.flags.writeable = False  # read-only arrays are compared at their own address too
-    assert compare.same_bytes(frozen, big) and compare.same_bytes(big[7:], frozen[7:])
-    assert not compare.same_bytes(big[7:-1], frozen[8:])
+    assert bit_equality.same_bytes(frozen, big) and bit_equality.same_bytes(big[7:], frozen[7:])
+    assert not bit_equality.same_bytes(big[7:-1], frozen[8:])
 
 
 @pytest.mark.parametrize("route", ["memcmp", "numpy"])
@@ -84,15 +84,15 @@ def test_dtypes_without_a_buffer_format_compare_too(monkeypatch, route):
     """bfloat16 (ml_dtypes) has no buffer-protocol format: its address is taken through a byte
     view (a ctypes view of the array itself raised ValueError in diff, extract and rewrite)."""
     if route == "numpy":
-        monkeypatch.setattr(compare, "_MEMCMP", None)
+        monkeypatch.setattr(bit_equality, "_MEMCMP", None)
     bf16 = numpy_dtype("bfloat16")
     if bf16 is None:  # pragma: no cover - ml_dtypes comes with TensorFlow
         pytest.skip("no bfloat16 dtype here")
     x = np.arange(1000, dtype=np.float32).astype(bf16)
     y = x.copy()
-    assert bit_equal(x, y) and compare.same_bytes(x, y)
+    assert bit_equal(x, y) and bit_equality.same_bytes(x, y)
     y[999] = bf16.type(-1.0)
-    assert not bit_equal(x, y) and not compare.same_bytes(x, y)
+    assert not bit_equal(x, y) and not bit_equality.same_bytes(x, y)
     scalar = np.asarray(x[3])  # 0-d
     assert bit_equal(scalar, scalar.copy()) and not bit_equal(scalar, np.asarray(x[4]))
 
@@ -107,7 +107,7 @@ def test_importing_compare_loads_no_native_library():
             "def hook(event, args):\n"
             "    if event == 'ctypes.dlopen': raise RuntimeError('dlopen at import')\n"
             "sys.addaudithook(hook)\n"
-            "import ckptinspect.ops.compare, ckptinspect.ops.diff, ckptinspect.ops.scan_stats\n"
+            "import ckptinspect.ops.bit_equality, ckptinspect.ops.compare, ckptinspect.ops.diff, ckptinspect.ops.scan_stats\n"
             "print('ok')\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.stdout == "ok\n", proc.stderr

@@ -475,7 +475,7 @@ def test_pack_bounds_groups_and_keeps_graph_in_first():
 
 
 def test_read_back_comparison_sees_one_flipped_bit(src):
-    from ckptinspect.ops.compare import bit_equal as same_value  # noqa: PLC0415
+    from ckptinspect.ops.bit_equality import bit_equal as same_value  # noqa: PLC0415
     from ckptinspect.ops.extract_writers import source_matcher as _matcher  # noqa: PLC0415
 
     with ckptinspect.open(str(src["run_prefix"])) as ckpt:

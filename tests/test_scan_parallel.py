@@ -22,7 +22,7 @@ from ckptinspect import _parallel
 from ckptinspect.errors import CorruptCheckpointError
 from ckptinspect.formats import open_checkpoint, stream_blocks
 from ckptinspect.ops import scan as scan_mod
-from ckptinspect.ops import compare, scan_measure, scan_stats
+from ckptinspect.ops import bit_equality, scan_measure, scan_stats
 
 tf = pytest.importorskip("tensorflow")
 
@@ -297,45 +297,45 @@ def test_stream_blocks_is_none_for_other_formats(tmp_path):
 def test_same_bytes_finds_any_changed_byte(n):
     rng = np.random.default_rng(n)
     a = rng.integers(0, 255, n, dtype=np.uint8)
-    assert compare.same_bytes(a, a.copy())
+    assert bit_equality.same_bytes(a, a.copy())
     for i in sorted({0, n // 2, n - 1}) if n else []:
         b = a.copy()
         b[i] ^= 1
-        assert not compare.same_bytes(a, b), i
+        assert not bit_equality.same_bytes(a, b), i
     f = rng.standard_normal(n).astype(np.float32)
     g = f.copy()
     if n:
         g[-1] = np.float32(-0.0) if f[-1] == 0 else -f[-1]  # -0.0 == 0.0 as values, not as bytes
-        assert not compare.same_bytes(f, g)
+        assert not bit_equality.same_bytes(f, g)
 
 
 @pytest.mark.parametrize("route", ["memcmp", "numpy"])
 @pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 255, 256, 257, 1000, 65537])
 def test_same_bytes_routes_agree(monkeypatch, route, n):
     if route == "numpy":
-        monkeypatch.setattr(compare, "_MEMCMP", None)
-    elif compare._memcmp() is None:  # pragma: no cover - libc's memcmp is there on Linux and macOS
+        monkeypatch.setattr(bit_equality, "_MEMCMP", None)
+    elif bit_equality._memcmp() is None:  # pragma: no cover - libc's memcmp is there on Linux and macOS
         pytest.skip("no memcmp through ctypes here")
     rng = np.random.default_rng(100 + n)
     a = rng.integers(0, 255, n, dtype=np.uint8)
-    assert compare.same_bytes(a, a.copy())
+    assert bit_equality.same_bytes(a, a.copy())
     for i in sorted({0, n // 2, n - 1}) if n else []:
         b = a.copy()
         b[i] ^= 0x80
-        assert not compare.same_bytes(a, b), (route, i)
-    assert not compare.same_bytes(a, np.zeros(n + 1, np.uint8))  # another size is never the same
+        assert not bit_equality.same_bytes(a, b), (route, i)
+    assert not bit_equality.same_bytes(a, np.zeros(n + 1, np.uint8))  # another size is never the same
     f = rng.standard_normal(n).astype(np.float32)
-    assert compare.same_bytes(f, f.copy())
-    assert compare.same_bytes(f, f.view(np.int32).copy())  # bytes, whatever the dtype
+    assert bit_equality.same_bytes(f, f.copy())
+    assert bit_equality.same_bytes(f, f.view(np.int32).copy())  # bytes, whatever the dtype
     if n:
         g = f.copy()
         g[-1] = np.nextafter(g[-1], np.float32(np.inf))  # one ulp in the last value
-        assert not compare.same_bytes(f, g)
+        assert not bit_equality.same_bytes(f, g)
 
 
 def test_report_memcmp_and_numpy_same_bits(run, monkeypatch, small_blocks):
     fast = _scan(run, monkeypatch, 2)
-    monkeypatch.setattr(compare, "_MEMCMP", None)
+    monkeypatch.setattr(bit_equality, "_MEMCMP", None)
     _same_bits(fast, _scan(run, monkeypatch, 2))
 
 
@@ -374,6 +374,6 @@ def test_same_bytes_of_read_only_and_sliced_arrays():
     raw = np.arange(1000, dtype=np.float32)
     frozen = np.frombuffer(raw.tobytes(), dtype=np.float32)  # read-only: its address another way
     assert not frozen.flags.writeable
-    assert compare.same_bytes(frozen, raw) and compare.same_bytes(raw, frozen)
-    assert compare.same_bytes(raw[500:], frozen[500:])  # a view's own first byte, not its base's
-    assert not compare.same_bytes(raw[500:], frozen[499:999])
+    assert bit_equality.same_bytes(frozen, raw) and bit_equality.same_bytes(raw, frozen)
+    assert bit_equality.same_bytes(raw[500:], frozen[500:])  # a view's own first byte, not its base's
+    assert not bit_equality.same_bytes(raw[500:], frozen[499:999])

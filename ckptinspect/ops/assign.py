@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import model as m
 from ..errors import VerificationError
-from .compare import bit_equal
+from .bit_equality import bit_equal
 from .layouts import Fit, apply_fit
 from .targets import Target
 

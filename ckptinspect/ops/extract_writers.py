@@ -22,7 +22,7 @@ from ..formats import (
     restore_tensor,
     write_safetensors,
 )
-from .compare import bit_equal
+from .bit_equality import bit_equal
 from .layouts import Fit, apply_fit
 from .matching import Item, graph_path_stage, items, match
 from .targets import graph_paths, tf_variable

@@ -21,7 +21,7 @@ from .._atomic import atomic_file, atomic_prefix, check_output, prefix_suffix_er
 from ..errors import CkptError, UsageError, VerificationError
 from .assign import MAX_PROBLEMS_IN_MESSAGE, expected_value, max_abs_diff, problems_text
 from .builder import load_builder
-from .compare import bit_equal
+from .bit_equality import bit_equal
 from .devices import import_tf
 from .targets import CHECKPOINT_MODEL_CHILD, is_keras, mismatch, pair_with_model, targets
 

@@ -46,7 +46,7 @@ from ..formats import (
     prune_object_graph,
     unescape_path,
 )
-from .compare import bit_equal
+from .bit_equality import bit_equal
 from .mapping import RulesLike, apply_rules, parse_mapping, rules_text
 from .rewrite_report import RewriteReport, RewrittenVariable
 from .rewrite_safetensors import SAFETENSORS_SUFFIX, rewrite_safetensors

@@ -29,7 +29,7 @@ from .. import _atomic
 from .. import model as m
 from ..errors import UsageError, VerificationError
 from ..formats import open_checkpoint
-from .compare import bit_equal
+from .bit_equality import bit_equal
 
 __all__ = ["rewrite_keras"]
 

@@ -18,7 +18,7 @@ from .. import _atomic
 from .. import model as m
 from ..errors import UsageError, VerificationError
 from ..formats import open_checkpoint, write_safetensors
-from .compare import bit_equal
+from .bit_equality import bit_equal
 
 __all__ = ["rewrite_safetensors", "SAFETENSORS_SUFFIX"]
 

@@ -30,7 +30,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from .compare import same_bytes
+from .bit_equality import same_bytes
 
 __all__ = ["BLOCK_ELEMENTS", "Figures", "Sums", "Buffers", "Accumulator", "Measured", "measure_value", "figures_of"]
 
