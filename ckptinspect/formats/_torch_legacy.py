@@ -16,7 +16,7 @@ from ..errors import CorruptCheckpointError, NotACheckpointError
 from . import _fs
 from ._torch_flatten import flatten
 from ._torch_layout import LEGACY_MAGIC
-from ._torch_source import Record, Storages, TorchOpened, TorchSource, checkpoint_info, tensor_problems
+from ._torch_source import Record, Storages, TorchOpened, tensor_problems, torch_checkpoint
 from ._torch_unpickle import MAX_PICKLE_BYTES, unpickle
 
 __all__ = ["legacy_opened"]
@@ -118,16 +118,7 @@ def legacy_opened(path: str, strict: bool) -> TorchOpened:
                             f" {offset} of {size}){': ' + problem.removeprefix(path + ': ') if problem else ''}")
                         for k in storages.by_key if k not in records}
     problems = tensor_problems(flat, records, path, strict, storage_problems)
-    info = checkpoint_info(flat, storages, {"byteorder": "big" if big_endian else "little", "pickle_globals": [],
-                                            "legacy_protocol": LEGACY_PROTOCOL})
-    ckpt = m.Checkpoint(
-        path=path,
-        format=m.FORMAT_TORCH_LEGACY,
-        variables=tuple(flat.variables),
-        step=flat.step,
-        step_source=flat.step_source,
-        num_shards=1,
-        info=info,
-        source=TorchSource(path, flat, records, big_endian=big_endian, problems=problems),
-    )
+    extra = {"byteorder": "big" if big_endian else "little", "pickle_globals": [], "legacy_protocol": LEGACY_PROTOCOL}
+    ckpt = torch_checkpoint(path, m.FORMAT_TORCH_LEGACY, flat, storages, records, extra, big_endian=big_endian,
+                            problems=problems)
     return TorchOpened(ckpt, problems)

@@ -33,7 +33,7 @@ __all__ = [
     "TorchSource",
     "TorchOpened",
     "member_offset",
-    "checkpoint_info",
+    "torch_checkpoint",
     "tensor_problem",
     "tensor_problems",
     "one_line",
@@ -328,8 +328,11 @@ class TorchOpened:
     crc_check: Callable[[], list[m.Damage]] | None = None
 
 
-def checkpoint_info(flat: Flat, storages: Storages, extra: dict[str, Any]) -> dict[str, Any]:
-    """The checkpoint's ``info``: ``extra`` (the layout's own facts), then storages, ties, strings."""
+def torch_checkpoint(path: str, fmt: str, flat: Flat, storages: Storages, records: dict[str, Record],
+                     extra: dict[str, Any], *, big_endian: bool, problems: dict[str, str]) -> m.Checkpoint:
+    """The checkpoint of an opened ``torch.save`` file of either layout: its flattened variables
+    and step, a :class:`TorchSource` over ``records``, and ``info``: ``extra`` (the layout's own
+    facts), then storages, ties, strings."""
     info: dict[str, Any] = dict(extra)
     info["storages"] = len(storages.by_key)
     if storages.locations and set(storages.locations) != {"cpu"}:
@@ -340,7 +343,16 @@ def checkpoint_info(flat: Flat, storages: Storages, extra: dict[str, Any]) -> di
         info["state_dict_prefix"] = flat.model_prefix
     if flat.strings:
         info["strings"] = flat.strings
-    return info
+    return m.Checkpoint(
+        path=path,
+        format=fmt,
+        variables=tuple(flat.variables),
+        step=flat.step,
+        step_source=flat.step_source,
+        num_shards=1,
+        info=info,
+        source=TorchSource(path, flat, records, big_endian=big_endian, problems=problems),
+    )
 
 
 def tensor_problems(flat: Flat, records: dict[str, Record], label: str, strict: bool,

@@ -25,11 +25,10 @@ from ._torch_source import (
     Record,
     Storages,
     TorchOpened,
-    TorchSource,
-    checkpoint_info,
     member_offset,
     one_line,
     tensor_problems,
+    torch_checkpoint,
 )
 from ._torch_unpickle import MAX_PICKLE_BYTES, unpickle
 
@@ -143,16 +142,8 @@ def zip_opened(path: str, strict: bool) -> TorchOpened:
     if version:
         extra["archive_version"] = version
     extra["pickle_globals"] = list(scanned.globals)
-    ckpt = m.Checkpoint(
-        path=path,
-        format=m.FORMAT_TORCH_ZIP,
-        variables=tuple(flat.variables),
-        step=flat.step,
-        step_source=flat.step_source,
-        num_shards=1,
-        info=checkpoint_info(flat, storages, extra),
-        source=TorchSource(path, flat, records, big_endian=byteorder == "big", problems=problems),
-    )
+    ckpt = torch_checkpoint(path, m.FORMAT_TORCH_ZIP, flat, storages, records, extra, big_endian=byteorder == "big",
+                            problems=problems)
 
     def crc_check() -> list[m.Damage]:
         return zip_crc_damage(path, records, flat)
