@@ -61,7 +61,7 @@ elif route.startswith("native"):
                                         fsync=route != "native-nofsync", check_copies=route == "native-checked")
     shards = s.num_shards
 elif route == "savev2":
-    from ckptinspect.formats._bundle_index import OBJECT_GRAPH_KEY
+    from ckptinspect.formats.tf.index import OBJECT_GRAPH_KEY
     with ckptinspect.open(src) as ckpt:
         tensors = [formats.BundleTensor(v.key, (lambda v=v: formats.restore_tensor(src, v.key, v.dtype)), v.nbytes)
                    for v in ckpt.variables]

@@ -66,7 +66,7 @@ opt.apply_gradients([(tf.random.normal(v.shape, seed=1), v) for v in model.train
 print(tf.train.Checkpoint(model=model, optimizer=opt).write(sys.argv[2]))
 '''
 
-BASELINE = "from ckptinspect._tf import import_tf; import_tf(); import ckptinspect.ops.extract"
+BASELINE = "from ckptinspect._tf import import_tf; import_tf(); import ckptinspect.ops.extract.operation"
 
 MANUAL_TF = '''
 import sys, tensorflow as tf

@@ -222,7 +222,7 @@ def read_write_floor(paths: list[str], out: str, direct: bool) -> list[str]:
 # single-threaded: equal bytes -> finite check; else float64 max |a - b| and the sums behind
 # rel_l2 and cosine.
 NUMPY_DIFF_FLOOR = """import os, numpy as np
-from ckptinspect.formats._bundle_index import read_index
+from ckptinspect.formats.tf.index import read_index
 from ckptinspect.formats._layout import data_path
 BLOCK = 1 << 20
 def entries(p):

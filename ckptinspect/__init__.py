@@ -89,16 +89,16 @@ def open(path: str | _os.PathLike[str]) -> Checkpoint:  # noqa: A001 - the natur
 # TensorFlow when called): each name maps to the function of its module, with that function's
 # own signature and docstring.
 _OPERATIONS = {
-    "diff": "ckptinspect.ops.diff",
-    "extract": "ckptinspect.ops.extract",
+    "diff": "ckptinspect.ops.diff.operation",
+    "extract": "ckptinspect.ops.extract.operation",
     "verify": "ckptinspect.ops.verify",
-    "transplant": "ckptinspect.ops.transplant",
-    "doctor": "ckptinspect.ops.doctor",
-    "plan": "ckptinspect.ops.plan",
-    "rewrite": "ckptinspect.ops.rewrite",
-    "average": "ckptinspect.ops.average",
+    "transplant": "ckptinspect.ops.model.transplant",
+    "doctor": "ckptinspect.ops.doctor.operation",
+    "plan": "ckptinspect.ops.plan.operation",
+    "rewrite": "ckptinspect.ops.rewrite.operation",
+    "average": "ckptinspect.ops.average.operation",
     "mark_optimizer": "ckptinspect.ops.roles",
-    "scan": "ckptinspect.ops.scan",
+    "scan": "ckptinspect.ops.scan.operation",
 }
 
 

@@ -195,7 +195,7 @@ def diff_command(
     _debug: bool = DebugOption,
 ) -> None:
     """Compare two checkpoints, also across formats (exit 0 equal within tolerance, 1 different)."""
-    from .ops.diff import diff  # noqa: PLC0415
+    from .ops.diff.operation import diff  # noqa: PLC0415
     from .render import diff_view  # noqa: PLC0415
 
     progress = Progress("diff")
@@ -273,7 +273,7 @@ def extract_command(
     _debug: bool = DebugOption,
 ) -> None:
     """Write the model's weights alone (optimizer state stripped), still restorable, and check them."""
-    from .ops.extract import extract  # noqa: PLC0415
+    from .ops.extract.operation import extract  # noqa: PLC0415
     from .render import extract_view  # noqa: PLC0415
 
     progress = Progress("extract")
@@ -303,7 +303,7 @@ def rewrite_command(
     _debug: bool = DebugOption,
 ) -> None:
     """Rename, drop and cast variables (in that order), writing a checked, restorable copy."""
-    from .ops.rewrite import rewrite  # noqa: PLC0415
+    from .ops.rewrite.operation import rewrite  # noqa: PLC0415
     from .render import rewrite_view  # noqa: PLC0415
 
     progress = Progress("rewrite")
@@ -342,7 +342,7 @@ def transplant_command(
     """
     from . import _atomic  # noqa: PLC0415
     from . import open as open_checkpoint  # noqa: PLC0415
-    from .ops import transplant as tp  # noqa: PLC0415
+    from .ops.model import transplant as tp  # noqa: PLC0415
     from .render import transplant_view  # noqa: PLC0415
 
     kind = tp.output_kind(dst)
@@ -414,9 +414,9 @@ def doctor_command(
 ) -> None:
     """Explain how a checkpoint's weights would load into a model, and the fix (exit 0 all load, 1 not)."""
     from . import open as open_checkpoint  # noqa: PLC0415
-    from .ops import transplant as tp  # noqa: PLC0415
-    from .ops.doctor import doctor  # noqa: PLC0415
-    from .ops.layouts import Layout  # noqa: PLC0415
+    from .ops.model import transplant as tp  # noqa: PLC0415
+    from .ops.doctor.operation import doctor  # noqa: PLC0415
+    from .ops.match.layouts import Layout  # noqa: PLC0415
     from .render import doctor_assignment_map_view, doctor_map_view, doctor_view  # noqa: PLC0415
 
     if emit_fix == Emit.weights and not output:
@@ -468,7 +468,7 @@ def plan_command(
     _debug: bool = DebugOption,
 ) -> None:
     """How often to save and what it costs: saves, time saving and its share, work lost, disk, Young/Daly interval."""
-    from .ops.plan import plan  # noqa: PLC0415
+    from .ops.plan.operation import plan  # noqa: PLC0415
     from .render import plan_view  # noqa: PLC0415
 
     if format == OutputFormat.csv:
@@ -525,7 +525,7 @@ def scan_command(
     _debug: bool = DebugOption,
 ) -> None:
     """Every checkpoint of a run in step order: norms, changes, NaN/Inf, drift, directory health (exit 1 if unhealthy)."""
-    from .ops.scan import scan  # noqa: PLC0415
+    from .ops.scan.operation import scan  # noqa: PLC0415
     from .render import PlotUnavailable, scan_plot, scan_view  # noqa: PLC0415
 
     if plot is not None:
@@ -568,7 +568,7 @@ def average_command(
     _debug: bool = DebugOption,
 ) -> None:
     """Average float variables over checkpoints of one run (mean or EMA, in float64); the rest from the newest."""
-    from .ops.average import average  # noqa: PLC0415
+    from .ops.average.operation import average  # noqa: PLC0415
     from .render import average_view  # noqa: PLC0415
 
     sources = list(sources or [])

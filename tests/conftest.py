@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import sys
 
 import pytest
 
@@ -17,6 +18,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.pop("COLUMNS", None)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+# The shared test helpers (builders, crafted files, the hardening catalogue) import as top-level
+# modules, from every test folder and from the worker scripts run in subprocesses.
+sys.path.insert(0, str(ROOT / "tests" / "helpers"))
 FIXTURES = ROOT / "fixtures"
 REALWORLD = pathlib.Path(
     os.environ.get("CKPTINSPECT_REALWORLD", ROOT.parent / "shared" / "realworld")

@@ -45,14 +45,14 @@ from ._layout import (
     ZIP_SIGNATURE,
     is_hdf5_head,
 )
-from ._sstable import is_table
+from .tf.sstable import is_table
 from ._torch_layout import hf_weights_in, is_hf_index, is_safetensors_head, is_torch_legacy_head, is_torch_zip
-from ._crc import mask as mask_crc32c
+from .tf.crc import mask as mask_crc32c
 
 if TYPE_CHECKING:  # imported on first use (see _LAZY_NAMES): `ls x.safetensors` never loads the TF readers
-    from ._bundle_index import OBJECT_GRAPH_KEY
-    from .tf_bundle import StoredSliceBlocks, object_graph_bytes, stored_slice_blocks, stream_blocks
-    from .tf_state import DirectoryListing, checkpoint_present, checkpoint_step
+    from .tf.index import OBJECT_GRAPH_KEY
+    from .tf.bundle import StoredSliceBlocks, object_graph_bytes, stored_slice_blocks, stream_blocks
+    from .tf.directory import DirectoryListing, checkpoint_present, checkpoint_step
 
 __all__ = [
     "Kind",
@@ -158,7 +158,7 @@ def _table_kind(path: str) -> Kind | None:
     tail = _fs.read_range(path, size - 48, 48)
     if not is_table(tail):
         return None
-    from .tf_v1 import is_v1_table  # noqa: PLC0415 - the TF readers load for tables only
+    from .tf.v1 import is_v1_table  # noqa: PLC0415 - the TF readers load for tables only
 
     return Kind.TF_V1 if is_v1_table(path) else Kind.TF_BUNDLE
 
@@ -296,9 +296,9 @@ def _open_directory(directory: str) -> m.Checkpoint:
     CheckpointManager) is not an error: the directory is listed again, up to
     :data:`RESOLVE_ATTEMPTS` times. Once open, the command sticks to that checkpoint.
     """
-    from .tf_bundle import open_bundle  # noqa: PLC0415 - see _LAZY_NAMES
-    from .tf_state import checkpoint_present  # noqa: PLC0415
-    from .tf_v1 import open_v1  # noqa: PLC0415
+    from .tf.bundle import open_bundle  # noqa: PLC0415 - see _LAZY_NAMES
+    from .tf.directory import checkpoint_present  # noqa: PLC0415
+    from .tf.v1 import open_v1  # noqa: PLC0415
 
     for attempt in range(1, RESOLVE_ATTEMPTS + 1):
         listing = list_directory(directory)
@@ -338,13 +338,13 @@ def _with_warnings(ckpt: m.Checkpoint, warnings: tuple[str, ...]) -> m.Checkpoin
 
 
 def _open_bundle(prefix: str) -> m.Checkpoint:
-    from .tf_bundle import open_bundle  # noqa: PLC0415 - see _LAZY_NAMES
+    from .tf.bundle import open_bundle  # noqa: PLC0415 - see _LAZY_NAMES
 
     return open_bundle(prefix)
 
 
 def _open_savedmodel(directory: str) -> m.Checkpoint:
-    from .tf_bundle import open_bundle  # noqa: PLC0415
+    from .tf.bundle import open_bundle  # noqa: PLC0415
 
     return open_bundle(_fs.join(directory, SAVED_MODEL_VARIABLES), format=m.FORMAT_TF_SAVEDMODEL)
 
@@ -367,7 +367,7 @@ class Check:
 
 def _check_by_reading(path: str, opener: Callable[[str], m.Checkpoint]) -> Check:
     """Open the file (with its reader's safety checks) and read every variable, in blocks."""
-    from ._zip_read import member_damage  # noqa: PLC0415 - only for zip archives (.keras, .npz)
+    from ._zip import member_damage  # noqa: PLC0415 - only for zip archives (.keras, .npz)
 
     try:
         ckpt = opener(path)
@@ -400,7 +400,7 @@ def _check_by_reading(path: str, opener: Callable[[str], m.Checkpoint]) -> Check
 
 
 def _check_bundle(prefix: str) -> Any:
-    from .tf_bundle import check_bundle  # noqa: PLC0415 - see _LAZY_NAMES
+    from .tf.bundle import check_bundle  # noqa: PLC0415 - see _LAZY_NAMES
 
     if _fs.isdir(prefix + INDEX_SUFFIX):
         raise NotACheckpointError(f"{prefix}{INDEX_SUFFIX}: is a directory, not an index file")
@@ -408,19 +408,19 @@ def _check_bundle(prefix: str) -> Any:
 
 
 def _check_savedmodel(directory: str) -> Any:
-    from .tf_bundle import check_bundle  # noqa: PLC0415
+    from .tf.bundle import check_bundle  # noqa: PLC0415
 
     return check_bundle(_fs.join(directory, SAVED_MODEL_VARIABLES), format=m.FORMAT_TF_SAVEDMODEL)
 
 
 def _open_v1(path: str) -> m.Checkpoint:
-    from .tf_v1 import open_v1  # noqa: PLC0415 - see _LAZY_NAMES
+    from .tf.v1 import open_v1  # noqa: PLC0415 - see _LAZY_NAMES
 
     return open_v1(path)
 
 
 def _check_v1(path: str) -> Check:
-    from .tf_v1 import check_v1  # noqa: PLC0415
+    from .tf.v1 import check_v1  # noqa: PLC0415
 
     return Check(path, lambda *_: check_v1(path), 1)
 
@@ -457,14 +457,14 @@ _FORMATS: dict[Kind, _Format] = {
     Kind.TF_BUNDLE: _Format(_open_bundle, _check_bundle),
     Kind.TF_SAVEDMODEL: _Format(_open_savedmodel, _check_savedmodel),
     Kind.TF_V1: _Format(_open_v1, _check_v1),
-    Kind.HDF5: _reading("keras_h5", "open_h5"),
-    Kind.KERAS_SHARDED: _reading("keras_h5", "open_sharded"),
-    Kind.ZIP: _reading("keras_zip", "open_zip"),
+    Kind.HDF5: _reading("keras.h5", "open_h5"),
+    Kind.KERAS_SHARDED: _reading("keras.h5", "open_sharded"),
+    Kind.ZIP: _reading("keras.zip", "open_zip"),
     Kind.NPZ: _reading("npz", "open_npz"),
-    Kind.SAFETENSORS: _lazy("safetensors", "open_safetensors", "check_safetensors"),
-    Kind.TORCH_ZIP: _lazy("torch_pickle", "open_torch_zip", "check_torch"),
-    Kind.TORCH_LEGACY: _lazy("torch_pickle", "open_torch_legacy", "check_torch"),
-    Kind.HF_SHARDED: _lazy("hf_sharded", "open_hf_sharded", "check_hf_sharded"),
+    Kind.SAFETENSORS: _lazy("safetensors.file", "open_safetensors", "check_safetensors"),
+    Kind.TORCH_ZIP: _lazy("torch.reader", "open_torch_zip", "check_torch"),
+    Kind.TORCH_LEGACY: _lazy("torch.reader", "open_torch_legacy", "check_torch"),
+    Kind.HF_SHARDED: _lazy("hf.sharded", "open_hf_sharded", "check_hf_sharded"),
 }
 CHECK_BLOCK_ELEMENTS = 1 << 20
 
@@ -526,7 +526,7 @@ def list_directory(directory: str, *, steps: bool = True) -> DirectoryListing:
             False: from their names only (for callers that open every checkpoint anyway).
 
     Returns:
-        The :class:`~ckptinspect.formats.tf_state.DirectoryListing`: retained checkpoints, the
+        The :class:`~ckptinspect.formats.tf.directory.DirectoryListing`: retained checkpoints, the
         prefix it resolves to, its problems (state file) and leftover temporaries; ``v1`` is
         a V1 file when the directory holds no bundle but V1 checkpoint files.
 
@@ -534,7 +534,7 @@ def list_directory(directory: str, *, steps: bool = True) -> DirectoryListing:
         NotACheckpointError: No checkpoint at all in the directory (saying what it holds
             instead: SavedModel exports, Keras files).
     """
-    from .tf_state import read_directory  # noqa: PLC0415 - see _LAZY_NAMES
+    from .tf.directory import read_directory  # noqa: PLC0415 - see _LAZY_NAMES
 
     listing = read_directory(directory, steps=steps)
     if listing.latest is None and not listing.checkpoints:
@@ -551,16 +551,16 @@ is_remote = _fs.is_remote
 # and imports the one format module it picked, so `ls x.safetensors` or `ls model.h5` never
 # loads the TF bundle, directory or V1 readers (nor concurrent.futures, glob, the object graph).
 _LAZY_NAMES = {
-    "OBJECT_GRAPH_KEY": ("_bundle_index", "OBJECT_GRAPH_KEY"),
-    "StoredSliceBlocks": ("tf_bundle", "StoredSliceBlocks"),
-    "stored_slice_blocks": ("tf_bundle", "stored_slice_blocks"),
-    "object_graph_bytes": ("tf_bundle", "object_graph_bytes"),
-    "stream_blocks": ("tf_bundle", "stream_blocks"),
-    "DirectoryListing": ("tf_state", "DirectoryListing"),
-    "checkpoint_step": ("tf_state", "checkpoint_step"),
-    "checkpoint_present": ("tf_state", "checkpoint_present"),
-    "directory_fingerprint": ("tf_state", "state_fingerprint"),
-    "directory_changed": ("tf_state", "state_changed"),
+    "OBJECT_GRAPH_KEY": ("tf.index", "OBJECT_GRAPH_KEY"),
+    "StoredSliceBlocks": ("tf.bundle", "StoredSliceBlocks"),
+    "stored_slice_blocks": ("tf.bundle", "stored_slice_blocks"),
+    "object_graph_bytes": ("tf.bundle", "object_graph_bytes"),
+    "stream_blocks": ("tf.bundle", "stream_blocks"),
+    "DirectoryListing": ("tf.directory", "DirectoryListing"),
+    "checkpoint_step": ("tf.directory", "checkpoint_step"),
+    "checkpoint_present": ("tf.directory", "checkpoint_present"),
+    "directory_fingerprint": ("tf.directory", "state_fingerprint"),
+    "directory_changed": ("tf.directory", "state_changed"),
 }
 
 # Writing TF bundles (extract, transplant) goes through TensorFlow and numpy: those names are
@@ -582,23 +582,23 @@ def __getattr__(name: str) -> Any:
         globals()[name] = value  # once: later lookups are plain module attributes
         return value
     if name in _WRITER_NAMES:
-        from . import tf_writer  # noqa: PLC0415
+        from .tf.write import through_tf as tf_writer  # noqa: PLC0415
 
         return getattr(tf_writer, name)
     if name in _NATIVE_WRITER_NAMES:
-        from . import bundle_writer  # noqa: PLC0415
+        from .tf.write import bundle as bundle_writer  # noqa: PLC0415
 
         return getattr(bundle_writer, name)
     if name in _NATIVE_TENSOR_NAMES:
-        from . import bundle_tensors  # noqa: PLC0415
+        from .tf.write import tensors as bundle_tensors  # noqa: PLC0415
 
         return getattr(bundle_tensors, name)
     if name in _GRAPH_EDIT_NAMES:
-        from . import tf_graph_edit  # noqa: PLC0415
+        from .tf import graph_edit as tf_graph_edit  # noqa: PLC0415
 
         return getattr(tf_graph_edit, name)
     if name == "write_safetensors":
-        from .safetensors import write_safetensors  # noqa: PLC0415
+        from .safetensors.file import write_safetensors  # noqa: PLC0415
 
         return write_safetensors
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

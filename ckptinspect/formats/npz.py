@@ -33,8 +33,8 @@ import numpy as np
 
 from .. import model as m
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError, UnsafeFileError
-from ._zip_read import member_head, open_zip_archive
-from ._bundle_vars import TF1_OPTIMIZER_NAMES, TF1_SLOT_RE
+from ._zip import member_head, open_zip_archive
+from .tf.variables import TF1_OPTIMIZER_NAMES, TF1_SLOT_RE
 
 __all__ = ["NPY_SUFFIX", "KERAS_MEMBERS", "is_npz", "open_npz", "NpzSource"]
 

@@ -1,12 +1,12 @@
 """Comparing values across frameworks: A's value rearranged into B's layout (``diff``).
 
 ``diff --transpose-dense`` / ``--conv-layout oihw`` name the same layout rules as ``doctor``
-and ``transplant`` (:mod:`ckptinspect.ops.layouts`), with A in the role of the source: A's 2-D
+and ``transplant`` (:mod:`ckptinspect.ops.match.layouts`), with A in the role of the source: A's 2-D
 kernels are ``[out, in]`` (PyTorch ``Linear``) and its conv kernels OIHW, where B (Keras) has
 ``[in, out]`` and HWIO. For each pair the matcher made, :func:`pair_fit` decides from the shapes
 and B's leaf name (the rules apply to kernels only) whether A's value is rearranged;
 :class:`RearrangedSource` then hands the comparison A's value in B's layout, so the streamed
-comparison (:func:`ckptinspect.ops.compare.compare_variables`) is the same code as always.
+comparison (:func:`ckptinspect.ops.diff.compare.compare_variables`) is the same code as always.
 
 A rearranged value is read whole and copied once (a transposition is not a stream): memory is
 bounded by about two tensors for those pairs, one for all others.
@@ -18,9 +18,9 @@ import dataclasses
 from typing import Any, Iterator
 
 from .. import model as m
-from .layouts import FIT_PERMUTE, FIT_TRANSPOSE, Fit, Layout, apply_fit, fit, target_shape_of
-from .match_layers import split_name
-from .matching import normalize_name
+from .match.layouts import FIT_PERMUTE, FIT_TRANSPOSE, Fit, Layout, apply_fit, fit, target_shape_of
+from .match.layers import split_name
+from .match.matcher import normalize_name
 
 __all__ = ["pair_fit", "fits_reversed", "RearrangedSource"]
 
@@ -37,7 +37,7 @@ def pair_fit(va: m.Variable, vb: m.Variable, layout: Layout) -> Fit | None:
         layout: The rules in force.
 
     Returns:
-        A transposing or permuting :class:`~ckptinspect.ops.layouts.Fit`, or None when the
+        A transposing or permuting :class:`~ckptinspect.ops.match.layouts.Fit`, or None when the
         values compare as they are (no rule applies, or the shapes do not fit). A square kernel
         is transposed too: the rule, not the shapes, says where its axes are.
     """

@@ -23,7 +23,7 @@ __all__ = ['diff_view', 'ls_view', 'ls_warnings', 'verify_view']
 
 
 def diff_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
-    """Render a :class:`~ckptinspect.ops.diff.DiffReport`: variables by movement, layers, verdict.
+    """Render a :class:`~ckptinspect.ops.diff.operation.DiffReport`: variables by movement, layers, verdict.
 
     The table shows the NaN/Inf columns only when a variable has a NaN or an Inf; fitted to a
     narrow terminal it leaves out ``differing``, then ``dtype`` and ``shape`` (and says so).

@@ -44,7 +44,7 @@ def _plan_percent(x: float | None) -> str:
 
 
 def plan_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
-    """Render a :class:`~ckptinspect.ops.plan.PlanReport`: what was measured, then one row per
+    """Render a :class:`~ckptinspect.ops.plan.operation.PlanReport`: what was measured, then one row per
     input and figure (value, and how it was obtained or computed)."""
     if fmt == OutputFormat.json:
         return to_json(report.to_dict()) + "\n"

@@ -56,7 +56,7 @@ def _widest_change(step) -> tuple[str, float | None]:
 
 
 def scan_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
-    """Render a :class:`~ckptinspect.ops.scan.ScanReport`.
+    """Render a :class:`~ckptinspect.ops.scan.operation.ScanReport`.
 
     Table: the verdict, one row per checkpoint (step, status, norm, the layer that changed
     most, NaN/Inf), then health problems and drift. CSV: one row per (step, variable). JSON:

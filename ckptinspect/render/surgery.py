@@ -19,7 +19,7 @@ __all__ = ['transplant_summary', 'transplant_view', 'extract_view', 'rewrite_vie
 
 
 def transplant_summary(report) -> str:
-    """``str(report)`` of a :class:`~ckptinspect.ops.transplant.TransplantReport`: a few plain lines."""
+    """``str(report)`` of a :class:`~ckptinspect.ops.model.transplant.TransplantReport`: a few plain lines."""
     s = report.summary()
     verb = "would assign" if report.dry_run else "assigned"
     lines = [
@@ -36,7 +36,7 @@ def transplant_summary(report) -> str:
 
 
 def transplant_view(report, fmt: OutputFormat, output=None, width: int | None = AUTO) -> str:
-    """Render a :class:`~ckptinspect.ops.transplant.TransplantReport` (and the written output)."""
+    """Render a :class:`~ckptinspect.ops.model.transplant.TransplantReport` (and the written output)."""
     doc = report.to_dict()
     doc["output"] = output.to_dict() if output is not None else None
     s = report.summary()
@@ -96,7 +96,7 @@ def transplant_view(report, fmt: OutputFormat, output=None, width: int | None = 
 
 
 def extract_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
-    """Render an :class:`~ckptinspect.ops.extract.ExtractReport`: a per-role kept/dropped table
+    """Render an :class:`~ckptinspect.ops.extract.operation.ExtractReport`: a per-role kept/dropped table
     (table), one row per source variable (csv), or the whole report (json)."""
     kept, dropped = report.kept, report.dropped
     shards = f", {report.num_shards} data shard{'s' if report.num_shards != 1 else ''}" if report.output_format == "tf" else ""
@@ -143,7 +143,7 @@ def extract_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
 
 # -- rewrite (issue 14) ------------------------------------------------------------------------
 def rewrite_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
-    """Render a :class:`~ckptinspect.ops.rewrite_report.RewriteReport`: counts and sizes per role
+    """Render a :class:`~ckptinspect.ops.rewrite.report.RewriteReport`: counts and sizes per role
     kept/renamed/dropped/cast (table), one row per source variable (csv), or the whole report
     (json)."""
     if fmt == OutputFormat.json:
@@ -200,7 +200,7 @@ def rewrite_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
 
 # -- average (issue 14) ----------------------------------------------------------------------
 def average_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
-    """Render an :class:`~ckptinspect.ops.average.AverageReport`: the inputs, then averaged /
+    """Render an :class:`~ckptinspect.ops.average.operation.AverageReport`: the inputs, then averaged /
     copied / dropped per role (table), one row per variable (csv), or the whole report (json)."""
     method = "mean" if report.method == "mean" else f"ema, decay {report.decay:g}"
     header = [f"inputs:   {len(report.inputs)}, {method} in float64, oldest first"]
@@ -251,7 +251,7 @@ DOCTOR_MAX_REASONS = 5  # lines shown per reason group in a table (JSON lists th
 
 
 def doctor_verdict(report) -> str:
-    """The verdict line of a :class:`~ckptinspect.ops.doctor.DoctorReport`."""
+    """The verdict line of a :class:`~ckptinspect.ops.doctor.operation.DoctorReport`."""
     s = report.summary()
     total = s["weights"]
     if report.ok:
@@ -273,7 +273,7 @@ def _doctor_status(w) -> str:
 
 
 def doctor_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
-    """Render a :class:`~ckptinspect.ops.doctor.DoctorReport`: one row per model weight and per
+    """Render a :class:`~ckptinspect.ops.doctor.operation.DoctorReport`: one row per model weight and per
     source variable left over, the reasons grouped, the fix, and the verdict as the last line."""
     rows: list[dict[str, Any]] = []
     for w in report.weights:

@@ -25,12 +25,12 @@ The package: :mod:`.net` (the architecture, its names and its synthetic data),
 :mod:`.training` (the training loop, ``metadata.json``, the Keras 3 and Keras 2 files, the
 output rules) and :mod:`.fixtures` (the committed fixtures and ``python -m
 ckptinspect.trainer``). The public names below come from them, and ``configure_devices``
-from :mod:`ckptinspect.ops.devices` (for ``ckptinspect train``).
+from :mod:`ckptinspect.ops.model.devices` (for ``ckptinspect train``).
 """
 
 from __future__ import annotations
 
-from ..ops.devices import configure_devices
+from ..ops.model.devices import configure_devices
 from .fixtures import main, regenerate_fixtures
 from .net import build_model
 from .training import (

@@ -17,7 +17,7 @@ import sys
 from typing import Any, Sequence
 
 from ..errors import OutputExistsError, UsageError
-from ..ops.devices import configure_devices
+from ..ops.model.devices import configure_devices
 from .training import TrainResult, fresh_dir, keras2_available, replace_dir, train, write_keras2_files
 
 __all__ = ["regenerate_fixtures", "main"]

@@ -18,7 +18,7 @@ import uuid
 from typing import Any, Mapping, Sequence
 
 from ..errors import OutputExistsError, UsageError
-from ..ops.devices import configure_devices  # the operations own it
+from ..ops.model.devices import configure_devices  # the operations own it
 from .net import NUM_EXAMPLES, OPTIMIZER_NAME, build_keras2_model, build_model, synthetic_data
 
 __all__ = [

@@ -1,0 +1,139 @@
+"""The legacy Keras ``.h5`` layout (``model.save('m.h5')``, Keras 2 ``save_weights('w.h5')``):
+variable names from the ``layer_names`` / ``weight_names`` attributes, header facts from the
+root attributes. Part of :mod:`.keras_h5`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ... import model as m
+from ...errors import CorruptCheckpointError
+from .h5_walk import _h5py, _make_variables, _split_attr, _strip_index, _text, _Walk, _join
+
+# Legacy layout names.
+MODEL_WEIGHTS = "model_weights"
+OPTIMIZER_WEIGHTS = "optimizer_weights"
+TOP_LEVEL_MODEL_WEIGHTS = "top_level_model_weights"
+LAYER_NAMES_ATTR = "layer_names"
+WEIGHT_NAMES_ATTR = "weight_names"
+MODEL_CONFIG_ATTR = "model_config"
+TRAINING_CONFIG_ATTR = "training_config"
+KERAS_VERSION_ATTR = "keras_version"
+BACKEND_ATTR = "backend"
+
+LAYOUT_LEGACY_FULL = "legacy-full"
+LAYOUT_LEGACY_WEIGHTS = "legacy-weights"
+
+
+def _legacy_model_name(layer: str, weight_name: str) -> str:
+    """``dense`` + ``dense/kernel:0`` -> ``dense/kernel``; ``sequential/dense/kernel`` -> ``dense/kernel``."""
+    wn = _strip_index(weight_name)
+    if layer == TOP_LEVEL_MODEL_WEIGHTS:
+        return wn
+    parts = wn.split("/")
+    if layer in parts:
+        return "/".join(parts[parts.index(layer) :])
+    return f"{layer}/{wn}"
+
+
+def _legacy_variables(h5: Any, walk: _Walk, base: str, label: str) -> list[m.Variable]:
+    h5py = _h5py()
+    root = h5["/"].id
+    group = h5[base] if base else h5
+    layer_names = _split_attr(group, LAYER_NAMES_ATTR)
+    if TOP_LEVEL_MODEL_WEIGHTS not in layer_names and _join(base, TOP_LEVEL_MODEL_WEIGHTS) in walk.groups:
+        layer_names.append(TOP_LEVEL_MODEL_WEIGHTS)
+    out: list[tuple[str, str, str]] = []  # (key, name, role)
+    claimed: set[str] = set()
+
+    def claim(key: str, name: str, role: str, owner: str) -> None:
+        if key not in walk.datasets:
+            raise CorruptCheckpointError(f"{label}: {owner} names weight {key!r} but the file has no such dataset")
+        if key in claimed:
+            raise CorruptCheckpointError(f"{label}: weight {key!r} is named twice in {owner}")
+        claimed.add(key)
+        out.append((key, name, role))
+
+    for layer in layer_names:
+        layer_path = _join(base, layer)
+        if layer_path not in walk.groups:
+            raise CorruptCheckpointError(
+                f"{label}: {LAYER_NAMES_ATTR} lists layer {layer!r} but the file has no group {layer_path!r}"
+            )
+        for wn in _split_attr(h5py.h5o.open(root, layer_path.encode()), WEIGHT_NAMES_ATTR):
+            claim(_join(layer_path, wn), _legacy_model_name(layer, wn), m.ROLE_MODEL, f"layer {layer!r}")
+
+    if base and OPTIMIZER_WEIGHTS in walk.groups:
+        for wn in _split_attr(h5[OPTIMIZER_WEIGHTS], WEIGHT_NAMES_ATTR):
+            claim(_join(OPTIMIZER_WEIGHTS, wn), "optimizer/" + _strip_index(wn), m.ROLE_OPTIMIZER, OPTIMIZER_WEIGHTS)
+
+    # Datasets no attribute names: optimizer ones stay optimizer state; anything else is
+    # listed as metadata (Keras would not load it into the model).
+    for key in walk.datasets:
+        if key in claimed:
+            continue
+        if base and key.startswith(OPTIMIZER_WEIGHTS + "/"):
+            out.append((key, "optimizer/" + _strip_index(key[len(OPTIMIZER_WEIGHTS) + 1 :]), m.ROLE_OPTIMIZER))
+        else:
+            out.append((key, _strip_index(key), m.ROLE_METADATA))
+    return _make_variables(out, walk)
+
+
+def _json_attr(h5: Any, name: str) -> dict | list | None:
+    if name not in h5.attrs:
+        return None
+    try:
+        return json.loads(_text(h5.attrs[name]))
+    except (ValueError, TypeError):
+        return None
+
+
+def summarize_model_config(config: Any) -> dict[str, Any]:
+    """Model class, name and layer count from a Keras model config (legacy or Keras 3)."""
+    out: dict[str, Any] = {}
+    if not isinstance(config, dict):
+        return out
+    if "class_name" in config:
+        out["model_class"] = config["class_name"]
+    inner = config.get("config")
+    layers = None
+    if isinstance(inner, list):  # Keras <= 2.1 Sequential: the config is the layer list
+        layers = inner
+    elif isinstance(inner, dict):
+        if isinstance(inner.get("name"), str):
+            out["model_name"] = inner["name"]
+        if isinstance(inner.get("layers"), list):
+            layers = inner["layers"]
+    if layers is not None:
+        # As len(model.layers): a Sequential model does not count its InputLayer.
+        if out.get("model_class") == "Sequential":
+            layers = [x for x in layers if not (isinstance(x, dict) and x.get("class_name") == "InputLayer")]
+        out["layer_count"] = len(layers)
+    return out
+
+
+def _legacy_info(h5: Any, layout: str) -> dict[str, Any]:
+    info: dict[str, Any] = {"layout": layout}
+    src = h5 if KERAS_VERSION_ATTR in h5.attrs else h5.get(MODEL_WEIGHTS, h5)
+    for attr in (KERAS_VERSION_ATTR, BACKEND_ATTR):
+        if attr in src.attrs:
+            info[attr] = _text(src.attrs[attr])
+    model_config = _json_attr(h5, MODEL_CONFIG_ATTR)
+    if model_config is not None:
+        info.update(summarize_model_config(model_config))
+    elif MODEL_CONFIG_ATTR in h5.attrs:
+        info["model_config_error"] = "model_config is not valid JSON"
+    base = h5[MODEL_WEIGHTS] if layout == LAYOUT_LEGACY_FULL else h5
+    names = _split_attr(base, LAYER_NAMES_ATTR)
+    info.setdefault("layer_count", len(names))
+    training = _json_attr(h5, TRAINING_CONFIG_ATTR)
+    if isinstance(training, dict):
+        opt = training.get("optimizer_config")
+        if isinstance(opt, dict) and "class_name" in opt:
+            info["optimizer_class"] = opt["class_name"]
+        if isinstance(training.get("loss"), (str, dict)):
+            loss = training["loss"]
+            info["loss"] = loss if isinstance(loss, str) else loss.get("class_name")
+    return info

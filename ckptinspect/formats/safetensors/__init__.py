@@ -1,0 +1,1 @@
+"""``.safetensors`` files: header, values, checks, and the writer."""

@@ -1,0 +1,400 @@
+"""``.safetensors`` files (Hugging Face's format), read and written without the safetensors package.
+
+Layout (the safetensors README, "Format"): an 8-byte little-endian header length ``N``, ``N``
+bytes of UTF-8 JSON (``{"name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin,
+end]}, ..., "__metadata__": {"format": "pt"}}``), then the data buffer; offsets are relative
+to the buffer. Writers pad the header with spaces to a multiple of 8, but not all do (the
+tensor data of an unaligned header starts at an odd byte: values are read into fresh arrays).
+
+Listing reads the header only. It is validated: bounded length (:data:`MAX_HEADER_BYTES`, as
+the safetensors library), no duplicate names, known dtypes, ``data_offsets`` spans equal to
+dtype size x shape, every span inside the file, no two spans overlapping. Values are read with
+one bounded ``readinto`` per tensor (or streamed in blocks), bfloat16 and float8 through
+ml_dtypes (the safetensors package's numpy API cannot return bfloat16).
+
+Roles: every tensor is the model's, except 0-d integer counters (``step``, ``global_step``,
+``epoch``...). ``__metadata__`` is shown in ``info``; a ``step`` entry there gives the step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple, Sequence
+
+from ... import model as m
+from ...errors import CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError, UnsafeFileError
+from .. import _fs
+from .._readcheck import Opened, ReadCheck
+from .._torch_layout import SAFETENSORS_HEADER_LENGTH
+
+if TYPE_CHECKING:  # numpy is imported where values are read: listing goes without it
+    import numpy as np
+
+__all__ = [
+    "FORMAT_SAFETENSORS",
+    "MAX_HEADER_BYTES",
+    "DTYPES",
+    "open_safetensors",
+    "check_safetensors",
+    "read_header",
+    "SafetensorsSource",
+    "SafetensorsTensor",
+    "write_safetensors",
+]
+
+FORMAT_SAFETENSORS = m.FORMAT_SAFETENSORS
+HEADER_LENGTH = SAFETENSORS_HEADER_LENGTH
+MAX_HEADER_BYTES = 100_000_000  # the safetensors library's limit
+METADATA_KEY = "__metadata__"
+HEADER_ALIGNMENT = 8
+READ_CHUNK_BYTES = 8 << 20
+MAX_DIMS = 64
+
+# safetensors dtype -> ckptinspect dtype name (and back, for writing).
+DTYPES = {
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+    "I32": "int32", "I16": "int16", "I8": "int8", "U64": "uint64", "U32": "uint32", "U16": "uint16",
+    "U8": "uint8", "BOOL": "bool", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+    "C64": "complex64",
+}
+CODES = {v: k for k, v in DTYPES.items()}
+ITEMSIZE = {name: m.ITEMSIZE[name] for name in DTYPES.values()}
+# Sub-byte and other dtypes of newer safetensors versions, listed by name but not read.
+UNREADABLE_DTYPES = frozenset({"F4", "F6_E2M3", "F6_E3M2", "F8_E8M0"})
+COUNTER_NAMES = frozenset({"step", "global_step", "epoch", "iteration", "iter", "iterations"})
+STEP_METADATA_KEYS = ("step", "global_step", "epoch")
+_INT_ONLY = {int}  # the types of a valid shape's dimensions (bool is not int here)
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+# -- the header ------------------------------------------------------------------------------------
+class SafetensorsTensor(NamedTuple):
+    """One header entry: where its bytes are in the file (a named tuple: a header holds thousands)."""
+
+    name: str
+    dtype: str  # ckptinspect name (float32...) or the raw code for unreadable ones
+    shape: tuple[int, ...]
+    start: int  # absolute file offset
+    nbytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Header:
+    """A parsed and validated header."""
+
+    tensors: tuple[SafetensorsTensor, ...]
+    metadata: dict[str, Any] | None
+    header_bytes: int
+    data_start: int
+    file_size: int
+    problems: dict[str, str]  # name -> why its bytes are not in the file (lenient reading)
+
+
+def _no_duplicates(label: str) -> Callable[[list[tuple[str, Any]]], dict]:
+    def hook(pairs: list[tuple[str, Any]]) -> dict:
+        out = dict(pairs)
+        if len(out) != len(pairs):  # a name given twice: say which one comes back first
+            seen: set[str] = set()
+            for k, _ in pairs:
+                if k in seen:
+                    raise CorruptCheckpointError(f"{label}: safetensors header names {k!r} twice")
+                seen.add(k)
+        return out
+
+    return hook
+
+
+def read_header(path: str, strict: bool = True) -> Header:
+    """Read and validate the header of a safetensors file.
+
+    Args:
+        path: The file.
+        strict: Raise when a tensor's bytes lie past the end of the file (else record it).
+
+    Raises:
+        CheckpointNotFoundError: No such file.
+        CorruptCheckpointError: A damaged or truncated header, bad entries, overlapping data.
+        UnsafeFileError: A header longer than :data:`MAX_HEADER_BYTES`.
+    """
+    size = _fs.getsize(path) if _fs.exists(path) else None
+    if size is None:
+        raise CheckpointNotFoundError(f"{path}: no such file")
+    head = _fs.read_range(path, 0, HEADER_LENGTH.size)
+    if len(head) < HEADER_LENGTH.size:
+        raise CorruptCheckpointError(f"{path}: {size} bytes, too short for a safetensors header")
+    (n,) = HEADER_LENGTH.unpack(head)
+    if n > MAX_HEADER_BYTES:
+        raise UnsafeFileError(f"{path}: safetensors header declares {n} bytes (limit {MAX_HEADER_BYTES}); refusing")
+    if HEADER_LENGTH.size + n > size:
+        raise CorruptCheckpointError(
+            f"{path}: safetensors header declares {n} bytes, the file has {size - HEADER_LENGTH.size} after the length"
+            " (truncated)"
+        )
+    raw = _fs.read_range(path, HEADER_LENGTH.size, n)
+    try:
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates(path))
+    except (UnicodeDecodeError, ValueError) as e:
+        if isinstance(e, CorruptCheckpointError):
+            raise
+        raise CorruptCheckpointError(f"{path}: safetensors header is not valid JSON: {_one_line(e)}") from None
+    if not isinstance(header, dict):
+        raise CorruptCheckpointError(f"{path}: safetensors header is not a JSON object")
+    metadata = header.pop(METADATA_KEY, None)
+    if metadata is not None and not isinstance(metadata, dict):
+        raise CorruptCheckpointError(f"{path}: safetensors {METADATA_KEY} is not a JSON object")
+    data_start = HEADER_LENGTH.size + n
+    data_size = size - data_start
+    tensors = []
+    problems: dict[str, str] = {}
+    for name, entry in header.items():
+        if not isinstance(entry, dict):
+            raise CorruptCheckpointError(f"{path}: safetensors entry {name!r} is not a JSON object")
+        code, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if code in DTYPES:
+            dtype = DTYPES[code]
+        elif code in UNREADABLE_DTYPES:
+            dtype = str(code)
+        else:
+            raise CorruptCheckpointError(f"{path}: safetensors entry {name!r} has unknown dtype {code!r:.40}")
+        if (not isinstance(shape, list) or len(shape) > MAX_DIMS
+                or (shape and not (set(map(type, shape)) == _INT_ONLY and min(shape) >= 0))):
+            raise CorruptCheckpointError(f"{path}: safetensors entry {name!r} has a bad shape {shape!r:.80}")
+        if (not isinstance(offsets, list) or len(offsets) != 2 or type(offsets[0]) is not int
+                or type(offsets[1]) is not int or not 0 <= offsets[0] <= offsets[1]):
+            raise CorruptCheckpointError(f"{path}: safetensors entry {name!r} has bad data_offsets {offsets!r:.80}")
+        begin, end = offsets
+        if dtype in ITEMSIZE:
+            needed = math.prod(shape) * ITEMSIZE[dtype]
+            if end - begin != needed:
+                raise CorruptCheckpointError(
+                    f"{path}: safetensors entry {name!r}: data_offsets [{begin}, {end}] span {end - begin} bytes,"
+                    f" its {code} shape {shape} needs {needed}"
+                )
+        if end > data_size:
+            problem = (f"{path}: safetensors entry {name!r} declares data up to byte {end} of the buffer, which holds"
+                       f" {data_size} bytes (truncated, or a header claiming more than the file holds)")
+            if strict:
+                raise CorruptCheckpointError(problem)
+            problems[name] = problem
+        tensors.append(SafetensorsTensor(name, dtype, tuple(shape), data_start + begin, end - begin))
+    spans = sorted((t.start, t.start + t.nbytes, t.name) for t in tensors if t.nbytes)
+    for (b0, e0, n0), (b1, _e1, n1) in zip(spans, spans[1:]):
+        if b1 < e0:
+            raise CorruptCheckpointError(
+                f"{path}: safetensors entries {n0!r} and {n1!r} overlap (bytes {b1 - data_start}..{e0 - data_start}"
+                " of the buffer)"
+            )
+    return Header(tuple(tensors), metadata, n, data_start, size, problems)
+
+
+def _role(t: SafetensorsTensor) -> str:
+    if t.shape == () and t.dtype in m.INTEGER_DTYPES \
+            and t.name.replace("/", ".").rsplit(".", 1)[-1].lower() in COUNTER_NAMES:
+        return m.ROLE_METADATA
+    return m.ROLE_MODEL
+
+
+def metadata_step(metadata: dict[str, Any] | None) -> tuple[int | None, str | None]:
+    """The step a ``__metadata__`` records (``step``, ``global_step`` or ``epoch``), if any."""
+    for key in STEP_METADATA_KEYS:
+        value = (metadata or {}).get(key)
+        if isinstance(value, (str, int)) and str(value).isdigit() and len(str(value)) < 20:
+            return int(value), f"metadata:{key}"
+    return None, None
+
+
+def variables_of(header: Header, shard: int | None = None) -> list[m.Variable]:
+    """The variables of a header, in header (JSON) order."""
+    shards = () if shard is None else (shard,)
+    return [
+        m.Variable(key=t.name, name=t.name, shape=t.shape, dtype=t.dtype, nbytes=t.nbytes, shards=shards, role=_role(t))
+        for t in header.tensors
+    ]
+
+
+# -- values --------------------------------------------------------------------------------------
+def numpy_dtype(name: str) -> np.dtype | None:
+    """The numpy dtype of a dtype name read here (None when it cannot be read)."""
+    return m.numpy_dtype(name)
+
+
+class SafetensorsSource(m.BaseSource):
+    """Reads tensors of one or more safetensors files (the shards of a sharded checkpoint).
+
+    Args:
+        paths: The files; ``entries`` refer to them by position.
+        entries: key -> (file position, tensor entry).
+        extra_files: Other files of the checkpoint (an index), reported by :meth:`files`.
+        problems: key -> why its bytes cannot be read.
+    """
+
+    def __init__(self, paths: Sequence[str], entries: dict[str, tuple[int, SafetensorsTensor]],
+                 extra_files: Sequence[str] = (), problems: dict[str, str] | None = None):
+        self._paths = list(paths)
+        self._entries = entries
+        self._extra = tuple(extra_files)
+        self._problems = problems or {}
+        self._files: dict[int, Any] = {}
+
+    def files(self) -> tuple[str, ...]:
+        return (*self._extra, *self._paths)
+
+    def _file(self, i: int) -> Any:
+        if i not in self._files:
+            try:
+                self._files[i] = _fs.open_binary(self._paths[i])  # regular files only
+            except OSError as e:
+                raise CheckpointNotFoundError(f"{self._paths[i]}: cannot read: {_one_line(e)}") from None
+        return self._files[i]
+
+    def close(self) -> None:
+        files, self._files = self._files, {}
+        for f in files.values():
+            f.close()
+
+    def storage_order(self, variable: m.Variable) -> tuple:
+        i, t = self._entries[variable.key]
+        return (i, t.start)
+
+    def _lookup(self, variable: m.Variable) -> tuple[int, SafetensorsTensor, np.dtype]:
+        if variable.key in self._problems:
+            raise CorruptCheckpointError(self._problems[variable.key])
+        if variable.key not in self._entries:
+            raise CheckpointNotFoundError(f"{self._paths[0]}: no tensor {variable.key!r}")
+        i, t = self._entries[variable.key]
+        dtype = numpy_dtype(t.dtype)
+        if dtype is None:
+            raise CorruptCheckpointError(f"{self._paths[i]}: {t.name!r}: dtype {t.dtype} cannot be read")
+        return i, t, dtype
+
+    def _readinto(self, i: int, offset: int, view: memoryview, name: str) -> None:
+        f = self._file(i)
+        f.seek(offset)
+        got = f.readinto(view)
+        if got != len(view):
+            raise CorruptCheckpointError(
+                f"{self._paths[i]}: {name!r}: truncated: needed {len(view)} bytes at {offset}, got {got or 0}"
+            )
+
+    def read(self, variable: m.Variable) -> np.ndarray:
+        """The value of ``variable`` in a fresh array."""
+        import numpy as np  # noqa: PLC0415 - values only
+
+        i, t, dtype = self._lookup(variable)
+        out = np.empty(t.shape, dtype)
+        if t.nbytes:
+            self._readinto(i, t.start, memoryview(out.reshape(-1).view(np.uint8)), t.name)
+        return out
+
+    def iter_blocks(self, variable: m.Variable, elements: int) -> Iterator[np.ndarray]:
+        """The flattened value streamed through one reused buffer."""
+        import numpy as np  # noqa: PLC0415 - values only
+
+        i, t, dtype = self._lookup(variable)
+        itemsize = dtype.itemsize
+        step = max(1, min(elements, max(1, READ_CHUNK_BYTES // itemsize))) * itemsize
+        buf = np.empty(max(1, min(step, t.nbytes)), np.uint8)
+        pos = 0
+        while pos < t.nbytes:
+            n = min(step, t.nbytes - pos)
+            self._readinto(i, t.start + pos, memoryview(buf)[:n], t.name)
+            pos += n
+            for j in range(0, n, elements * itemsize):
+                yield buf[j : min(n, j + elements * itemsize)].view(dtype)
+
+
+def _opened(path: str, strict: bool) -> tuple[m.Checkpoint, Header]:
+    if _fs.is_remote(path):
+        raise NotACheckpointError(f"{path}: safetensors files are read from local paths only")
+    header = read_header(path, strict=strict)
+    variables = variables_of(header)
+    step, step_source = metadata_step(header.metadata)
+    info: dict[str, Any] = {"header_bytes": header.header_bytes}
+    if header.metadata is not None:
+        info["metadata"] = header.metadata
+    if header.data_start % HEADER_ALIGNMENT:
+        info["data_alignment"] = f"unaligned (data starts at byte {header.data_start})"
+    source = SafetensorsSource([path], {t.name: (0, t) for t in header.tensors}, problems=header.problems)
+    ckpt = m.Checkpoint(path=path, format=FORMAT_SAFETENSORS, variables=tuple(variables), step=step,
+                        step_source=step_source, num_shards=1, info=info, source=source)
+    return ckpt, header
+
+
+def open_safetensors(path: str) -> m.Checkpoint:
+    """Open a ``.safetensors`` file (header only; values are read on demand).
+
+    Raises:
+        CheckpointNotFoundError, CorruptCheckpointError, UnsafeFileError: See :func:`read_header`.
+    """
+    return _opened(str(path), strict=True)[0]
+
+
+def check_safetensors(path: str) -> ReadCheck:
+    """Plan ``verify`` of a safetensors file: header, offsets, every tensor's bytes read."""
+
+    def opener(p: str) -> Opened:
+        ckpt, header = _opened(p, strict=False)
+        damaged = [m.Damage(key=k, name=k, file=p, kind=m.DAMAGE_TRUNCATED, problem=problem.removeprefix(p + ": "))
+                   for k, problem in header.problems.items()]
+        return Opened(ckpt, damaged)
+
+    return ReadCheck(str(path), opener)
+
+
+# -- writing ---------------------------------------------------------------------------------------
+def write_safetensors(
+    path: str,
+    tensors: Iterable[tuple[str, str, tuple[int, ...], Callable[[], np.ndarray]]],
+    metadata: dict[str, str] | None = None,
+) -> list[str]:
+    """Write a safetensors file, one tensor in memory at a time.
+
+    Args:
+        path: The file to write (the caller makes it atomic).
+        tensors: ``(name, dtype name, shape, read)`` in the order to store them; ``read()``
+            returns the value (called once, while writing).
+        metadata: ``__metadata__`` (string keys and values).
+
+    Returns:
+        The names written, in order.
+
+    Raises:
+        NotACheckpointError: A dtype safetensors cannot store (strings...), or a value whose
+            shape or dtype differs from what was announced.
+    """
+    import numpy as np  # noqa: PLC0415 - values only
+
+    entries = list(tensors)
+    header: dict[str, Any] = {}
+    if metadata:
+        header[METADATA_KEY] = {str(k): str(v) for k, v in metadata.items()}
+    offset = 0
+    for name, dtype, shape, _ in entries:
+        if dtype not in CODES:
+            raise NotACheckpointError(f"{name}: dtype {dtype} cannot be stored in safetensors")
+        nbytes = math.prod(shape) * ITEMSIZE[dtype]
+        header[name] = {"dtype": CODES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    raw += b" " * (-(len(raw) + HEADER_LENGTH.size) % HEADER_ALIGNMENT)
+    with open(path, "wb") as f:
+        f.write(HEADER_LENGTH.pack(len(raw)))
+        f.write(raw)
+        for name, dtype, shape, read in entries:
+            value = np.asarray(read())
+            expected = numpy_dtype(dtype)
+            if tuple(value.shape) != tuple(shape) or value.dtype != expected:
+                raise NotACheckpointError(
+                    f"{name}: read {value.dtype}{list(value.shape)}, expected {dtype}{list(shape)}"
+                )
+            f.write(np.ascontiguousarray(value).reshape(-1).view(np.uint8).data)
+            del value
+        f.flush()
+        os.fsync(f.fileno())
+    return [e[0] for e in entries]

@@ -1,0 +1,491 @@
+"""TF bundle checkpoints: ``PREFIX.index`` + ``PREFIX.data-0000k-of-0000N``.
+
+Listing reads only the ``.index`` file (parsed by :mod:`._bundle_index`) and, for TF2
+object-based checkpoints, the object graph (``_CHECKPOINTABLE_OBJECT_GRAPH``; names and roles
+come from :mod:`._bundle_vars`). TensorFlow is not imported for that. Values come from
+``tf.train.load_checkpoint``, one tensor at a time, or are streamed straight from the data files
+(:class:`BundleSource`).
+
+Entries TensorFlow cannot read (:func:`~._bundle_index.entry_problem`) are listed, reported by
+``verify`` (:func:`check_bundle`), and never handed to TensorFlow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import threading
+from typing import TYPE_CHECKING, Callable, Iterator
+
+from ... import model as m
+from ...errors import (
+    CheckpointNotFoundError,
+    CkptError,
+    CorruptCheckpointError,
+    NotACheckpointError,
+)
+from .. import _fs
+from . import data as tf_data
+from .index import OBJECT_GRAPH_KEY, BundleIndex, IndexEntry, fits_tensorflow, read_index
+from .variables import (
+    MAX_OBJECT_GRAPH_BYTES,
+    build_variables,
+    key_name,
+    step_candidates,
+    step_from_name,
+    unreadable_entries,
+)
+from .._layout import INDEX_SUFFIX, data_path
+from .wire import MalformedError
+from .data import decode_string_scalar, read_raw
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = [
+    "INDEX_SUFFIX",
+    "data_path",
+    "open_bundle",
+    "check_bundle",
+    "BundleSource",
+    "StoredRun",
+    "check_bundle_files",
+]
+
+MAX_PINNED_SHARDS = 256  # data files held open for a checkpoint resolved from a live directory
+
+
+def _label(variable: m.Variable) -> str:
+    """``'name'``, or ``'name' (key 'key')`` when they differ, for messages."""
+    name, key = m.display_name(variable.name), m.display_name(variable.key)
+    return f"'{name}'" if name == key else f"'{name}' (key '{key}')"
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredRun:
+    """One stored run of a tensor's bytes (the whole tensor, or one stored slice), as a
+    byte-exact copy needs it.
+
+    Attributes:
+        path: The data file holding it.
+        entry: Its index entry (dtype, stored shape, offset, size, masked crc32c).
+        starts: For a stored slice, its start in each dimension; empty otherwise.
+        lengths: For a stored slice, its length in each dimension (``-1``: the whole
+            dimension); empty otherwise.
+    """
+
+    path: str
+    entry: IndexEntry
+    starts: tuple[int, ...] = ()
+    lengths: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredSliceBlocks:
+    """One stored slice of a sliced variable, streamed from its data file.
+
+    Attributes:
+        starts: Its start in each dimension.
+        lengths: Its length in each dimension (``-1``: the whole dimension).
+        shape: The slice's own shape.
+        blocks: ``blocks()`` yields the slice's flattened values (C order of the slice) in
+            blocks, crc32c-checked against the index (a mismatch raises after the last
+            block); a block is a view of a buffer the next one reuses.
+    """
+
+    starts: tuple[int, ...]
+    lengths: tuple[int, ...]
+    shape: tuple[int, ...]
+    blocks: Callable[[], Iterator[np.ndarray]]
+
+
+def stored_slice_blocks(checkpoint: m.Checkpoint, variable: m.Variable, elements: int) -> tuple[StoredSliceBlocks, ...] | None:
+    """The stored slices of a sliced (partitioned) variable of a local TF bundle, each streamed
+    in blocks of at most ``elements`` elements without TensorFlow, in declared order.
+
+    Returns:
+        The slices, or None when ``variable`` is not sliced, the checkpoint is not a local TF
+        bundle, or a slice is not a plain numeric array.
+    """
+    source = checkpoint.source
+    if not isinstance(source, BundleSource):
+        return None
+    return source.slice_blocks(variable, elements)
+
+
+def stream_blocks(checkpoint: m.Checkpoint, variable: m.Variable, elements: int) -> Iterator[np.ndarray] | None:
+    """One variable of a local TF bundle in blocks, as :meth:`~ckptinspect.model.Checkpoint.iter_blocks`
+    gives them (``elements`` at a time, each a view of a buffer the next block reuses, checksum
+    checked after the last), read without TensorFlow, safe to run in several threads at once
+    (several per thread too, each with its own buffer).
+
+    Returns:
+        The blocks, or None when the value is not a plain run of bytes of a local bundle
+        (another format, a sliced variable, a remote file): read it with ``iter_blocks`` then.
+
+    Raises:
+        CorruptCheckpointError: An entry TensorFlow cannot read (and, from the iterator, a
+            truncated file or a checksum mismatch).
+    """
+    source = checkpoint.source
+    if not isinstance(source, BundleSource):
+        return None
+    return source.raw_blocks(variable, elements)
+
+
+def object_graph_bytes(checkpoint: m.Checkpoint) -> bytes | None:
+    """The exact bytes of a TF bundle's serialized object graph (``_CHECKPOINTABLE_OBJECT_GRAPH``),
+    read without TensorFlow; None for a name-based (TF1) bundle or any other format."""
+    source = checkpoint.source
+    return source.object_graph() if isinstance(source, BundleSource) else None
+
+
+def check_bundle_files(prefix: str, num_shards: int | None = None) -> None:
+    """Refuse a bundle whose index or data shards are FIFOs, devices or other special files.
+
+    TensorFlow's reader (and ``RestoreV2``) opens them by name and would block forever on a
+    FIFO or read ``/dev/zero`` without end, so they are checked before TensorFlow is handed
+    the prefix. Missing shards are left for the reader to report.
+
+    Args:
+        prefix: The bundle prefix.
+        num_shards: From its index; None checks every ``PREFIX.data-*-of-*`` on disk.
+
+    Raises:
+        UnsafeFileError: A special file; CheckpointNotFoundError: no index.
+    """
+    if _fs.is_remote(prefix):
+        return
+    _fs.check_regular(prefix + INDEX_SUFFIX)
+    if num_shards is None:
+        paths = glob.glob(glob.escape(prefix) + ".data-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9]")
+    else:
+        paths = [data_path(prefix, shard, num_shards) for shard in range(num_shards)]
+    for path in paths:
+        if os.path.lexists(path):
+            _fs.check_regular(path)
+
+
+class BundleSource(m.BaseSource):
+    """Values of a bundle: whole tensors through TensorFlow's reader (opened on first use);
+    streamed blocks of unsliced numeric tensors straight from the local data files, crc32c
+    checked, without TensorFlow.
+
+    Safe for concurrent reads of different variables: streamed blocks are positioned reads
+    into buffers of their own (:class:`~._fs.DataFiles` is thread-safe), and every use of
+    TensorFlow's reader is serialised by a lock (a failed lookup resets the shared reader).
+    """
+
+    concurrent_reads = True
+
+    def __init__(self, prefix: str, index: BundleIndex):
+        self.prefix = prefix
+        self.num_shards = index.num_shards
+        self._entries = {e.key: e for e in index.entries}
+        self._slices = index.slice_entries
+        self._unreadable = unreadable_entries(index)
+        # TensorFlow's CheckpointReader builds every entry's shape when it opens and aborts the
+        # process on a shape it cannot hold; RestoreV2 looks up one key only.
+        stored = [se for slices in index.slice_entries.values() for *_, se in slices]
+        self._reader_aborts = any(not fits_tensorflow(e.shape) for e in (*index.entries, *stored))
+        self._reader = None
+        self._files = _fs.DataFiles()
+        self._pinned = False
+        self._reader_lock = threading.RLock()
+
+    def _check_readable(self, variable: m.Variable) -> None:
+        """Refuse, before TensorFlow sees the key, an entry it cannot read: it would abort the
+        process (unknown dtype, an element count that overflows) or read the wrong bytes."""
+        why = self._unreadable.get(variable.key)
+        if why is not None:
+            raise CorruptCheckpointError(
+                f"{self.prefix}{INDEX_SUFFIX}: cannot read {_label(variable)}: {why} (`ckptinspect verify` reports it)"
+            )
+
+    def _open(self):
+        if self._reader is None:
+            from ..._tf import load_checkpoint  # noqa: PLC0415 - TensorFlow only for values
+
+            check_bundle_files(self.prefix, self.num_shards)  # TensorFlow's reader would block on a FIFO
+            self._reader = load_checkpoint(self.prefix)
+        return self._reader
+
+    def pin(self) -> None:
+        """Hold the data shards open from now on (up to :data:`MAX_PINNED_SHARDS`), so the
+        checkpoint stays readable if it is deleted meanwhile (a CheckpointManager rotating it
+        out of its directory): streamed reads use the open files, and a whole-tensor read that
+        TensorFlow can no longer do by name falls back to them."""
+        if _fs.is_remote(self.prefix) or self.num_shards > MAX_PINNED_SHARDS:
+            return
+        for path in tf_data.shard_files(self.prefix, self.num_shards):
+            try:
+                self._files.pin(path)
+            except CkptError:
+                pass  # missing or special: reported by whatever reads it
+        self._pinned = True
+
+    def read(self, variable: m.Variable) -> np.ndarray:
+        with self._reader_lock:
+            return self._read(variable)
+
+    def _read(self, variable: m.Variable) -> np.ndarray:
+        from ..._tf import get_tensor  # noqa: PLC0415
+
+        self._check_readable(variable)
+        if self._reader_aborts:
+            return self._restore(variable)
+        try:
+            return get_tensor(self._open(), self.prefix, variable.key)
+        except Exception:
+            # TF's BundleReader keeps the status of a failed sliced read and aborts the whole
+            # process (a C++ CHECK) on its next lookup: never reuse a reader after a failure.
+            self._reader = None
+            if not (self._pinned and self._vanished()):
+                raise
+        import numpy as np  # noqa: PLC0415, F811 - loaded with tf_data already
+
+        raw = self._raw_entry(variable)
+        if raw is None:
+            strings = self._pinned_strings(variable)
+            if strings is not None:
+                return strings
+            directory = _fs.dirname(self.prefix) or "."
+            raise CheckpointNotFoundError(
+                f"{self.prefix}: deleted while being read (rotated out by the process saving into {directory});"
+                " run the command again"
+            ) from None
+        out = np.empty(variable.size, dtype=raw[2])
+        done = 0
+        for block in tf_data.iter_raw_blocks(raw[0], raw[1], raw[2], 1 << 20, self._files):
+            out[done : done + block.size] = block
+            done += block.size
+        return out.reshape(variable.shape)
+
+    def _vanished(self) -> bool:
+        """Whether the index or a data shard is gone from its path now."""
+        return not _fs.exists(self.prefix + INDEX_SUFFIX) or not all(
+            _fs.exists(p) for p in tf_data.shard_files(self.prefix, self.num_shards))
+
+    def _restore(self, variable: m.Variable) -> np.ndarray:
+        """One value through ``RestoreV2`` (which reads one entry, not the whole index)."""
+        import numpy as np  # noqa: PLC0415
+
+        from .write.through_tf import restore_tensor  # noqa: PLC0415 - TensorFlow only for values
+
+        value = restore_tensor(self.prefix, variable.key, variable.dtype).numpy()
+        if isinstance(value, bytes):  # a scalar string: keep trailing NUL bytes (see _tf.get_tensor)
+            out = np.empty((), dtype=object)
+            out[()] = value
+            return out
+        return np.asarray(value)
+
+    def _pinned_strings(self, variable: m.Variable) -> np.ndarray | None:
+        """An unsliced string tensor read from the held-open data file, after TensorFlow could
+        not read it by name (its files deleted): the stored layout (varint64 lengths, their
+        masked crc32c, the bytes) checked against the entry's checksum and decoded; None when
+        the entry is not such a tensor or the held-open file does not hold it.
+
+        Raises:
+            CorruptCheckpointError: The bytes do not match the recorded checksum or layout.
+        """
+        import numpy as np  # noqa: PLC0415, F811 - loaded with tf_data already
+
+        entry = self._entries.get(variable.key)
+        if entry is None or entry.slices or entry.problem is not None or entry.dtype != "string":
+            return None
+        path = data_path(self.prefix, entry.shard_id, self.num_shards)
+        size = self._files.size(path)
+        if size is None or size < entry.offset + entry.size:
+            return None
+        buf = bytearray(entry.size)
+        if self._files.pread_into(path, memoryview(buf), entry.offset) != entry.size:
+            return None
+        raw = bytes(buf)
+        count = variable.size
+        try:
+            actual = tf_data.tensor_crc32c("string", tuple(entry.shape), raw)
+        except MalformedError as e:
+            raise CorruptCheckpointError(f"{path}: cannot read {_label(variable)}: {e}") from None
+        if entry.crc32c is not None and actual != entry.crc32c:
+            raise CorruptCheckpointError(f"{path}: {_label(variable)}: {tf_data.crc_mismatch(entry.crc32c, actual)}")
+        out = np.empty(count, dtype=object)
+        out[:] = tf_data.decode_string_tensor(raw, count)
+        return out.reshape(variable.shape)
+
+    def _raw_entry(self, variable: m.Variable) -> tuple[str, IndexEntry, np.dtype] | None:
+        """Where ``variable``'s bytes can be read directly (ranged reads for a remote one): an
+        unsliced tensor of a plain numeric dtype whose shard is long enough (else the TF reader
+        reports the problem)."""
+        entry = self._entries.get(variable.key)
+        if entry is None or entry.slices or entry.problem is not None:
+            return None
+        dtype = m.numpy_dtype(entry.dtype)
+        if dtype is None or entry.size != variable.size * dtype.itemsize:
+            return None
+        path = data_path(self.prefix, entry.shard_id, self.num_shards)
+        size = self._files.size(path)
+        if size is None or size < entry.offset + entry.size:
+            return None
+        return path, entry, dtype
+
+    def iter_blocks(self, variable: m.Variable, elements: int) -> Iterator[np.ndarray]:
+        self._check_readable(variable)
+        raw = self._raw_entry(variable)
+        if raw is None:
+            return super().iter_blocks(variable, elements)
+        return tf_data.iter_raw_blocks(raw[0], raw[1], raw[2], elements, self._files)
+
+    def raw_blocks(self, variable: m.Variable, elements: int) -> Iterator[np.ndarray] | None:
+        """``variable``'s blocks straight from its local data file (see :func:`stream_blocks`),
+        or None when it has no plain local run of bytes (sliced, remote)."""
+        self._check_readable(variable)
+        raw = self._raw_entry(variable)
+        if raw is None or _fs.is_remote(raw[0]):
+            return None
+        return tf_data.iter_raw_blocks(raw[0], raw[1], raw[2], elements, self._files)
+
+    def stored_runs(self, variable: m.Variable) -> tuple[StoredRun, ...] | None:
+        """Where a variable's bytes lie, for byte-exact copies: one run for a whole tensor,
+        one per stored slice (in declared order) for a sliced one.
+
+        Returns:
+            The runs, or None when they cannot be copied directly (a remote checkpoint, a key
+            the index does not hold, slices declared but not stored).
+        """
+        self._check_readable(variable)  # bytes TensorFlow cannot read are not copied on
+        entry = self._entries.get(variable.key)
+        if entry is None or _fs.is_remote(self.prefix):
+            return None
+        if not entry.slices:
+            return (StoredRun(data_path(self.prefix, entry.shard_id, self.num_shards), entry),)
+        stored = self._slices.get(entry.key, ())
+        if len(stored) != len(entry.slices):
+            return None
+        return tuple(
+            StoredRun(data_path(self.prefix, se.shard_id, self.num_shards), se, st, ln) for st, ln, se in stored
+        )
+
+    def slice_blocks(self, variable: m.Variable, elements: int) -> tuple[StoredSliceBlocks, ...] | None:
+        """A sliced variable's stored slices, each streamed on its own (see
+        :func:`stored_slice_blocks`); None when it is not sliced or cannot be streamed."""
+        runs = self.stored_runs(variable)
+        if not runs or not runs[0].starts:
+            return None
+        out = []
+        for run in runs:
+            entry = run.entry
+            dtype = m.numpy_dtype(entry.dtype)
+            count = 1
+            for d in entry.shape:
+                count *= d
+            if dtype is None or entry.problem is not None or entry.size != count * dtype.itemsize:
+                return None
+            out.append(StoredSliceBlocks(
+                run.starts, run.lengths, entry.shape,
+                lambda run=run, dtype=dtype: tf_data.iter_raw_blocks(run.path, run.entry, dtype, elements, self._files),
+            ))
+        return tuple(out)
+
+    def storage_order(self, variable: m.Variable) -> tuple:
+        entry = self._entries.get(variable.key)
+        if entry is None or entry.slices:
+            return (variable.shards[0] if variable.shards else 0, 0)
+        return (entry.shard_id, entry.offset)
+
+    def files(self) -> tuple[str, ...]:
+        return (self.prefix + INDEX_SUFFIX, *tf_data.shard_files(self.prefix, self.num_shards))
+
+    def object_graph(self) -> bytes | None:
+        """The serialized object graph (exact bytes), or None for a name-based checkpoint."""
+        entry = self._entries.get(OBJECT_GRAPH_KEY)
+        if entry is None:
+            return None
+        return decode_string_scalar(read_raw(self.prefix, self.num_shards, entry, limit=MAX_OBJECT_GRAPH_BYTES))
+
+    def close(self) -> None:
+        self._reader = None
+        self._files.close()
+
+
+def open_bundle(
+    prefix: str,
+    *,
+    format: str = m.FORMAT_TF_BUNDLE,
+    checkpoints: tuple[m.RetainedCheckpoint, ...] = (),
+    extra_info: dict | None = None,
+) -> m.Checkpoint:
+    """Open a TF bundle checkpoint by prefix (index only; values on demand).
+
+    Raises:
+        CheckpointNotFoundError: No ``PREFIX.index``.
+        CorruptCheckpointError: The index or object graph does not parse.
+    """
+    if _fs.isdir(prefix + INDEX_SUFFIX):
+        raise NotACheckpointError(f"{prefix}{INDEX_SUFFIX}: is a directory, not an index file")
+    index = read_index(prefix)
+    variables, info = build_variables(prefix, index)
+    candidates = step_candidates(prefix, index, variables)
+    source = next(iter(candidates), None)
+    step = candidates[source] if source else None
+    if candidates:
+        info["step_candidates"] = candidates
+    if extra_info:
+        info.update(extra_info)
+    return m.Checkpoint(
+        path=prefix,
+        format=format,
+        variables=tuple(variables),
+        step=step,
+        step_source=source,
+        num_shards=index.num_shards,
+        checkpoints=checkpoints,
+        info=info,
+        source=BundleSource(prefix, index),
+    )
+
+
+def check_bundle(prefix: str, *, format: str = m.FORMAT_TF_BUNDLE) -> tf_data.BundleCheck:  # noqa: A002
+    """Plan the check of one bundle (``verify``): index parsed, shards stat'ed.
+
+    A damaged index is a result, not an error; names come from the object graph when it
+    parses (the object graph itself may be what is damaged). Entries TensorFlow cannot read
+    (:attr:`IndexEntry.problem`) are damage, named, and their bytes are not read.
+
+    Raises:
+        CheckpointNotFoundError: The index (or a data shard) exists but cannot be read.
+    """
+    step = step_from_name(prefix)
+    try:
+        index = read_index(prefix)
+    except CorruptCheckpointError as e:
+        return tf_data.damaged_check(prefix, format, step, str(e))
+    try:
+        variables, _ = build_variables(prefix, index)
+        names = {v.key: v.name for v in variables}
+        candidates = step_candidates(prefix, index, variables)
+        step = next(iter(candidates.values()), step)
+    except (CkptError, MalformedError, OSError):
+        names = {}
+    return tf_data.plan_check(prefix, index, names, format=format, step=step,
+                              extra_damage=_entry_damage(prefix, index, names))
+
+
+def _entry_damage(prefix: str, index: BundleIndex, names: dict[str, str]) -> list[m.Damage]:
+    """One :class:`~ckptinspect.model.Damage` per entry (or stored slice) TensorFlow cannot read."""
+    out = []
+
+    def damage(e: IndexEntry, key: str, slice_text: str | None = None) -> m.Damage:
+        kind, problem = e.problem
+        return m.Damage(
+            key=key, name=names.get(key, key_name(key)), file=data_path(prefix, e.shard_id, index.num_shards),
+            kind=kind, problem=problem, shard=e.shard_id, offset=e.offset, size=e.size, slice=slice_text,
+        )
+
+    for e in index.entries:
+        if e.problem is not None:
+            out.append(damage(e, e.key))
+        for starts, lengths, se in index.slice_entries.get(e.key, ()):
+            if se.problem is not None:
+                out.append(damage(se, e.key, tf_data.fmt_slice(starts, lengths)))
+    return out

@@ -1,0 +1,305 @@
+"""The variables of a TF bundle, built from its parsed index without TensorFlow.
+
+:func:`build_variables` gives each entry its readable name and role: from the object graph
+(``_CHECKPOINTABLE_OBJECT_GRAPH``, a ``TrackableObjectGraph`` stored as a string tensor, read
+here and decoded by :mod:`.tf_object_graph`) for a TF2 object-based checkpoint, from the keys
+alone for a TF1 name-based one or when the object graph cannot be read. :func:`step_candidates`
+gathers every step-like number (step variables, the file name, optimizer and save counters),
+small scalars read straight from the data files; :func:`step_from_name` reads a prefix's name.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import struct
+from typing import Iterable
+
+from ... import model as m
+from ...errors import CorruptCheckpointError
+from .. import _fs
+from .index import OBJECT_GRAPH_KEY, BundleIndex, IndexEntry, fits_tensorflow
+from .._layout import INDEX_SUFFIX, data_path
+from .wire import MalformedError
+from .data import decode_string_scalar, read_raw
+from .object_graph import (
+    METADATA_LOCAL_NAMES,
+    VARIABLE_VALUE,
+    GraphNode,
+    KeyFacts,
+    analyse_object_graph,
+    parse_object_graph,
+)
+
+__all__ = [
+    "TF1_SLOT_RE",
+    "TF1_OPTIMIZER_NAMES",
+    "MAX_OBJECT_GRAPH_BYTES",
+    "build_variables",
+    "step_candidates",
+    "step_from_name",
+    "key_name",
+    "tf1_role",
+    "unreadable_entries",
+]
+
+ATTRIBUTES_MARK = "/.ATTRIBUTES/"
+OPTIMIZER_SLOT_MARK = "/.OPTIMIZER_SLOT/"
+STEP_SUFFIX_RE = re.compile(r"[-_](\d+)$")
+# A sharded V1 Saver's file names end in the shard (model.ckpt-7-00000-of-00001), or in TF's
+# pattern for all of them in its state file (model.ckpt-7-?????-of-00001).
+V1_SHARD_SUFFIX_RE = re.compile(r"-(\d{5}|\?{5})-of-\d{5}$")
+
+# Names of step / counter variables (metadata).
+STEP_NAMES = ("global_step", "step")
+# TF1 name-based optimizer slots: ``<var>/<OptimizerName>[_N]`` as tf.compat.v1 optimizers name
+# them. (Keras optimizer-v2 slots in graph mode live under ``training/`` or ``<Optimizer>/``,
+# matched by TF1_OPTIMIZER_NAMES; bare suffixes such as ``/m`` or ``/linear`` are not used,
+# since model variables can end that way too.)
+TF1_SLOT_RE = re.compile(
+    r"/(Adam|Momentum|Ftrl|RMSProp|Adagrad|AdagradDA|Adadelta|Adamax|Nadam|ProximalAdagrad|"
+    r"LazyAdam)(_\d+)?$"
+    # BERT's AdamWeightDecayOptimizer (google-research/bert optimization.py) and the TF1 ports
+    # of it name its slots ``<var>/adam_m`` and ``<var>/adam_v``.
+    r"|/adam_[mv]$"
+)
+TF1_OPTIMIZER_NAMES = re.compile(r"(^|/)(beta1_power|beta2_power)(_\d+)?$|^training/|^(Adam|SGD|RMSprop|Adagrad|Ftrl|Nadam|Adamax|Adadelta|optimizer)(_\d+)?/")
+KERAS_METRICS_KEY_RE = re.compile(r"(^|/)keras_api/(layer_)?metrics/")
+OPTIMIZER_KEY_PART = "optimizer"
+KERAS3_MODEL_VARIABLES = "_trainable_variables"
+# The object graph is read whole: far beyond any real one (tens of KB for hundreds of
+# variables); tf_object_graph bounds what is decoded.
+MAX_OBJECT_GRAPH_BYTES = 32 << 20
+
+
+# -- small values read without TensorFlow ---------------------------------------------
+def _read_int_scalar(prefix: str, index: BundleIndex, entry: IndexEntry) -> int | None:
+    if entry.shape != () or entry.slices or entry.problem is not None:
+        return None
+    fmt = {"int64": "<q", "int32": "<i", "uint64": "<Q", "uint32": "<I", "float32": "<f", "float64": "<d"}.get(entry.dtype)
+    if fmt is None or entry.size != struct.calcsize(fmt):
+        return None
+    if not _fs.exists(data_path(prefix, entry.shard_id, index.num_shards)):
+        return None  # a missing shard is for verify (and for reading its values) to report
+    try:
+        raw = read_raw(prefix, index.num_shards, entry)
+    except CorruptCheckpointError:
+        return None  # a short shard, likewise
+    value = struct.unpack(fmt, raw)[0]
+    return int(value) if value == value else None
+
+
+def key_name(key: str) -> str:
+    """A readable name derived from a key: ``a/b/.ATTRIBUTES/VARIABLE_VALUE`` -> ``a/b``."""
+    if key.endswith(ATTRIBUTES_MARK + VARIABLE_VALUE):
+        return key[: -len(ATTRIBUTES_MARK + VARIABLE_VALUE)]
+    return key.replace(ATTRIBUTES_MARK, "/")
+
+
+def tf1_role(key: str, entry: IndexEntry) -> str:
+    """The role of a TF1 name-based key: a scalar step counter is metadata, a known optimizer
+    variable or slot is the optimizer's, the rest is the model's."""
+    base = key.rsplit("/", 1)[-1]
+    if base in STEP_NAMES and entry.shape == ():
+        return m.ROLE_METADATA
+    if TF1_OPTIMIZER_NAMES.search(key) or TF1_SLOT_RE.search(key):
+        return m.ROLE_OPTIMIZER
+    return m.ROLE_MODEL
+
+
+def step_from_name(prefix: str) -> int | None:
+    """The number at the end of a prefix's file name (``ckpt-10``, ``model.ckpt-100``, ``ckpt_1``;
+    ``model.ckpt-7-00000-of-00001``, a sharded V1 file, is step 7)."""
+    match = STEP_SUFFIX_RE.search(V1_SHARD_SUFFIX_RE.sub("", _fs.basename(prefix)))
+    return int(match.group(1)) if match else None
+
+
+def _entry_shards(index: BundleIndex, entry: IndexEntry) -> tuple[tuple[int, ...], int, tuple[m.SliceInfo, ...]]:
+    if not entry.slices:
+        return (entry.shard_id,), entry.size, ()
+    infos = tuple(
+        m.SliceInfo(starts=st, lengths=ln, shard=se.shard_id, nbytes=se.size)
+        for st, ln, se in index.slice_entries.get(entry.key, ())
+    )
+    return tuple(sorted({s.shard for s in infos})), sum(s.nbytes for s in infos), infos
+
+
+def _nbytes(entry: IndexEntry, stored: int) -> int:
+    """Bytes the value takes: shape x dtype where both make sense (an entry whose recorded size
+    is wrong shows what it should take), else what the index records."""
+    item = m.ITEMSIZE.get(entry.dtype)
+    if item is None or not fits_tensorflow(entry.shape):
+        return stored
+    n = item
+    for d in entry.shape:
+        n *= d
+    return n
+
+
+def _keyed_role(key: str, entry: IndexEntry) -> str:
+    """The role of a TF2 key when the object graph cannot be read: a guess from the key alone
+    (an ``optimizer`` path element or an optimizer slot: optimizer, except a Keras 3
+    optimizer's ``_trainable_variables``, which are the model's; Keras metrics, counters at the
+    top level and non-variable attributes: metadata; else model)."""
+    if OPTIMIZER_SLOT_MARK in key:
+        return m.ROLE_OPTIMIZER
+    if not key.endswith(ATTRIBUTES_MARK + VARIABLE_VALUE) or KERAS_METRICS_KEY_RE.search(key):
+        return m.ROLE_METADATA
+    parts = key_name(key).split("/")
+    if KERAS3_MODEL_VARIABLES in parts[:-1]:
+        return m.ROLE_MODEL  # a Keras 3 optimizer's list of the model's trainable variables
+    if OPTIMIZER_KEY_PART in parts[:-1]:
+        return m.ROLE_OPTIMIZER
+    if len(parts) == 1 and parts[0] in METADATA_LOCAL_NAMES:
+        return m.ROLE_METADATA
+    return m.ROLE_MODEL
+
+
+def _read_object_graph(prefix: str, index: BundleIndex, entry: IndexEntry) -> list[GraphNode]:
+    """The object graph's nodes.
+
+    Raises:
+        MalformedError: The entry, its bytes or the graph are damaged, or its shard is missing.
+        CheckpointNotFoundError: The shard exists but cannot be read (permission denied).
+    """
+    if entry.problem is not None:
+        raise MalformedError(entry.problem[1])
+    if entry.dtype != "string" or entry.shape != () or entry.slices:
+        raise MalformedError(f"the entry is a {entry.dtype} tensor of shape {list(entry.shape)}, not a scalar string")
+    path = data_path(prefix, entry.shard_id, index.num_shards)
+    if not _fs.exists(path):
+        raise MalformedError("the data shard is missing")
+    try:
+        raw = read_raw(prefix, index.num_shards, entry, limit=MAX_OBJECT_GRAPH_BYTES)
+    except CorruptCheckpointError as e:
+        raise MalformedError(str(e).removeprefix(f"{path}: ")) from None
+    return parse_object_graph(decode_string_scalar(raw))
+
+
+def unreadable_entries(index: BundleIndex) -> dict[str, str]:
+    """Keys TensorFlow cannot read (see :attr:`IndexEntry.problem`), with why."""
+    out = {}
+    for e in index.entries:
+        if e.problem is not None:
+            out[e.key] = e.problem[1]
+        elif e.slices:
+            bad = next((se.problem[1] for *_, se in index.slice_entries.get(e.key, ()) if se.problem), None)
+            if bad is not None:
+                out[e.key] = f"a stored slice: {bad}"
+    return out
+
+
+def build_variables(prefix: str, index: BundleIndex) -> tuple[list[m.Variable], dict[str, object]]:
+    """The variables of a bundle, with names and roles, and header facts.
+
+    An object graph that cannot be read (missing or short shard, bytes that do not parse, a
+    hostile shape) does not stop the listing: names and roles then come from the keys, and
+    ``info["warnings"]`` says so. Entries TensorFlow cannot read are listed, named in
+    ``info["unreadable"]`` (key -> why) and in a warning.
+
+    Returns:
+        (variables in key order, info dict with ``kind``, ``object_graph``, and when there is
+        something to say ``warnings`` and ``unreadable``).
+
+    Raises:
+        CheckpointNotFoundError: The object graph's shard exists but cannot be read.
+    """
+    info: dict[str, object] = {}
+    warnings: list[str] = []
+    facts: dict[str, KeyFacts] = {}
+    graph_entry = next((e for e in index.entries if e.key == OBJECT_GRAPH_KEY), None)
+    graph_read = False
+    if graph_entry is not None:
+        info["kind"] = "tf2-object"
+        graph_info: dict[str, object] = {"nodes": None, "shard": graph_entry.shard_id, "nbytes": graph_entry.size}
+        try:
+            nodes = _read_object_graph(prefix, index, graph_entry)
+            facts = analyse_object_graph(nodes)
+            graph_info["nodes"] = len(nodes)
+            graph_read = True
+        except MalformedError as e:
+            shard = data_path(prefix, graph_entry.shard_id, index.num_shards)
+            graph_info["error"] = str(e)
+            warnings.append(
+                f"{shard}: the object graph ({OBJECT_GRAPH_KEY}) cannot be read: {e}; names and roles"
+                " below come from the keys (`ckptinspect verify` checks the files)"
+            )
+        info["object_graph"] = graph_info
+    else:
+        info["kind"] = "tf1-name"
+
+    variables = []
+    names_seen: collections.Counter[str] = collections.Counter()
+    pending = []
+    for entry in index.entries:
+        if entry.key == OBJECT_GRAPH_KEY:
+            continue
+        fact = facts.get(entry.key)
+        if graph_read:
+            role = fact.role if fact else (m.ROLE_OPTIMIZER if OPTIMIZER_SLOT_MARK in entry.key else m.ROLE_METADATA)
+            if role == m.ROLE_MODEL and fact.root_child and entry.shape == () and entry.dtype in m.INTEGER_DTYPES:
+                role = m.ROLE_METADATA  # a counter tracked by the root (episode_counter, epoch...)
+            name = (fact.name if fact else None) or key_name(entry.key)
+        elif graph_entry is not None:
+            role = _keyed_role(entry.key, entry)
+            name = key_name(entry.key)
+        else:
+            role = tf1_role(entry.key, entry)
+            name = entry.key
+        names_seen[name] += 1
+        pending.append((entry, fact, role, name))
+    for entry, fact, role, name in pending:
+        if names_seen[name] > 1:
+            name = key_name(entry.key)
+        shards, stored, slices = _entry_shards(index, entry)
+        variables.append(
+            m.Variable(
+                key=entry.key,
+                name=name,
+                shape=entry.shape,
+                dtype=entry.dtype,
+                nbytes=_nbytes(entry, stored),
+                shards=shards,
+                role=role,
+                slices=slices,
+                graph_path=fact.graph_path if fact else None,
+            )
+        )
+    unreadable = {k: v for k, v in unreadable_entries(index).items() if k != OBJECT_GRAPH_KEY}
+    if unreadable:
+        info["unreadable"] = unreadable
+        index_path = prefix + INDEX_SUFFIX
+        names = {v.key: v.name for v in variables}
+        warnings += [f"{index_path}: '{m.display_name(names[k])}': {why} (`ckptinspect verify` reports it)"
+                     for k, why in unreadable.items()]
+    if warnings:
+        info["warnings"] = warnings
+    return variables, info
+
+
+def step_candidates(prefix: str, index: BundleIndex, variables: Iterable[m.Variable]) -> dict[str, int]:
+    """Every step-like number of a checkpoint, best first."""
+    by_key = {e.key: e for e in index.entries}
+    found: dict[str, int] = {}
+    counters: dict[str, int] = {}
+    for v in variables:
+        if v.shape != () or v.sliced:
+            continue
+        base = key_name(v.key).rsplit("/", 1)[-1]
+        label = None
+        if v.role == m.ROLE_METADATA and base in STEP_NAMES:
+            label, target = f"variable:{key_name(v.key)}", found
+        elif v.role == m.ROLE_OPTIMIZER and base in ("iter", "_iterations", "iterations", "iteration"):
+            label, target = f"optimizer:{key_name(v.key)}", counters
+        elif base == "save_counter":
+            label, target = "save_counter", counters
+        if label is not None:
+            value = _read_int_scalar(prefix, index, by_key[v.key])
+            if value is not None:
+                target[label] = value
+    out = dict(found)
+    from_name = step_from_name(prefix)
+    if from_name is not None:
+        out["filename"] = from_name
+    out.update(counters)
+    return out

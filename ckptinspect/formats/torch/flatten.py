@@ -1,0 +1,218 @@
+"""Naming what a ``torch.save`` pickle holds: nested dicts and lists flattened to ``a/b/c``
+variables, roles from the structure, the step, tied tensors.
+
+Nested dicts and lists become ``a/b/c`` names (``model_state_dict/fc.weight``,
+``optimizer_state_dict/state/0/exp_avg``); Python numbers become 0-d variables (lists of
+numbers 1-d); short strings are kept for ``info``. Roles: under ``optimizer_state_dict``,
+``optimizer_states``... (or in a ``{state, param_groups}`` dict) the optimizer; Python numbers
+elsewhere metadata; tensors the model's, except, when the top level has a model key
+(``state_dict``, ``model_state_dict``...), those outside it (metadata). The step comes from
+``global_step``, ``step``... or ``epoch``. Two names of one view of one storage are ``tied``.
+
+The walk is iterative and bounded: at most :data:`MAX_DEPTH` levels, and at most
+:data:`ENTRIES_PER_OPCODE` entries per pickle opcode (plus :data:`MIN_ENTRIES`, and never more
+than :data:`MAX_ENTRIES`): a container shared through the pickle memo counts each time it is
+reached, which is how a "billion laughs" pickle would expand.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ... import model as m
+from ...errors import UnsafeFileError
+from .._lazymod import lazy_import
+from .unpickle import TORCH_ITEMSIZE, StorageRef, TensorRef
+
+# numpy loads when a number that is not a tensor is met (epoch, loss...; see _lazymod).
+np = lazy_import("numpy")
+
+__all__ = ["Flat", "flatten", "OPTIMIZER_KEYS", "MODEL_KEYS", "STEP_KEYS"]
+
+MAX_DEPTH = 200
+MAX_ENTRIES = 1_000_000
+ENTRIES_PER_OPCODE = 4
+MIN_ENTRIES = 10_000
+MAX_INFO_STRINGS = 64
+MAX_INFO_STRING_CHARS = 200
+
+# Structure -> roles.
+OPTIMIZER_KEYS = frozenset({
+    "optimizer", "optimizers", "optimizer_state_dict", "optimizer_states", "optimizer_state", "optim",
+    "optim_state", "optim_state_dict", "opt", "opt_state", "scheduler", "schedulers", "lr_scheduler",
+    "lr_schedulers", "scheduler_state_dict", "lr_scheduler_state_dict", "scaler", "grad_scaler", "amp",
+})
+MODEL_KEYS = frozenset({
+    "state_dict", "model_state_dict", "model", "model_state", "module", "net", "network", "ema",
+    "model_ema", "ema_state_dict", "generator", "discriminator", "params", "weights",
+})
+COUNTER_KEYS = frozenset({"epoch", "step", "global_step", "iteration", "iter", "iter_num", "loss", "best_loss"})
+STEP_KEYS = ("global_step", "step", "iteration", "iter_num", "iter", "epoch")
+OPTIMIZER_STRUCTURE = frozenset({"state", "param_groups"})
+TOP_TENSOR_NAME = "tensor"
+INT64_RANGE = (-(1 << 63), (1 << 63) - 1)
+
+
+# -- flattening the unpickled object -----------------------------------------------------------
+@dataclasses.dataclass
+class Flat:
+    """The variables a torch object holds.
+
+    Attributes:
+        variables: In pickle order.
+        tensors: key -> the tensor it names.
+        values: key -> the value of a Python number (or list of numbers).
+        strings: Short string values by name (shown in ``info``).
+        step, step_source: The step and where it came from.
+        tied: Groups of keys naming the same view of the same storage.
+        model_prefix: ``<key>/`` when every model tensor lies under one top-level model key
+            (``model_state_dict/``): their state_dict keys follow it.
+    """
+
+    variables: list[m.Variable]
+    tensors: dict[str, TensorRef]
+    values: dict[str, np.ndarray]
+    strings: dict[str, str]
+    step: int | None
+    step_source: str | None
+    tied: list[list[str]]
+    model_prefix: str | None = None
+
+
+def _key_text(k: Any) -> str:
+    if isinstance(k, bytes):
+        return k.decode("utf-8", "replace")
+    if isinstance(k, (str, int, float, bool)) or k is None:
+        return str(k)
+    return f"<{type(k).__name__}>"
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _number_array(values: Any) -> np.ndarray | None:
+    """A Python number (or list/tuple of numbers) as int64/float64/bool, None if it does not fit."""
+    if isinstance(values, bool):
+        return np.asarray(values)
+    if isinstance(values, int):
+        return np.asarray(values, np.int64) if INT64_RANGE[0] <= values <= INT64_RANGE[1] else None
+    if isinstance(values, float):
+        return np.asarray(values, np.float64)
+    if all(isinstance(x, int) for x in values):
+        if not all(INT64_RANGE[0] <= x <= INT64_RANGE[1] for x in values):
+            return None
+        return np.asarray(values, np.int64)
+    return np.asarray(values, np.float64)
+
+
+def _dtype_name(arr: np.ndarray) -> str:
+    return "bool" if arr.dtype == np.bool_ else str(arr.dtype)
+
+
+def flatten(obj: Any, label: str, opcodes: int | None = None) -> Flat:
+    """Name every tensor and number of an unpickled object.
+
+    Args:
+        obj: The unpickled object.
+        label: How messages name the file.
+        opcodes: The pickle's opcode count, which bounds how many entries it may expand to.
+
+    Raises:
+        UnsafeFileError: Nesting deeper than :data:`MAX_DEPTH`, or more than
+            :data:`MAX_ENTRIES` entries (shared containers counted each time they are reached).
+    """
+    top_keys = {str(k).lower() for k in obj} if isinstance(obj, dict) else set()
+    has_model_key = bool(top_keys & MODEL_KEYS)
+    variables: list[m.Variable] = []
+    tensors: dict[str, TensorRef] = {}
+    values: dict[str, np.ndarray] = {}
+    strings: dict[str, str] = {}
+    used: set[str] = set()
+    entries = 0
+    limit = MAX_ENTRIES if opcodes is None else min(MAX_ENTRIES, ENTRIES_PER_OPCODE * opcodes + MIN_ENTRIES)
+
+    def unique(name: str) -> str:
+        if name not in used:
+            used.add(name)
+            return name
+        i = 2
+        while f"{name}#{i}" in used:
+            i += 1
+        used.add(f"{name}#{i}")
+        return f"{name}#{i}"
+
+    def role_of(parts: tuple[str, ...], optimizer: bool, is_tensor: bool) -> str:
+        if optimizer or any(p.lower() in OPTIMIZER_KEYS for p in parts):
+            return m.ROLE_OPTIMIZER
+        if not is_tensor:
+            return m.ROLE_METADATA
+        if parts and parts[0].lower() in COUNTER_KEYS and len(parts) == 1:
+            return m.ROLE_METADATA
+        if has_model_key and not (parts and parts[0].lower() in MODEL_KEYS):
+            return m.ROLE_METADATA
+        return m.ROLE_MODEL
+
+    # Depth-first, in pickle order, with an explicit stack (no recursion).
+    stack: list[tuple[Any, tuple[str, ...], bool]] = [(obj, (), False)]
+    while stack:
+        value, parts, optimizer = stack.pop()
+        entries += 1
+        if entries > limit:
+            raise UnsafeFileError(
+                f"{label}: the pickle expands to more than {limit} entries (shared containers);"
+                " refusing a possible pickle bomb"
+            )
+        if len(parts) > MAX_DEPTH:
+            raise UnsafeFileError(f"{label}: the pickle nests more than {MAX_DEPTH} levels deep; refusing")
+        name = "/".join(parts) if parts else TOP_TENSOR_NAME
+        if isinstance(value, TensorRef):
+            key = unique(name)
+            tensors[key] = value
+            nbytes = value.numel * TORCH_ITEMSIZE[value.dtype]
+            variables.append(m.Variable(key=key, name=key, shape=value.shape, dtype=value.dtype, nbytes=nbytes,
+                                        role=role_of(parts, optimizer, True)))
+        elif isinstance(value, StorageRef):  # a storage saved by itself: its elements, 1-d
+            ref = TensorRef(storage=value, dtype=value.dtype, offset=0, shape=(value.numel,), stride=(1,))
+            stack.append((ref, parts, optimizer))
+            entries -= 1
+        elif isinstance(value, dict):
+            child_optimizer = optimizer or (OPTIMIZER_STRUCTURE <= {str(k) for k in value} and len(value) <= 3)
+            items = list(value.items())
+            for k, v in reversed(items):
+                stack.append((v, (*parts, _key_text(k)), child_optimizer))
+        elif isinstance(value, (list, tuple)):
+            if value and all(_is_number(x) for x in value):
+                arr = _number_array(value)
+                if arr is not None:
+                    key = unique(name)
+                    values[key] = arr
+                    variables.append(m.Variable(key=key, name=key, shape=arr.shape, dtype=_dtype_name(arr),
+                                                nbytes=arr.nbytes, role=role_of(parts, optimizer, False)))
+                continue
+            for i in range(len(value) - 1, -1, -1):
+                stack.append((value[i], (*parts, str(i)), optimizer))
+        elif isinstance(value, (bool, int, float)):
+            arr = _number_array(value)
+            if arr is not None and parts:
+                key = unique(name)
+                values[key] = arr
+                variables.append(m.Variable(key=key, name=key, shape=(), dtype=_dtype_name(arr), nbytes=arr.nbytes,
+                                            role=role_of(parts, optimizer, False)))
+        elif isinstance(value, str) and parts and len(strings) < MAX_INFO_STRINGS:
+            strings[name] = value if len(value) <= MAX_INFO_STRING_CHARS else value[:MAX_INFO_STRING_CHARS] + "..."
+    step, step_source = None, None
+    if isinstance(obj, dict):
+        for k in STEP_KEYS:
+            v = obj.get(k)
+            if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+                step, step_source = v, f"variable:{k}"
+                break
+    groups: dict[tuple, list[str]] = {}
+    for key, ref in tensors.items():
+        groups.setdefault((ref.storage.key, ref.byte_start, ref.shape, ref.stride, ref.dtype), []).append(key)
+    tied = [keys for keys in groups.values() if len(keys) > 1]
+    roots = {v.key.split("/", 1)[0] for v in variables if v.role == m.ROLE_MODEL}
+    prefix = f"{roots.pop()}/" if has_model_key and len(roots) == 1 else None
+    return Flat(variables, tensors, values, strings, step, step_source, tied, prefix)

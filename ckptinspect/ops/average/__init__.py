@@ -1,0 +1,1 @@
+"""``average``: the mean or EMA of checkpoints of one run."""

@@ -1,0 +1,102 @@
+"""``average`` of Keras ``.weights.h5`` files (e.g. ``keras.callbacks.ModelCheckpoint`` with
+``save_weights_only=True`` over one run) into a ``.weights.h5``.
+
+The newest file is copied as it is (groups, attributes, layout), then every averaged dataset is
+overwritten in place, in row blocks, with the values computed as for TF bundles
+(:mod:`.average_math`); the others keep the newest's bytes. Read back before the rename: the
+keys, shapes and dtypes of the newest, each averaged dataset's values (crc32c) as computed and
+each other dataset as the newest's.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Sequence
+
+import numpy as np
+
+from ... import _atomic
+from ... import model as m
+from ...errors import UsageError, VerificationError
+from .arithmetic import BLOCK_ELEMENTS, Combiner, Computed, averaged_dtype, lockstep
+from .report import ACTION_AVERAGED, ACTION_COPIED, AveragedVariable
+
+__all__ = ["WEIGHTS_H5_SUFFIX", "average_weights_h5"]
+
+WEIGHTS_H5_SUFFIX = ".weights.h5"
+CHECK_ELEMENTS = 1 << 20
+
+
+def _crc_of(ckpt: m.Checkpoint, var: m.Variable) -> int:
+    record = Computed()
+    for block in ckpt.iter_blocks(var, CHECK_ELEMENTS):
+        record.add(np.ascontiguousarray(block))
+    return record.crc32c
+
+
+def average_weights_h5(ckpts: Sequence[m.Checkpoint], out: str, decay: float | None, role: str | None, force: bool,
+                       protected: Sequence[str], progress) -> tuple[list[AveragedVariable], int, int]:
+    """Write the average of ``ckpts`` (oldest first) to ``out``.
+
+    Returns:
+        (every variable of the newest with its action, tensors checked, bytes written).
+
+    Raises:
+        UsageError: ``role`` given (not supported for .weights.h5 outputs).
+        VerificationError: The output did not read back as computed.
+    """
+    import h5py  # noqa: PLC0415 - HDF5 only for Keras files
+
+    from ...formats import open_checkpoint  # noqa: PLC0415
+
+    if role is not None:
+        raise UsageError("average --role model writes TF checkpoints only; for .weights.h5 inputs, average them all "
+                         "and drop the optimizer with `ckptinspect extract OUT.weights.h5 -o MODEL.weights.h5`")
+    newest = ckpts[-1]
+    combiner = Combiner(len(ckpts), decay)
+    planned = [AveragedVariable(v.name, v.key, v.key, v.role, v.shape, v.dtype, v.nbytes,
+                                ACTION_AVERAGED if averaged_dtype(v) else ACTION_COPIED) for v in newest.variables]
+    averaged = [newest[p.key] for p in planned if p.action == ACTION_AVERAGED]
+    computed: dict[str, int] = {}
+    with _atomic.atomic_file(out, force=force, kind=_atomic.KIND_HDF5, protected=protected) as tmp:
+        shutil.copyfile(newest.path, tmp)
+        with h5py.File(tmp, "r+") as f:
+            for done, v in enumerate(averaged, 1):
+                dtype = m.numpy_dtype(v.dtype)
+                row = 1
+                for d in v.shape[1:]:
+                    row *= d
+                elements = max(1, BLOCK_ELEMENTS // max(row, 1)) * max(row, 1)  # whole rows per block
+                ds = f[v.key]
+                record = Computed()
+                first = 0
+                label = f"'{m.display_name(v.key)}'"
+                for blocks in lockstep([c.iter_blocks(c[v.key], elements) for c in ckpts], label):
+                    result = combiner.combine(blocks, dtype, v.size)
+                    record.add(result)
+                    if not v.shape:
+                        ds[()] = result.reshape(())
+                    elif result.size:
+                        rows = result.size // row
+                        ds[first : first + rows] = result.reshape((rows, *v.shape[1:]))
+                        first += rows
+                computed[v.key] = record.crc32c
+                if progress is not None:
+                    progress(done, len(averaged), v)
+        checked = 0
+        with open_checkpoint(tmp) as written:
+            by_key = {v.key: v for v in written.variables}
+            if set(by_key) != {p.key for p in planned}:
+                raise VerificationError(f"{out}: read-back check failed: the datasets are not the newest's")
+            for p in planned:
+                w = by_key[p.key]
+                if (w.shape, w.dtype) != (p.shape, p.dtype):
+                    raise VerificationError(f"{out}: read-back check failed: '{m.display_name(p.key)}' changed shape or dtype")
+                want = computed[p.key] if p.action == ACTION_AVERAGED else _crc_of(newest, newest[p.key])
+                if _crc_of(written, w) != want:
+                    raise VerificationError(f"{out}: read-back check failed: '{m.display_name(p.key)}' does not hold "
+                                            + ("the values computed" if p.action == ACTION_AVERAGED else "the newest's values"))
+                checked += 1
+        size = os.path.getsize(tmp)
+    return planned, checked, size

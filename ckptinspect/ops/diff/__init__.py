@@ -1,0 +1,1 @@
+"""``diff``: two checkpoints compared variable by variable, streamed."""

@@ -1,0 +1,480 @@
+"""The outputs ``extract`` writes, each read back and compared with the source, bit for bit.
+
+* the TF bundle output is in :mod:`.extract_tf` (ckptinspect's own writer);
+* :func:`write_npz`: numpy's ``savez`` layout, one array at a time;
+* :func:`write_h5_copy`: a Keras HDF5 file copied group by group without the optimizer's group;
+* :func:`write_weights_from_builder`: a Keras 3 ``.weights.h5`` through a built model.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from ... import model as m
+from ..._tf import import_tf
+from ...errors import CkptError, CorruptCheckpointError, UsageError, VerificationError
+from ...formats import (
+    numpy_view,
+    open_checkpoint,
+    restore_tensor,
+    write_safetensors,
+)
+from ..bit_equality import bit_equal
+from ..match.layouts import Fit, apply_fit
+from ..match.matcher import Item, graph_path_stage, items, match
+from ..model.targets import graph_paths, tf_variable
+
+from .report import ExtractedVariable
+
+__all__ = [
+    "Verifier",
+    "write_npz",
+    "write_safetensors_output",
+    "gather_blocks",
+    "write_h5_copy",
+    "write_weights_from_builder",
+    "call_builder",
+    "write_weights_through_model",
+    "source_matcher",
+]
+
+NPY_SUFFIX = ".npy"
+COMPARE_CHUNK = 4 << 20
+TF_SOURCE_FORMATS = (m.FORMAT_TF_BUNDLE, m.FORMAT_TF_SAVEDMODEL, m.FORMAT_TF_V1)
+
+Progress = Callable[[int, int, m.Variable], None]
+Builder = Callable[[], Any]
+
+
+
+def source_matcher(ckpt: m.Checkpoint) -> Callable[[Any, m.Variable], bool]:
+    """Compares a value read back with its source variable, bit for bit.
+
+    Numeric values are compared block by block with the source's streamed blocks (for a local
+    bundle tensor, its stored bytes read from the data file in chunks and crc32c-checked), so
+    only the value read back is in memory; strings are read from the source whole.
+    """
+
+    def matches(value: Any, v: m.Variable) -> bool:
+        value = np.asarray(value)
+        if tuple(value.shape) != tuple(v.shape):
+            return False
+        if v.dtype not in m.NUMERIC_DTYPES or str(value.dtype) != v.dtype:
+            return bit_equal(value, ckpt.read(v))
+        flat = np.ascontiguousarray(value).reshape(-1)
+        pos = 0
+        for block in ckpt.iter_blocks(v, max(1, COMPARE_CHUNK // value.dtype.itemsize)):
+            if not bit_equal(flat[pos : pos + block.size], block):
+                return False
+            pos += block.size
+        return pos == flat.size
+
+    return matches
+
+
+def _value_reader(ckpt: m.Checkpoint) -> Callable[[m.Variable], np.ndarray]:
+    """Reads one source value. TF sources: a whole numeric tensor from its data file in blocks
+    (crc-checked, no TensorFlow), anything else (strings, slices) through RestoreV2 into
+    TensorFlow's buffer, viewed without a copy; other formats through their own reader."""
+    if ckpt.format not in TF_SOURCE_FORMATS:
+        return ckpt.read
+
+    def read(v: m.Variable) -> np.ndarray:
+        dtype = m.numpy_dtype(v.dtype)
+        if ckpt.format == m.FORMAT_TF_V1 or v.sliced or dtype is None:
+            return numpy_view(restore_tensor(ckpt.path, v.key, v.dtype))
+        return gather_blocks(ckpt, v, COMPARE_CHUNK // max(1, dtype.itemsize),
+                             lambda n: CorruptCheckpointError(f"{ckpt.path}: {v.key!r} holds {n} of {v.size} values"))
+
+    return read
+
+
+def gather_blocks(ckpt: m.Checkpoint, v: m.Variable, elements: int, short: Callable[[int], CkptError]) -> np.ndarray:
+    """A numeric variable read whole from its streamed blocks (``Checkpoint.iter_blocks``: for TF
+    bundles crc-checked, without TensorFlow); ``short(n)`` is raised when the blocks hold ``n``
+    values instead of ``v.size``."""
+    out = np.empty(v.size, dtype=m.numpy_dtype(v.dtype))
+    pos = 0
+    for block in ckpt.iter_blocks(v, elements):
+        flat = np.asarray(block).reshape(-1)
+        out[pos : pos + flat.size] = flat
+        pos += flat.size
+    if pos != v.size:
+        raise short(pos)
+    return out.reshape(v.shape)
+
+
+class Verifier:
+    """What was written, checked against the source when it is read back."""
+
+    def __init__(self, progress: Progress | None, total: int):
+        self.expected: dict[str, m.Variable] = {}
+        self.progress = progress
+        self.total = total
+
+    def record(self, out_key: str, variable: m.Variable) -> None:
+        """``variable`` was written as ``out_key``."""
+        self.expected[out_key] = variable
+        if self.progress is not None:
+            self.progress(len(self.expected), self.total, variable)
+
+    def check(
+        self,
+        label: str,
+        keys: Iterable[str],
+        read_output: Callable[[str], Any],
+        matches: Callable[[Any, m.Variable], bool],
+    ) -> int:
+        """Every recorded key is in the output, nothing else is, and each value read back
+        ``matches`` its source variable (bit for bit)."""
+        found = set(keys)
+        missing = sorted(set(self.expected) - found)
+        extra = sorted(found - set(self.expected))
+        if missing or extra:
+            what = f"missing {missing[0]!r}" if missing else f"unexpected {extra[0]!r}"
+            raise VerificationError(
+                f"{label}: read-back check failed: {len(missing)} kept tensor(s) missing and "
+                f"{len(extra)} unexpected in the written output ({what}); nothing was written"
+            )
+        for key, variable in self.expected.items():
+            if not matches(read_output(key), variable):
+                raise VerificationError(
+                    f"{label}: read-back check failed: {key!r} differs from the source value; nothing was written"
+                )
+        return len(self.expected)
+
+
+# -- TF output -----------------------------------------------------------------------------
+def need_object_graph(ckpt: m.Checkpoint) -> None:
+    """A TF2 output (or a builder's match by object-graph path) needs the source's object graph.
+
+    Raises:
+        CorruptCheckpointError: The reader could not read it (``info["object_graph"]["error"]``).
+    """
+    graph = ckpt.info.get("object_graph") or {}
+    if graph.get("error"):
+        raise CorruptCheckpointError(
+            f"{ckpt.path}: the object graph cannot be read ({graph['error']}); extract needs it to write a"
+            " restorable checkpoint (an .npz output does not)"
+        )
+
+
+# -- npz output ----------------------------------------------------------------------------
+def _npz_name(ckpt: m.Checkpoint, v: m.Variable) -> str:
+    """The readable name; a ``torch.save`` training dict's variables by their state_dict key
+    (``model_state_dict/`` dropped), as the safetensors output names them."""
+    return _state_dict_name(ckpt, v)
+
+
+def write_npz(
+    ckpt: m.Checkpoint, tmp: str, keep: tuple[str, ...], progress: Progress | None
+) -> tuple[list[ExtractedVariable], int, list[str]]:
+    kept_vars = [v for v in ckpt.variables if v.role in keep]
+    names: dict[str, str] = {}
+    for v in kept_vars:
+        name = _npz_name(ckpt, v)
+        if name in names.values():
+            raise UsageError(f"{ckpt.path}: two kept variables share the readable name {name!r}; npz needs unique names")
+        names[v.key] = name
+    planned = [
+        ExtractedVariable(v.name, v.key, names.get(v.key), v.role, v.shape, v.dtype, v.nbytes) for v in ckpt.variables
+    ]
+    verifier = Verifier(progress, len(kept_vars))
+    read = _value_reader(ckpt)
+    # numpy.savez's own layout (a zip of NAME.npy members), written one array at a time.
+    with zipfile.ZipFile(tmp, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for v in kept_vars:
+            value = np.asarray(read(v))
+            if value.dtype.kind == "O":
+                value = value.astype(np.bytes_)
+            if value.dtype.kind == "V" or value.dtype.name not in np.sctypeDict and value.dtype.kind not in "SU":
+                raise UsageError(f"{v.name}: dtype {v.dtype} has no numpy .npy encoding; use a .safetensors output (or a TF one from a TF source)")
+            verifier.record(names[v.key], v)
+            with zf.open(names[v.key] + NPY_SUFFIX, mode="w", force_zip64=True) as f:
+                np.lib.format.write_array(f, value, allow_pickle=False)
+            del value
+    with np.load(tmp, allow_pickle=False) as npz:
+        verified = verifier.check(tmp, npz.files, lambda k: npz[k], source_matcher(ckpt))
+    return planned, verified, ["npz: load with numpy.load(OUT); one array per readable name"]
+
+
+# -- safetensors output ------------------------------------------------------------------------
+SAFETENSORS_FORMAT = "safetensors"
+
+
+def _state_dict_name(ckpt: m.Checkpoint, v: m.Variable) -> str:
+    prefix = ckpt.info.get("state_dict_prefix") or ""
+    return v.name[len(prefix):] if prefix and v.name.startswith(prefix) else v.name
+
+
+def write_safetensors_output(
+    ckpt: m.Checkpoint,
+    tmp: str,
+    keep: tuple[str, ...],
+    progress: Progress | None,
+    extra_metadata: Callable[[dict[str, str]], dict[str, str]] | None = None,
+) -> tuple[list[ExtractedVariable], int, list[str]]:
+    """The kept variables as one safetensors file, ``__metadata__`` ``{source, step, format: pt}``
+    (plus what ``extra_metadata(names)`` returns for the source key -> tensor name map), read
+    back through ckptinspect's safetensors reader and compared bit for bit."""
+    kept_vars = [v for v in ckpt.variables if v.role in keep]
+    names: dict[str, str] = {}
+    for v in kept_vars:
+        name = _state_dict_name(ckpt, v)
+        if name in names.values():
+            raise UsageError(f"{ckpt.path}: two kept variables share the name {name!r}; safetensors needs unique names")
+        if v.dtype not in m.NUMERIC_DTYPES or v.dtype == "complex128":
+            raise UsageError(f"{v.name}: dtype {v.dtype} cannot be stored in safetensors")
+        names[v.key] = name
+    planned = [
+        ExtractedVariable(v.name, v.key, names.get(v.key), v.role, v.shape, v.dtype, v.nbytes) for v in ckpt.variables
+    ]
+    verifier = Verifier(progress, len(kept_vars))
+    read = _value_reader(ckpt)
+    metadata = {"source": ckpt.path, "format": "pt"}
+    if ckpt.step is not None:
+        metadata["step"] = str(ckpt.step)
+    extra = extra_metadata(names) if extra_metadata is not None else {}
+    metadata.update(extra)
+
+    def reader(v: m.Variable) -> Callable[[], np.ndarray]:
+        def go() -> np.ndarray:
+            verifier.record(names[v.key], v)
+            return read(v)
+
+        return go
+
+    write_safetensors(tmp, [(names[v.key], v.dtype, v.shape, reader(v)) for v in kept_vars], metadata)
+    with open_checkpoint(tmp) as written:
+        if written.format != SAFETENSORS_FORMAT or written.info.get("metadata") != metadata or written.step != ckpt.step:
+            raise VerificationError(f"{tmp}: read-back check failed: the safetensors header is not what was written")
+        verified = verifier.check(tmp, written.keys(), written.read, source_matcher(ckpt))
+    notes = ["safetensors: load with safetensors' load_file(OUT); keys are the readable names"]
+    if extra:
+        notes.append("the TF object graph and checkpoint keys are in __metadata__: `ckptinspect extract OUT -o PREFIX`"
+                     " writes the TF2 checkpoint back")
+    return planned, verified, notes
+
+
+# -- HDF5 outputs --------------------------------------------------------------------------
+def _copy_attrs(src: Any, dst: Any) -> None:
+    for name in src.attrs:
+        dst.attrs.create(name, src.attrs[name], dtype=src.attrs.get_id(name).dtype)
+
+
+def _h5_copy_without(src_h5: Any, tmp: str, drop_group: str) -> None:
+    import h5py  # noqa: PLC0415
+
+    with h5py.File(tmp, "w") as dst:
+        _copy_attrs(src_h5, dst)
+        for name in src_h5:
+            if name == drop_group:
+                continue
+            src_h5.copy(src_h5[name], dst, name=name, without_attrs=False)
+
+
+def _h5_read(h5: Any, key: str) -> np.ndarray:
+    ds = h5[key]
+    return ds[()]
+
+
+def _require_written(ckpt: m.Checkpoint, variable: m.Variable) -> None:
+    """Raise for a dataset declared but never written (its format raises
+    :class:`~ckptinspect.errors.UnallocatedDataError` on the first block, before allocating):
+    a copy would pass its fill values off as weights."""
+    blocks = ckpt.iter_blocks(variable, 1)
+    try:
+        next(iter(blocks), None)
+    finally:
+        close = getattr(blocks, "close", None)
+        if close is not None:
+            close()
+
+
+def write_h5_copy(
+    ckpt: m.Checkpoint, tmp: str, drop_group: str, open_source: Callable[[], Any], progress: Progress | None
+) -> tuple[list[ExtractedVariable], int]:
+    """Copy an HDF5 file without ``drop_group``; check the roles agree with the groups."""
+    import h5py  # noqa: PLC0415
+
+    planned = []
+    for v in ckpt.variables:
+        in_dropped = v.key == drop_group or v.key.startswith(drop_group + "/")
+        if in_dropped != (v.role == m.ROLE_OPTIMIZER):
+            raise CkptError(
+                f"{ckpt.path}: {v.key!r} has role {v.role} but is {'inside' if in_dropped else 'outside'} "
+                f"the {drop_group!r} group; refusing to guess what to drop"
+            )
+        planned.append(ExtractedVariable(v.name, v.key, None if in_dropped else v.key, v.role, v.shape, v.dtype, v.nbytes))
+    kept = [p for p in planned if p.kept]
+    for p in kept:
+        _require_written(ckpt, ckpt[p.key])
+    verifier = Verifier(progress, len(kept))
+    src_h5 = open_source()
+    try:
+        _h5_copy_without(src_h5, tmp, drop_group)
+        for p in kept:
+            verifier.record(p.output_key, ckpt[p.key])
+        with h5py.File(tmp, "r") as out:
+            if drop_group in out:
+                raise VerificationError(f"{tmp}: read-back check failed: {drop_group!r} is still there")
+            for name in src_h5.attrs:
+                if name not in out.attrs or not np.array_equal(np.asarray(out.attrs[name]), np.asarray(src_h5.attrs[name])):
+                    raise VerificationError(f"{tmp}: read-back check failed: root attribute {name!r} differs")
+            datasets: list[str] = []
+            out.visititems(lambda name, obj: datasets.append(name) if isinstance(obj, h5py.Dataset) else None)
+            verified = verifier.check(
+                tmp, datasets, lambda k: _h5_read(out, k), lambda value, v: bit_equal(value, _h5_read(src_h5, v.key))
+            )
+    finally:
+        src_h5.close()
+    return planned, verified
+
+
+# -- weights-h5 from a TF2 checkpoint, through a built model -------------------------------
+def _sentinel(value: np.ndarray) -> np.ndarray:
+    if value.dtype.kind == "f":
+        return np.full(value.shape, np.nan, dtype=value.dtype)
+    if value.dtype.kind in "iu":
+        return np.full(value.shape, np.iinfo(value.dtype).max, dtype=value.dtype)
+    if value.dtype.kind == "b":
+        return ~value
+    return value
+
+
+def _pair_with_built_model(ckpt: m.Checkpoint, model: Any) -> dict[int, m.Variable]:
+    """Each weight of the built model (by id) -> the checkpoint's model variable at the same
+    object-graph path (below the root, or below the node the model was saved as).
+
+    Raises:
+        UsageError: A weight is not reachable in the model's object graph, the two structures
+            differ (what does not match is named, in both directions), or a shape/dtype differs.
+    """
+    paths = graph_paths(import_tf(), model)
+    weights = []
+    for i, w in enumerate(model.weights):
+        path = paths.get(id(w), paths.get(id(tf_variable(w))))
+        if path is None:
+            raise UsageError(f"weight {getattr(w, 'path', w.name)!r} of the built model is not reachable in its object graph")
+        name = str(getattr(w, "path", w.name))
+        weights.append(Item(name, name, tuple(w.shape), np.dtype(w.dtype).name, m.ROLE_MODEL, path, i, (), w))
+    sources = items(v for v in ckpt.variables if v.graph_path is not None and v.role == m.ROLE_MODEL)
+    paired = match(sources, weights, (graph_path_stage(complete=False),), labels=("the checkpoint", "the built model"))
+    # What is unused counts only below the node the model was found under (other root children
+    # of a tf.train.Checkpoint are not the model's).
+    lead = ""
+    if paired.pairs:
+        first = paired.pairs[0]
+        lead = first.a.graph_path[: len(first.a.graph_path) - len(first.b.graph_path)]
+    unmatched = [y.name for y in paired.only_b]
+    unused = [x.name for x in paired.only_a if x.graph_path.startswith(lead)]
+    if unmatched or unused or paired.ambiguous:
+        parts = [a.reason for a in paired.ambiguous]
+        if unmatched:
+            parts.append(f"{len(unmatched)} weight(s) of the built model are not in the checkpoint (e.g. {unmatched[0]!r})")
+        if unused:
+            parts.append(f"{len(unused)} model variable(s) of the checkpoint are not in the built model (e.g. {unused[0]!r})")
+        raise UsageError(f"{ckpt.path}: the builder's architecture does not match: " + "; ".join(parts))
+    for p in paired.pairs:
+        v, w = p.a.ref, p.b
+        if w.shape != v.shape or w.dtype != v.dtype:
+            raise UsageError(f"{v.name}: the checkpoint has {v.dtype}{list(v.shape)}, the built model {w.dtype}{list(w.shape)}")
+    return {id(p.b.ref): p.a.ref for p in paired.pairs}
+
+
+def write_weights_through_model(
+    ckpt: m.Checkpoint, tmp: str, model: Any, plan: Sequence[tuple[Any, m.Variable, Fit | None]], progress: Progress | None
+) -> int:
+    """Assign each source value to its model weight, ``model.save_weights(tmp)``, and check the
+    file through Keras: every weight is poisoned, ``model.load_weights(tmp)`` is called, and each
+    weight must then equal its source value (rearranged by its layout fit, cast to the weight's
+    float dtype), bit for bit.
+
+    Args:
+        ckpt: The source checkpoint.
+        tmp: The ``.weights.h5`` path to write (a temporary name).
+        model: A built Keras 3 model.
+        plan: ``(model weight, source variable, fit or None)`` for every weight of the model.
+        progress: Called after each weight.
+
+    Returns:
+        How many weights were checked.
+
+    Raises:
+        VerificationError: A weight read back differs from its source value.
+    """
+    from ..model.assign import expected_value  # noqa: PLC0415 - assign imports the model side (targets)
+
+    verifier = Verifier(progress, len(plan))
+    read = _value_reader(ckpt)
+    exact = True
+    for w, v, layout_fit in plan:
+        value = apply_fit(read(v), layout_fit)
+        dtype = np.dtype(w.dtype).name
+        if (layout_fit is not None and not layout_fit.identity) or str(value.dtype) != dtype:
+            exact = False
+        w.assign(expected_value(np.asarray(value), dtype))
+        verifier.record(v.key, v)
+        del value
+    model.save_weights(tmp)
+    # Read back through Keras: poison every weight, load the file, compare with the source.
+    weights = [w for w, _, _ in plan]
+    for w in weights:
+        w.assign(_sentinel(np.asarray(w.numpy())))
+    model.load_weights(tmp)
+    values = {v.key: w for w, v, _ in plan}
+    fits = {v.key: f for _, v, f in plan}
+    if exact:
+        matches = source_matcher(ckpt)
+    else:
+        def matches(value: Any, v: m.Variable) -> bool:
+            value = np.asarray(value)
+            return bit_equal(value, expected_value(np.asarray(apply_fit(ckpt.read(v), fits[v.key])), str(value.dtype)))
+    return verifier.check(tmp, values, lambda k: np.asarray(values[k].numpy()), matches)
+
+
+def call_builder(builder: Builder) -> Any:
+    """The built Keras model ``builder()`` returns (TensorFlow imported quietly first).
+
+    Raises:
+        UsageError: The builder failed, or did not return a built Keras model.
+    """
+    import_tf()  # quietly, before the builder touches TensorFlow
+    try:
+        model = builder()
+    except CkptError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's builder failed
+        raise UsageError(f"the builder failed: {type(e).__name__}: {e}") from None
+    if not hasattr(model, "save_weights") or not hasattr(model, "weights"):
+        raise UsageError(f"the builder returned {type(model).__name__}, not a Keras model")
+    if not model.weights:
+        raise UsageError("the builder returned a model without weights; build it (call it on an input or model.build(shape))")
+    return model
+
+
+def write_weights_from_builder(
+    ckpt: m.Checkpoint, tmp: str, builder: Builder, progress: Progress | None
+) -> tuple[list[ExtractedVariable], int, list[str]]:
+    if ckpt.info.get("kind") != "tf2-object":
+        raise UsageError(
+            f"{ckpt.path}: a .weights.h5 output needs a TF2 object-based source (its object graph "
+            "maps weights to the built model); this one is name-based"
+        )
+    need_object_graph(ckpt)
+    model = call_builder(builder)
+    matches = _pair_with_built_model(ckpt, model)
+    model_vars = list(model.weights)
+    verified = write_weights_through_model(ckpt, tmp, model, [(w, matches[id(w)], None) for w in model_vars], progress)
+    # The file's dataset paths are Keras's positional ones; name each kept value by its Keras path.
+    keras_path = {matches[id(w)].key: str(getattr(w, "path", w.name)) for w in model_vars}
+    planned = [
+        ExtractedVariable(v.name, v.key, keras_path.get(v.key), v.role, v.shape, v.dtype, v.nbytes)
+        for v in ckpt.variables
+    ]
+    notes = ["Keras 3 weights file written by model.save_weights of the builder's model: load with model.load_weights(OUT)"]
+    return planned, verified, notes
+

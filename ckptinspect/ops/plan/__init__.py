@@ -1,0 +1,1 @@
+"""``plan``: how often to save, and what it costs."""

@@ -1,0 +1,1 @@
+"""``scan``: every checkpoint of a run in step order, in one streamed pass."""
