@@ -1,4 +1,4 @@
-"""The README runs as written and stays a first page; the links of README.md and docs/ hold."""
+"""The README runs as written and stays a first page; the links of README.md, CHANGELOG.md and docs/ hold."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ EXTERNAL = re.compile(r"^[a-z][a-z0-9+.-]*:", re.I)  # https:, mailto:...
 
 
 def _docs() -> list[pathlib.Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    return [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def _prose(text: str) -> str:
