@@ -1,4 +1,4 @@
-"""The README runs as written and stays a first page; the links of README.md, CHANGELOG.md and docs/ hold."""
+"""The README runs as written and stays a first page; links in README, CHANGELOG and docs/ hold."""
 
 from __future__ import annotations
 
