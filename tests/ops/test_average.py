@@ -426,10 +426,10 @@ def test_tf2_sliced_multi_shard_run_keeps_slices_and_restores(tmp_path):
     tf.train.Checkpoint(model=fresh).read(str(model_out)).assert_consumed()
 
 
-def test_readme_example_is_what_the_command_prints(tmp_path, monkeypatch):
-    readme = (FIXTURES.parent / "README.md").read_text()
+def test_reference_example_is_what_the_command_prints(tmp_path, monkeypatch):
+    doc = (FIXTURES.parent / "docs" / "commands" / "average.md").read_text()
     command = "$ ckptinspect average --last 3 fixtures/run -o runs/avg\n"
-    shown = readme[readme.index(command) + len(command):]
+    shown = doc[doc.index(command) + len(command):]
     shown = shown[: shown.index("```")]
     monkeypatch.chdir(FIXTURES.parent)
     monkeypatch.delenv("COLUMNS", raising=False)

@@ -350,10 +350,10 @@ def test_sigterm_handler_restored_after_probe(tmp_path):
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
-def test_readme_plan_example_is_true():
-    text = (ROOT / "README.md").read_text()
+def test_plan_reference_example_is_true():
+    text = (ROOT / "docs" / "commands" / "plan.md").read_text()
     block = re.search(r"```\n\$ ckptinspect (plan [^\n]*)\n(.*?)```", text, flags=re.S)
-    assert block, "README has no plan example"
+    assert block, "docs/commands/plan.md has no plan example"
     result = runner.invoke(app, block.group(1).split(), env={"COLUMNS": "100"})
     assert result.exit_code == 0, result.output
     assert result.stdout == block.group(2)
