@@ -29,7 +29,7 @@ def main(argv: list[str]) -> int:
     from typer.testing import CliRunner
 
     from ckptinspect.cli import app
-    from tests import transplant_builders
+    from tests.helpers import transplant_builders
 
     result = CliRunner().invoke(app, ["transplant", *cli_args])
     arrays = {}
