@@ -22,7 +22,6 @@ __all__ = [
     "ROLE_MODEL",
     "ROLE_OPTIMIZER",
     "ROLE_METADATA",
-    "FORMATS",
     "SliceInfo",
     "Variable",
     "RetainedCheckpoint",
@@ -58,18 +57,6 @@ FORMAT_NPZ = "npz"
 FORMAT_SAFETENSORS = "safetensors"
 FORMAT_TORCH_ZIP = "torch-zip"
 FORMAT_TORCH_LEGACY = "torch-legacy"
-FORMATS = (
-    FORMAT_TF_BUNDLE,
-    FORMAT_TF_SAVEDMODEL,
-    FORMAT_TF_V1,
-    FORMAT_KERAS_H5,
-    FORMAT_KERAS_WEIGHTS_H5,
-    FORMAT_KERAS_ZIP,
-    FORMAT_NPZ,
-    FORMAT_SAFETENSORS,
-    FORMAT_TORCH_ZIP,
-    FORMAT_TORCH_LEGACY,
-)
 
 
 # Dtype names (numpy-style, as every format reports them) and what they hold.
@@ -264,7 +251,7 @@ class CheckResult:
 
     Attributes:
         path: The prefix or file.
-        format: One of :data:`FORMATS`, or None when it could not be told.
+        format: A format name (``ckptinspect.formats.FORMATS``, from the format registry), or None when it could not be told.
         status: ``intact``, ``damaged`` or ``missing``.
         step: Step number, or None.
         latest: The checkpoint a directory resolves to.
@@ -410,7 +397,7 @@ class Checkpoint:
 
     Attributes:
         path: The resolved path (TF prefix, HDF5 or zip file).
-        format: One of :data:`FORMATS`.
+        format: A format name (``ckptinspect.formats.FORMATS``, from the format registry).
         variables: The variables, in file order.
         step: The step number, or None.
         step_source: Where the step came from (``filename``, ``variable:global_step``...).

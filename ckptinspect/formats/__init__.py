@@ -24,29 +24,15 @@ readers (:data:`_LAZY_NAMES`) on first use, so listing one format loads no other
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import importlib
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from .. import model as m
-from ..errors import (
-    CheckpointNotFoundError,
-    CorruptCheckpointError,
-    NotACheckpointError,
-    UnallocatedDataError,
-)
-from . import _fs
-from ._layout import (
-    DATA_FILE_RE,
-    HDF5_HEAD_BYTES,
-    INDEX_SUFFIX,
-    STATE_FILE,
-    ZIP_SIGNATURE,
-    is_hdf5_head,
-)
-from .tf.sstable import is_table
-from ._torch_layout import hf_weights_in, is_hf_index, is_safetensors_head, is_torch_legacy_head, is_torch_zip
+from ..errors import CheckpointNotFoundError, NotACheckpointError
+from . import _fs, _registry
+from ._layout import DATA_FILE_RE, INDEX_SUFFIX, STATE_FILE
+from ._readcheck import Check, Opened, ReadCheck
+from ._registry import AFTER_FILES, AT_DIRECTORY, AT_FILE, AT_PREFIX, BEFORE_FILES, MISSING, FormatSpec, Kind, Probe
 from .tf.crc import mask as mask_crc32c
 
 if TYPE_CHECKING:  # imported on first use (see _LAZY_NAMES): `ls x.safetensors` never loads the TF readers
@@ -56,7 +42,10 @@ if TYPE_CHECKING:  # imported on first use (see _LAZY_NAMES): `ls x.safetensors`
 
 __all__ = [
     "Kind",
+    "FormatSpec",
+    "FORMATS",
     "detect",
+    "spec_of",
     "open_checkpoint",
     "prepare_check",
     "Check",
@@ -105,377 +94,81 @@ __all__ = [
     "stream_blocks",
 ]
 check_regular = _fs.check_regular  # outputs copy from source files: refuse FIFOs and devices first
-SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
-SAVED_MODEL_VARIABLES = "variables/variables"
-KERAS_SHARDED_INDEX_SUFFIX = ".weights.json"
-KERAS_SUFFIXES = (".h5", ".hdf5", ".keras", KERAS_SHARDED_INDEX_SUFFIX)
-MAX_LISTED = 5  # paths named in a "pass one of them" message
-RESOLVE_ATTEMPTS = 3  # listings of a live directory whose resolved checkpoint vanished before it opened
-EXPECTED = (
-    "expected a TF checkpoint prefix or its .index file, a checkpoint directory, a SavedModel "
-    "directory, a Keras .h5/.weights.h5/.keras file, a torch.save file, a .safetensors file or a Hugging Face"
-    " weights folder/index"
-)
+FORMATS = _registry.format_names()  # every Checkpoint.format name, in registry order
 
 
-class Kind(enum.Enum):
-    """What a path turned out to be."""
-
-    TF_BUNDLE = "tf-bundle"
-    TF_DIRECTORY = "tf-directory"
-    TF_SAVEDMODEL = "tf-savedmodel"
-    TF_V1 = "tf-v1-table"
-    HDF5 = "hdf5"
-    KERAS_SHARDED = "keras-sharded"
-    ZIP = "zip"
-    NPZ = "npz"
-    SAFETENSORS = "safetensors"
-    TORCH_ZIP = "torch-zip"
-    TORCH_LEGACY = "torch-legacy"
-    HF_SHARDED = "hf-sharded"
+def expected() -> str:
+    """What a path may be ("expected a TF checkpoint prefix ..."), from the registry."""
+    return _registry.expected()
 
 
-def _is_hdf5(path: str) -> bool:
-    return is_hdf5_head(_fs.read_head(path, HDF5_HEAD_BYTES))
+def _sniff(probe: Probe, at: str) -> tuple[FormatSpec, str] | None:
+    for spec in _registry.SPECS:
+        if spec.at == at:
+            target = spec.sniff(probe)
+            if target is not None:
+                return spec, target
+    return None
 
 
-def _is_savedmodel(directory: str) -> bool:
-    return any(_fs.exists(_fs.join(directory, f)) for f in SAVED_MODEL_FILES) and _fs.exists(
-        _fs.join(directory, SAVED_MODEL_VARIABLES + ".index")
-    )
+def _refuse(probe: Probe, phase: str) -> None:
+    for refuse in _registry.REFUSALS[phase]:
+        refuse(probe)
 
 
-def _table_kind(path: str) -> Kind | None:
-    """TF_BUNDLE or TF_V1 for an SSTable file, None for anything else (special files included).
-
-    Reads the 48-byte footer, and for a table the index block and first data block only.
-    """
-    if not _fs.is_regular(path):
-        return None
-    size = _fs.getsize(path)
-    if size < 48:
-        return None
-    tail = _fs.read_range(path, size - 48, 48)
-    if not is_table(tail):
-        return None
-    from .tf.v1 import is_v1_table  # noqa: PLC0415 - the TF readers load for tables only
-
-    return Kind.TF_V1 if is_v1_table(path) else Kind.TF_BUNDLE
-
-
-def detect(path: str) -> tuple[Kind, str]:
-    """Decide what ``path`` is from its content.
+def detect(path: str) -> tuple[FormatSpec, str]:
+    """Decide what ``path`` is from its content, trying the registry's specs in order: those
+    found at a prefix (which need not exist), then those of a directory or of a regular file,
+    with each family's near-miss refusals before and after the file sniffs.
 
     Returns:
-        (kind, the path to open: a prefix for bundles, the directory, or the file).
+        (the kind: a :class:`FormatSpec`, also reachable as ``Kind.MEMBER``; the path to open: a
+        prefix for bundles, the directory, or the file).
 
     Raises:
         CheckpointNotFoundError: Nothing at ``path``.
         NotACheckpointError: Something that is not a checkpoint, or a part of one.
     """
     _fs.check_remote(path)  # an unsupported scheme or an unreachable file system: say so first
-    name = _fs.basename(path)
-    data_match = DATA_FILE_RE.match(name)
-    if (
-        name
-        and _fs.exists(path + INDEX_SUFFIX)
-        and (_fs.is_remote(path) or not _fs.isdir(path))
-        and not (_fs.is_regular(path) and not _fs.is_regular(path + INDEX_SUFFIX))
-    ):
-        # A prefix. (Remote file systems such as ram:// report prefixes as directories.) A
-        # regular file next to a FIFO or device named like its index is that file.
-        return Kind.TF_BUNDLE, path
-    if not _fs.exists(path):
-        if data_match:
-            raise CheckpointNotFoundError(f"{path}: no such file (and data shards are not checkpoints)")
+    probe = Probe(path)
+    found = _sniff(probe, AT_PREFIX)
+    if found is not None:
+        return found
+    if not probe.exists:
+        _refuse(probe, MISSING)
         raise CheckpointNotFoundError(f"{path}: no such file, directory or checkpoint prefix")
-    if _fs.isdir(path):
-        if _is_savedmodel(path):
-            return Kind.TF_SAVEDMODEL, path
-        if (hf := hf_weights_in(path)) is not None:
-            return detect(hf)
-        return Kind.TF_DIRECTORY, path
-    if not _fs.is_remote(path):
-        _fs.check_regular(path)  # a FIFO would block every read below; a device never ends
-    if data_match:
-        prefix = path[: len(path) - len(name)] + data_match.group("prefix")
-        raise NotACheckpointError(
-            f"{path}: is a data shard, not a checkpoint; pass the prefix {prefix} (or {prefix}{INDEX_SUFFIX})"
-        )
-    if name in SAVED_MODEL_FILES:
-        directory = _fs.dirname(path) or "."
-        if _is_savedmodel(directory):
-            raise NotACheckpointError(
-                f"{path}: is a SavedModel's graph, not a checkpoint; pass its directory {directory}"
-                f" (its variables are in {_fs.join(directory, SAVED_MODEL_VARIABLES)})"
-            )
-        raise NotACheckpointError(f"{path}: is a SavedModel's graph, and its directory holds no"
-                                  f" {SAVED_MODEL_VARIABLES}.index: no variables to inspect")
-    if name == STATE_FILE and not _is_hdf5(path):
-        directory = _fs.dirname(path) or "."
-        raise NotACheckpointError(
-            f"{path}: is the checkpoint state file, not a checkpoint; pass its directory {directory}"
-            " or a checkpoint prefix it names"
-        )
-    if _is_hdf5(path):
-        return Kind.HDF5, path
-    head = _fs.read_head(path, 4)
-    if head == ZIP_SIGNATURE:
-        if is_torch_zip(path):
-            return Kind.TORCH_ZIP, path
-        from .npz import is_npz  # noqa: PLC0415 - numpy only for zip files
-
-        return (Kind.NPZ if is_npz(path) else Kind.ZIP), path
-    if is_hf_index(name):
-        return Kind.HF_SHARDED, path
-    if is_torch_legacy_head(_fs.read_head(path, 32)):
-        return Kind.TORCH_LEGACY, path
-    if name.endswith(KERAS_SHARDED_INDEX_SUFFIX):
-        return Kind.KERAS_SHARDED, path
-    kind = _table_kind(path)
-    if kind is Kind.TF_BUNDLE:
-        if not path.endswith(INDEX_SUFFIX):
-            raise NotACheckpointError(f"{path}: is a checkpoint index without the .index suffix; {EXPECTED}")
-        return Kind.TF_BUNDLE, path[: -len(INDEX_SUFFIX)]
-    if kind is Kind.TF_V1:
-        return Kind.TF_V1, path
-    if is_safetensors_head(_fs.read_head(path, 10)):
-        return Kind.SAFETENSORS, path
-    if name.endswith(INDEX_SUFFIX):
-        size = _fs.getsize(path)
-        raise CorruptCheckpointError(
-            f"{path}: not a valid checkpoint index ({size} bytes, no table footer: truncated or not an index)"
-        )
-    if name.endswith(".meta"):
-        raise NotACheckpointError(f"{path}: is a MetaGraphDef, not a checkpoint; pass the prefix {path[:-5]}")
-    if name.endswith((".h5", ".hdf5", ".keras")):
-        raise NotACheckpointError(f"{path}: has a Keras suffix but is neither HDF5 nor a zip archive (truncated or not a Keras file)")
-    raise NotACheckpointError(f"{path}: not a checkpoint; {EXPECTED}")
+    if probe.isdir:
+        found = _sniff(probe, AT_DIRECTORY)
+    else:
+        if not _fs.is_remote(path):
+            _fs.check_regular(path)  # a FIFO would block every read below; a device never ends
+        _refuse(probe, BEFORE_FILES)
+        found = _sniff(probe, AT_FILE)
+    if found is not None:
+        spec, target = found
+        return detect(target) if spec.redirect else found
+    _refuse(probe, AFTER_FILES)
+    raise NotACheckpointError(f"{path}: not a checkpoint; {expected()}")
 
 
-def _v1_in_directory(directory: str) -> str | None:
-    """The last V1 checkpoint file of a directory that holds no TF bundle."""
-    for name in reversed(_fs.listdir(directory)):
-        candidate = _fs.join(directory, name)
-        if _fs.isfile(candidate) and _table_kind(candidate) is Kind.TF_V1:
-            return candidate
-    return None
+def spec_of(path: str) -> FormatSpec:
+    """The registry's spec for what ``path`` is (its capabilities: ``spec_of(p).can("slices")``)."""
+    return detect(str(path))[0]
 
 
-def _nothing_found(directory: str, problems: tuple[str, ...] = ()) -> NotACheckpointError:
-    """Why a directory holds no checkpoint, pointing at what it does hold."""
-    names = _fs.listdir(directory)
-    exports = [n for n in names if _fs.isdir(_fs.join(directory, n)) and _is_savedmodel(_fs.join(directory, n))]
-    if exports:
-        shown = sorted(exports, key=lambda n: (n.isdigit(), int(n) if n.isdigit() else 0, n), reverse=True)
-        listed = ", ".join(_fs.join(directory, n) for n in shown[:MAX_LISTED])
-        more = f" (+{len(shown) - MAX_LISTED} more)" if len(shown) > MAX_LISTED else ""
-        return NotACheckpointError(
-            f"{directory}: an export directory holding {len(exports)} SavedModel{'s' if len(exports) != 1 else ''},"
-            f" not a checkpoint; pass one of them: {listed}{more}"
-        )
-    keras = [n for n in names if n.endswith(KERAS_SUFFIXES) and _fs.isfile(_fs.join(directory, n))]
-    if keras:
-        listed = ", ".join(_fs.join(directory, n) for n in keras[:MAX_LISTED])
-        more = f" (+{len(keras) - MAX_LISTED} more)" if len(keras) > MAX_LISTED else ""
-        return NotACheckpointError(
-            f"{directory}: holds Keras file{'s' if len(keras) != 1 else ''}, not a TF checkpoint directory;"
-            f" pass one of them: {listed}{more}"
-        )
-    message = (f"{directory}: no checkpoint found in the directory (no 'checkpoint' state file naming"
-               " existing files, no *.index, no saved_model.pb)")
-    return NotACheckpointError(message + (f"; also: {problems[0]}" if problems else ""))
-
-
-def _open_directory(directory: str) -> m.Checkpoint:
-    """The checkpoint a directory resolves to, opened and pinned (its data files held open, so
-    a process saving into the directory can rotate it out while the command reads it); the
-    directory's problems (state file, leftover temporaries) ride along in ``info["warnings"]``.
-
-    A checkpoint deleted between listing the directory and opening it (rotated out by a
-    CheckpointManager) is not an error: the directory is listed again, up to
-    :data:`RESOLVE_ATTEMPTS` times. Once open, the command sticks to that checkpoint.
-    """
-    from .tf.bundle import open_bundle  # noqa: PLC0415 - see _LAZY_NAMES
-    from .tf.directory import checkpoint_present  # noqa: PLC0415
-    from .tf.v1 import open_v1  # noqa: PLC0415
-
-    for attempt in range(1, RESOLVE_ATTEMPTS + 1):
-        listing = list_directory(directory)
-        if listing.v1 is not None:  # a directory holding only V1 checkpoint files (export-00000-of-00001)
-            return _with_warnings(open_v1(listing.v1), listing.warnings)
-        latest = listing.latest
-        if latest is None:  # the state file names checkpoints, none of them exists
-            v1 = _v1_in_directory(directory)  # a V1 Saver's state file may name a pattern
-            if v1 is None:
-                raise _nothing_found(directory, listing.problems)
-            return _with_warnings(open_v1(v1), listing.warnings)
-        try:
-            if not _fs.exists(latest + INDEX_SUFFIX) and _fs.isfile(latest):
-                ckpt = open_v1(latest, checkpoints=listing.checkpoints)
-            else:
-                ckpt = open_bundle(latest, checkpoints=listing.checkpoints)
-                if (ckpt.info.get("object_graph") or {}).get("error") and attempt < RESOLVE_ATTEMPTS \
-                        and not checkpoint_present(latest):
-                    ckpt.close()  # its files went while it was read (rotated out), not damage: resolve again
-                    continue
-                pin = getattr(ckpt.source, "pin", None)
-                if pin is not None:
-                    pin()
-        except CheckpointNotFoundError:
-            if attempt < RESOLVE_ATTEMPTS and not checkpoint_present(latest):
-                continue  # rotated out before we could open it: resolve again
-            raise
-        return _with_warnings(ckpt, listing.warnings)
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _with_warnings(ckpt: m.Checkpoint, warnings: tuple[str, ...]) -> m.Checkpoint:
-    if not warnings:
-        return ckpt
-    # The directory's first, then the checkpoint's own (an unreadable entry or object graph).
-    return dataclasses.replace(ckpt, info={**ckpt.info, "warnings": [*warnings, *ckpt.info.get("warnings", ())]})
-
-
-def _open_bundle(prefix: str) -> m.Checkpoint:
-    from .tf.bundle import open_bundle  # noqa: PLC0415 - see _LAZY_NAMES
-
-    return open_bundle(prefix)
-
-
-def _open_savedmodel(directory: str) -> m.Checkpoint:
-    from .tf.bundle import open_bundle  # noqa: PLC0415
-
-    return open_bundle(_fs.join(directory, SAVED_MODEL_VARIABLES), format=m.FORMAT_TF_SAVEDMODEL)
-
-
-# -- checking (verify) -------------------------------------------------------------------------
-class Check:
-    """A planned check of one checkpoint: ``total`` tensors, checked by :meth:`run`.
-
-    Formats with a byte-level plan (TF bundles) provide their own; this one wraps a function.
-    """
-
-    def __init__(self, path: str, fn: Callable[[m.Progress | None, int, int | None], m.CheckResult], total: int = 0):
-        self.path = path
-        self.total = total
-        self._fn = fn
-
-    def run(self, progress: m.Progress | None = None, done: int = 0, total: int | None = None) -> m.CheckResult:
-        return self._fn(progress, done, total)
-
-
-def _check_by_reading(path: str, opener: Callable[[str], m.Checkpoint]) -> Check:
-    """Open the file (with its reader's safety checks) and read every variable, in blocks."""
-    from ._zip import member_damage  # noqa: PLC0415 - only for zip archives (.keras, .npz)
-
-    try:
-        ckpt = opener(path)
-    except CorruptCheckpointError as e:
-        result = m.CheckResult(path, None, m.STATUS_DAMAGED, problems=(str(e),))
-        return Check(path, lambda *_: result)
-
-    def run(progress: m.Progress | None, done: int, total: int | None) -> m.CheckResult:
-        total = len(ckpt.variables) if total is None else total
-        damaged: list[m.Damage] = []
-        nbytes = 0
-        with ckpt:
-            if ckpt.format in (m.FORMAT_KERAS_ZIP, m.FORMAT_NPZ) and not _fs.is_remote(path):
-                damaged = member_damage(path)
-            for var in ckpt.variables:
-                try:
-                    for block in ckpt.iter_blocks(var, CHECK_BLOCK_ELEMENTS):
-                        nbytes += int(getattr(block, "nbytes", 0))
-                except CorruptCheckpointError as e:
-                    kind = m.DAMAGE_UNALLOCATED if isinstance(e, UnallocatedDataError) else m.DAMAGE_UNREADABLE
-                    damaged.append(m.Damage(key=var.key, name=var.name, file=path, kind=kind, problem=str(e)))
-                done += 1
-                if progress is not None:
-                    progress(done, total, var)
-        status = m.STATUS_DAMAGED if damaged else m.STATUS_INTACT
-        return m.CheckResult(path, ckpt.format, status, step=ckpt.step, tensors=len(ckpt.variables),
-                             nbytes=nbytes, damaged=tuple(damaged))
-
-    return Check(path, run, len(ckpt.variables))
-
-
-def _check_bundle(prefix: str) -> Any:
-    from .tf.bundle import check_bundle  # noqa: PLC0415 - see _LAZY_NAMES
-
-    if _fs.isdir(prefix + INDEX_SUFFIX):
-        raise NotACheckpointError(f"{prefix}{INDEX_SUFFIX}: is a directory, not an index file")
-    return check_bundle(prefix)
-
-
-def _check_savedmodel(directory: str) -> Any:
-    from .tf.bundle import check_bundle  # noqa: PLC0415
-
-    return check_bundle(_fs.join(directory, SAVED_MODEL_VARIABLES), format=m.FORMAT_TF_SAVEDMODEL)
-
-
-def _open_v1(path: str) -> m.Checkpoint:
-    from .tf.v1 import open_v1  # noqa: PLC0415 - see _LAZY_NAMES
-
-    return open_v1(path)
-
-
-def _check_v1(path: str) -> Check:
-    from .tf.v1 import check_v1  # noqa: PLC0415
-
-    return Check(path, lambda *_: check_v1(path), 1)
-
-
-# -- the registry ------------------------------------------------------------------------------
-class _Format:
-    """How to open and how to check one kind of path (a plain class: a dataclass costs start-up)."""
-
-    __slots__ = ("open", "check")
-
-    def __init__(self, open: Callable[[str], m.Checkpoint], check: Callable[[str], Any]):  # noqa: A002
-        self.open = open
-        self.check = check
-
-
-def _deferred(module: str, name: str) -> Callable[[str], Any]:
-    """``module.name(path)``, the module imported on first call: the Keras, npz and PyTorch
-    readers bring numpy (and h5py), which listing a TF bundle does without."""
-    return lambda path: getattr(importlib.import_module(f".{module}", __name__), name)(path)
-
-
-def _reading(module: str, name: str) -> _Format:
-    """A format checked by opening it and reading every value."""
-    opener = _deferred(module, name)
-    return _Format(opener, lambda path: _check_by_reading(path, opener))
-
-
-def _lazy(module: str, open_name: str, check_name: str) -> _Format:
-    """A format with its own check."""
-    return _Format(_deferred(module, open_name), _deferred(module, check_name))
-
-
-_FORMATS: dict[Kind, _Format] = {
-    Kind.TF_BUNDLE: _Format(_open_bundle, _check_bundle),
-    Kind.TF_SAVEDMODEL: _Format(_open_savedmodel, _check_savedmodel),
-    Kind.TF_V1: _Format(_open_v1, _check_v1),
-    Kind.HDF5: _reading("keras.h5", "open_h5"),
-    Kind.KERAS_SHARDED: _reading("keras.h5", "open_sharded"),
-    Kind.ZIP: _reading("keras.zip", "open_zip"),
-    Kind.NPZ: _reading("npz", "open_npz"),
-    Kind.SAFETENSORS: _lazy("safetensors.file", "open_safetensors", "check_safetensors"),
-    Kind.TORCH_ZIP: _lazy("torch.reader", "open_torch_zip", "check_torch"),
-    Kind.TORCH_LEGACY: _lazy("torch.reader", "open_torch_legacy", "check_torch"),
-    Kind.HF_SHARDED: _lazy("hf.sharded", "open_hf_sharded", "check_hf_sharded"),
-}
-CHECK_BLOCK_ELEMENTS = 1 << 20
+def _opener(spec: FormatSpec):
+    """The opening function of a kind (the spec registered first for it carries it)."""
+    return _registry.resolve(_registry.spec_for(spec.kind).open)
 
 
 def open_checkpoint(path: str) -> m.Checkpoint:
     """Open any supported checkpoint (metadata only; values are read on demand).
 
     Args:
-        path: A TF prefix, ``.index`` file, checkpoint directory, SavedModel directory,
-            V1 checkpoint file, Keras ``.h5``/``.weights.h5``/``.keras`` file, or the
-            ``.weights.json`` index of sharded Keras weights.
+        path: Any path the registry recognises (see :func:`detect`): a TF prefix, ``.index``
+            file, checkpoint or SavedModel directory, V1 checkpoint file, Keras
+            ``.h5``/``.weights.h5``/``.keras`` file or sharded-weights index, a ``torch.save``
+            file, a ``.safetensors`` file, a Hugging Face weights folder or index, an ``.npz``.
 
     Returns:
         The :class:`~ckptinspect.model.Checkpoint`.
@@ -483,14 +176,11 @@ def open_checkpoint(path: str) -> m.Checkpoint:
     Raises:
         CheckpointNotFoundError, NotACheckpointError, CorruptCheckpointError, UnsafeFileError.
     """
-    path = str(path)
-    kind, target = detect(path)
-    if kind is Kind.TF_DIRECTORY:
-        return _open_directory(target)
-    return _FORMATS[kind].open(target)
+    spec, target = detect(str(path))
+    return _opener(spec)(target)
 
 
-def _classify(path: str) -> tuple[Kind, str]:
+def _classify(path: str) -> tuple[FormatSpec, str]:
     """Like :func:`detect`, but a damaged ``.index`` is still a bundle (to be reported)."""
     _fs.check_remote(path)
     if path.endswith(INDEX_SUFFIX) and _fs.isfile(path):
@@ -500,49 +190,38 @@ def _classify(path: str) -> tuple[Kind, str]:
     return detect(path)
 
 
-def prepare_check(path: str) -> tuple[Kind, Any]:
+def check_by_reading(path: str, opener) -> ReadCheck:
+    """``verify``'s plan for a format without a check of its own: open it and read every value."""
+    return ReadCheck(path, lambda p: Opened(opener(p)))
+
+
+def prepare_check(path: str) -> tuple[FormatSpec, Any]:
     """Plan the check of one checkpoint (not a directory): what ``verify`` runs.
 
     Returns:
         (kind, a check with ``.total`` and ``.run(progress, done=0, total=None)`` returning a
-        :class:`~ckptinspect.model.CheckResult`). Damage is reported in the result.
+        :class:`~ckptinspect.model.CheckResult`). Damage is reported in the result; the check is
+        None for a checkpoint directory (``verify`` lists it and checks each checkpoint).
 
     Raises:
         CheckpointNotFoundError, NotACheckpointError, UnsafeFileError: The path cannot be
             checked at all.
     """
-    kind, target = _classify(str(path))
-    if kind is Kind.TF_DIRECTORY:
-        return kind, None
-    return kind, _FORMATS[kind].check(target)
+    spec, target = _classify(str(path))
+    if spec is Kind.TF_DIRECTORY:
+        return spec, None
+    first = _registry.spec_for(spec.kind)
+    if first.check is not None:
+        return spec, _registry.resolve(first.check)(target)
+    return spec, check_by_reading(target, _opener(spec))
 
 
 def list_directory(directory: str, *, steps: bool = True) -> DirectoryListing:
-    """A checkpoint directory, read once, without opening any checkpoint.
+    """A checkpoint directory, read once, without opening any checkpoint (see
+    :func:`ckptinspect.formats.tf.resolve.list_directory`)."""
+    from .tf.resolve import list_directory as list_tf_directory  # noqa: PLC0415 - see _LAZY_NAMES
 
-    Args:
-        directory: The directory.
-        steps: Read the last checkpoints' steps from their indexes (as ``ls`` shows them);
-            False: from their names only (for callers that open every checkpoint anyway).
-
-    Returns:
-        The :class:`~ckptinspect.formats.tf.directory.DirectoryListing`: retained checkpoints, the
-        prefix it resolves to, its problems (state file) and leftover temporaries; ``v1`` is
-        a V1 file when the directory holds no bundle but V1 checkpoint files.
-
-    Raises:
-        NotACheckpointError: No checkpoint at all in the directory (saying what it holds
-            instead: SavedModel exports, Keras files).
-    """
-    from .tf.directory import read_directory  # noqa: PLC0415 - see _LAZY_NAMES
-
-    listing = read_directory(directory, steps=steps)
-    if listing.latest is None and not listing.checkpoints:
-        v1 = _v1_in_directory(directory)
-        if v1 is None:
-            raise _nothing_found(directory, listing.problems)
-        listing = dataclasses.replace(listing, v1=v1)
-    return listing
+    return list_tf_directory(directory, steps=steps)
 
 
 is_remote = _fs.is_remote

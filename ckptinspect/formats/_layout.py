@@ -23,6 +23,8 @@ HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 HDF5_USERBLOCK_OFFSETS = (0, 512, 1024, 2048)  # where the HDF5 superblock may start
 HDF5_HEAD_BYTES = HDF5_USERBLOCK_OFFSETS[-1] + len(HDF5_SIGNATURE)
 ZIP_SIGNATURE = b"PK\x03\x04"
+KERAS_SHARDED_INDEX_SUFFIX = ".weights.json"
+KERAS_SUFFIXES = (".h5", ".hdf5", ".keras", KERAS_SHARDED_INDEX_SUFFIX)  # named when a folder holds Keras files
 
 
 def is_hdf5_head(head: bytes) -> bool:

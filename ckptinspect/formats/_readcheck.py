@@ -1,16 +1,31 @@
 """``verify`` for formats checked by reading: damage found when opening (per tensor) plus every
-tensor read in blocks. Shared by the PyTorch and safetensors readers."""
+tensor read in blocks. The one reading check: the PyTorch, safetensors and Hugging Face readers
+plan theirs with it, and so does the door for every format without a check of its own (Keras
+files, ``.npz``)."""
 
 from __future__ import annotations
 
 from typing import Callable
 
 from .. import model as m
-from ..errors import CorruptCheckpointError
+from ..errors import CorruptCheckpointError, UnallocatedDataError
 
-__all__ = ["Opened", "ReadCheck", "CHECK_BLOCK_ELEMENTS"]
+__all__ = ["Check", "Opened", "ReadCheck", "CHECK_BLOCK_ELEMENTS"]
 
 CHECK_BLOCK_ELEMENTS = 1 << 20
+
+
+class Check:
+    """A planned check of one checkpoint: ``total`` tensors, checked by :meth:`run` (a format
+    whose check is one call, such as a V1 table's)."""
+
+    def __init__(self, path: str, fn: Callable[[m.Progress | None, int, int | None], m.CheckResult], total: int = 0):
+        self.path = path
+        self.total = total
+        self._fn = fn
+
+    def run(self, progress: m.Progress | None = None, done: int = 0, total: int | None = None) -> m.CheckResult:
+        return self._fn(progress, done, total)
 
 
 class Opened:
@@ -62,10 +77,10 @@ class ReadCheck:
                 if var.key not in skip:
                     try:
                         for block in ckpt.iter_blocks(var, CHECK_BLOCK_ELEMENTS):
-                            nbytes += int(block.nbytes)
+                            nbytes += int(getattr(block, "nbytes", 0))
                     except CorruptCheckpointError as e:
-                        damaged.append(m.Damage(key=var.key, name=var.name, file=self.path,
-                                                kind=m.DAMAGE_UNREADABLE, problem=str(e)))
+                        kind = m.DAMAGE_UNALLOCATED if isinstance(e, UnallocatedDataError) else m.DAMAGE_UNREADABLE
+                        damaged.append(m.Damage(key=var.key, name=var.name, file=self.path, kind=kind, problem=str(e)))
                 done += 1
                 if progress is not None:
                     progress(done, total, var)

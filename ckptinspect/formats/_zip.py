@@ -21,11 +21,12 @@ import re
 import struct
 import zipfile
 import zlib
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Callable
 
 from .. import model as m
 from ..errors import CorruptCheckpointError, NotACheckpointError, UnsafeFileError
 from . import _fs
+from ._readcheck import Opened, ReadCheck
 
 __all__ = ["open_zip_archive", "check_archive", "open_member", "member_head", "member_damage"]
 
@@ -368,3 +369,13 @@ def member_damage(path: str) -> list[m.Damage]:
                 damaged.append(m.Damage(key=info.filename, name=info.filename, file=path, kind=m.DAMAGE_CHECKSUM,
                                         problem=f"archive member does not read: {' '.join(str(e).split())}"))
     return damaged
+
+
+def check_archive_by_reading(path: str, opener: Callable[[str], m.Checkpoint]) -> ReadCheck:
+    """``verify``'s plan for a zip-based checkpoint (``.keras``, ``.npz``): every value read, and
+    for a local archive every member's CRC-32 checked."""
+    def opened(p: str) -> Opened:
+        more = None if _fs.is_remote(p) else (lambda: member_damage(p))
+        return Opened(opener(p), more=more)
+
+    return ReadCheck(path, opened)

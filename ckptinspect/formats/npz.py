@@ -33,7 +33,8 @@ import numpy as np
 
 from .. import model as m
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError, UnsafeFileError
-from ._zip import member_head, open_zip_archive
+from ._readcheck import ReadCheck
+from ._zip import check_archive_by_reading, member_head, open_zip_archive
 from .tf.variables import TF1_OPTIMIZER_NAMES, TF1_SLOT_RE
 
 __all__ = ["NPY_SUFFIX", "KERAS_MEMBERS", "is_npz", "open_npz", "NpzSource"]
@@ -259,3 +260,8 @@ def open_npz(path: str) -> m.Checkpoint:
         source=NpzSource(path),
     )
 
+
+
+def check_npz(path: str) -> ReadCheck:
+    """``verify``'s plan for an ``.npz`` file (members' CRCs, then every value)."""
+    return check_archive_by_reading(path, open_npz)

@@ -199,5 +199,5 @@ def verify(path: str, progress: Progress | None = None) -> VerifyReport:
     if check is None:  # pragma: no cover - every other kind has a check
         raise NotACheckpointError(f"{path}: not a checkpoint")
     result = check.run(progress)
-    fallback = {Kind.ZIP: m.FORMAT_KERAS_ZIP, Kind.HDF5: "hdf5", Kind.KERAS_SHARDED: "hdf5"}.get(kind, kind.value)
+    fallback = kind.label
     return VerifyReport(path, result.format or fallback, False, (result,))

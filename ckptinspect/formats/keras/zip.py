@@ -34,7 +34,8 @@ import numpy as np
 
 from ... import model as m
 from ...errors import CkptError, CorruptCheckpointError, NotACheckpointError, UnsafeFileError
-from .._zip import check_archive, open_member, open_zip_archive
+from .._readcheck import ReadCheck
+from .._zip import check_archive, check_archive_by_reading, open_member, open_zip_archive
 from .h5 import INFO_UNALLOCATED, H5Source, guard_h5, open_h5py, list_h5_file, summarize_model_config
 
 __all__ = [
@@ -296,3 +297,8 @@ def open_zip(path: str) -> m.Checkpoint:
         info=info,
         source=H5Source([lambda: _open_weights(path)], [label], [path]),
     )
+
+
+def check_zip(path: str) -> ReadCheck:
+    """``verify``'s plan for a ``.keras`` archive (members' CRCs, then every value)."""
+    return check_archive_by_reading(path, open_zip)

@@ -37,6 +37,7 @@ from .variables import (
     unreadable_entries,
 )
 from .._layout import INDEX_SUFFIX, data_path
+from .sniff import SAVED_MODEL_VARIABLES
 from .wire import MalformedError
 from .data import decode_string_scalar, read_raw
 
@@ -489,3 +490,20 @@ def _entry_damage(prefix: str, index: BundleIndex, names: dict[str, str]) -> lis
             if se.problem is not None:
                 out.append(damage(se, e.key, tf_data.fmt_slice(starts, lengths)))
     return out
+
+
+def check_bundle_prefix(prefix: str) -> tf_data.BundleCheck:
+    """``verify``'s plan for a bundle given by prefix (its ``.index`` a regular file)."""
+    if _fs.isdir(prefix + INDEX_SUFFIX):
+        raise NotACheckpointError(f"{prefix}{INDEX_SUFFIX}: is a directory, not an index file")
+    return check_bundle(prefix)
+
+
+def open_savedmodel(directory: str) -> m.Checkpoint:
+    """The variables of a SavedModel directory (its ``variables/variables`` bundle)."""
+    return open_bundle(_fs.join(directory, SAVED_MODEL_VARIABLES), format=m.FORMAT_TF_SAVEDMODEL)
+
+
+def check_savedmodel(directory: str) -> tf_data.BundleCheck:
+    """``verify``'s plan for a SavedModel directory's variables."""
+    return check_bundle(_fs.join(directory, SAVED_MODEL_VARIABLES), format=m.FORMAT_TF_SAVEDMODEL)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Iterator
 from ... import model as m
 from ...errors import CkptError, CorruptCheckpointError
 from .. import _fs
+from .._readcheck import Check
 from .index import IndexEntry, parse_shape
 from .variables import step_from_name, tf1_role
 from .sstable import iter_table
@@ -163,3 +164,8 @@ def check_v1(path: str) -> m.CheckResult:
         return m.CheckResult(path, m.FORMAT_TF_V1, m.STATUS_DAMAGED, step=step, problems=(f"{path}: {e}",))
     return m.CheckResult(path, m.FORMAT_TF_V1, m.STATUS_INTACT, step=step, tensors=max(count - 1, 0),
                          nbytes=_fs.getsize(path))
+
+
+def check_v1_file(path: str) -> Check:
+    """``verify``'s plan for a V1 table file: one check of the whole file."""
+    return Check(path, lambda *_: check_v1(path), 1)
