@@ -26,7 +26,7 @@ import h5py
 import numpy as np
 import pytest
 
-SERIES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "series"
+SERIES = pathlib.Path(__file__).resolve().parents[2] / "fixtures" / "series"
 EXPECTED = json.loads((SERIES / "expected.json").read_text())
 FOLDERS = EXPECTED["folders"]
 STEPS_PER_EPOCH = EXPECTED["training"]["steps_per_epoch"]
