@@ -391,7 +391,10 @@ def test_committed_fixtures_agree_with_their_metadata():
 
 
 def test_committed_fixtures_are_small():
-    files = [p for p in FIXTURES.rglob("*") if p.is_file()]
+    # fixtures/series (folders of real callback checkpoints, ~280 KB: a Keras HDF5 file holds
+    # 12-26 KB of HDF5 metadata however small its model) has its own bound of 300 KB in
+    # tests/formats/test_series_fixtures.py; everything else keeps this one.
+    files = [p for p in FIXTURES.rglob("*") if p.is_file() and "series" not in p.relative_to(FIXTURES).parts[:1]]
     assert files
     assert sum(p.stat().st_size for p in files) < 512 * 1024
 
