@@ -38,7 +38,8 @@ from .tf.crc import mask as mask_crc32c
 if TYPE_CHECKING:  # imported on first use (see _LAZY_NAMES): `ls x.safetensors` never loads the TF readers
     from .tf.index import OBJECT_GRAPH_KEY
     from .tf.bundle import StoredSliceBlocks, object_graph_bytes, stored_slice_blocks, stream_blocks
-    from .tf.directory import DirectoryListing, checkpoint_present, checkpoint_step
+    from .series import DirectoryListing, name_numbers
+    from .tf.directory import checkpoint_present, checkpoint_step
 
 __all__ = [
     "Kind",
@@ -51,6 +52,7 @@ __all__ = [
     "Check",
     "list_directory",
     "DirectoryListing",
+    "name_numbers",
     "directory_fingerprint",
     "directory_changed",
     "checkpoint_step",
@@ -201,14 +203,15 @@ def prepare_check(path: str) -> tuple[FormatSpec, Any]:
     Returns:
         (kind, a check with ``.total`` and ``.run(progress, done=0, total=None)`` returning a
         :class:`~ckptinspect.model.CheckResult`). Damage is reported in the result; the check is
-        None for a checkpoint directory (``verify`` lists it and checks each checkpoint).
+        None for a directory of checkpoints, a series (``verify`` lists it and checks each
+        checkpoint).
 
     Raises:
         CheckpointNotFoundError, NotACheckpointError, UnsafeFileError: The path cannot be
             checked at all.
     """
     spec, target = _classify(str(path))
-    if spec is Kind.TF_DIRECTORY:
+    if spec.can("series"):
         return spec, None
     first = _registry.spec_for(spec.kind)
     if first.check is not None:
@@ -217,11 +220,24 @@ def prepare_check(path: str) -> tuple[FormatSpec, Any]:
 
 
 def list_directory(directory: str, *, steps: bool = True) -> DirectoryListing:
-    """A checkpoint directory, read once, without opening any checkpoint (see
-    :func:`ckptinspect.formats.tf.resolve.list_directory`)."""
-    from .tf.resolve import list_directory as list_tf_directory  # noqa: PLC0415 - see _LAZY_NAMES
+    """The checkpoints a directory holds, in order, and its problems, without opening any: a TF
+    checkpoint directory or a folder of Keras/PyTorch checkpoint files (the series seam,
+    :func:`ckptinspect.formats.series.list_series`).
 
-    return list_tf_directory(directory, steps=steps)
+    Args:
+        directory: The directory.
+        steps: For a TF directory, read the last checkpoints' steps from their indexes (as ``ls``
+            shows them); False: from their names only (for callers that open every checkpoint).
+
+    Returns:
+        The :class:`~ckptinspect.formats.series.DirectoryListing`.
+
+    Raises:
+        NotACheckpointError: No checkpoint at all in the directory (saying what it holds instead).
+    """
+    from .series import list_series  # noqa: PLC0415 - see _LAZY_NAMES
+
+    return list_series(directory, steps=steps)
 
 
 is_remote = _fs.is_remote
@@ -235,11 +251,12 @@ _LAZY_NAMES = {
     "stored_slice_blocks": ("tf.bundle", "stored_slice_blocks"),
     "object_graph_bytes": ("tf.bundle", "object_graph_bytes"),
     "stream_blocks": ("tf.bundle", "stream_blocks"),
-    "DirectoryListing": ("tf.directory", "DirectoryListing"),
+    "DirectoryListing": ("series", "DirectoryListing"),
+    "name_numbers": ("series", "name_numbers"),
     "checkpoint_step": ("tf.directory", "checkpoint_step"),
     "checkpoint_present": ("tf.directory", "checkpoint_present"),
-    "directory_fingerprint": ("tf.directory", "state_fingerprint"),
-    "directory_changed": ("tf.directory", "state_changed"),
+    "directory_fingerprint": ("series", "series_fingerprint"),
+    "directory_changed": ("series", "series_changed"),
 }
 
 # Writing TF bundles (extract, transplant) goes through TensorFlow and numpy: those names are

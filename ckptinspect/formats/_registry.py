@@ -54,7 +54,7 @@ CAPABILITIES = {
     "stored-bytes": "values stored raw, so a copy can take them byte for byte",
     "checksums": "stores a checksum per tensor, checked on every read",
     "tf-restorable": "restores into a TF model (tf.train.Checkpoint.read, init_from_checkpoint)",
-    "series": "a directory of such checkpoints forms a series (ls DIR, verify DIR, scan, average --last)",
+    "series": "a directory holding a series of checkpoints (ls DIR shows the newest, verify DIR checks each, scan and average --last go through them)",
     "writable": "the format can be written (extract, rewrite, average outputs)",
 }
 
@@ -287,7 +287,14 @@ def _npz_file(probe: Probe) -> str | None:
     return probe.path if is_npz(probe.path) else None
 
 
-_TF = ("object-graph", "slices", "stored-bytes", "checksums", "tf-restorable", "series", "writable")
+def _file_series(probe: Probe) -> str | None:
+    """A directory of checkpoint files a training callback wrote (see :mod:`.series`)."""
+    from .series import file_series_kind  # noqa: PLC0415 - only for directories
+
+    return probe.path if file_series_kind(probe.path) is not None else None
+
+
+_TF = ("object-graph", "slices", "stored-bytes", "checksums", "tf-restorable", "writable")
 register(FormatSpec("tf-bundle", "tf", AT_PREFIX, tf.bundle_prefix, open="tf.bundle:open_bundle",
                     check="tf.bundle:check_bundle_prefix", formats=(m.FORMAT_TF_BUNDLE,), capabilities=_TF,
                     describe="a TF checkpoint prefix or its .index file"))
@@ -295,7 +302,10 @@ register(FormatSpec("tf-savedmodel", "tf", AT_DIRECTORY, tf.savedmodel_directory
                     open="tf.bundle:open_savedmodel", check="tf.bundle:check_savedmodel",
                     formats=(m.FORMAT_TF_SAVEDMODEL,), capabilities=_TF, describe="a SavedModel directory"))
 register(FormatSpec("hf-folder", "hf", AT_DIRECTORY, hf.weights_folder, open=None, redirect=True))
+register(FormatSpec("file-series", "series", AT_DIRECTORY, _file_series, open="series:open_series",
+                    capabilities=("series",), describe="a folder of Keras or PyTorch checkpoints with the epoch or step in their names"))
 register(FormatSpec("tf-directory", "tf", AT_DIRECTORY, tf.checkpoint_directory, open="tf.resolve:open_directory",
+                    capabilities=("series",),
                     describe="a checkpoint directory"))
 register(FormatSpec("hdf5", "keras", AT_FILE, keras.hdf5_file, open="keras.h5:open_h5",
                     formats=(m.FORMAT_KERAS_H5, m.FORMAT_KERAS_WEIGHTS_H5), capabilities=("writable",),

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from .. import model as m
 from ..errors import CkptError, NotACheckpointError
-from ..formats import Kind, checkpoint_present, directory_changed, directory_fingerprint, list_directory, prepare_check
+from ..formats import checkpoint_present, directory_changed, directory_fingerprint, list_directory, prepare_check
 from ..model import Damage, Progress
 
 __all__ = [
@@ -30,7 +30,7 @@ __all__ = [
     "verify",
 ]
 
-FORMAT_DIRECTORY = "tf-directory"  # VerifyReport.format for a checkpoint directory
+FORMAT_DIRECTORY = "tf-directory"  # VerifyReport.format for a TF checkpoint directory (a file series: its kind)
 STATUS_INTACT = m.STATUS_INTACT
 STATUS_DAMAGED = m.STATUS_DAMAGED
 STATUS_MISSING = m.STATUS_MISSING
@@ -157,7 +157,7 @@ def _verify_directory(directory: str, progress: Progress | None) -> VerifyReport
         # The directory changed while we read it: a checkpoint whose files are gone now was
         # rotated out by the process saving into it, not damaged.
         results = [_rotated(r, directory) if r.path in gone else r for r in results]
-    return VerifyReport(directory, FORMAT_DIRECTORY, True, tuple(results), listing.problems, listing.notes)
+    return VerifyReport(directory, listing.kind, True, tuple(results), listing.problems, listing.notes)
 
 
 def _guarded(path: str, fn: Callable[[], Any]) -> Any:
@@ -194,7 +194,7 @@ def verify(path: str, progress: Progress | None = None) -> VerifyReport:
     """
     path = str(path)
     kind, check = prepare_check(path)
-    if kind is Kind.TF_DIRECTORY:
+    if kind.can("series"):
         return _verify_directory(path, progress)
     if check is None:  # pragma: no cover - every other kind has a check
         raise NotACheckpointError(f"{path}: not a checkpoint")

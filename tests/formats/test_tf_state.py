@@ -248,7 +248,7 @@ def test_a_folder_of_keras_files_lists_them(tmp_path):
         shutil.copy(KERAS / name, d / name)
     result = invoke("ls", d)
     assert result.exit_code == 2
-    assert result.stderr == (f"Error: {d}: holds Keras files, not a TF checkpoint directory; pass one of them:"
+    assert result.stderr == (f"Error: {d}: holds Keras files with no epoch or step in their names, not a series of checkpoints; pass one of them:"
                              f" {d}/model.h5, {d}/model.keras, {d}/model.weights.h5\n")
     assert invoke("ls", d / "model.keras").exit_code == 0
 

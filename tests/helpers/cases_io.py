@@ -423,7 +423,7 @@ CASES = [
         for cmd in ALL
     }),
     Case("keras-folder", keras_folder, {
-        cmd: (2, "Error: {p}: holds Keras files, not a TF checkpoint directory; pass one of them:"
+        cmd: (2, "Error: {p}: holds Keras files with no epoch or step in their names, not a series of checkpoints; pass one of them:"
                  " {p}/model.keras, {p}/model.weights.h5")
         for cmd in ALL
     }),

@@ -17,7 +17,6 @@ outside the directory (never read), and temporaries left by interrupted ckptinsp
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import time
@@ -28,6 +27,7 @@ from ...errors import CkptError
 from .. import _fs
 from .variables import step_from_name
 from .._layout import INDEX_SUFFIX, STATE_FILE, data_path
+from ..series import DirectoryListing
 
 __all__ = [
     "STATE_FILE",
@@ -125,46 +125,6 @@ def parse_state(text: str) -> CheckpointState | None:
     """Parse a state file's text; None when it has no ``model_checkpoint_path``."""
     state = _parse(text)
     return state if state.latest is not None else None
-
-
-@dataclasses.dataclass(frozen=True)
-class DirectoryListing:
-    """What a checkpoint directory holds, read once.
-
-    Attributes:
-        directory: The directory as given.
-        checkpoints: Every checkpoint: the state file's, in its order, then ones only on disk.
-        latest: The prefix (or V1 file) the directory resolves to, or None.
-        problems: What is wrong with the directory's state file, one line each (``verify``
-            counts them as damage; ``ls`` warns).
-        leftovers: Temporary files or folders of interrupted ckptinspect writes.
-        v1: A V1 checkpoint file, when the directory holds no bundle but V1 files (set by
-            :func:`ckptinspect.formats.list_directory`).
-        foreign: Absolute paths the state file names that do not exist on this machine (a
-            directory copied from another machine), read as their basenames in the directory.
-            TensorFlow uses such a path as written, so ``tf.train.latest_checkpoint`` names a
-            file that is not there.
-        has_state_file: Whether the directory has a readable, valid state file.
-    """
-
-    directory: str
-    checkpoints: tuple[m.RetainedCheckpoint, ...]
-    latest: str | None
-    problems: tuple[str, ...] = ()
-    leftovers: tuple[str, ...] = ()
-    v1: str | None = None
-    foreign: tuple[str, ...] = ()
-    has_state_file: bool = False
-
-    @property
-    def notes(self) -> tuple[str, ...]:
-        """One line per leftover temporary (worth knowing; not damage)."""
-        return tuple(f"{p}: left over from an interrupted ckptinspect write (safe to delete)" for p in self.leftovers)
-
-    @property
-    def warnings(self) -> tuple[str, ...]:
-        """Problems, then notes: what ``ls`` shows on stderr."""
-        return self.problems + self.notes
 
 
 def _resolve(directory: str, path: str) -> str:

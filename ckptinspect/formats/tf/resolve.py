@@ -47,7 +47,8 @@ def _nothing_found(directory: str, problems: tuple[str, ...] = ()) -> NotACheckp
         listed = ", ".join(_fs.join(directory, n) for n in keras[:MAX_LISTED])
         more = f" (+{len(keras) - MAX_LISTED} more)" if len(keras) > MAX_LISTED else ""
         return NotACheckpointError(
-            f"{directory}: holds Keras file{'s' if len(keras) != 1 else ''}, not a TF checkpoint directory;"
+            f"{directory}: holds Keras file{'s' if len(keras) != 1 else ''} with no epoch or step in"
+            f" {'their names' if len(keras) != 1 else 'its name'}, not a series of checkpoints;"
             f" pass one of them: {listed}{more}"
         )
     message = (f"{directory}: no checkpoint found in the directory (no 'checkpoint' state file naming"

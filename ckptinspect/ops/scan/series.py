@@ -5,11 +5,14 @@ A series is one of:
 * a TF checkpoint directory (``CheckpointManager`` / ``Saver``): every checkpoint its state
   file lists, then those only on disk (:func:`ckptinspect.formats.list_directory`, as ``ls``
   and ``verify`` read it; steps from the names here, ``scan`` opens each checkpoint for its own);
-* a directory of Keras files (``ModelCheckpoint`` with ``{epoch}`` in its file name:
-  ``weights.03.weights.h5``, ``model-05.h5``, ``ckpt_7.keras``);
+* a directory of checkpoint files a training callback wrote, each with its epoch or step in its
+  name (Keras ``ModelCheckpoint``: ``weights.03.weights.h5``, ``model-05.h5``, ``ckpt_7.keras``;
+  Lightning: ``epoch=2-step=60.ckpt``), in step order;
 * a list of paths, each one checkpoint (a directory in the list is the checkpoint it resolves to).
 
-The directory's health is read here, without opening a checkpoint: the state file's problems
+Which checkpoints a directory holds is the formats' series seam
+(:func:`ckptinspect.formats.list_directory`), as for ``ls``, ``verify`` and ``average``. The
+directory's health is read here, without opening a checkpoint: the state file's problems
 (garbage, paths outside the directory), checkpoints listed but missing or on disk but not
 listed, absolute paths written on another machine, data shards no checkpoint owns, and
 temporaries left by interrupted writes (ckptinspect's own and TensorFlow's).
@@ -23,8 +26,7 @@ import re
 from typing import Any, Sequence
 
 from ..._atomic import leftover_temporaries
-from ...errors import NotACheckpointError
-from ...formats import DATA_FILE_RE, INDEX_SUFFIX, STATE_FILE, list_directory
+from ...formats import DATA_FILE_RE, INDEX_SUFFIX, STATE_FILE, list_directory, name_numbers
 
 __all__ = [
     "SERIES_DIRECTORY",
@@ -41,8 +43,8 @@ __all__ = [
 
 SERIES_DIRECTORY = "tf-directory"
 SERIES_KERAS = "keras-files"
+SERIES_TORCH = "torch-files"
 SERIES_PATHS = "paths"
-KERAS_SUFFIXES = (".weights.h5", ".h5", ".hdf5", ".keras")
 
 # Health problem kinds (``Problem.kind``).
 HEALTH_STATE_FILE = "state-file"  # garbage, not a regular file, outside paths, or no state file at all
@@ -104,7 +106,8 @@ class Series:
     """The checkpoints to scan and the directory's problems.
 
     Attributes:
-        kind: :data:`SERIES_DIRECTORY`, :data:`SERIES_KERAS` or :data:`SERIES_PATHS`.
+        kind: :data:`SERIES_DIRECTORY`, :data:`SERIES_KERAS`, :data:`SERIES_TORCH` or
+            :data:`SERIES_PATHS`.
         directory: The directory (None for a list of paths).
         entries: The checkpoints, in listing order.
         problems: Health problems found without opening any checkpoint.
@@ -117,21 +120,10 @@ class Series:
 
 
 def name_step(path: str) -> int | None:
-    """The last number in a file's name, its suffixes aside (``weights.03.weights.h5`` -> 3,
-    ``model-05.h5`` -> 5, ``ckpt-8`` -> 8), or None."""
-    name = os.path.basename(path.rstrip("/"))
-    for suffix in (*KERAS_SUFFIXES, INDEX_SUFFIX):
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-            break
-    numbers = _NUMBER_RE.findall(name)
-    return int(numbers[-1]) if numbers else None
-
-
-def _keras_files(directory: str) -> list[str]:
-    names = sorted(os.listdir(directory))
-    return [os.path.join(directory, n) for n in names
-            if n.endswith(KERAS_SUFFIXES) and not n.startswith(".") and os.path.isfile(os.path.join(directory, n))]
+    """The step or epoch a checkpoint's name carries (``weights.03.weights.h5`` -> 3,
+    ``model-05.h5`` -> 5, ``ckpt-8`` -> 8, ``epoch=1-step=8.ckpt`` -> 8), or None: the series
+    seam's rule (:func:`ckptinspect.formats.name_numbers`)."""
+    return name_numbers(path).order
 
 
 def _temporaries(directory: str) -> list[Problem]:
@@ -145,14 +137,10 @@ def _temporaries(directory: str) -> list[Problem]:
 
 
 def _directory_series(directory: str) -> Series:
-    try:
-        listing = list_directory(directory, steps=False)  # scan opens each checkpoint for its step
-    except NotACheckpointError:
-        files = _keras_files(directory) if os.path.isdir(directory) else []
-        if not files:
-            raise
-        entries = tuple(Entry(p, name_step(p), order=i) for i, p in enumerate(files))
-        return Series(SERIES_KERAS, directory, entries, tuple(_temporaries(directory)))
+    listing = list_directory(directory, steps=False)  # scan opens each checkpoint for its step
+    if listing.kind != SERIES_DIRECTORY:  # a folder of checkpoint files, in step order
+        entries = tuple(Entry(c.path, c.step, order=i) for i, c in enumerate(listing.checkpoints))
+        return Series(listing.kind, directory, entries, tuple(_temporaries(directory)))
     problems = [Problem(HEALTH_STATE_FILE, os.path.join(directory, STATE_FILE), p) for p in listing.problems]
     state_path = os.path.join(directory, STATE_FILE)
     if not listing.has_state_file and not listing.problems:
@@ -189,9 +177,9 @@ def find_series(paths: Sequence[str]) -> Series:
     """
     paths = [str(p) for p in paths]
     if len(paths) == 1 and os.path.isdir(paths[0]) and not os.path.exists(paths[0] + INDEX_SUFFIX):
-        from ...formats import Kind, detect  # noqa: PLC0415
+        from ...formats import spec_of  # noqa: PLC0415
 
-        if detect(paths[0])[0] is Kind.TF_DIRECTORY:
+        if spec_of(paths[0]).can("series"):
             return _directory_series(paths[0])
     return Series(SERIES_PATHS, None, tuple(Entry(p, name_step(p), order=i) for i, p in enumerate(paths)))
 

@@ -1,0 +1,265 @@
+"""The series seam: which checkpoints a directory holds, in which order, with which step, and
+what is wrong with the directory, without opening a checkpoint.
+
+Two kinds of directory form a series:
+
+* a TF checkpoint directory (``CheckpointManager`` / ``Saver``): its state file and files, read by
+  the TF family (:func:`ckptinspect.formats.tf.resolve.list_directory`);
+* a directory of checkpoint files a training callback wrote, one file per save, each with its
+  epoch or step in its name: Keras ``ModelCheckpoint`` (``weights.03.weights.h5``,
+  ``model.05-0.42.h5``, ``ckpt_7.keras``) and PyTorch / Lightning (``epoch=2-step=60.ckpt``,
+  ``model_0004.pt``). Files without such a number (``last.ckpt``, ``final.keras``) are named in
+  the listing's notes, not ordered into the series.
+
+``ls DIR`` opens the newest, ``verify DIR`` checks each, ``scan DIR`` goes through them in order,
+``average --last N DIR`` takes the newest N, and ``plan DIR`` reads the cadence from them: all
+through :func:`list_series`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+
+from .. import model as m
+from .._atomic import leftover_temporaries
+from ..errors import CkptError, NotACheckpointError
+from . import _fs
+from ._layout import INDEX_SUFFIX, STATE_FILE
+
+__all__ = [
+    "SERIES_TF",
+    "SERIES_KERAS",
+    "SERIES_TORCH",
+    "FILE_SERIES_SUFFIXES",
+    "DirectoryListing",
+    "NameNumbers",
+    "name_numbers",
+    "file_series_kind",
+    "list_series",
+    "open_series",
+    "series_fingerprint",
+    "series_changed",
+]
+
+SERIES_TF = "tf-directory"
+SERIES_KERAS = "keras-files"
+SERIES_TORCH = "torch-files"
+# The file suffixes of each kind of file series, longest first where one ends another.
+FILE_SERIES_SUFFIXES = {
+    SERIES_KERAS: (".weights.h5", ".h5", ".hdf5", ".keras"),
+    SERIES_TORCH: (".ckpt", ".pt", ".pth"),
+}
+TF_MARKERS = (STATE_FILE, "saved_model.pb", "saved_model.pbtxt")
+MAX_SERIES_FILES = 100_000  # names looked at in one directory
+
+# ``epoch=2-step=60``: Lightning's ``{epoch}-{step}`` template writes key=value pairs.
+_KEY_NUMBER_RE = re.compile(r"(?:^|[^A-Za-z0-9])(epoch|step|global_step|iter|iteration)=(\d+)(?![\d.])", re.I)
+# A number standing alone between separators (``weights.03``, ``model-05``, ``ckpt_7``), not part
+# of a word (``keras2``) nor of a decimal (``0.45``).
+_TOKEN_RE = re.compile(r"(?:^|(?<=[._\-=]))(\d+)(?=$|[._\-])")
+
+
+@dataclasses.dataclass(frozen=True)
+class NameNumbers:
+    """The numbers a checkpoint's file name carries.
+
+    Attributes:
+        epoch: ``epoch=N``, or None.
+        step: ``step=N`` (``global_step=``, ``iter=``), or None.
+        number: The name's number when it carries no ``key=value`` (a ``ModelCheckpoint``
+            ``{epoch}``, a ``CheckpointManager`` number), or None.
+    """
+
+    epoch: int | None = None
+    step: int | None = None
+    number: int | None = None
+
+    @property
+    def order(self) -> int | None:
+        """What the series is ordered by: the step, else the epoch, else the number."""
+        for value in (self.step, self.epoch, self.number):
+            if value is not None:
+                return value
+        return None
+
+
+def _stem(name: str) -> str:
+    for suffixes in FILE_SERIES_SUFFIXES.values():
+        for suffix in suffixes:
+            if name.endswith(suffix):
+                return name[: -len(suffix)]
+    return name[: -len(INDEX_SUFFIX)] if name.endswith(INDEX_SUFFIX) else name
+
+
+def name_numbers(path: str) -> NameNumbers:
+    """The epoch, step or number in a checkpoint file's name (its suffix aside).
+
+    ``epoch=2-step=60.ckpt`` -> epoch 2, step 60; ``weights.03.weights.h5`` -> 3;
+    ``model.05-0.42.h5`` -> 5 (the loss is a decimal); ``keras2_model.h5`` -> none.
+    """
+    stem = _stem(os.path.basename(path.rstrip("/")))
+    keyed = {k.lower(): int(v) for k, v in _KEY_NUMBER_RE.findall(stem)}
+    if keyed:
+        step = keyed.get("step", keyed.get("global_step", keyed.get("iter", keyed.get("iteration"))))
+        return NameNumbers(epoch=keyed.get("epoch"), step=step)
+    tokens = _TOKEN_RE.findall(stem)
+    return NameNumbers(number=int(tokens[0])) if tokens else NameNumbers()
+
+
+@dataclasses.dataclass(frozen=True)
+class DirectoryListing:
+    """What a checkpoint directory holds, read once.
+
+    Attributes:
+        directory: The directory as given.
+        checkpoints: Every checkpoint: for a TF directory the state file's, in its order, then
+            ones only on disk; for a file series the files in step order.
+        latest: The checkpoint the directory resolves to (the newest), or None.
+        problems: What is wrong with the directory (its state file), one line each (``verify``
+            counts them as damage; ``ls`` warns).
+        leftovers: Temporary files or folders of interrupted ckptinspect writes.
+        v1: A V1 checkpoint file, when the directory holds no bundle but V1 files.
+        foreign: Absolute paths the state file names that do not exist on this machine (a
+            directory copied from another machine), read as their basenames in the directory.
+            TensorFlow uses such a path as written, so ``tf.train.latest_checkpoint`` names a
+            file that is not there.
+        has_state_file: Whether the directory has a readable, valid state file.
+        kind: :data:`SERIES_TF`, :data:`SERIES_KERAS` or :data:`SERIES_TORCH`.
+        unordered: Checkpoint files of a file series whose names carry no epoch or step.
+    """
+
+    directory: str
+    checkpoints: tuple[m.RetainedCheckpoint, ...]
+    latest: str | None
+    problems: tuple[str, ...] = ()
+    leftovers: tuple[str, ...] = ()
+    v1: str | None = None
+    foreign: tuple[str, ...] = ()
+    has_state_file: bool = False
+    kind: str = SERIES_TF
+    unordered: tuple[str, ...] = ()
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """One line per leftover temporary and per unordered file (worth knowing; not damage)."""
+        return tuple(f"{p}: left over from an interrupted ckptinspect write (safe to delete)" for p in self.leftovers) + tuple(
+            f"{p}: not part of the series (no epoch or step in its name)" for p in self.unordered)
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """Problems, then notes: what ``ls`` shows on stderr."""
+        return self.problems + self.notes
+
+
+def _checkpoint_files(directory: str) -> tuple[str | None, list[str]]:
+    """The file-series kind of a directory and its checkpoint files (sorted names), or (None, [])
+    for a directory holding TF checkpoint files or no checkpoint files."""
+    try:
+        names = _fs.listdir(directory)
+    except (OSError, CkptError):
+        return None, []
+    if len(names) > MAX_SERIES_FILES:
+        return None, []
+    present = set(names)
+    if any(n in present for n in TF_MARKERS) or any(n.endswith(INDEX_SUFFIX) for n in names):
+        return None, []
+    for kind, suffixes in FILE_SERIES_SUFFIXES.items():
+        files = sorted(n for n in names if n.endswith(suffixes) and not n.startswith("."))
+        files = [n for n in files if _fs.is_regular(_fs.join(directory, n))]
+        if files:
+            return kind, files
+    return None, []
+
+
+def file_series_kind(directory: str) -> str | None:
+    """:data:`SERIES_KERAS` or :data:`SERIES_TORCH` for a directory of checkpoint files at least one
+    of which carries an epoch or step in its name; None otherwise (TF directories included)."""
+    kind, files = _checkpoint_files(directory)
+    if kind is None or not any(name_numbers(n).order is not None for n in files):
+        return None
+    return kind
+
+
+def _mtime(path: str) -> float | None:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
+
+
+def _list_files(directory: str, kind: str, files: list[str]) -> DirectoryListing:
+    numbered = [(name_numbers(n).order, n) for n in files]
+    ordered = sorted((order, n) for order, n in numbered if order is not None)
+    unordered = tuple(_fs.join(directory, n) for order, n in numbered if order is None)
+    paths = [_fs.join(directory, n) for _, n in ordered]
+    latest = paths[-1] if paths else None
+    checkpoints = tuple(
+        m.RetainedCheckpoint(path=p, step=order, timestamp=None if _fs.is_remote(p) else _mtime(p), exists=True,
+                             in_state_file=False, latest=p == latest)
+        for (order, _), p in zip(ordered, paths)
+    )
+    leftovers = () if _fs.is_remote(directory) else tuple(leftover_temporaries(directory))
+    return DirectoryListing(directory, checkpoints, latest, leftovers=leftovers, kind=kind, unordered=unordered)
+
+
+def list_series(directory: str, *, steps: bool = True) -> DirectoryListing:
+    """The checkpoints of a directory, in order, and its problems, without opening any.
+
+    Args:
+        directory: A TF checkpoint directory or a directory of checkpoint files.
+        steps: For a TF directory, read the last checkpoints' steps from their indexes (as
+            ``ls`` shows them); False: from their names only.
+
+    Raises:
+        NotACheckpointError: No checkpoint at all in the directory (saying what it holds
+            instead: SavedModel exports, Keras files without an epoch in their names).
+    """
+    kind, files = _checkpoint_files(directory)
+    if kind is not None and any(name_numbers(n).order is not None for n in files):
+        return _list_files(directory, kind, files)
+    from .tf.resolve import list_directory  # noqa: PLC0415 - the TF readers load for TF directories only
+
+    return list_directory(directory, steps=steps)
+
+
+def open_series(directory: str) -> m.Checkpoint:
+    """The newest checkpoint of a file series, opened, with the series as its ``checkpoints``."""
+    from . import open_checkpoint  # noqa: PLC0415 - the door opens the member by its own kind
+
+    listing = list_series(directory)
+    if listing.latest is None:  # pragma: no cover - file_series_kind found a numbered file
+        raise NotACheckpointError(f"{directory}: no checkpoint file with an epoch or step in its name")
+    ckpt = open_checkpoint(listing.latest)
+    info = dict(ckpt.info)
+    if listing.warnings:
+        info["warnings"] = [*listing.warnings, *info.get("warnings", ())]
+    return dataclasses.replace(ckpt, checkpoints=listing.checkpoints, info=info)
+
+
+def series_fingerprint(directory: str) -> object:
+    """What changes when a process saves into the directory: a TF directory's state file; a file
+    series' names, sizes and modification times."""
+    kind, files = _checkpoint_files(directory)
+    if kind is None:
+        from .tf.directory import state_fingerprint  # noqa: PLC0415
+
+        return state_fingerprint(directory)
+    stats = []
+    for n in files:
+        try:
+            st = os.stat(_fs.join(directory, n))
+            stats.append((n, st.st_size, st.st_mtime_ns))
+        except OSError:
+            stats.append((n, None, None))
+    return tuple(stats)
+
+
+def series_changed(directory: str, before: object) -> bool:
+    """Whether the directory changed since ``before`` (a :func:`series_fingerprint`)."""
+    if isinstance(before, tuple):
+        return series_fingerprint(directory) != before
+    from .tf.directory import state_changed  # noqa: PLC0415
+
+    return state_changed(directory, before)
