@@ -1,16 +1,18 @@
 """issue 25 item 8: Keras' own layout pairs one model's files without ``--map``.
 
-Inputs: ``fixtures/keras_pairs`` (written by its ``make_fixtures.py`` with Keras 3 and
-tf_keras). Before: the ``.keras`` file's ``optimizer/vars/N`` and the legacy ``.h5``'s
+Inputs: ``fixtures/keras_pairs`` (written by its ``make_fixtures.py`` with tf_keras) and a
+Keras 3 model saved both ways here, by the same script's ``keras3``. Before: the ``.keras`` file's ``optimizer/vars/N`` and the legacy ``.h5``'s
 ``optimizer_weights/adam/...`` were all removed/added (exit 1); a Keras 2 ``weights.03.hdf5``
 (``dense``) and the final model saved from a later build (``dense_2``) paired nothing.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import pathlib
 
+import pytest
 from typer.testing import CliRunner
 
 from ckptinspect.cli import app
@@ -24,8 +26,19 @@ def _diff(a: pathlib.Path, b: pathlib.Path) -> tuple[int, dict]:
     return result.exit_code, json.loads(result.stdout)
 
 
-def test_one_keras3_model_saved_as_keras_and_as_h5_is_equal():
-    code, doc = _diff(PAIRS / "keras3.keras", PAIRS / "keras3.h5")
+@pytest.fixture(scope="module")
+def keras3_pair(tmp_path_factory) -> pathlib.Path:
+    pytest.importorskip("keras")
+    spec = importlib.util.spec_from_file_location("keras_pairs_make", PAIRS / "make_fixtures.py")
+    make = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make)
+    out = tmp_path_factory.mktemp("keras3")
+    make.keras3(out)
+    return out
+
+
+def test_one_keras3_model_saved_as_keras_and_as_h5_is_equal(keras3_pair):
+    code, doc = _diff(keras3_pair / "keras3.keras", keras3_pair / "keras3.h5")
     assert code == 0 and doc["identical"], doc["notes"]
     assert doc["summary"]["added"] == doc["summary"]["removed"] == 0
     optimizer = [v for v in doc["variables"] if v["key_a"].startswith("optimizer/vars/")]
