@@ -14,6 +14,7 @@ import re
 import shutil
 import sys
 import time
+import traceback
 from typing import Callable, Optional
 
 import typer
@@ -89,15 +90,15 @@ def handle_errors(fn: Callable) -> Callable:
             typer.echo("Error: interrupted", err=True)
             raise typer.Exit(130) from None
         except errors.CkptError as e:
-            if _state["debug"]:
-                raise
+            if _state["debug"]:  # --debug adds the traceback; the Error line and exit 2 stay
+                traceback.print_exc()
             fail(str(e))
         except Exception as e:  # noqa: BLE001 - the CLI promises no traceback without --debug
             if _state["debug"]:
-                raise
+                traceback.print_exc()
             text = str(e).strip()
             fail(f"unexpected {type(e).__name__}: {text.splitlines()[0] if text else ''}"
-                 " (run with --debug for the traceback)")
+                 + ("" if _state["debug"] else " (run with --debug for the traceback)"))
 
     return wrapper
 

@@ -33,10 +33,11 @@ class Opened:
     in ``damaged`` are not read again), and a function finding more damage (archive CRCs)."""
 
     def __init__(self, ckpt: m.Checkpoint, damaged: list[m.Damage] | None = None,
-                 more: Callable[[], list[m.Damage]] | None = None):
+                 more: Callable[[], list[m.Damage]] | None = None, problems: list[str] | None = None):
         self.ckpt = ckpt
         self.damaged = list(damaged or [])
         self.more = more
+        self.problems = tuple(problems or ())  # file-level problems (missing shards), one line each
 
 
 class ReadCheck:
@@ -84,6 +85,6 @@ class ReadCheck:
                 done += 1
                 if progress is not None:
                     progress(done, total, var)
-        status = m.STATUS_DAMAGED if damaged else m.STATUS_INTACT
+        status = m.STATUS_DAMAGED if damaged or opened.problems else m.STATUS_INTACT
         return m.CheckResult(self.path, ckpt.format, status, step=ckpt.step, tensors=len(ckpt.variables),
-                             nbytes=nbytes, damaged=tuple(damaged))
+                             nbytes=nbytes, problems=opened.problems, damaged=tuple(damaged))

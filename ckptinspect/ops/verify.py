@@ -11,7 +11,7 @@ every checkpoint a directory retains (as ``ckptinspect ls`` lists them).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from .. import model as m
 from ..errors import CkptError, NotACheckpointError
@@ -27,6 +27,8 @@ __all__ = [
     "Damage",
     "CheckpointResult",
     "VerifyReport",
+    "check_checkpoint",
+    "rotated_out",
     "verify",
 ]
 
@@ -152,12 +154,34 @@ def _verify_directory(directory: str, progress: Progress | None) -> VerifyReport
                 f"{c.path}: listed by {directory.rstrip('/')}/{STATE_FILE} but its files are missing",))
         step = result.step if result.step is not None else c.step
         results.append(dataclasses.replace(result, step=step, latest=c.latest, in_state_file=c.in_state_file))
-    gone = {r.path for r in results if not r.intact and not checkpoint_present(r.path)}
-    if gone and directory_changed(directory, before):
-        # The directory changed while we read it: a checkpoint whose files are gone now was
-        # rotated out by the process saving into it, not damaged.
-        results = [_rotated(r, directory) if r.path in gone else r for r in results]
+    gone = rotated_out(directory, before, [r.path for r in results if not r.intact])
+    results = [_rotated(r, directory) if r.path in gone else r for r in results]
     return VerifyReport(directory, listing.kind, True, tuple(results), listing.problems, listing.notes)
+
+
+def rotated_out(directory: str, before: object, not_intact: Iterable[str]) -> set[str]:
+    """The rule that tells a checkpoint rotated out from a damaged or missing one (``verify``
+    and ``scan`` both ask it): of the checkpoints found not intact, those whose files are gone
+    now, when the directory changed since ``before`` (a
+    :func:`~ckptinspect.formats.directory_fingerprint` taken before the directory was listed):
+    the process saving into the directory deleted them meanwhile. An idle directory has none."""
+    gone = {p for p in not_intact if not checkpoint_present(p)}
+    return gone if gone and directory_changed(directory, before) else set()
+
+
+def check_checkpoint(path: str, progress: Progress | None = None, done: int = 0, total: int | None = None) -> CheckpointResult:
+    """``verify``'s verdict on one checkpoint (not a directory): the format's check
+    (:func:`~ckptinspect.formats.prepare_check`) run whole; a checkpoint that cannot be
+    checked at all (a refusal, a file that vanished) is damaged, with the reason. ``scan``
+    takes each checkpoint's status from here."""
+
+    def run() -> CheckpointResult:
+        kind, check = prepare_check(path)
+        if check is None:
+            raise NotACheckpointError(f"{path}: a directory, not one checkpoint")
+        return check.run(progress, done, total)
+
+    return _guarded(path, run)
 
 
 def _guarded(path: str, fn: Callable[[], Any]) -> Any:

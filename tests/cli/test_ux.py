@@ -354,8 +354,9 @@ def test_debug_is_accepted_after_the_command(tmp_path):
     plain = invoke("ls", missing)
     assert plain.exit_code == 2 and plain.stderr.startswith("Error: ")
     for args in (["ls", missing, "--debug"], ["--debug", "ls", missing], ["diff", "--debug", missing, RUN]):
-        result = invoke(*args)
-        assert isinstance(result.exception, ckptinspect.CheckpointNotFoundError), args  # the traceback is shown
+        result = invoke(*args)  # the traceback is shown; exit code and Error line as without --debug (issue 25)
+        assert result.exit_code == 2 and "Traceback" in result.stderr and "CheckpointNotFoundError" in result.stderr, args
+        assert result.stderr.splitlines()[-1] == plain.stderr.splitlines()[-1], args
     assert invoke("ls", missing).exit_code == 2  # --debug does not stick to the next command
 
 

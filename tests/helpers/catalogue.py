@@ -205,9 +205,10 @@ BASE_CASES = [
     }),
     Case("missing-shard", missing_shard, {
         "ls": (0, ""),
-        "ls-stats": (2, "Error: {p}: cannot read ' … ': {p}.data-00003-of-00005; No such file or directory"),
+        # issue 25: said at once, without TensorFlow
+        "ls-stats": (2, "Error: {p}.data-00003-of-00005: data file is missing ({p}.index names it; cannot read '"),
         "verify": (1, "{p}.data-00003-of-00005: data shard is missing (named by {p}.index)"),
-        "diff": (2, "{p}.data-00003-of-00005; No such file or directory"),
+        "diff": (2, "{p}.data-00003-of-00005: data file is missing"),
         "extract": (2, "{p}.data-00003-of-00005"),
     }),
     Case("truncated-shard", truncated_shard, {

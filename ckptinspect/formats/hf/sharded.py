@@ -10,6 +10,13 @@ A sharded checkpoint opens as one :class:`~ckptinspect.model.Checkpoint`: every 
 shard the index names, ``Variable.shards`` giving the shard's position in
 ``info["shard_files"]``. Each name the index maps must be in that shard, and no name may be in
 two shards. Shard names must be plain file names in the index's folder.
+
+Shards that are not there (an index copied without them) do not stop listing: the names the
+index maps to them are variables of unknown shape (``()``) and dtype :data:`UNKNOWN_DTYPE`, a
+warning per missing shard says so (``info["warnings"]``, ``info["missing_shards"]``,
+``info["unreadable"]``: name -> why), and
+reading one of their values is an error naming the shard. ``verify`` names every missing shard
+(a problem line each, and ``missing-shard`` damage per name).
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ __all__ = ["open_hf_sharded", "check_hf_sharded"]
 
 WEIGHT_MAP = "weight_map"
 MAX_INDEX_BYTES = 64 << 20
+UNKNOWN_DTYPE = "unknown"  # a name the index maps to a shard that is not there
 
 
 def _shard_names(path: str, weight_map: Any) -> list[str]:
@@ -88,6 +96,41 @@ class _ShardedSource(m.BaseSource):
             s.close()
 
 
+class _MissingShards(m.BaseSource):
+    """A sharded checkpoint's values when some shards are not there: the names mapped to them
+    refuse to be read (naming the shard), the others come from the shards that are."""
+
+    def __init__(self, inner: m.BaseSource | None, missing: dict[str, str], extra_files: tuple[str, ...]):
+        self._inner = inner
+        self._missing = missing  # key -> why
+        self._extra = extra_files
+
+    def _check(self, variable: m.Variable) -> m.BaseSource:
+        why = self._missing.get(variable.key)
+        if why is not None or self._inner is None:
+            raise CheckpointNotFoundError(why or f"no tensor {variable.key!r}")
+        return self._inner
+
+    def read(self, variable: m.Variable) -> np.ndarray:
+        return self._check(variable).read(variable)
+
+    def iter_blocks(self, variable: m.Variable, elements: int) -> Iterator[np.ndarray]:
+        return self._check(variable).iter_blocks(variable, elements)
+
+    def storage_order(self, variable: m.Variable) -> tuple:
+        if variable.key in self._missing or self._inner is None:
+            return (len(self._extra), variable.key)
+        return self._inner.storage_order(variable)
+
+    def files(self) -> tuple[str, ...]:
+        inner = self._inner.files() if self._inner is not None else ()
+        return (*self._extra, *(f for f in inner if f not in self._extra))
+
+    def close(self) -> None:
+        if self._inner is not None:
+            self._inner.close()
+
+
 def _read_index(path: str) -> tuple[dict[str, Any], list[str]]:
     size = _fs.getsize(path)
     if size > MAX_INDEX_BYTES:
@@ -101,15 +144,17 @@ def _read_index(path: str) -> tuple[dict[str, Any], list[str]]:
     return index, _shard_names(path, index.get(WEIGHT_MAP))
 
 
-def _opened(path: str, strict: bool) -> tuple[m.Checkpoint, list[m.Damage]]:
+def _opened(path: str, strict: bool) -> tuple[m.Checkpoint, list[m.Damage], list[str]]:
     index, shard_files = _read_index(path)
     weight_map: dict[str, str] = index[WEIGHT_MAP]
     directory = _fs.dirname(path)
-    shard_paths = [_fs.join(directory, n) if directory else n for n in shard_files]
-    for i, p in enumerate(shard_paths):
-        if not _fs.isfile(p):
-            raise CheckpointNotFoundError(f"{p}: shard {i + 1} of {len(shard_paths)} named by {path} is missing")
-    first = _fs.read_head(shard_paths[0], 10)
+    all_paths = [_fs.join(directory, n) if directory else n for n in shard_files]
+    absent = {i: f"{p}: shard {i + 1} of {len(all_paths)} named by {path} is missing"
+              for i, p in enumerate(all_paths) if not _fs.isfile(p)}
+    present = [i for i in range(len(all_paths)) if i not in absent]
+    # the shards read below: the present ones (their positions in shard_files kept by `number`)
+    shard_paths = [all_paths[i] for i in present]
+    number = present
     damaged: list[m.Damage] = []
     variables: list[m.Variable] = []
     seen: dict[str, int] = {}
@@ -126,18 +171,24 @@ def _opened(path: str, strict: bool) -> tuple[m.Checkpoint, list[m.Damage]]:
                 )
             seen[v.key] = i
 
-    if is_safetensors_head(first):
+    if shard_paths:
+        is_st = is_safetensors_head(_fs.read_head(shard_paths[0], 10))
+    else:  # no shard at all: the index's own name says which kind they were
+        is_st = _fs.basename(path).endswith(".safetensors.index.json") or all(
+            n.endswith(".safetensors") for n in shard_files)
+    if is_st:
         entries = {}
         problems: dict[str, str] = {}
         step = step_source = None
-        for i, p in enumerate(shard_paths):
+        for j, p in enumerate(shard_paths):
+            i = number[j]
             header = read_header(p, strict=strict)
             shard_vars = variables_of(header, shard=i)
             add(i, shard_vars)
             variables += shard_vars
-            entries.update({t.name: (i, t) for t in header.tensors})
+            entries.update({t.name: (j, t) for t in header.tensors})
             problems.update(header.problems)
-            if i == 0:
+            if j == 0:
                 step, step_source = metadata_step(header.metadata)
                 if header.metadata is not None:
                     info["metadata"] = header.metadata
@@ -153,13 +204,14 @@ def _opened(path: str, strict: bool) -> tuple[m.Checkpoint, list[m.Damage]]:
         try:
             from ..torch.reader import open_torch  # noqa: PLC0415 - brings numpy
 
-            for i, p in enumerate(shard_paths):
+            for j, p in enumerate(shard_paths):
+                i = number[j]
                 shard = open_torch(p)
                 shards.append(shard)
                 fmt = fmt or shard.format
                 add(i, list(shard.variables))
                 for v in shard.variables:
-                    where[v.key] = (i, v)
+                    where[v.key] = (j, v)
                     variables.append(m.Variable(key=v.key, name=v.name, shape=v.shape, dtype=v.dtype,
                                                 nbytes=v.nbytes, shards=(i,), role=v.role))
                 if shard.info.get("tied"):
@@ -169,6 +221,24 @@ def _opened(path: str, strict: bool) -> tuple[m.Checkpoint, list[m.Damage]]:
                 s.close()
             raise
         source = _ShardedSource(path, shards, where)
+        fmt = fmt or (m.FORMAT_TORCH_ZIP if absent else None)  # no shard to tell: torch.save's default
+    missing: dict[str, str] = {}
+    if absent:
+        position = {n: i for i, n in enumerate(shard_files)}
+        for key, name in weight_map.items():
+            i = position[name]
+            if i in absent and key not in seen:
+                seen[key] = i
+                missing[key] = f"{all_paths[i]}: cannot read {key!r}: shard {i + 1} of {len(all_paths)} named by {path} is missing"
+                variables.append(m.Variable(key=key, name=key, shape=(), dtype=UNKNOWN_DTYPE, nbytes=0, shards=(i,)))
+                damaged.append(m.Damage(key=key, name=key, file=all_paths[i], kind=m.DAMAGE_MISSING_SHARD,
+                                        problem=f"its shard {name} is missing", shard=i))
+        info["missing_shards"] = [shard_files[i] for i in sorted(absent)]
+        # as a TF bundle's entries TensorFlow cannot read: commands that need the values refuse at once
+        info["unreadable"] = {key: f"its shard {weight_map[key]} is missing" for key in missing}
+        info["warnings"] = [f"{absent[i]}; its {sum(n == shard_files[i] for n in weight_map.values())} tensor(s) are"
+                            " listed by the names the index gives (shape and dtype unknown)" for i in sorted(absent)]
+        source = _MissingShards(source, missing, (path, *all_paths))
     for key, name in weight_map.items():
         if key not in seen:
             problem = f"{path}: the index maps {key!r} to {name}, which does not hold it"
@@ -186,7 +256,7 @@ def _opened(path: str, strict: bool) -> tuple[m.Checkpoint, list[m.Damage]]:
                                     problem=problem.removeprefix(path + ": ")))
     ckpt = m.Checkpoint(path=path, format=fmt or FORMAT_SAFETENSORS, variables=tuple(variables), step=step,
                         step_source=step_source, num_shards=len(shard_files), info=info, source=source)
-    return ckpt, damaged
+    return ckpt, damaged, [absent[i] for i in sorted(absent)]
 
 
 def open_hf_sharded(path: str) -> m.Checkpoint:
@@ -209,9 +279,9 @@ def check_hf_sharded(path: str) -> ReadCheck:
 
     def opener(p: str) -> Opened:
         try:
-            ckpt, damaged = _opened(p, strict=False)
+            ckpt, damaged, problems = _opened(p, strict=False)
         except CheckpointNotFoundError as e:
             raise CorruptCheckpointError(str(e)) from None
-        return Opened(ckpt, damaged)
+        return Opened(ckpt, damaged, problems=problems)
 
     return ReadCheck(str(path), opener)

@@ -193,6 +193,7 @@ class BundleSource(m.BaseSource):
         self._reader = None
         self._files = _fs.DataFiles()
         self._pinned = False
+        self._held: set[str] = set()  # data files held open since pin()
         self._reader_lock = threading.RLock()
 
     def _check_readable(self, variable: m.Variable) -> None:
@@ -222,6 +223,7 @@ class BundleSource(m.BaseSource):
         for path in tf_data.shard_files(self.prefix, self.num_shards):
             try:
                 self._files.pin(path)
+                self._held.add(path)
             except CkptError:
                 pass  # missing or special: reported by whatever reads it
         self._pinned = True
@@ -234,6 +236,7 @@ class BundleSource(m.BaseSource):
         from ..._tf import get_tensor  # noqa: PLC0415
 
         self._check_readable(variable)
+        self._check_shards(variable)
         if self._reader_aborts:
             return self._restore(variable)
         try:
@@ -262,6 +265,27 @@ class BundleSource(m.BaseSource):
             out[done : done + block.size] = block
             done += block.size
         return out.reshape(variable.shape)
+
+    def _check_shards(self, variable: m.Variable) -> None:
+        """Refuse at once (before TensorFlow is loaded) a value whose local data file is not
+        there and was not held open: a file that never existed (an index copied alone) is
+        missing, not rotated out.
+
+        Raises:
+            CheckpointNotFoundError: ``PATH: data file is missing (PREFIX.index names it)``.
+        """
+        if _fs.is_remote(self.prefix):
+            return
+        entry = self._entries.get(variable.key)
+        if entry is None:
+            return
+        shards = {entry.shard_id} if not entry.slices else {se.shard_id for *_, se in self._slices.get(variable.key, ())}
+        for shard in sorted(shards):
+            path = data_path(self.prefix, shard, self.num_shards)
+            if path not in self._held and not os.path.lexists(path):
+                raise CheckpointNotFoundError(
+                    f"{path}: data file is missing ({self.prefix}{INDEX_SUFFIX} names it; "
+                    f"cannot read {_label(variable)})")
 
     def _vanished(self) -> bool:
         """Whether the index or a data shard is gone from its path now."""

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from ..._parallel import ordered_map
 from ...errors import UsageError
-from ...model import ROLES, Checkpoint, Variable
+from ...model import FORMAT_KERAS_H5, FORMAT_KERAS_WEIGHTS_H5, FORMAT_KERAS_ZIP, ROLES, Checkpoint, Variable
 from .compare import (
     BLOCK_BYTES,
     CHUNK_ELEMENTS,
@@ -377,7 +377,8 @@ def diff(
         cb = ca if _same_path(a, b) else mark_optimizer(_open(b, opened), optimizer_pattern)
         va_list = ca.filter(role=role)
         vb_list = cb.filter(role=role)
-        alignment = align(va_list, vb_list, same_format=ca.format == cb.format, mapping=rules, layout=layout)
+        keras = {ca.format, cb.format} <= {FORMAT_KERAS_H5, FORMAT_KERAS_WEIGHTS_H5, FORMAT_KERAS_ZIP}
+        alignment = align(va_list, vb_list, same_format=ca.format == cb.format, mapping=rules, layout=layout, keras=keras)
         sides = (("A", ca),) if cb is ca else (("A", ca), ("B", cb))
         notes = [f"{side}: {w}" for side, c in sides for w in c.info.get("warnings", ())]
         notes += alignment.notes

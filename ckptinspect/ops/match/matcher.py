@@ -224,6 +224,13 @@ def model_stages(
     return (*stages, layer_stage(layout, order=order, order_known=order_known))
 
 
+# diff's name stages: the per-variable ones, then what they leave paired as Keras lays a model
+# out (issue 25): whole layers by name once Keras' auto-numbers are set aside (``dense`` in an
+# early ModelCheckpoint file, ``dense_3`` in the final model saved from another session), each
+# layer's variables by their names or Keras' creation order; shapes must be equal.
+DIFF_NAME_STAGES = (*NAME_STAGES, layer_stage(PLAIN))
+
+
 # -- the driver ----------------------------------------------------------------------------------
 def _check_indices(side: Sequence[Item], label: str) -> None:
     seen = set()
@@ -331,6 +338,7 @@ def align(
     same_format: bool,
     mapping: RulesLike = None,
     layout: Layout | None = None,
+    keras: bool = False,
 ) -> Match:
     """Pair the variables of two checkpoints, as ``diff`` does.
 
@@ -348,6 +356,8 @@ def align(
             framework. Alignment is by name, and what the name stages leave is paired by
             :func:`layer_stage` (leaf spellings such as ``weight``/``kernel``,
             ``running_mean``/``moving_mean``; shapes through these rules), as ``doctor`` pairs.
+        keras: Both sides are Keras files (``.h5``, ``.weights.h5``, ``.keras``): what the name
+            stages leave is paired as Keras lays a model out (:data:`DIFF_NAME_STAGES`).
 
     Returns:
         The :class:`Match`, its ``method`` ``key`` or ``name``, with a note naming what could
@@ -359,6 +369,7 @@ def align(
     rules = parse_mapping(mapping)
     ia = list(a) if all(isinstance(x, Item) for x in a) else items(a)
     ib = list(b) if all(isinstance(y, Item) for y in b) else items(b)
+    names = DIFF_NAME_STAGES if keras else NAME_STAGES
     if layout is not None and not layout.plain:
         stages = (*NAME_STAGES, layer_stage(layout))
         result = dataclasses.replace(match(ia, ib, stages, rules=rules), method=ALIGN_NAME)
@@ -367,6 +378,7 @@ def align(
         by_key = result.count(HOW_KEY)
         method = ALIGN_NAME if result.matched and not by_key else ALIGN_KEY
         extra: list[str] = []
+        chosen = (KEY, *names)
         if by_key and result.matched > by_key:
             extra.append(f"{result.matched - by_key} pair(s) whose keys differ aligned by readable name")
         elif not by_key and result.matched:
@@ -374,11 +386,13 @@ def align(
         if result.matched < min(len(ia), len(ib)) and by_key:
             by_name = match(ia, ib, NAME_STAGES)
             if by_name.matched > result.matched:
-                result, method = by_name, ALIGN_NAME
+                result, method, chosen = by_name, ALIGN_NAME, names
                 extra = [f"keys differ ({by_key} shared); aligned by readable name instead ({by_name.matched} pairs)"]
+        if keras and result.only_a and result.only_b:  # the same pipeline again, with Keras' layout last
+            result = match(ia, ib, chosen)
         result = dataclasses.replace(result, notes=(*extra, *result.notes), method=method)
     else:
-        result = dataclasses.replace(match(ia, ib, NAME_STAGES, rules=rules), method=ALIGN_NAME)
+        result = dataclasses.replace(match(ia, ib, names, rules=rules), method=ALIGN_NAME)
     if result.only_a and result.only_b:
         ex_a, ex_b = min(x.name for x in result.only_a), min(y.name for y in result.only_b)
         result = dataclasses.replace(result, notes=(*result.notes, (

@@ -65,6 +65,10 @@ TF_OPTIMIZER_VARIABLE_RE = re.compile(
     r"^(?P<opt>(?:.*/)?[^/]+)/(?:_variables/(?P<index>\d+)|(?P<attr>_iterations|_learning_rate))/\.ATTRIBUTES/VARIABLE_VALUE$"
 )
 TF_OPTIMIZER_ATTR_INDEX = {"_iterations": 0, "_learning_rate": 1}
+# A legacy Keras ``.h5`` full model's optimizer: ``optimizer_weights/<opt>/<name>``, stored in the
+# order of its ``weight_names`` attribute, which is the optimizer's variable order (Keras 3:
+# ``iteration``, ``learning_rate``, then each trainable variable's slots; ``optimizer/vars/N``).
+KERAS_H5_OPTIMIZER_RE = re.compile(r"^optimizer_weights/(?P<opt>[^/]+)/[^/]+$")
 # Creation order of the variables of common Keras layers, for matching positional vars/N names.
 KERAS_VARIABLE_ORDER = (
     "embeddings",
@@ -522,6 +526,8 @@ def _optimizer_side(pos: dict[str, Item], keyed: dict[str, Item], side: str) -> 
                 by_opt[found.group("opt")][int(found.group("index"))] = name
             else:
                 attrs[found.group("opt")][TF_OPTIMIZER_ATTR_INDEX[found.group("attr")]] = name
+    if not by_opt and not attrs:
+        return _h5_optimizer_side(pos, keyed, slots, side)
     if len(set(by_opt) | set(attrs)) != 1:
         return [], []  # no Keras 3 optimizer in a TF checkpoint, or several: ambiguous
     opt = next(iter(set(by_opt) | set(attrs)))
@@ -543,6 +549,33 @@ def _optimizer_side(pos: dict[str, Item], keyed: dict[str, Item], side: str) -> 
             f" TF checkpoint's '{opt}/_variables/N' by index, shape and dtype"
         )
     return triples, notes
+
+
+def _h5_optimizer_side(pos: dict[str, Item], keyed: dict[str, Item], slots: dict[int, str],
+                       side: str) -> tuple[list[tuple[str, Item, Item]], list[str]]:
+    """Keras 3 ``optimizer/vars/N`` of one side and a legacy ``.h5`` model's optimizer
+    (``optimizer_weights/<opt>/...``, in stored order) on the other: the Nth of one is the Nth
+    of the other, when both hold the same number and every pair has the same shape and dtype
+    (all or nothing: one variable more or less would shift every slot)."""
+    by_opt: dict[str, list[tuple[int, str]]] = collections.defaultdict(list)
+    for name, v in keyed.items():
+        found = KERAS_H5_OPTIMIZER_RE.match(v.key)
+        if found and v.role == m.ROLE_OPTIMIZER:
+            by_opt[found.group("opt")].append((v.index, name))
+    if len(by_opt) != 1:
+        return [], []
+    opt, stored = next(iter(by_opt.items()))
+    ordered = [name for _, name in sorted(stored)]
+    if sorted(slots) != list(range(len(ordered))):
+        return [], [f"{len(slots)} Keras 3 optimizer variable(s) of {side} (optimizer/vars/N) and {len(ordered)} in"
+                    f" the .h5 model's optimizer '{opt}': not paired by position"]
+    pairs = [(slots[i], ordered[i]) for i in range(len(ordered))]
+    if any(pos[p].shape != keyed[h].shape or pos[p].dtype != keyed[h].dtype for p, h in pairs):
+        return [], [f"the Keras 3 optimizer variables of {side} (optimizer/vars/N) and the .h5 model's optimizer"
+                    f" '{opt}' differ in shape or dtype at some position: not paired by position"]
+    triples = [(h, pos.pop(p), keyed.pop(h)) for p, h in pairs]
+    return triples, [f"matched {len(triples)} Keras 3 optimizer variable(s) of {side} (optimizer/vars/N) to the .h5"
+                     f" model's optimizer '{opt}' by Keras' variable order (position, shape and dtype)"]
 
 
 def _by_optimizer_positional(a: Sequence[Item], b: Sequence[Item], ctx: Context) -> StageResult:

@@ -8,10 +8,12 @@ directory's health (:mod:`.scan_series`), including checkpoints that fail ``veri
 
 One pass per checkpoint: each variable is streamed in blocks beside the previous checkpoint's
 value of the same variable (two blocks in memory). The blocks a format checksums (TF bundles'
-crc32c) are checked as they are read, so the statistics and verify's per-tensor checks come
-from the same bytes; a checkpoint where any read fails is then checked by ``verify``'s own
-check (:func:`ckptinspect.formats.prepare_check`) for the full damage report. String tensors
-are not read (their checksums are ``verify``'s business).
+crc32c) are checked as they are read. Whether a checkpoint is intact is ``verify``'s answer,
+from the same code (:func:`ckptinspect.ops.verify.check_checkpoint`, run on every checkpoint
+scanned): a checkpoint verify calls damaged is damaged here, with verify's problems, and so is
+one whose values scan could not all read. A checkpoint deleted while scan ran by the process
+saving into the directory is ``rotated``, by verify's rule (:func:`~ckptinspect.ops.verify.rotated_out`).
+Only intact checkpoints count for drift (a damaged one's names may come from raw keys).
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ from typing import Any, Sequence
 
 from ... import model as m
 from ...errors import CkptError
-from ...formats import open_checkpoint, prepare_check
+from ...formats import directory_fingerprint, open_checkpoint
+from ..verify import STATUS_ROTATED, check_checkpoint, rotated_out
 from .measure import STATS_DTYPES, measure_chains
-from .series import HEALTH_DAMAGED, SERIES_DIRECTORY, Entry, Problem, Series, find_series, shard_problems
+from .series import HEALTH_DAMAGED, HEALTH_MISSING, SERIES_DIRECTORY, Entry, Problem, Series, find_series, shard_problems
 from .stats import BLOCK_ELEMENTS, Figures, Sums, figures_of
 
 __all__ = [
@@ -242,7 +245,7 @@ def find_drift(steps: Sequence[StepReport]) -> list[Drift]:
     """Layers that stopped changing or jumped (thresholds: the module's constants)."""
     series: dict[str, list[tuple[int | None, int | None, float]]] = {}  # layer -> (prev step, step, rel)
     for s in steps:
-        if s.compared_to is None:
+        if s.compared_to is None or s.status != STATUS_INTACT:
             continue
         prev_step = next((x.step for x in steps if x.path == s.compared_to), None)
         for layer in s.layers:
@@ -300,16 +303,17 @@ def _damaged(entry: Entry, step: int | None, error: str) -> StepReport:
 
 
 def _verify_problems(path: str) -> tuple[str, ...]:
-    """verify's own verdict on one checkpoint, as lines."""
-    try:
-        _, check = prepare_check(path)
-        result = check.run() if check is not None else None
-    except CkptError as e:
-        return (str(e),)
-    if result is None:  # pragma: no cover - a directory is never a step
+    """verify's verdict on one checkpoint (:func:`~ckptinspect.ops.verify.check_checkpoint`,
+    the same code ``verify`` runs), as lines: none when it is intact."""
+    result = check_checkpoint(path)
+    if result.intact:
         return ()
-    lines = list(result.problems) + [f"{d.name}: {d.problem}" for d in result.damaged]
-    return tuple(lines)
+    return tuple([*result.problems, *(f"{d.name}: {d.problem}" for d in result.damaged)])
+
+
+def _rotated(report: StepReport, directory: str) -> StepReport:
+    return dataclasses.replace(report, status=STATUS_ROTATED, variables=(), layers=(), problems=(
+        f"{report.path}: deleted while scan ran (rotated out by the process saving into {directory}); not damage",))
 
 
 def _layers(variables: list[VariableStep], sums: list[Sums]) -> tuple[LayerStep, ...]:
@@ -415,6 +419,8 @@ def scan(paths: str | Sequence[str], *, role: str | None = None, progress: m.Pro
     source = (str(paths),) if isinstance(paths, (str, bytes)) or not isinstance(paths, Sequence) else tuple(map(str, paths))
     if not source:
         raise UsageError("nothing to scan: give a directory or checkpoint paths")
+    # the state file before the directory is listed: verify's rule for rotated checkpoints
+    before = directory_fingerprint(source[0]) if len(source) == 1 and os.path.isdir(source[0]) else None
     series: Series = find_series(source)
     health: list[Problem] = list(series.problems)
     # Steps first, to put the checkpoints in order: each checkpoint is opened (its index: metadata
@@ -434,7 +440,8 @@ def scan(paths: str | Sequence[str], *, role: str | None = None, progress: m.Pro
                     ckpt.close()
             planned.append((entry, step, error))
         order = sorted(range(len(planned)), key=lambda n: _sort_key(planned[n][0], planned[n][1]))
-        return _scan_planned(source, series, role, progress, health, [(planned[n], kept.pop(n, None)) for n in order])
+        return _scan_planned(source, series, role, progress, health, [(planned[n], kept.pop(n, None)) for n in order],
+                             before)
     finally:
         for ckpt in kept.values():
             ckpt.close()
@@ -477,8 +484,9 @@ def _measure_windows(opened: list[tuple[int, Entry, int | None, m.Checkpoint | N
             _measure_window(window, role, progress, counter)
             for i, entry, st in members:
                 report = _report(st)
-                if st.failures:
-                    problems = _verify_problems(entry.path) or tuple(st.failures)
+                # verify's verdict decides; a checkpoint scan could not read whole is damaged too
+                problems = _verify_problems(st.ckpt.path) or tuple(st.failures)
+                if problems:
                     report = dataclasses.replace(report, status=STATUS_DAMAGED, problems=problems)
                 results[i] = report
             if members:
@@ -489,8 +497,8 @@ def _measure_windows(opened: list[tuple[int, Entry, int | None, m.Checkpoint | N
 
 
 def _scan_planned(source: tuple[str, ...], series: Series, role: str | None, progress: m.Progress | None,
-                  health: list[Problem], planned: list[tuple[tuple[Entry, int | None, str | None], m.Checkpoint | None]]
-                  ) -> ScanReport:
+                  health: list[Problem], planned: list[tuple[tuple[Entry, int | None, str | None], m.Checkpoint | None]],
+                  before: bytes | None = None) -> ScanReport:
     """The measuring pass over the checkpoints in step order (each with its checkpoint when it
     is still open from the planning; closed here)."""
     results: dict[int, StepReport] = {}
@@ -511,6 +519,11 @@ def _scan_planned(source: tuple[str, ...], series: Series, role: str | None, pro
             if ckpt is not None:
                 ckpt.close()
     steps = [results[i] for i in sorted(results)]
+    if series.kind == SERIES_DIRECTORY and series.directory is not None:
+        gone = rotated_out(series.directory, before, [r.path for r in steps if r.status != STATUS_INTACT])
+        if gone:  # deleted by the process saving into the directory while scan ran: not damage
+            steps = [_rotated(r, series.directory) if r.path in gone else r for r in steps]
+            health = [p for p in health if not (p.kind == HEALTH_MISSING and p.path in gone)]
     for r in steps:  # in step order
         if r.status == STATUS_DAMAGED:
             more = f" (+{len(r.problems) - 1} more)" if len(r.problems) > 1 else ""
