@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import pathlib
+import re
 
 import pytest
 from typer.testing import CliRunner
@@ -45,8 +46,10 @@ def test_one_keras3_model_saved_as_keras_and_as_h5_is_equal(keras3_pair):
     assert len(optimizer) == 22 and {v["matched_by"] for v in optimizer} == {"optimizer-positional"}
     by_a = {v["key_a"]: v["key_b"] for v in optimizer}
     assert by_a["optimizer/vars/0"] == "optimizer_weights/adam/iteration"
-    assert by_a["optimizer/vars/2"].endswith("dense_3_kernel_momentum")
-    assert by_a["optimizer/vars/3"].endswith("dense_3_kernel_velocity")
+    # Keras numbers layer names per process (dense_3 alone, dense_57 after other tests built layers)
+    assert re.search(r"/dense(_\d+)?_kernel_momentum$", by_a["optimizer/vars/2"]), by_a["optimizer/vars/2"]
+    assert re.search(r"/dense(_\d+)?_kernel_velocity$", by_a["optimizer/vars/3"]), by_a["optimizer/vars/3"]
+    assert by_a["optimizer/vars/2"].rsplit("_", 2)[0] == by_a["optimizer/vars/3"].rsplit("_", 2)[0]
     assert any("by Keras' variable order" in n for n in doc["notes"])
 
 
