@@ -24,7 +24,7 @@ import zlib
 from typing import Any, BinaryIO
 
 from .. import model as m
-from ..errors import CorruptCheckpointError, NotACheckpointError, UnsafeFileError
+from ..errors import CorruptCheckpointError, NotACheckpointError, UnsafeFileError, one_line
 from . import _fs
 
 __all__ = ["open_zip_archive", "check_archive", "open_member", "member_head", "member_damage"]
@@ -318,7 +318,7 @@ def open_zip_archive(path: str, what: str = ".keras archive") -> tuple[zipfile.Z
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
         f.close()
         raise CorruptCheckpointError(
-            f"{path}: not a readable zip archive (truncated or damaged): {' '.join(str(e).split())}"
+            f"{path}: not a readable zip archive (truncated or damaged): {one_line(e)}"
         ) from None
 
 
@@ -346,7 +346,7 @@ def open_member(path: str, name: str) -> io.RawIOBase:
         raise NotACheckpointError(f"{path}: no {name} in the archive") from None
     except (zipfile.BadZipFile, OSError, RuntimeError, ValueError, EOFError) as e:
         f.close()
-        raise CorruptCheckpointError(f"{path}: cannot read {name}: {' '.join(str(e).split())}") from None
+        raise CorruptCheckpointError(f"{path}: cannot read {name}: {one_line(e)}") from None
     except BaseException:
         f.close()
         raise
@@ -366,5 +366,5 @@ def member_damage(path: str) -> list[m.Damage]:
                         pass
             except (zipfile.BadZipFile, OSError, EOFError, ValueError, RuntimeError, zlib.error) as e:
                 damaged.append(m.Damage(key=info.filename, name=info.filename, file=path, kind=m.DAMAGE_CHECKSUM,
-                                        problem=f"archive member does not read: {' '.join(str(e).split())}"))
+                                        problem=f"archive member does not read: {one_line(e)}"))
     return damaged

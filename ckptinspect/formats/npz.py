@@ -32,7 +32,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from .. import model as m
-from ..errors import CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError, UnsafeFileError
+from ..errors import CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError, UnsafeFileError, one_line
 from ._zip import member_head, open_zip_archive
 from .tf.variables import TF1_OPTIMIZER_NAMES, TF1_SLOT_RE
 
@@ -126,7 +126,7 @@ def _header(path: str, f: BinaryIO, info: zipfile.ZipInfo) -> tuple[tuple[int, .
         shape, _, dtype = read(head)
         header_bytes = head.tell()
     except (OSError, ValueError, EOFError, SyntaxError, RuntimeError) as e:
-        raise CorruptCheckpointError(f"{path}: array {key!r}: not a readable .npy header: {' '.join(str(e).split())}") from None
+        raise CorruptCheckpointError(f"{path}: array {key!r}: not a readable .npy header: {one_line(e)}") from None
     if dtype.hasobject:
         raise UnsafeFileError(
             f"{path}: array {key!r} holds pickled Python objects (dtype {dtype}); ckptinspect never loads"
@@ -206,7 +206,7 @@ class NpzSource(m.BaseSource):
         try:
             value = npz[variable.key]
         except (zipfile.BadZipFile, OSError, ValueError, EOFError, RuntimeError) as e:
-            raise CorruptCheckpointError(f"{self._path}: cannot read array {variable.key!r}: {' '.join(str(e).split())}") from None
+            raise CorruptCheckpointError(f"{self._path}: cannot read array {variable.key!r}: {one_line(e)}") from None
         if tuple(value.shape) != variable.shape:
             raise CorruptCheckpointError(
                 f"{self._path}: array {variable.key!r} has shape {list(value.shape)}, listed as {list(variable.shape)}"

@@ -49,6 +49,7 @@ from ...errors import (
     NotACheckpointError,
     UnallocatedDataError,
     UnsafeFileError,
+    one_line,
 )
 from .. import _fs
 from .keras3 import LAYOUT_KERAS3, VarNamer, _keras3_info, _keras3_variables
@@ -67,7 +68,6 @@ from .h5_walk import (
     VARS_GROUP,
     _has_split_attr,
     _h5py,
-    _one_line,
     _safe_dataset,
     _strip_index,
     _walk,
@@ -301,7 +301,7 @@ def open_sharded(path: str) -> m.Checkpoint:
     try:
         index = json.loads(raw)
     except ValueError as e:
-        raise CorruptCheckpointError(f"{path}: not a valid sharded weights index (JSON): {_one_line(e)}") from None
+        raise CorruptCheckpointError(f"{path}: not a valid sharded weights index (JSON): {one_line(e)}") from None
     if not isinstance(index, dict):
         raise CorruptCheckpointError(f"{path}: not a sharded weights index (expected a JSON object)")
     shard_files = _shard_names(path, index.get(WEIGHT_MAP))

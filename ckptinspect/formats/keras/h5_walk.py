@@ -132,10 +132,6 @@ def _dtype_name(dtype: np.dtype, attr_dtype: str | None) -> str:
     return name
 
 
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
-
-
 # -- the safety walk -----------------------------------------------------------------------
 class _Dataset:
     """One dataset as the walk found it (metadata only). A plain slotted class: a listing makes
