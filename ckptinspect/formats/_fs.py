@@ -39,6 +39,7 @@ __all__ = [
     "isdir",
     "isfile",
     "is_regular",
+    "check_shard_name",
     "listdir",
     "getsize",
     "check_regular",
@@ -288,6 +289,21 @@ def check_regular(path: str) -> int:
         st = os.stat(path)
     _require_regular(path, st.st_mode)
     return st.st_size
+
+
+def check_shard_name(index_path: str, name: str) -> None:
+    """Refuse a shard file name, read from a sharded weights index, that is not a plain file
+    name in the index's folder: empty, ``.``/``..``, or with a path separator, a drive colon
+    or a NUL (Keras 3 ``.weights.json`` and Hugging Face ``*.index.json`` indexes).
+
+    Raises:
+        UnsafeFileError: The name would reach outside the index's folder.
+    """
+    if not name or name in (".", "..") or any(c in name for c in "/\\:\x00"):
+        raise UnsafeFileError(
+            f"{index_path}: shard file name {name!r} is not a plain file name in the index's folder;"
+            " refusing path traversal"
+        )
 
 
 def open_remote(path: str):
