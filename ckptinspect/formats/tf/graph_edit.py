@@ -30,12 +30,10 @@ from ...errors import CorruptCheckpointError, UsageError
 from . import protos as _protos
 from .._layout import decode_key, encode_key
 from .wire import MalformedError
-from .object_graph import ObjectPaths, parse_object_graph, walk
+from .object_graph import ATTRIBUTES_MARK, OPTIMIZER_SLOT_MARK, ObjectPaths, parse_object_graph, walk
 
 __all__ = ["GraphEdit", "EditedGraph", "edit_object_graph", "escape_path", "unescape_path", "OPTIMIZER_SLOT_MARK"]
 
-ATTRIBUTES_MARK = "/.ATTRIBUTES/"
-OPTIMIZER_SLOT_MARK = "/.OPTIMIZER_SLOT/"
 ESCAPE_CHAR = "."
 SLASH_ESCAPE = ".S"
 # A variable is moved to a path at most this deep (real models nest a few dozen objects; a

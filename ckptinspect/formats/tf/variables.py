@@ -23,7 +23,9 @@ from .._layout import INDEX_SUFFIX, data_path
 from .wire import MalformedError
 from .data import decode_string_scalar, read_raw
 from .object_graph import (
+    ATTRIBUTES_MARK,
     METADATA_LOCAL_NAMES,
+    OPTIMIZER_SLOT_MARK,
     VARIABLE_VALUE,
     GraphNode,
     KeyFacts,
@@ -43,8 +45,6 @@ __all__ = [
     "unreadable_entries",
 ]
 
-ATTRIBUTES_MARK = "/.ATTRIBUTES/"
-OPTIMIZER_SLOT_MARK = "/.OPTIMIZER_SLOT/"
 STEP_SUFFIX_RE = re.compile(r"[-_](\d+)$")
 # A sharded V1 Saver's file names end in the shard (model.ckpt-7-00000-of-00001), or in TF's
 # pattern for all of them in its state file (model.ckpt-7-?????-of-00001).
