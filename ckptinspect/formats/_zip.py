@@ -27,7 +27,7 @@ from .. import model as m
 from ..errors import CorruptCheckpointError, NotACheckpointError, UnsafeFileError, one_line
 from . import _fs
 
-__all__ = ["open_zip_archive", "check_archive", "open_member", "member_head", "member_damage"]
+__all__ = ["open_zip_archive", "check_archive", "check_duplicates", "check_bomb", "open_member", "member_head", "member_damage"]
 
 ZIP_LOCAL_HEADER_SIGNATURE = b"PK\x03\x04"
 ZIP_LOCAL_HEADER = struct.Struct("<4s5HL2L2H")  # 30 bytes; the last two are name/extra lengths
@@ -221,15 +221,21 @@ def _check_member_names(path: str, zf: zipfile.ZipFile) -> None:
             raise UnsafeFileError(f"{path}: archive member {name!r} escapes the archive (path traversal); refusing")
 
 
-def _duplicates(zf: zipfile.ZipFile) -> dict[str, int]:
-    """Member names that occur more than once, with their count (in archive order)."""
+def check_duplicates(path: str, zf: zipfile.ZipFile) -> None:
+    """Refuse an archive naming a member more than once (the first such name, in archive
+    order): readers disagree on which copy counts, a known way to hide content. Damage, not
+    unsafe: ``verify`` reports it.
+
+    Raises:
+        CorruptCheckpointError: A member name occurs twice or more.
+    """
     counts = collections.Counter(info.filename for info in zf.infolist())
-    return {name: n for name, n in counts.items() if n > 1}
-
-
-def _duplicate_text(name: str, count: int) -> str:
-    return (f"archive member {name!r} appears {count} times (readers disagree on which copy counts:"
-            " a known way to hide content)")
+    for name, count in counts.items():
+        if count > 1:
+            raise CorruptCheckpointError(
+                f"{path}: archive member {name!r} appears {count} times (readers disagree on which copy"
+                " counts: a known way to hide content); refusing"
+            )
 
 
 def check_archive(path: str, zf: zipfile.ZipFile) -> None:
@@ -238,13 +244,18 @@ def check_archive(path: str, zf: zipfile.ZipFile) -> None:
     Duplicate member names are damage (``verify`` reports them), the rest unsafe.
     """
     _check_member_names(path, zf)
-    for name, count in _duplicates(zf).items():
-        raise CorruptCheckpointError(f"{path}: {_duplicate_text(name, count)}; refusing")
+    check_duplicates(path, zf)
     for info in zf.infolist():
-        _check_bomb(path, info)
+        check_bomb(path, info)
 
 
-def _check_bomb(path: str, info: zipfile.ZipInfo) -> None:
+def check_bomb(path: str, info: zipfile.ZipInfo) -> None:
+    """Refuse a member larger than :data:`BOMB_FLOOR_BYTES` that declares more than
+    :data:`MAX_EXPANSION` times the bytes it stores (a possible zip bomb).
+
+    Raises:
+        UnsafeFileError: The member would expand past that ratio.
+    """
     if info.file_size > BOMB_FLOOR_BYTES and info.file_size > MAX_EXPANSION * max(info.compress_size, 1):
         raise UnsafeFileError(
             f"{path}: archive member {info.filename!r} declares {info.file_size} bytes but stores only"
