@@ -38,6 +38,7 @@ from .rules import propose, propose_rules, rules_as_given
 from ..match.layouts import CONV_HWIO, FIT_EQUAL, Fit, Layout
 from ..match.mapping import Rules, RulesLike, parse_mapping, rules_text
 from ..match.matcher import HOW_LAYER_ORDER
+from ..sources import source_files
 from ..model.weights_io import OUTPUT_WEIGHTS_H5, WEIGHTS_H5_SUFFIX, WriteResult
 from ..model.targets import (
     FLOAT_DTYPES,
@@ -360,7 +361,7 @@ def weight_plan(
 
 
 def _protected(ckpt: m.Checkpoint) -> list[str]:
-    return [ckpt.path, *(f for f in ckpt.files() if os.path.isfile(f))]
+    return [ckpt.path, *source_files(ckpt)]
 
 
 def _cast_ok(source_dtype: str, target_dtype: str) -> bool:
