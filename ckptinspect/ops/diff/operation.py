@@ -360,11 +360,7 @@ def diff(
         UsageError: Bad tolerance, role or mapping.
         CkptError: A checkpoint cannot be opened or read.
     """
-    for label, value in (("atol", atol), ("rtol", rtol)):
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-            raise UsageError(f"{label} must be a finite number >= 0. Received: {label}={value!r}")
-    if role is not None and role not in ROLES:
-        raise UsageError(f"unknown role {role!r}; expected one of {', '.join(ROLES)}")
+    _check_arguments(atol, rtol, role)
     rules = parse_mapping(mapping)  # fail on bad rules before opening anything
     layout = Layout(transpose_dense=transpose_dense, conv_layout=conv_layout)
     optimizer_regex(optimizer_pattern)
@@ -402,6 +398,15 @@ def diff(
     finally:
         for c in opened:
             c.close()
+
+
+def _check_arguments(atol: float, rtol: float, role: str | None) -> None:
+    """Refuse a tolerance that is not a finite number >= 0, or an unknown role."""
+    for label, value in (("atol", atol), ("rtol", rtol)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            raise UsageError(f"{label} must be a finite number >= 0. Received: {label}={value!r}")
+    if role is not None and role not in ROLES:
+        raise UsageError(f"unknown role {role!r}; expected one of {', '.join(ROLES)}")
 
 
 def _notes(ca: Checkpoint, cb: Checkpoint, alignment: Match, optimizer_pattern: str | None) -> list[str]:
