@@ -23,6 +23,7 @@ __all__ = [
     "UsageError",
     "TransplantError",
     "VerificationError",
+    "one_line",
 ]
 
 
@@ -99,3 +100,10 @@ class VerificationError(CkptError):
     def __init__(self, message: str, problems: Sequence[str] = ()):
         super().__init__(message)
         self.problems = list(problems)
+
+
+def one_line(e: BaseException) -> str:
+    """An exception's message for one of our messages: its whitespace (newlines included)
+    collapsed to single spaces, or its type's name when it has no message, so that
+    ``f"{path}: cannot read: {one_line(e)}"`` stays on one line and never ends empty."""
+    return " ".join(str(e).split()) or type(e).__name__

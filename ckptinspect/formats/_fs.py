@@ -28,6 +28,7 @@ from ..errors import CheckpointNotFoundError, UnsafeFileError
 
 __all__ = [
     "READ_CHUNK_BYTES",
+    "human_size",
     "is_remote",
     "remote_schemes",
     "check_remote",
@@ -38,6 +39,7 @@ __all__ = [
     "isdir",
     "isfile",
     "is_regular",
+    "check_shard_name",
     "listdir",
     "getsize",
     "check_regular",
@@ -289,6 +291,21 @@ def check_regular(path: str) -> int:
     return st.st_size
 
 
+def check_shard_name(index_path: str, name: str) -> None:
+    """Refuse a shard file name, read from a sharded weights index, that is not a plain file
+    name in the index's folder: empty, ``.``/``..``, or with a path separator, a drive colon
+    or a NUL (Keras 3 ``.weights.json`` and Hugging Face ``*.index.json`` indexes).
+
+    Raises:
+        UnsafeFileError: The name would reach outside the index's folder.
+    """
+    if not name or name in (".", "..") or any(c in name for c in "/\\:\x00"):
+        raise UnsafeFileError(
+            f"{index_path}: shard file name {name!r} is not a plain file name in the index's folder;"
+            " refusing path traversal"
+        )
+
+
 def open_remote(path: str):
     """A binary file object for a remote path (fsspec's without read-ahead: each read is a
     ranged read of what is asked; else ``tf.io.gfile``)."""
@@ -332,12 +349,15 @@ def _size_of(f: BinaryIO, path: str) -> int:
     return os.fstat(f.fileno()).st_size
 
 
-def _human(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"  # pragma: no cover
+def human_size(n: int) -> str:
+    """A byte count for a message: ``"512 bytes"`` below 1 KiB, else one decimal in the
+    largest binary unit that keeps it at least 1 (``"3.0 GiB"``), TiB at most."""
+    size = float(n)
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{n} bytes" if unit == "bytes" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} bytes"  # pragma: no cover
 
 
 def read_bytes(path: str, *, limit: int = DEFAULT_READ_LIMIT, what: str = "file") -> bytes:
@@ -358,7 +378,7 @@ def read_bytes(path: str, *, limit: int = DEFAULT_READ_LIMIT, what: str = "file"
             size = _size_of(f, path)
             if size > limit:
                 raise UnsafeFileError(
-                    f"{path}: {what} is {size} bytes ({_human(size)}), more than the {_human(limit)} a {what}"
+                    f"{path}: {what} is {size} bytes ({human_size(size)}), more than the {human_size(limit)} a {what}"
                     " may take; refusing to read"
                 )
             chunks = []

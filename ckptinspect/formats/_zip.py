@@ -24,11 +24,11 @@ import zlib
 from typing import Any, BinaryIO, Callable
 
 from .. import model as m
-from ..errors import CorruptCheckpointError, NotACheckpointError, UnsafeFileError
+from ..errors import CorruptCheckpointError, NotACheckpointError, UnsafeFileError, one_line
 from . import _fs
 from ._readcheck import Opened, ReadCheck
 
-__all__ = ["open_zip_archive", "check_archive", "open_member", "member_head", "member_damage"]
+__all__ = ["open_zip_archive", "check_archive", "check_duplicates", "check_bomb", "open_member", "member_head", "member_damage"]
 
 ZIP_LOCAL_HEADER_SIGNATURE = b"PK\x03\x04"
 ZIP_LOCAL_HEADER = struct.Struct("<4s5HL2L2H")  # 30 bytes; the last two are name/extra lengths
@@ -222,15 +222,21 @@ def _check_member_names(path: str, zf: zipfile.ZipFile) -> None:
             raise UnsafeFileError(f"{path}: archive member {name!r} escapes the archive (path traversal); refusing")
 
 
-def _duplicates(zf: zipfile.ZipFile) -> dict[str, int]:
-    """Member names that occur more than once, with their count (in archive order)."""
+def check_duplicates(path: str, zf: zipfile.ZipFile) -> None:
+    """Refuse an archive naming a member more than once (the first such name, in archive
+    order): readers disagree on which copy counts, a known way to hide content. Damage, not
+    unsafe: ``verify`` reports it.
+
+    Raises:
+        CorruptCheckpointError: A member name occurs twice or more.
+    """
     counts = collections.Counter(info.filename for info in zf.infolist())
-    return {name: n for name, n in counts.items() if n > 1}
-
-
-def _duplicate_text(name: str, count: int) -> str:
-    return (f"archive member {name!r} appears {count} times (readers disagree on which copy counts:"
-            " a known way to hide content)")
+    for name, count in counts.items():
+        if count > 1:
+            raise CorruptCheckpointError(
+                f"{path}: archive member {name!r} appears {count} times (readers disagree on which copy"
+                " counts: a known way to hide content); refusing"
+            )
 
 
 def check_archive(path: str, zf: zipfile.ZipFile) -> None:
@@ -239,13 +245,18 @@ def check_archive(path: str, zf: zipfile.ZipFile) -> None:
     Duplicate member names are damage (``verify`` reports them), the rest unsafe.
     """
     _check_member_names(path, zf)
-    for name, count in _duplicates(zf).items():
-        raise CorruptCheckpointError(f"{path}: {_duplicate_text(name, count)}; refusing")
+    check_duplicates(path, zf)
     for info in zf.infolist():
-        _check_bomb(path, info)
+        check_bomb(path, info)
 
 
-def _check_bomb(path: str, info: zipfile.ZipInfo) -> None:
+def check_bomb(path: str, info: zipfile.ZipInfo) -> None:
+    """Refuse a member larger than :data:`BOMB_FLOOR_BYTES` that declares more than
+    :data:`MAX_EXPANSION` times the bytes it stores (a possible zip bomb).
+
+    Raises:
+        UnsafeFileError: The member would expand past that ratio.
+    """
     if info.file_size > BOMB_FLOOR_BYTES and info.file_size > MAX_EXPANSION * max(info.compress_size, 1):
         raise UnsafeFileError(
             f"{path}: archive member {info.filename!r} declares {info.file_size} bytes but stores only"
@@ -319,7 +330,7 @@ def open_zip_archive(path: str, what: str = ".keras archive") -> tuple[zipfile.Z
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
         f.close()
         raise CorruptCheckpointError(
-            f"{path}: not a readable zip archive (truncated or damaged): {' '.join(str(e).split())}"
+            f"{path}: not a readable zip archive (truncated or damaged): {one_line(e)}"
         ) from None
 
 
@@ -347,7 +358,7 @@ def open_member(path: str, name: str) -> io.RawIOBase:
         raise NotACheckpointError(f"{path}: no {name} in the archive") from None
     except (zipfile.BadZipFile, OSError, RuntimeError, ValueError, EOFError) as e:
         f.close()
-        raise CorruptCheckpointError(f"{path}: cannot read {name}: {' '.join(str(e).split())}") from None
+        raise CorruptCheckpointError(f"{path}: cannot read {name}: {one_line(e)}") from None
     except BaseException:
         f.close()
         raise
@@ -367,7 +378,7 @@ def member_damage(path: str) -> list[m.Damage]:
                         pass
             except (zipfile.BadZipFile, OSError, EOFError, ValueError, RuntimeError, zlib.error) as e:
                 damaged.append(m.Damage(key=info.filename, name=info.filename, file=path, kind=m.DAMAGE_CHECKSUM,
-                                        problem=f"archive member does not read: {' '.join(str(e).split())}"))
+                                        problem=f"archive member does not read: {one_line(e)}"))
     return damaged
 
 

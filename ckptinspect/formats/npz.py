@@ -23,7 +23,6 @@ is ``metadata``; a name TF1 optimizers give their slots or state is ``optimizer`
 
 from __future__ import annotations
 
-import collections
 import io
 import math
 import zipfile
@@ -32,9 +31,9 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from .. import model as m
-from ..errors import CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError, UnsafeFileError
+from ..errors import CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError, UnsafeFileError, one_line
 from ._readcheck import ReadCheck
-from ._zip import check_archive_by_reading, member_head, open_zip_archive
+from ._zip import check_archive_by_reading, check_bomb, check_duplicates, member_head, open_zip_archive
 from .tf.variables import TF1_OPTIMIZER_NAMES, TF1_SLOT_RE
 
 __all__ = ["NPY_SUFFIX", "KERAS_MEMBERS", "is_npz", "open_npz", "NpzSource"]
@@ -42,12 +41,10 @@ __all__ = ["NPY_SUFFIX", "KERAS_MEMBERS", "is_npz", "open_npz", "NpzSource"]
 NPY_SUFFIX = ".npy"
 # Members that make a zip a .keras archive rather than an npz.
 KERAS_MEMBERS = ("config.json", "metadata.json", "model.weights.h5", "model.weights.npz")
-# Limits: at most MAX_MEMBERS arrays; an array may declare at most MAX_DECLARED_BYTES; a member
-# larger than BOMB_FLOOR_BYTES may expand at most MAX_EXPANSION times its stored size.
+# Limits: at most MAX_MEMBERS arrays; an array may declare at most MAX_DECLARED_BYTES (and a
+# member may expand at most as _zip's check_bomb allows).
 MAX_MEMBERS = 1 << 20
 MAX_DECLARED_BYTES = 1 << 40
-BOMB_FLOOR_BYTES = 64 << 20
-MAX_EXPANSION = 100
 MAX_NPY_HEADER_BYTES = 1 << 16  # numpy itself refuses headers over 10,000 bytes
 # Names of counters (metadata) and of TF1 optimizer state, as the TF reader's rules know them.
 COUNTER_NAMES = frozenset({"save_counter", "global_step", "step", "epoch", "epochs"})
@@ -93,23 +90,6 @@ def _dtype_name(dtype: np.dtype) -> str:
     return dtype.name
 
 
-def _duplicates(zf: zipfile.ZipFile) -> dict[str, int]:
-    counts = collections.Counter(info.filename for info in zf.infolist())
-    return {name: n for name, n in counts.items() if n > 1}
-
-
-def _duplicate_text(count: int) -> str:
-    return f"appears {count} times (readers disagree on which copy counts: a known way to hide content)"
-
-
-def _check_bomb(path: str, info: zipfile.ZipInfo) -> None:
-    if info.file_size > BOMB_FLOOR_BYTES and info.file_size > MAX_EXPANSION * max(info.compress_size, 1):
-        raise UnsafeFileError(
-            f"{path}: member {info.filename!r} declares {info.file_size} bytes but stores only"
-            f" {info.compress_size} (more than {MAX_EXPANSION}:1); refusing a possible zip bomb"
-        )
-
-
 def _header(path: str, f: BinaryIO, info: zipfile.ZipInfo) -> tuple[tuple[int, ...], np.dtype]:
     """Shape and dtype from one member's ``.npy`` header, checked against the member's size.
     Only the header's bytes are read (not through zipfile's stream, whose CRC-32 check needs
@@ -127,7 +107,7 @@ def _header(path: str, f: BinaryIO, info: zipfile.ZipInfo) -> tuple[tuple[int, .
         shape, _, dtype = read(head)
         header_bytes = head.tell()
     except (OSError, ValueError, EOFError, SyntaxError, RuntimeError) as e:
-        raise CorruptCheckpointError(f"{path}: array {key!r}: not a readable .npy header: {' '.join(str(e).split())}") from None
+        raise CorruptCheckpointError(f"{path}: array {key!r}: not a readable .npy header: {one_line(e)}") from None
     if dtype.hasobject:
         raise UnsafeFileError(
             f"{path}: array {key!r} holds pickled Python objects (dtype {dtype}); ckptinspect never loads"
@@ -152,12 +132,11 @@ def _list(path: str, zf: zipfile.ZipFile, f: BinaryIO) -> tuple[list[m.Variable]
     infos = zf.infolist()
     if len(infos) > MAX_MEMBERS:
         raise UnsafeFileError(f"{path}: {len(infos)} archive members (limit {MAX_MEMBERS}); refusing")
-    for name, count in _duplicates(zf).items():
-        raise CorruptCheckpointError(f"{path}: member {name!r} {_duplicate_text(count)}; refusing")
+    check_duplicates(path, zf)
     variables: list[m.Variable] = []
     others: list[str] = []
     for info in infos:
-        _check_bomb(path, info)
+        check_bomb(path, info)
         if not info.filename.endswith(NPY_SUFFIX):
             others.append(info.filename)
             continue
@@ -207,7 +186,7 @@ class NpzSource(m.BaseSource):
         try:
             value = npz[variable.key]
         except (zipfile.BadZipFile, OSError, ValueError, EOFError, RuntimeError) as e:
-            raise CorruptCheckpointError(f"{self._path}: cannot read array {variable.key!r}: {' '.join(str(e).split())}") from None
+            raise CorruptCheckpointError(f"{self._path}: cannot read array {variable.key!r}: {one_line(e)}") from None
         if tuple(value.shape) != variable.shape:
             raise CorruptCheckpointError(
                 f"{self._path}: array {variable.key!r} has shape {list(value.shape)}, listed as {list(variable.shape)}"

@@ -270,3 +270,29 @@ def test_a_checkpoint_whose_files_are_fine_still_reads(tmp_path):
         np.testing.assert_array_equal(a.read("encoder/enc_dense/kernel"), b.read("encoder/enc_dense/kernel"))
     assert ckptinspect.verify(str(linked / "ckpt-8")).intact
     shutil.rmtree(linked)
+
+
+def test_human_size_names_bytes_then_binary_units():
+    from ckptinspect.formats import _fs
+
+    assert _fs.human_size(0) == "0 bytes"
+    assert _fs.human_size(1023) == "1023 bytes"
+    assert _fs.human_size(1024) == "1.0 KiB"
+    assert _fs.human_size(256 << 20) == "256.0 MiB"
+    assert _fs.human_size(3 << 30) == "3.0 GiB"
+    assert _fs.human_size(5 << 50) == "5120.0 TiB"
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", "../x.h5", "a/b.h5", "a\\b.h5", "C:x.h5", "x\x00.h5"])
+def test_check_shard_name_refuses_what_leaves_the_folder(name):
+    from ckptinspect.errors import UnsafeFileError
+    from ckptinspect.formats import _fs
+
+    with pytest.raises(UnsafeFileError, match=r"^idx\.json: shard file name .* refusing path traversal$"):
+        _fs.check_shard_name("idx.json", name)
+
+
+def test_check_shard_name_accepts_a_plain_name():
+    from ckptinspect.formats import _fs
+
+    _fs.check_shard_name("idx.json", "model-00001-of-00002.safetensors")

@@ -308,7 +308,7 @@ CASES = [
     Case("npz-pickled-object-array", npz_pickled, _refused(
         "Error: {p}: array 'state' holds pickled Python objects (dtype object); ckptinspect never loads pickled objects")),
     Case("npz-duplicate-member", npz_duplicate_member, _refused(
-        "Error: {p}: member 'kernel.npy' appears 2 times (readers disagree on which copy counts",
+        "Error: {p}: archive member 'kernel.npy' appears 2 times (readers disagree on which copy counts",
         verify=(1, "verdict: DAMAGED … member 'kernel.npy' appears 2 times"))),
     Case("npz-header-declares-4gib", npz_header_lies, _refused(
         "Error: {p}: array 'kernel' declares shape [1073741824] float32 (4294967296 bytes) but its member holds 16"

@@ -48,7 +48,7 @@ from ...errors import (
     CorruptCheckpointError,
     NotACheckpointError,
     UnallocatedDataError,
-    UnsafeFileError,
+    one_line,
 )
 from .. import _fs
 from .keras3 import LAYOUT_KERAS3, VarNamer, _keras3_info, _keras3_variables
@@ -67,7 +67,6 @@ from .h5_walk import (
     VARS_GROUP,
     _has_split_attr,
     _h5py,
-    _one_line,
     _safe_dataset,
     _strip_index,
     _walk,
@@ -265,18 +264,7 @@ def _shard_names(index_path: str, weight_map: Any) -> list[str]:
         if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
             raise CorruptCheckpointError(f"{index_path}: '{WEIGHT_MAP}' entry {entry!r} is not a file name or list of them")
         for name in files:
-            if (
-                not name
-                or name in (".", "..")
-                or "/" in name
-                or "\\" in name
-                or ":" in name
-                or "\x00" in name
-            ):
-                raise UnsafeFileError(
-                    f"{index_path}: shard file name {name!r} is not a plain file name in the index's"
-                    " directory; refusing path traversal"
-                )
+            _fs.check_shard_name(index_path, name)
             names.add(name)
     return sorted(names)
 
@@ -294,14 +282,14 @@ def open_sharded(path: str) -> m.Checkpoint:
     Raises:
         CheckpointNotFoundError: The index or a shard it names is missing.
         CorruptCheckpointError: The index is not valid JSON or a shard is damaged.
-        UnsafeFileError: A shard name leaves the index's directory, or a shard is unsafe.
+        UnsafeFileError: A shard name leaves the index's folder, or a shard is unsafe.
     """
     path = str(path)
     raw = _fs.read_bytes(path, limit=MAX_INDEX_JSON_BYTES, what="sharded weights index")
     try:
         index = json.loads(raw)
     except ValueError as e:
-        raise CorruptCheckpointError(f"{path}: not a valid sharded weights index (JSON): {_one_line(e)}") from None
+        raise CorruptCheckpointError(f"{path}: not a valid sharded weights index (JSON): {one_line(e)}") from None
     if not isinstance(index, dict):
         raise CorruptCheckpointError(f"{path}: not a sharded weights index (expected a JSON object)")
     shard_files = _shard_names(path, index.get(WEIGHT_MAP))

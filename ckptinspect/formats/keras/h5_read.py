@@ -13,13 +13,12 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from ... import model as m
-from ...errors import CheckpointNotFoundError, CkptError, CorruptCheckpointError, NotACheckpointError, UnsafeFileError
+from ...errors import CheckpointNotFoundError, CkptError, CorruptCheckpointError, NotACheckpointError, UnsafeFileError, one_line
 from .. import _fs
 from .h5_walk import (
     DIRECT_KINDS,
     _h5py,
     _is_unallocated,
-    _one_line,
     _safe_dataset,
     _text,
     _unallocated_error,
@@ -79,7 +78,7 @@ def _read_numeric(dsid: Any, variable: m.Variable, label: str, start: tuple[int,
         if value.size:
             dsid.read(mspace, fspace, value)
     except (OSError, RuntimeError, ValueError, TypeError) as e:
-        raise CorruptCheckpointError(f"{label}: cannot read dataset {variable.key!r}: {_one_line(e)}") from None
+        raise CorruptCheckpointError(f"{label}: cannot read dataset {variable.key!r}: {one_line(e)}") from None
     if variable.dtype == "bfloat16" and value.dtype.kind == "V":
         import ml_dtypes  # noqa: PLC0415 - only for bfloat16 values
 
@@ -145,7 +144,7 @@ def _dereference(dsid: Any, refs: np.ndarray, variable: m.Variable, label: str) 
                 target += "[" + region.encode().hex() + "]" if region is not None else ""
             flat_out[i] = target
     except (OSError, RuntimeError, ValueError, TypeError) as e:
-        raise CorruptCheckpointError(f"{label}: dataset {variable.key!r}: a reference does not resolve: {_one_line(e)}") from None
+        raise CorruptCheckpointError(f"{label}: dataset {variable.key!r}: a reference does not resolve: {one_line(e)}") from None
     return out
 
 
@@ -155,7 +154,7 @@ def _read_high_level(dsid: Any, variable: m.Variable, label: str) -> np.ndarray:
     try:
         return np.asarray(h5py.Dataset(dsid)[()])
     except (OSError, RuntimeError, ValueError, TypeError) as e:
-        raise CorruptCheckpointError(f"{label}: cannot read dataset {variable.key!r}: {_one_line(e)}") from None
+        raise CorruptCheckpointError(f"{label}: cannot read dataset {variable.key!r}: {one_line(e)}") from None
 
 
 def _open_file(path: str, label: str | None = None) -> Any:
@@ -223,7 +222,7 @@ def open_h5py(target: Any, label: str, owned: Any = None) -> Any:
         if isinstance(target, str) and _fs.exists(target):
             size = f" ({_fs.getsize(target)} bytes)"
         raise CorruptCheckpointError(
-            f"{label}: not a readable HDF5 file{size}, truncated or damaged: {_one_line(e)}"
+            f"{label}: not a readable HDF5 file{size}, truncated or damaged: {one_line(e)}"
         ) from None
     finally:
         if owned is not None and "h5" not in locals():
@@ -237,7 +236,7 @@ def guard_h5(label: str, fn: Callable[[], Any]) -> Any:
     except CkptError:
         raise
     except (OSError, RuntimeError, KeyError, ValueError, TypeError) as e:
-        raise CorruptCheckpointError(f"{label}: damaged HDF5 metadata: {_one_line(e)}") from None
+        raise CorruptCheckpointError(f"{label}: damaged HDF5 metadata: {one_line(e)}") from None
 
 
 class H5Source(m.BaseSource):

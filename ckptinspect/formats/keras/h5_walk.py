@@ -13,6 +13,7 @@ import numpy as np
 
 from ... import model as m
 from ...errors import CheckpointNotFoundError, CorruptCheckpointError, UnallocatedDataError, UnsafeFileError
+from .. import _fs
 
 # Keras 3 layout names the walk needs.
 VARS_GROUP = "vars"
@@ -130,10 +131,6 @@ def _dtype_name(dtype: np.dtype, attr_dtype: str | None) -> str:
             name = dtype.name
         _DTYPE_NAMES[dtype] = name
     return name
-
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
 
 
 # -- the safety walk -----------------------------------------------------------------------
@@ -285,7 +282,7 @@ def _unallocated_error(dsid: Any, key: str, label: str) -> UnallocatedDataError:
     reads_as = "undefined values" if fill is None else f"its fill value {_fill_text(fill)}"
     return UnallocatedDataError(
         f"{label}: dataset {key!r} is declared but unallocated: shape {list(shape)}"
-        f" {_dtype_name(dsid.dtype, None)} ({_human(declared)}) was never written, it would read as {reads_as}",
+        f" {_dtype_name(dsid.dtype, None)} ({_fs.human_size(declared)}) was never written, it would read as {reads_as}",
         key=key,
         fill_value=fill,
     )
@@ -295,15 +292,6 @@ def _fill_text(value: Any) -> str:
     if isinstance(value, (bytes, np.void)):
         return repr(bytes(value))
     return repr(value.item()) if hasattr(value, "item") else repr(value)
-
-
-def _human(n: int) -> str:
-    size = float(n)
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{n} bytes" if unit == "bytes" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} bytes"  # pragma: no cover
 
 
 @dataclasses.dataclass

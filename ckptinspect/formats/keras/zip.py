@@ -33,7 +33,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ... import model as m
-from ...errors import CkptError, CorruptCheckpointError, NotACheckpointError, UnsafeFileError
+from ...errors import CkptError, CorruptCheckpointError, NotACheckpointError, UnsafeFileError, one_line
 from .._readcheck import ReadCheck
 from .._zip import check_archive, check_archive_by_reading, open_member, open_zip_archive
 from .h5 import INFO_UNALLOCATED, H5Source, guard_h5, open_h5py, list_h5_file, summarize_model_config
@@ -95,7 +95,7 @@ def _read_json(path: str, zf: zipfile.ZipFile, name: str) -> Any:
         with zf.open(info) as f:
             raw = f.read(MAX_JSON_BYTES + 1)
     except (zipfile.BadZipFile, OSError, RuntimeError, ValueError) as e:
-        raise CorruptCheckpointError(f"{path}: cannot read {name}: {' '.join(str(e).split())}") from None
+        raise CorruptCheckpointError(f"{path}: cannot read {name}: {one_line(e)}") from None
     if len(raw) > MAX_JSON_BYTES:
         raise UnsafeFileError(f"{path}: {name} is larger than its declared size; refusing")
     try:
@@ -136,7 +136,7 @@ def _npz_object_member(path: str) -> tuple[str, str] | None:
                 if dtype.hasobject:
                     return info.filename, str(dtype)
     except (zipfile.BadZipFile, OSError, ValueError, EOFError, SyntaxError, RuntimeError) as e:
-        raise CorruptCheckpointError(f"{label}: not a readable npz archive: {' '.join(str(e).split())}") from None
+        raise CorruptCheckpointError(f"{label}: not a readable npz archive: {one_line(e)}") from None
     finally:
         stream.close()
     return None

@@ -424,72 +424,88 @@ class BundleCheck:
         total = self.total if total is None else total
         crc32c = crc32c_module()
         damaged = list(self.damaged)
-        nbytes = 0
         handles: dict[int, Any] = {}
         workers = _parallel.WORKERS
         parallel = workers > 1 and not _fs.is_remote(self.path)
 
-        def batches() -> Iterator[list[tuple[_Item, str, Any, Any]]]:
-            """Items in file order, in batches of about BATCH_BYTES (one item a batch when not
-            parallel), each with its damage known up front or the file to check it in; the
-            shards are opened here, in the calling thread."""
-            nonlocal nbytes
-            batch: list[tuple[_Item, str, Any, Any]] = []
-            batch_bytes = 0
-            for it in self.items:
-                path = data_path(self.path, it.shard, self.num_shards)
-                size = self.sizes.get(it.shard)
-                if size is None:
-                    batch.append((it, path, (m.DAMAGE_MISSING_SHARD, "its data shard is missing", None), None))
-                elif it.offset + it.size > size:
-                    problem = f"needs bytes {it.offset}..{it.offset + it.size}, the shard has {size}"
-                    batch.append((it, path, (m.DAMAGE_TRUNCATED, problem, None), None))
-                else:
-                    f = handles.get(it.shard)
-                    if f is None:
-                        try:
-                            f = handles[it.shard] = _open_binary(path)
-                        except CkptError:
-                            raise
-                        except PermissionError:
-                            raise CheckpointNotFoundError(f"{path}: permission denied") from None
-                        except OSError as e:
-                            raise CheckpointNotFoundError(f"{path}: cannot open the data shard: {e.strerror or e}") from None
-                    batch.append((it, path, None, _Positioned(f.fileno()) if parallel else f))
-                    nbytes += it.size
-                    batch_bytes += it.size
-                if batch_bytes >= BATCH_BYTES or not parallel:
-                    yield batch
-                    batch, batch_bytes = [], 0
-            if batch:
-                yield batch
-
         def check(work: list[tuple[_Item, str, Any, Any]]) -> list[tuple[_Item, str, tuple[str, str, int | None] | None]]:
             return [(it, path, pre if f is None else _checked(f, it, crc32c)) for it, path, pre, f in work]
 
-        results = _parallel.ordered_map(check, batches(), workers=workers if parallel else 1, ahead=workers + 1)
+        results = _parallel.ordered_map(check, self._batches(handles, parallel), workers=workers if parallel else 1,
+                                        ahead=workers + 1)
         try:
             with contextlib.closing(results):  # the threads are done before the shards close
                 for checked in results:
                     for it, path, found in checked:
                         if found is not None:
-                            kind, problem, actual = found
-                            damaged.append(m.Damage(
-                                key=it.key, name=it.name, file=path, kind=kind, problem=problem, shard=it.shard,
-                                offset=it.offset, size=it.size, slice=it.slice,
-                                stored_crc32c=it.crc32c if it.crc32c is not None else 0, actual_crc32c=actual,
-                            ))
+                            damaged.append(_damage(it, path, found))
                         done += 1
                         if progress is not None:
                             progress(done, total, it)
         finally:
             for f in handles.values():
                 f.close()
+        nbytes = sum(it.size for it in self.items if self._known_damage(it) is None)
         status = m.STATUS_DAMAGED if damaged or self.problems else m.STATUS_INTACT
         return m.CheckResult(
             self.path, self.format, status, step=self.step, tensors=len(self.items),
             nbytes=nbytes, problems=tuple(self.problems), damaged=tuple(damaged),
         )
+
+    def _known_damage(self, it: _Item) -> tuple[str, str, None] | None:
+        """The damage an item has whatever its bytes hold: its shard is missing, or it lies
+        past the shard's end; None when its bytes are there to check."""
+        size = self.sizes.get(it.shard)
+        if size is None:
+            return m.DAMAGE_MISSING_SHARD, "its data shard is missing", None
+        if it.offset + it.size > size:
+            return m.DAMAGE_TRUNCATED, f"needs bytes {it.offset}..{it.offset + it.size}, the shard has {size}", None
+        return None
+
+    def _batches(self, handles: dict[int, Any], parallel: bool) -> Iterator[list[tuple[_Item, str, Any, Any]]]:
+        """Items in file order, in batches of about BATCH_BYTES (one item a batch when not
+        parallel), each with its damage known up front or the file to check it in; the
+        shards are opened here, in the calling thread, into ``handles`` (shard -> file)."""
+        batch: list[tuple[_Item, str, Any, Any]] = []
+        batch_bytes = 0
+        for it in self.items:
+            path = data_path(self.path, it.shard, self.num_shards)
+            known = self._known_damage(it)
+            if known is not None:
+                batch.append((it, path, known, None))
+            else:
+                f = handles.get(it.shard)
+                if f is None:
+                    f = handles[it.shard] = _open_shard(path)
+                batch.append((it, path, None, _Positioned(f.fileno()) if parallel else f))
+                batch_bytes += it.size
+            if batch_bytes >= BATCH_BYTES or not parallel:
+                yield batch
+                batch, batch_bytes = [], 0
+        if batch:
+            yield batch
+
+
+def _open_shard(path: str) -> Any:
+    """A data shard opened for checking; a shard that cannot be opened ends the check."""
+    try:
+        return _open_binary(path)
+    except CkptError:
+        raise
+    except PermissionError:
+        raise CheckpointNotFoundError(f"{path}: permission denied") from None
+    except OSError as e:
+        raise CheckpointNotFoundError(f"{path}: cannot open the data shard: {e.strerror or e}") from None
+
+
+def _damage(it: _Item, path: str, found: tuple[str, str, int | None]) -> m.Damage:
+    """The damage entry of an item whose check found (kind, problem, actual crc32c)."""
+    kind, problem, actual = found
+    return m.Damage(
+        key=it.key, name=it.name, file=path, kind=kind, problem=problem, shard=it.shard,
+        offset=it.offset, size=it.size, slice=it.slice,
+        stored_crc32c=it.crc32c if it.crc32c is not None else 0, actual_crc32c=actual,
+    )
 
 
 class _Positioned:

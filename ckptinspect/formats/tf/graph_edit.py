@@ -24,18 +24,16 @@ re-derived from the variable's new path.
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from ...errors import CorruptCheckpointError, UsageError
 from . import protos as _protos
 from .._layout import decode_key, encode_key
 from .wire import MalformedError
-from .object_graph import ObjectPaths, parse_object_graph, walk
+from .object_graph import ATTRIBUTES_MARK, OPTIMIZER_SLOT_MARK, GraphNode, ObjectPaths, parse_object_graph, walk
 
 __all__ = ["GraphEdit", "EditedGraph", "edit_object_graph", "escape_path", "unescape_path", "OPTIMIZER_SLOT_MARK"]
 
-ATTRIBUTES_MARK = "/.ATTRIBUTES/"
-OPTIMIZER_SLOT_MARK = "/.OPTIMIZER_SLOT/"
 ESCAPE_CHAR = "."
 SLASH_ESCAPE = ".S"
 # A variable is moved to a path at most this deep (real models nest a few dozen objects; a
@@ -150,131 +148,197 @@ def edit_object_graph(blob: bytes, edit: GraphEdit, labels: Mapping[str, str] | 
         UsageError: A move that would make two objects share a path (both named), or a
             variable that stays reachable at its old path through another edge.
     """
-    labels = labels or {}
-    try:
-        ours = parse_object_graph(blob)
-        graph = _protos.TrackableObjectGraph()
-        graph.ParseFromString(blob)
-    except (MalformedError, _protos.DecodeError) as e:
-        raise CorruptCheckpointError(f"the object graph does not parse: {e}") from None
-    if not ours:
-        raise CorruptCheckpointError("the object graph has no nodes")
-    node_of: dict[str, int] = {}
-    for i, node in enumerate(ours):
-        for _, _, key in node.attributes:
-            node_of.setdefault(key, i)
-    parent: list[int] = []
-    old_path: dict[int, tuple[str, ...]] = {}
-    try:  # paths matter only when something moves (a hostile graph can be deep)
-        if edit.moves:
-            parent, _local, path_of = _paths(ours)
-            old_path = {i: path_of(i) for i in set(node_of.values()) if parent[i] != -2}
-    except MalformedError as e:
-        raise CorruptCheckpointError(f"the object graph cannot be edited: {e}") from None
+    g = _Editing.parse(blob, labels or {}, with_paths=bool(edit.moves))
+    targets, target_key = g.move_targets(edit.moves)  # 1. the moves, per object
+    moving = {i: t for i, t in targets.items() if t != g.old_path[i]}
+    g.check_final_paths(moving)
+    renamed_edges = g.rename_edges(moving)  # 2. edge renames wherever every object agrees
+    moved, added = g.move_own_edges(moving, renamed_edges, target_key)  # 3. the rest
+    if edit.drop:
+        g.drop(edit.drop)  # 4. dropped attributes and the slots left empty
+    new_path = g.new_paths(moving, target_key)  # 5. keys from the new paths, full names
+    key_map = g.rekey(new_path, edit.full_names)
+    g.check_new_keys(key_map)
+    return EditedGraph(
+        blob=g.graph.SerializeToString(),
+        key_map=key_map,
+        edges_renamed=len(renamed_edges),
+        edges_moved=moved,
+        nodes_added=added,
+    )
 
-    def label(key: str) -> str:
-        return labels.get(key, key)
 
-    # 1. The moves, per object.
-    targets: dict[int, tuple[str, ...]] = {}
-    target_key: dict[int, str] = {}
-    for key, new in edit.moves.items():
-        i = node_of.get(key)
-        if i is None:
-            raise CorruptCheckpointError(f"key {key!r} is not in the object graph")
-        if i not in old_path:
-            raise UsageError(f"{label(key)!r} is not reached from the root of the object graph (a slot variable"
-                             " follows its variable): it cannot be moved by itself")
-        if len(new) > MAX_MOVE_DEPTH or len(old_path[i]) > MAX_MOVE_DEPTH:
-            raise UsageError(f"{label(key)!r}: cannot move an object more than {MAX_MOVE_DEPTH} levels deep")
-        if not new or any(not p for p in new):
-            raise UsageError(f"{label(key)!r} cannot be moved to an empty path element ({'/'.join(new)!r})")
-        if i in targets and targets[i] != new:
-            raise UsageError(f"{label(target_key[i])!r} and {label(key)!r} are held by one object and cannot move apart")
-        targets[i] = tuple(new)
-        target_key[i] = key
-    moving = {i: t for i, t in targets.items() if t != old_path[i]}
+@dataclasses.dataclass
+class _Editing:
+    """An object graph under edit and what every step of :func:`edit_object_graph` reads.
 
-    # Collisions among the final paths of all variables (moved or not).
-    final: dict[tuple[str, ...], int] = {}
-    for i, p in old_path.items():
-        t = moving.get(i, p)
-        other = final.get(t)
-        if other is not None and other != i:
-            a = next(k for k, n in node_of.items() if n == other)
-            b = next(k for k, n in node_of.items() if n == i)
-            raise UsageError(f"renaming makes {label(a)!r} and {label(b)!r} collide at {'/'.join(t)!r}")
-        final[t] = i
+    Attributes:
+        ours: The graph as :func:`parse_object_graph` reads it (the original, never edited).
+        graph: The message being edited.
+        node_of: Checkpoint key -> the node holding it (the first, if several do).
+        parent: Each node's parent in the canonical tree (-2: not reached), when paths were
+            needed (something moves); else empty.
+        old_path: Node holding a key and reached from the root -> its path before the edit.
+        labels: Checkpoint key -> readable name, for messages.
+    """
 
-    # 2. Edge renames wherever every object through the edge agrees.
-    proposals: dict[tuple[int, str], set[str]] = {}
-    for i, p in old_path.items():
-        chain = _chain(parent, i)
-        t = moving.get(i)
-        same_shape = t is None or len(t) == len(p)
-        for depth in range(len(p)):
-            edge = (chain[depth], p[depth])
-            want = p[depth] if t is None else (t[depth] if same_shape else None)
-            proposals.setdefault(edge, set()).add(want)  # None: this object cannot agree
-    renamed_edges = {e: next(iter(v)) for e, v in proposals.items() if len(v) == 1 and None not in v
-                     and next(iter(v)) != e[1]}
-    nodes = graph.nodes
-    for (pid, old), new in renamed_edges.items():
-        names = {decode_key(r.local_name) for r in nodes[pid].children}
-        if new in names and (pid, new) not in renamed_edges:
-            clash = [r.node_id for r in nodes[pid].children if decode_key(r.local_name) == new]
-            raise UsageError(f"renaming moves {'/'.join(old_path.get(pid, ())) or '(root)'}/{old!r} onto the existing"
-                             f" object {new!r} (node {clash[0]})")
-        for ref in nodes[pid].children:
-            if decode_key(ref.local_name) == old:
-                ref.local_name = encode_key(new)
+    ours: list[GraphNode]
+    graph: Any
+    node_of: dict[str, int]
+    parent: list[int]
+    old_path: dict[int, tuple[str, ...]]
+    labels: Mapping[str, str]
 
-    # 3. The rest: move the object's own edge (creating empty objects on the way).
-    def child(pid: int, name: str) -> int | None:
-        for ref in nodes[pid].children:
+    @classmethod
+    def parse(cls, blob: bytes, labels: Mapping[str, str], with_paths: bool) -> _Editing:
+        """Parse the graph twice (our reading and the message to edit) and, when something
+        moves (a hostile graph can be deep), the path of every node holding a key."""
+        try:
+            ours = parse_object_graph(blob)
+            graph = _protos.TrackableObjectGraph()
+            graph.ParseFromString(blob)
+        except (MalformedError, _protos.DecodeError) as e:
+            raise CorruptCheckpointError(f"the object graph does not parse: {e}") from None
+        if not ours:
+            raise CorruptCheckpointError("the object graph has no nodes")
+        node_of: dict[str, int] = {}
+        for i, node in enumerate(ours):
+            for _, _, key in node.attributes:
+                node_of.setdefault(key, i)
+        parent: list[int] = []
+        old_path: dict[int, tuple[str, ...]] = {}
+        try:
+            if with_paths:
+                parent, _local, path_of = _paths(ours)
+                old_path = {i: path_of(i) for i in set(node_of.values()) if parent[i] != -2}
+        except MalformedError as e:
+            raise CorruptCheckpointError(f"the object graph cannot be edited: {e}") from None
+        return cls(ours, graph, node_of, parent, old_path, labels)
+
+    def label(self, key: str) -> str:
+        return self.labels.get(key, key)
+
+    def _key_of(self, i: int) -> str:
+        """A key held by node ``i`` (for messages)."""
+        return next(k for k, n in self.node_of.items() if n == i)
+
+    def move_targets(self, moves: Mapping[str, tuple[str, ...]]) -> tuple[dict[int, tuple[str, ...]], dict[int, str]]:
+        """Step 1: each moved object's new path and the key that asked for it, refusing keys
+        not in the graph, slot variables (they follow their variable), paths too deep or with
+        an empty element, and two keys of one object asked to move apart."""
+        targets: dict[int, tuple[str, ...]] = {}
+        target_key: dict[int, str] = {}
+        label = self.label
+        for key, new in moves.items():
+            i = self.node_of.get(key)
+            if i is None:
+                raise CorruptCheckpointError(f"key {key!r} is not in the object graph")
+            if i not in self.old_path:
+                raise UsageError(f"{label(key)!r} is not reached from the root of the object graph (a slot variable"
+                                 " follows its variable): it cannot be moved by itself")
+            if len(new) > MAX_MOVE_DEPTH or len(self.old_path[i]) > MAX_MOVE_DEPTH:
+                raise UsageError(f"{label(key)!r}: cannot move an object more than {MAX_MOVE_DEPTH} levels deep")
+            if not new or any(not p for p in new):
+                raise UsageError(f"{label(key)!r} cannot be moved to an empty path element ({'/'.join(new)!r})")
+            if i in targets and targets[i] != new:
+                raise UsageError(f"{label(target_key[i])!r} and {label(key)!r} are held by one object and cannot move apart")
+            targets[i] = tuple(new)
+            target_key[i] = key
+        return targets, target_key
+
+    def check_final_paths(self, moving: dict[int, tuple[str, ...]]) -> None:
+        """Refuse two variables (moved or not) that would end at one path."""
+        final: dict[tuple[str, ...], int] = {}
+        for i, p in self.old_path.items():
+            t = moving.get(i, p)
+            other = final.get(t)
+            if other is not None and other != i:
+                raise UsageError(f"renaming makes {self.label(self._key_of(other))!r} and"
+                                 f" {self.label(self._key_of(i))!r} collide at {'/'.join(t)!r}")
+            final[t] = i
+
+    def rename_edges(self, moving: dict[int, tuple[str, ...]]) -> dict[tuple[int, str], str]:
+        """Step 2: rename a child edge in place wherever every object through it agrees on its
+        new name (a moved object agrees only with a path of the same depth); refuse a rename
+        onto an existing child. Returns (parent node, old local name) -> new local name."""
+        proposals: dict[tuple[int, str], set[str]] = {}
+        for i, p in self.old_path.items():
+            chain = _chain(self.parent, i)
+            t = moving.get(i)
+            same_shape = t is None or len(t) == len(p)
+            for depth in range(len(p)):
+                edge = (chain[depth], p[depth])
+                want = p[depth] if t is None else (t[depth] if same_shape else None)
+                proposals.setdefault(edge, set()).add(want)  # None: this object cannot agree
+        renamed_edges = {e: next(iter(v)) for e, v in proposals.items() if len(v) == 1 and None not in v
+                         and next(iter(v)) != e[1]}
+        nodes = self.graph.nodes
+        for (pid, old), new in renamed_edges.items():
+            names = {decode_key(r.local_name) for r in nodes[pid].children}
+            if new in names and (pid, new) not in renamed_edges:
+                clash = [r.node_id for r in nodes[pid].children if decode_key(r.local_name) == new]
+                raise UsageError(f"renaming moves {'/'.join(self.old_path.get(pid, ())) or '(root)'}/{old!r} onto the"
+                                 f" existing object {new!r} (node {clash[0]})")
+            for ref in nodes[pid].children:
+                if decode_key(ref.local_name) == old:
+                    ref.local_name = encode_key(new)
+        return renamed_edges
+
+    def _child(self, pid: int, name: str) -> int | None:
+        for ref in self.graph.nodes[pid].children:
             if decode_key(ref.local_name) == name:
                 return ref.node_id
         return None
 
-    def current_path(i: int) -> tuple[str, ...]:
-        chain = _chain(parent, i)
-        out = []
-        for depth in range(1, len(chain)):
-            pid, old = chain[depth - 1], old_path[i][depth - 1]
-            out.append(renamed_edges.get((pid, old), old))
-        return tuple(out)
+    def move_own_edges(self, moving: dict[int, tuple[str, ...]], renamed_edges: dict[tuple[int, str], str],
+                       target_key: dict[int, str]) -> tuple[int, int]:
+        """Step 3: each moved object the renames did not bring to its new path loses its own
+        edge and gets one at the new path, empty objects created on the way; refuse a path
+        already held by another object. Returns (objects moved, objects created)."""
+        nodes = self.graph.nodes
 
-    moved = added = 0
-    for i, t in moving.items():
-        if current_path(i) == t:
-            continue
-        pid, old = parent[i], old_path[i][-1]
-        old_name = renamed_edges.get((pid, old), old)
-        keep = [r for r in nodes[pid].children if not (r.node_id == i and decode_key(r.local_name) == old_name)]
-        del nodes[pid].children[:]
-        nodes[pid].children.extend(keep)
-        at = 0
-        for name in t[:-1]:
-            nxt = child(at, name)
-            if nxt is None:
-                nodes.add()
-                nxt = len(nodes) - 1
+        def current_path(i: int) -> tuple[str, ...]:
+            chain = _chain(self.parent, i)
+            out = []
+            for depth in range(1, len(chain)):
+                pid, old = chain[depth - 1], self.old_path[i][depth - 1]
+                out.append(renamed_edges.get((pid, old), old))
+            return tuple(out)
+
+        moved = added = 0
+        for i, t in moving.items():
+            if current_path(i) == t:
+                continue
+            pid, old = self.parent[i], self.old_path[i][-1]
+            old_name = renamed_edges.get((pid, old), old)
+            keep = [r for r in nodes[pid].children if not (r.node_id == i and decode_key(r.local_name) == old_name)]
+            del nodes[pid].children[:]
+            nodes[pid].children.extend(keep)
+            at = 0
+            for name in t[:-1]:
+                nxt = self._child(at, name)
+                if nxt is None:
+                    nodes.add()
+                    nxt = len(nodes) - 1
+                    ref = nodes[at].children.add()
+                    ref.node_id, ref.local_name = nxt, encode_key(name)
+                    added += 1
+                at = nxt
+            existing = self._child(at, t[-1])
+            if existing is not None and existing != i:
+                raise UsageError(f"renaming moves {self.label(target_key[i])!r} onto an existing object at {'/'.join(t)!r}")
+            if existing is None:
                 ref = nodes[at].children.add()
-                ref.node_id, ref.local_name = nxt, encode_key(name)
-                added += 1
-            at = nxt
-        existing = child(at, t[-1])
-        if existing is not None and existing != i:
-            raise UsageError(f"renaming moves {label(target_key[i])!r} onto an existing object at {'/'.join(t)!r}")
-        if existing is None:
-            ref = nodes[at].children.add()
-            ref.node_id, ref.local_name = i, encode_key(t[-1])
-        moved += 1
+                ref.node_id, ref.local_name = i, encode_key(t[-1])
+            moved += 1
+        return moved, added
 
-    # 4. Dropped attributes, and slot references whose slot holds nothing any more.
-    if edit.drop:
+    def drop(self, drop: frozenset[str]) -> None:
+        """Step 4: remove the dropped keys' attributes, then the slot references whose slot
+        variable holds nothing any more."""
+        nodes = self.graph.nodes
         for node in nodes:
-            kept = [a for a in node.attributes if decode_key(a.checkpoint_key) not in edit.drop]
+            kept = [a for a in node.attributes if decode_key(a.checkpoint_key) not in drop]
             if len(kept) != len(node.attributes):
                 del node.attributes[:]
                 node.attributes.extend(kept)
@@ -284,58 +348,66 @@ def edit_object_graph(blob: bytes, edit: GraphEdit, labels: Mapping[str, str] | 
                 del node.slot_variables[:]
                 node.slot_variables.extend(kept_slots)
 
-    # 5. Keys from the new paths (checked), slot keys from their variable's, full names.
-    if old_path:
-        new_parent, _, new_path_of = _paths(parse_object_graph(graph.SerializeToString()))
-    new_path: dict[int, tuple[str, ...]] = {}
-    for i, p in old_path.items():
-        if new_parent[i] == -2:  # pragma: no cover - edges are only renamed or re-added
-            raise UsageError(f"{label(target_key.get(i, ''))!r}: the object is no longer reachable after the edit")
-        new_path[i] = new_path_of(i)
-        want = moving.get(i, p)
-        if new_path[i] != want:
-            key = target_key.get(i) or next(k for k, n in node_of.items() if n == i)
-            raise UsageError(
-                f"{label(key)!r} cannot be moved to {'/'.join(want)!r}: the object is also reached at "
-                f"{'/'.join(new_path[i])!r}, so TensorFlow would still key it there"
-            )
-    slot_of: dict[int, tuple[int, int]] = {}  # slot node -> (variable node, optimizer node)
-    for o, node in enumerate(ours):
-        for orig, _, slot in node.slots:
-            slot_of[slot] = (orig, o)
-    key_map: dict[str, str] = {}
-    for i, node in enumerate(nodes):
-        for attr in node.attributes:
-            key = decode_key(attr.checkpoint_key)
-            new_key = key
-            if i in old_path and new_path[i] != old_path[i]:
-                new_key = escape_path(new_path[i]) + _attribute_suffix(key)
-            elif i in slot_of and OPTIMIZER_SLOT_MARK in key:
-                var, opt = slot_of[i]
-                head, tail = key.split(OPTIMIZER_SLOT_MARK, 1)
-                if var in old_path and head == escape_path(old_path[var]):
-                    head = escape_path(new_path[var])
-                if opt in old_path:
-                    old_opt = escape_path(old_path[opt]) + "/"
-                    if tail.startswith(old_opt):
-                        tail = escape_path(new_path[opt]) + "/" + tail[len(old_opt):]
-                new_key = head + OPTIMIZER_SLOT_MARK + tail
-            if new_key != key:
-                attr.checkpoint_key = encode_key(new_key)
-            if key in edit.full_names:
-                attr.full_name = encode_key(edit.full_names[key])
-            elif new_key != key and decode_key(attr.full_name) == _readable(key):
-                attr.full_name = encode_key(_readable(new_key))  # a full name that was the path follows it
-            key_map[key] = new_key
-    seen: dict[str, str] = {}
-    for old, new in key_map.items():
-        if new in seen:
-            raise UsageError(f"renaming makes {label(seen[new])!r} and {label(old)!r} collide at key {new!r}")
-        seen[new] = old
-    return EditedGraph(
-        blob=graph.SerializeToString(),
-        key_map=key_map,
-        edges_renamed=len(renamed_edges),
-        edges_moved=moved,
-        nodes_added=added,
-    )
+    def new_paths(self, moving: dict[int, tuple[str, ...]], target_key: dict[int, str]) -> dict[int, tuple[str, ...]]:
+        """Step 5: every key-holding object's path in the edited graph, refusing one that the
+        canonical walk still reaches elsewhere than where it was asked to go (TensorFlow would
+        key it there)."""
+        if not self.old_path:
+            return {}
+        new_parent, _, new_path_of = _paths(parse_object_graph(self.graph.SerializeToString()))
+        new_path: dict[int, tuple[str, ...]] = {}
+        for i, p in self.old_path.items():
+            if new_parent[i] == -2:  # pragma: no cover - edges are only renamed or re-added
+                raise UsageError(f"{self.label(target_key.get(i, ''))!r}: the object is no longer reachable after the edit")
+            new_path[i] = new_path_of(i)
+            want = moving.get(i, p)
+            if new_path[i] != want:
+                key = target_key.get(i) or self._key_of(i)
+                raise UsageError(
+                    f"{self.label(key)!r} cannot be moved to {'/'.join(want)!r}: the object is also reached at "
+                    f"{'/'.join(new_path[i])!r}, so TensorFlow would still key it there"
+                )
+        return new_path
+
+    def rekey(self, new_path: dict[int, tuple[str, ...]], full_names: Mapping[str, str]) -> dict[str, str]:
+        """Every kept attribute's new key: a moved object's from its new path, a slot's from its
+        variable's and its optimizer's new paths; and its full name (as asked, or following the
+        path when it was the path). Returns old key -> new key."""
+        slot_of: dict[int, tuple[int, int]] = {}  # slot node -> (variable node, optimizer node)
+        for o, node in enumerate(self.ours):
+            for orig, _, slot in node.slots:
+                slot_of[slot] = (orig, o)
+        old_path = self.old_path
+        key_map: dict[str, str] = {}
+        for i, node in enumerate(self.graph.nodes):
+            for attr in node.attributes:
+                key = decode_key(attr.checkpoint_key)
+                new_key = key
+                if i in old_path and new_path[i] != old_path[i]:
+                    new_key = escape_path(new_path[i]) + _attribute_suffix(key)
+                elif i in slot_of and OPTIMIZER_SLOT_MARK in key:
+                    var, opt = slot_of[i]
+                    head, tail = key.split(OPTIMIZER_SLOT_MARK, 1)
+                    if var in old_path and head == escape_path(old_path[var]):
+                        head = escape_path(new_path[var])
+                    if opt in old_path:
+                        old_opt = escape_path(old_path[opt]) + "/"
+                        if tail.startswith(old_opt):
+                            tail = escape_path(new_path[opt]) + "/" + tail[len(old_opt):]
+                    new_key = head + OPTIMIZER_SLOT_MARK + tail
+                if new_key != key:
+                    attr.checkpoint_key = encode_key(new_key)
+                if key in full_names:
+                    attr.full_name = encode_key(full_names[key])
+                elif new_key != key and decode_key(attr.full_name) == _readable(key):
+                    attr.full_name = encode_key(_readable(new_key))  # a full name that was the path follows it
+                key_map[key] = new_key
+        return key_map
+
+    def check_new_keys(self, key_map: dict[str, str]) -> None:
+        """Refuse two old keys that end as one new key."""
+        seen: dict[str, str] = {}
+        for old, new in key_map.items():
+            if new in seen:
+                raise UsageError(f"renaming makes {self.label(seen[new])!r} and {self.label(old)!r} collide at key {new!r}")
+            seen[new] = old

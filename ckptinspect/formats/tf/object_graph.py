@@ -38,6 +38,8 @@ _protos = lazy_import(__package__ + ".protos")
 
 __all__ = [
     "VARIABLE_VALUE",
+    "ATTRIBUTES_MARK",
+    "OPTIMIZER_SLOT_MARK",
     "MAX_OBJECT_GRAPH_OBJECTS",
     "MAX_PATH_ELEMENTS",
     "GraphNode",
@@ -52,6 +54,10 @@ __all__ = [
 ]
 
 VARIABLE_VALUE = "VARIABLE_VALUE"
+# How TF2 keys spell an object's attributes and an optimizer's slots: a variable's value is
+# ``<object path>/.ATTRIBUTES/VARIABLE_VALUE``, a slot's ``<var path>/.OPTIMIZER_SLOT/<optimizer path>/<slot>``.
+ATTRIBUTES_MARK = "/.ATTRIBUTES/"
+OPTIMIZER_SLOT_MARK = "/.OPTIMIZER_SLOT/"
 # Children that only an optimizer has (Keras 2 OptimizerV2, Keras 3, TF1 optimizers in eager).
 OPTIMIZER_CHILD_MARKS = {"iter", "_iterations", "beta1_power", "beta2_power", "_learning_rate"}
 # Local names of step / counter variables (metadata).

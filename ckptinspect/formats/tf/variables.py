@@ -23,7 +23,9 @@ from .._layout import INDEX_SUFFIX, data_path
 from .wire import MalformedError
 from .data import decode_string_scalar, read_raw
 from .object_graph import (
+    ATTRIBUTES_MARK,
     METADATA_LOCAL_NAMES,
+    OPTIMIZER_SLOT_MARK,
     VARIABLE_VALUE,
     GraphNode,
     KeyFacts,
@@ -43,8 +45,6 @@ __all__ = [
     "unreadable_entries",
 ]
 
-ATTRIBUTES_MARK = "/.ATTRIBUTES/"
-OPTIMIZER_SLOT_MARK = "/.OPTIMIZER_SLOT/"
 STEP_SUFFIX_RE = re.compile(r"[-_](\d+)$")
 # A sharded V1 Saver's file names end in the shard (model.ckpt-7-00000-of-00001), or in TF's
 # pattern for all of them in its state file (model.ckpt-7-?????-of-00001).
@@ -204,50 +204,11 @@ def build_variables(prefix: str, index: BundleIndex) -> tuple[list[m.Variable], 
     Raises:
         CheckpointNotFoundError: The object graph's shard exists but cannot be read.
     """
-    info: dict[str, object] = {}
-    warnings: list[str] = []
-    facts: dict[str, KeyFacts] = {}
-    graph_entry = next((e for e in index.entries if e.key == OBJECT_GRAPH_KEY), None)
-    graph_read = False
-    if graph_entry is not None:
-        info["kind"] = "tf2-object"
-        graph_info: dict[str, object] = {"nodes": None, "shard": graph_entry.shard_id, "nbytes": graph_entry.size}
-        try:
-            nodes = _read_object_graph(prefix, index, graph_entry)
-            facts = analyse_object_graph(nodes)
-            graph_info["nodes"] = len(nodes)
-            graph_read = True
-        except MalformedError as e:
-            shard = data_path(prefix, graph_entry.shard_id, index.num_shards)
-            graph_info["error"] = str(e)
-            warnings.append(
-                f"{shard}: the object graph ({OBJECT_GRAPH_KEY}) cannot be read: {e}; names and roles"
-                " below come from the keys (`ckptinspect verify` checks the files)"
-            )
-        info["object_graph"] = graph_info
-    else:
-        info["kind"] = "tf1-name"
-
+    info, facts, warnings = _graph_facts(prefix, index)
+    tf2 = info["kind"] == "tf2-object"
+    pending = [(entry, *_named_role(entry, facts, tf2)) for entry in index.entries if entry.key != OBJECT_GRAPH_KEY]
+    names_seen = collections.Counter(name for *_, name in pending)
     variables = []
-    names_seen: collections.Counter[str] = collections.Counter()
-    pending = []
-    for entry in index.entries:
-        if entry.key == OBJECT_GRAPH_KEY:
-            continue
-        fact = facts.get(entry.key)
-        if graph_read:
-            role = fact.role if fact else (m.ROLE_OPTIMIZER if OPTIMIZER_SLOT_MARK in entry.key else m.ROLE_METADATA)
-            if role == m.ROLE_MODEL and fact.root_child and entry.shape == () and entry.dtype in m.INTEGER_DTYPES:
-                role = m.ROLE_METADATA  # a counter tracked by the root (episode_counter, epoch...)
-            name = (fact.name if fact else None) or key_name(entry.key)
-        elif graph_entry is not None:
-            role = _keyed_role(entry.key, entry)
-            name = key_name(entry.key)
-        else:
-            role = tf1_role(entry.key, entry)
-            name = entry.key
-        names_seen[name] += 1
-        pending.append((entry, fact, role, name))
     for entry, fact, role, name in pending:
         if names_seen[name] > 1:
             name = key_name(entry.key)
@@ -275,6 +236,53 @@ def build_variables(prefix: str, index: BundleIndex) -> tuple[list[m.Variable], 
     if warnings:
         info["warnings"] = warnings
     return variables, info
+
+
+def _graph_facts(prefix: str, index: BundleIndex) -> tuple[dict[str, object], dict[str, KeyFacts] | None, list[str]]:
+    """The bundle's kind (``tf2-object`` when it stores an object graph, else ``tf1-name``)
+    and the graph's facts per key, read when the graph reads: a graph that does not gives no
+    facts (None) and a warning, and the names and roles then come from the keys.
+
+    Returns:
+        (info with ``kind`` and for TF2 ``object_graph``, the facts or None, warnings).
+    """
+    info: dict[str, object] = {}
+    warnings: list[str] = []
+    graph_entry = next((e for e in index.entries if e.key == OBJECT_GRAPH_KEY), None)
+    if graph_entry is None:
+        info["kind"] = "tf1-name"
+        return info, None, warnings
+    info["kind"] = "tf2-object"
+    facts = None
+    graph_info: dict[str, object] = {"nodes": None, "shard": graph_entry.shard_id, "nbytes": graph_entry.size}
+    try:
+        nodes = _read_object_graph(prefix, index, graph_entry)
+        facts = analyse_object_graph(nodes)
+        graph_info["nodes"] = len(nodes)
+    except MalformedError as e:
+        shard = data_path(prefix, graph_entry.shard_id, index.num_shards)
+        graph_info["error"] = str(e)
+        warnings.append(
+            f"{shard}: the object graph ({OBJECT_GRAPH_KEY}) cannot be read: {e}; names and roles"
+            " below come from the keys (`ckptinspect verify` checks the files)"
+        )
+    info["object_graph"] = graph_info
+    return info, facts, warnings
+
+
+def _named_role(entry: IndexEntry, facts: dict[str, KeyFacts] | None, tf2: bool) -> tuple[KeyFacts | None, str, str]:
+    """An entry's graph facts, role and readable name (before names shared by several keys
+    fall back to the keys): from the object graph when it was read (a scalar integer the
+    root tracks is a counter, metadata), from a TF2 key when it was not, from TF1 rules."""
+    fact = facts.get(entry.key) if facts is not None else None
+    if facts is not None:
+        role = fact.role if fact else (m.ROLE_OPTIMIZER if OPTIMIZER_SLOT_MARK in entry.key else m.ROLE_METADATA)
+        if role == m.ROLE_MODEL and fact.root_child and entry.shape == () and entry.dtype in m.INTEGER_DTYPES:
+            role = m.ROLE_METADATA  # a counter tracked by the root (episode_counter, epoch...)
+        return fact, role, (fact.name if fact else None) or key_name(entry.key)
+    if tf2:
+        return fact, _keyed_role(entry.key, entry), key_name(entry.key)
+    return fact, tf1_role(entry.key, entry), entry.key
 
 
 def step_candidates(prefix: str, index: BundleIndex, variables: Iterable[m.Variable]) -> dict[str, int]:

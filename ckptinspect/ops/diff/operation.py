@@ -360,11 +360,7 @@ def diff(
         UsageError: Bad tolerance, role or mapping.
         CkptError: A checkpoint cannot be opened or read.
     """
-    for label, value in (("atol", atol), ("rtol", rtol)):
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-            raise UsageError(f"{label} must be a finite number >= 0. Received: {label}={value!r}")
-    if role is not None and role not in ROLES:
-        raise UsageError(f"unknown role {role!r}; expected one of {', '.join(ROLES)}")
+    _check_arguments(atol, rtol, role)
     rules = parse_mapping(mapping)  # fail on bad rules before opening anything
     layout = Layout(transpose_dense=transpose_dense, conv_layout=conv_layout)
     optimizer_regex(optimizer_pattern)
@@ -379,40 +375,13 @@ def diff(
         vb_list = cb.filter(role=role)
         keras = {ca.format, cb.format} <= {FORMAT_KERAS_H5, FORMAT_KERAS_WEIGHTS_H5, FORMAT_KERAS_ZIP}
         alignment = align(va_list, vb_list, same_format=ca.format == cb.format, mapping=rules, layout=layout, keras=keras)
-        sides = (("A", ca),) if cb is ca else (("A", ca), ("B", cb))
-        notes = [f"{side}: {w}" for side, c in sides for w in c.info.get("warnings", ())]
-        notes += alignment.notes
-        if optimizer_pattern:
-            marked = [c.info.get(OPTIMIZER_PATTERN_INFO, {}).get("marked", 0) for c in (ca, cb)]
-            notes.append(f"--optimizer-pattern {optimizer_pattern!r} marked {marked[0]} variable(s) of A and"
-                         f" {marked[1]} of B as optimizer state")
+        notes = _notes(ca, cb, alignment, optimizer_pattern)
         if role is not None and not va_list and not vb_list:
             notes.append(f"neither checkpoint has {role}-role variables")
         entries = sorted(_entries(alignment), key=_read_order(ca, cb))
-        fits = {va.key: (va, f) for _, va, vb, _ in entries if va is not None and vb is not None
-                and (f := pair_fit(va, vb, layout)) is not None}
-        if fits:
-            notes.append(_layout_note(fits))
-        backwards = sum(1 for _, va, vb, _ in entries if va is not None and vb is not None and fits_reversed(va, vb, layout))
-        if backwards:
-            notes.append(f"{backwards} pair(s) fit the layout rules the other way round: the rules describe A's"
-                         " layout (A is the PyTorch side, B the Keras one); swap A and B")
-        source_a = RearrangedSource(ca, fits) if fits else ca
-
-        def batch(group: list[_Entry]) -> list[VariableDiff]:
-            return [_diff_one(name, how, source_a, va, cb, vb, float(atol), float(rtol), fits)
-                    for name, va, vb, how in group]
-
-        # Two batches of variables compared at a time when both formats allow concurrent
-        # reads (each variable is compared whole by one thread, so its numbers do not depend
-        # on the threads); results and progress come in read order.
-        workers = None if _concurrent(ca) and _concurrent(cb) else 1
-        results: list[VariableDiff] = []
-        for rows in ordered_map(batch, _batches(entries), workers=workers, ahead=BATCHES_AHEAD):
-            for row in rows:
-                results.append(row)
-                if progress is not None:
-                    progress(len(results), len(entries), row)
+        fits, layout_notes = _layout_fits(entries, layout)
+        notes += layout_notes
+        results = _compare(entries, ca, cb, fits, float(atol), float(rtol), progress)
         return DiffReport(
             a=ca.path,
             b=cb.path,
@@ -430,6 +399,65 @@ def diff(
     finally:
         for c in opened:
             c.close()
+
+
+def _check_arguments(atol: float, rtol: float, role: str | None) -> None:
+    """Refuse a tolerance that is not a finite number >= 0, or an unknown role."""
+    for label, value in (("atol", atol), ("rtol", rtol)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            raise UsageError(f"{label} must be a finite number >= 0. Received: {label}={value!r}")
+    if role is not None and role not in ROLES:
+        raise UsageError(f"unknown role {role!r}; expected one of {', '.join(ROLES)}")
+
+
+def _notes(ca: Checkpoint, cb: Checkpoint, alignment: Match, optimizer_pattern: str | None) -> list[str]:
+    """The report's first notes: each side's warnings (once when A and B are one checkpoint),
+    the alignment's, and what ``--optimizer-pattern`` marked on each side."""
+    sides = (("A", ca),) if cb is ca else (("A", ca), ("B", cb))
+    notes = [f"{side}: {w}" for side, c in sides for w in c.info.get("warnings", ())]
+    notes += alignment.notes
+    if optimizer_pattern:
+        marked = [c.info.get(OPTIMIZER_PATTERN_INFO, {}).get("marked", 0) for c in (ca, cb)]
+        notes.append(f"--optimizer-pattern {optimizer_pattern!r} marked {marked[0]} variable(s) of A and"
+                     f" {marked[1]} of B as optimizer state")
+    return notes
+
+
+def _layout_fits(entries: list[_Entry], layout: Layout) -> tuple[dict[str, tuple[Variable, Any]], list[str]]:
+    """The pairs whose values the layout rules rearrange (A's key -> (A's variable, the fit))
+    and the notes: what was rearranged, and how many pairs fit the rules only with A and B
+    swapped."""
+    notes: list[str] = []
+    fits = {va.key: (va, f) for _, va, vb, _ in entries if va is not None and vb is not None
+            and (f := pair_fit(va, vb, layout)) is not None}
+    if fits:
+        notes.append(_layout_note(fits))
+    backwards = sum(1 for _, va, vb, _ in entries if va is not None and vb is not None and fits_reversed(va, vb, layout))
+    if backwards:
+        notes.append(f"{backwards} pair(s) fit the layout rules the other way round: the rules describe A's"
+                     " layout (A is the PyTorch side, B the Keras one); swap A and B")
+    return fits, notes
+
+
+def _compare(entries: list[_Entry], ca: Checkpoint, cb: Checkpoint, fits: dict[str, tuple[Variable, Any]],
+             atol: float, rtol: float, progress: Progress | None) -> list[VariableDiff]:
+    """Every entry compared, in read order (A's values rearranged where they fit the layout
+    rules). Two batches of variables are compared at a time when both formats allow
+    concurrent reads (each variable is compared whole by one thread, so its numbers do not
+    depend on the threads); results and progress come in read order."""
+    source_a = RearrangedSource(ca, fits) if fits else ca
+
+    def batch(group: list[_Entry]) -> list[VariableDiff]:
+        return [_diff_one(name, how, source_a, va, cb, vb, atol, rtol, fits) for name, va, vb, how in group]
+
+    workers = None if _concurrent(ca) and _concurrent(cb) else 1
+    results: list[VariableDiff] = []
+    for rows in ordered_map(batch, _batches(entries), workers=workers, ahead=BATCHES_AHEAD):
+        for row in rows:
+            results.append(row)
+            if progress is not None:
+                progress(len(results), len(entries), row)
+    return results
 
 
 def _batches(entries: list[_Entry]) -> Iterator[list[_Entry]]:

@@ -37,7 +37,8 @@ from ..model.devices import import_tf
 from .rules import propose, propose_rules, rules_as_given
 from ..match.layouts import CONV_HWIO, FIT_EQUAL, Fit, Layout
 from ..match.mapping import Rules, RulesLike, parse_mapping, rules_text
-from ..match.matcher import HOW_LAYER_ORDER
+from ..match.matcher import HOW_LAYER_ORDER, Match
+from ..sources import source_files
 from ..model.weights_io import OUTPUT_WEIGHTS_H5, WEIGHTS_H5_SUFFIX, WriteResult
 from ..model.targets import (
     FLOAT_DTYPES,
@@ -360,7 +361,7 @@ def weight_plan(
 
 
 def _protected(ckpt: m.Checkpoint) -> list[str]:
-    return [ckpt.path, *(f for f in ckpt.files() if os.path.isfile(f))]
+    return [ckpt.path, *source_files(ckpt)]
 
 
 def _cast_ok(source_dtype: str, target_dtype: str) -> bool:
@@ -370,17 +371,73 @@ def _cast_ok(source_dtype: str, target_dtype: str) -> bool:
 def _diagnose(
     ckpt: m.Checkpoint, model: Any, model_targets: Sequence[Target], rules: Rules, layout: Layout
 ) -> tuple[DoctorReport, list[tuple[Target, m.Variable, Fit]]]:
+    """Pair the source's model variables with the model's weights and say what each weight,
+    each leftover source variable and the pairing as a whole come to; the plan is the
+    (weight, source, fit) triples a load would assign."""
     sources = [v for v in ckpt.variables if v.role == m.ROLE_MODEL]
     paired = pair_with_model(sources, ckpt.format, model_targets, rules=rules, by_order=True, layout=layout)
-    by_target = {p.b.ref.index: p for p in paired.pairs}
-    ambiguous_b: dict[int, Any] = {}
+    ambiguous_a, ambiguous_b = _ambiguous_by_side(paired)
+    weights, plan, matched_pairs = _diagnose_weights(model_targets, paired, ambiguous_b, layout)
+    leftovers = _leftovers(sources, paired, ambiguous_a)
+
+    notes = list(paired.notes)
+    by_order = sum(1 for w in weights if w.matched_by == HOW_LAYER_ORDER)
+    if by_order:
+        notes.append(f"{by_order} weight(s) paired by layer order and shape alone: transplant needs --by-order "
+                     "or the --map rules (--emit map) to take them")
+    given = rules_text(rules_as_given(rules))
+    proposal, verified, more = propose(ckpt, sources, model_targets, matched_pairs, rules, layout)
+    notes += more
+    amap, map_note = _assignment_map(ckpt, plan)
+    if map_note:
+        notes.append(map_note)
+    casts = [w for w in weights if w.status == STATUS_MATCHED and w.source_dtype != w.dtype]
+    if casts:
+        notes.append(f"{len(casts)} weight(s) cast between float dtypes (e.g. {casts[0].target}: "
+                     f"{casts[0].source_dtype} -> {casts[0].dtype})")
+    optimizer_skipped = sum(1 for v in ckpt.variables if v.role == m.ROLE_OPTIMIZER)
+    metadata_skipped = sum(1 for v in ckpt.variables if v.role == m.ROLE_METADATA)
+    if optimizer_skipped:
+        notes.append(f"{optimizer_skipped} optimizer variable(s) of the source are not model weights (never loaded)")
+    report = DoctorReport(
+        source=ckpt.path,
+        source_format=ckpt.format,
+        model=getattr(model, "name", None) or type(model).__name__,
+        model_class=type(model).__name__,
+        layout=layout.describe(),
+        mapping=given,
+        weights=tuple(weights),
+        leftovers=tuple(leftovers),
+        optimizer_skipped=optimizer_skipped,
+        metadata_skipped=metadata_skipped,
+        notes=tuple(notes),
+        map_rules=tuple(proposal),
+        map_verified=verified,
+        assignment_map=amap,
+    )
+    return report, plan
+
+
+def _ambiguous_by_side(paired: Match) -> tuple[dict[str, Any], dict[int, Any]]:
+    """Each ambiguity the pairing left, by source key and by model weight index (the first
+    ambiguity naming each)."""
     ambiguous_a: dict[str, Any] = {}
+    ambiguous_b: dict[int, Any] = {}
     for amb in paired.ambiguous:
         for y in amb.b:
             ambiguous_b.setdefault(y.ref.index, amb)
         for x in amb.a:
             ambiguous_a.setdefault(x.ref.key, amb)
+    return ambiguous_a, ambiguous_b
 
+
+def _diagnose_weights(
+    model_targets: Sequence[Target], paired: Match, ambiguous_b: dict[int, Any], layout: Layout
+) -> tuple[list[WeightDiagnosis], list[tuple[Target, m.Variable, Fit]], list]:
+    """Each model weight's status: matched (its source fits it, a float cast at most), shape
+    or dtype mismatch, ambiguous, or missing. Returns (the diagnoses, the plan of matched
+    weights, the pairs matched)."""
+    by_target = {p.b.ref.index: p for p in paired.pairs}
     weights: list[WeightDiagnosis] = []
     plan: list[tuple[Target, m.Variable, Fit]] = []
     matched_pairs = []
@@ -410,7 +467,11 @@ def _diagnose(
             continue
         detail = f"{t.name} {m.format_shape(t.shape)} has no source variable"
         weights.append(WeightDiagnosis(t.name, t.shape, t.dtype, STATUS_MISSING, detail=detail))
+    return weights, plan, matched_pairs
 
+
+def _leftovers(sources: list[m.Variable], paired: Match, ambiguous_a: dict[str, Any]) -> list[SourceLeftover]:
+    """The source variables no weight took: ambiguous, or matching no model weight."""
     used = {p.a.ref.key for p in paired.pairs}
     leftovers = []
     for s in sources:
@@ -423,47 +484,19 @@ def _diagnose(
         else:
             leftovers.append(SourceLeftover(s.name, s.key, tuple(s.shape), s.dtype, STATUS_UNUSED,
                                             f"{s.name} {m.format_shape(s.shape)} matches no model weight"))
+    return leftovers
 
-    notes = list(paired.notes)
-    by_order = sum(1 for w in weights if w.matched_by == HOW_LAYER_ORDER)
-    if by_order:
-        notes.append(f"{by_order} weight(s) paired by layer order and shape alone: transplant needs --by-order "
-                     "or the --map rules (--emit map) to take them")
-    given = rules_text(rules_as_given(rules))
-    proposal, verified, more = propose(ckpt, sources, model_targets, matched_pairs, rules, layout)
-    notes += more
-    amap = None
-    if ckpt.format in TF_SOURCE_FORMATS:
-        amap = {s.key: t.tf_name for t, s, f in plan if f.kind == FIT_EQUAL}
-        skipped = len(plan) - len(amap)
-        if skipped:
-            notes.append(f"the assignment map leaves out {skipped} weight(s) whose values need a layout rule "
-                         "(init_from_checkpoint cannot rearrange values); use --emit weights")
-    else:
-        notes.append("no assignment map: tf.compat.v1.train.init_from_checkpoint reads TF checkpoints only "
-                     "(use --emit weights or --emit map)")
-    casts = [w for w in weights if w.status == STATUS_MATCHED and w.source_dtype != w.dtype]
-    if casts:
-        notes.append(f"{len(casts)} weight(s) cast between float dtypes (e.g. {casts[0].target}: "
-                     f"{casts[0].source_dtype} -> {casts[0].dtype})")
-    optimizer_skipped = sum(1 for v in ckpt.variables if v.role == m.ROLE_OPTIMIZER)
-    metadata_skipped = sum(1 for v in ckpt.variables if v.role == m.ROLE_METADATA)
-    if optimizer_skipped:
-        notes.append(f"{optimizer_skipped} optimizer variable(s) of the source are not model weights (never loaded)")
-    report = DoctorReport(
-        source=ckpt.path,
-        source_format=ckpt.format,
-        model=getattr(model, "name", None) or type(model).__name__,
-        model_class=type(model).__name__,
-        layout=layout.describe(),
-        mapping=given,
-        weights=tuple(weights),
-        leftovers=tuple(leftovers),
-        optimizer_skipped=optimizer_skipped,
-        metadata_skipped=metadata_skipped,
-        notes=tuple(notes),
-        map_rules=tuple(proposal),
-        map_verified=verified,
-        assignment_map=amap,
-    )
-    return report, plan
+
+def _assignment_map(ckpt: m.Checkpoint, plan: list[tuple[Target, m.Variable, Fit]]) -> tuple[dict[str, str] | None, str | None]:
+    """The ``init_from_checkpoint`` assignment map (source key -> weight's TF name) of a TF
+    source, of the weights whose values need no layout rule; and a note on what it leaves
+    out, or why there is none."""
+    if ckpt.format not in TF_SOURCE_FORMATS:
+        return None, ("no assignment map: tf.compat.v1.train.init_from_checkpoint reads TF checkpoints only "
+                      "(use --emit weights or --emit map)")
+    amap = {s.key: t.tf_name for t, s, f in plan if f.kind == FIT_EQUAL}
+    skipped = len(plan) - len(amap)
+    if skipped:
+        return amap, (f"the assignment map leaves out {skipped} weight(s) whose values need a layout rule "
+                      "(init_from_checkpoint cannot rearrange values); use --emit weights")
+    return amap, None

@@ -512,89 +512,124 @@ def layer_stage(layout: Layout = PLAIN, *, order: bool = False, order_known: boo
     """
 
     def run(a: Sequence[Item], b: Sequence[Item], ctx: Context) -> StageResult:
-        leaf_of = {}
         layers_a = _layers(0, a, ctx.names_a)
         layers_b = _layers(1, b, ctx.names_b)
-        for layer in layers_b:
-            for y in layer.items:
-                leaf_of[y.index] = layer.leaves[y.index][0]
-
-        def fits(x: Item, y: Item) -> bool:
-            return fit(x.shape, y.shape, leaf_of[y.index], layout) is not None
-
-        score = _Scorer(fits, order_known)
+        score = _Scorer(_leaf_fits(layers_b, layout), order_known)
         plan = _Plan()
-        # Step 2: groups of layers by base path.
-        groups_a: dict[tuple[str, ...], list[_Layer]] = collections.defaultdict(list)
-        groups_b: dict[tuple[str, ...], list[_Layer]] = collections.defaultdict(list)
-        for layer in layers_a:
-            groups_a[layer.base].append(layer)
-        for layer in layers_b:
-            groups_b[layer.base].append(layer)
-        for g in (*groups_a.values(), *groups_b.values()):
-            g.sort(key=lambda layer: (layer.numbers, layer.first))
-        base_pairs = [(base, base, _LAYER_NAME) for base in groups_a if base in groups_b]
-        stripped, prefixes = _strip_layer_prefixes(set(groups_a) - set(groups_b), set(groups_b) - set(groups_a))
-        base_pairs += [(ba, bb, _LAYER_PREFIX) for ba, bb in stripped]
-        for ba, bb, _ in base_pairs:
-            k = min(len(ba), len(bb))
-            for layer in (*groups_a[ba], *groups_b[bb]):
-                layer.rel = layer.numbers[len(layer.numbers) - k:] if k else ()
-        for side, prefix, count in prefixes:
-            label = ctx.label_a if side == 0 else ctx.label_b
-            plan.notes.append(f"dropped the prefix '{'/'.join(prefix)}/' from {count} layer name(s) of {label} to align them")
-        _align_groups([(groups_a[ba], groups_b[bb], kind) for ba, bb, kind in base_pairs], score, ctx, plan)
-        renumbered = [(la, lb) for la, lb, kind in plan.layer_pairs if kind == _LAYER_NUMBERED and score(la, lb).count]
-        if renumbered:
-            shown = [f"{la.label()} -> {lb.label()}" for la, lb in renumbered]
-            plan.notes.append(
-                f"{len(renumbered)} layer(s) paired across Keras auto-numbering ({_examples(shown)})"
-            )
-
-        # Fitting pairs of the aligned layers.
-        taken_a: dict[int, tuple[Item, str, str]] = {}
-        taken_b: set[int] = set()
-        pairs: list[Pair] = []
-
-        def add(x: Item, y: Item, layer_kind: str, leaf_kind: str) -> None:
-            how = _how(x, y, layer_kind, leaf_kind, ctx)
-            pairs.append(Pair(x, y, how, ctx.name_a(x)))
-            taken_a[x.index] = (y, layer_kind, leaf_kind)
-            taken_b.add(y.index)
-
-        for la, lb, kind in plan.layer_pairs:
-            for x, y, leaf_kind in score(la, lb).pairs:
-                add(x, y, kind, leaf_kind)
+        _align_by_base(layers_a, layers_b, score, ctx, plan)
+        taken = _Taken(ctx)
+        taken.add_layers(plan.layer_pairs, score)
         aligned = list(plan.layer_pairs)
-
-        # Step 3: layers nothing paired, by order and shape.
         if order:
-            ambiguous_ids = {x.index for amb in plan.ambiguous for x in amb.a} | {y.index for amb in plan.ambiguous for y in amb.b}
-            untouched_a = [la for la in layers_a if not any(x.index in taken_a or x.index in ambiguous_ids for x in la.items)]
-            untouched_b = [lb for lb in layers_b if not any(y.index in taken_b or y.index in ambiguous_ids for y in lb.items)]
-            before = len(plan.layer_pairs)
-            _order_tier(untouched_a, untouched_b, score, order_known, layout, ctx, plan)
-            for la, lb, kind in plan.layer_pairs[before:]:
-                for x, y, leaf_kind in score(la, lb).pairs:
-                    add(x, y, kind, leaf_kind)
-
-        # Step 4: what still differs in shape in layers aligned by name.
-        misfits = 0
-        for la, lb, kind in aligned:
-            rest_a = [x for x in la.items if x.index not in taken_a]
-            rest_b = [y for y in lb.items if y.index not in taken_b]
-            if not rest_a or not rest_b:
-                continue
-            sub_a = _Layer(0, la.path, la.base, la.numbers, rest_a, la.leaves)
-            sub_b = _Layer(1, lb.path, lb.base, lb.numbers, rest_b, lb.leaves)
-            for x, y, leaf_kind in _pair_within(sub_a, sub_b, None, order_known).pairs:
-                if not fits(x, y):
-                    add(x, y, kind, leaf_kind)
-                    misfits += 1
+            _pair_by_order(layers_a, layers_b, taken, score, layout, ctx, plan)
+        misfits = _pair_misfits(aligned, taken, score)
         if misfits:
             plan.notes.append(f"{misfits} variable(s) paired by name have shapes that do not fit")
         for amb in plan.ambiguous:
             plan.notes.append(amb.reason)
-        return StageResult(pairs=tuple(pairs), ambiguous=tuple(plan.ambiguous), notes=tuple(plan.notes))
+        return StageResult(pairs=tuple(taken.pairs), ambiguous=tuple(plan.ambiguous), notes=tuple(plan.notes))
 
     return Stage(HOW_LAYER_ORDER if order else HOW_NORMALIZED, run, uses_names=True)
+
+
+def _leaf_fits(layers_b: list[_Layer], layout: Layout) -> Fits:
+    """Whether A's variable ``x`` fits B's ``y`` in shape, through the layout rule of
+    ``y``'s leaf kind (a kernel, a bias...)."""
+    leaf_of = {}
+    for layer in layers_b:
+        for y in layer.items:
+            leaf_of[y.index] = layer.leaves[y.index][0]
+
+    def fits(x: Item, y: Item) -> bool:
+        return fit(x.shape, y.shape, leaf_of[y.index], layout) is not None
+
+    return fits
+
+
+def _align_by_base(layers_a: list[_Layer], layers_b: list[_Layer], score: _Scorer, ctx: Context, plan: _Plan) -> None:
+    """Step 2: group each side's layers by base path, pair the groups by equal bases or
+    bases equal once a prefix only one side has is dropped (noted), number each layer
+    relative to its group, and align each pair of groups into ``plan``; note the layers
+    paired across Keras auto-numbering."""
+    groups_a: dict[tuple[str, ...], list[_Layer]] = collections.defaultdict(list)
+    groups_b: dict[tuple[str, ...], list[_Layer]] = collections.defaultdict(list)
+    for layer in layers_a:
+        groups_a[layer.base].append(layer)
+    for layer in layers_b:
+        groups_b[layer.base].append(layer)
+    for g in (*groups_a.values(), *groups_b.values()):
+        g.sort(key=lambda layer: (layer.numbers, layer.first))
+    base_pairs = [(base, base, _LAYER_NAME) for base in groups_a if base in groups_b]
+    stripped, prefixes = _strip_layer_prefixes(set(groups_a) - set(groups_b), set(groups_b) - set(groups_a))
+    base_pairs += [(ba, bb, _LAYER_PREFIX) for ba, bb in stripped]
+    for ba, bb, _ in base_pairs:
+        k = min(len(ba), len(bb))
+        for layer in (*groups_a[ba], *groups_b[bb]):
+            layer.rel = layer.numbers[len(layer.numbers) - k:] if k else ()
+    for side, prefix, count in prefixes:
+        label = ctx.label_a if side == 0 else ctx.label_b
+        plan.notes.append(f"dropped the prefix '{'/'.join(prefix)}/' from {count} layer name(s) of {label} to align them")
+    _align_groups([(groups_a[ba], groups_b[bb], kind) for ba, bb, kind in base_pairs], score, ctx, plan)
+    renumbered = [(la, lb) for la, lb, kind in plan.layer_pairs if kind == _LAYER_NUMBERED and score(la, lb).count]
+    if renumbered:
+        shown = [f"{la.label()} -> {lb.label()}" for la, lb in renumbered]
+        plan.notes.append(
+            f"{len(renumbered)} layer(s) paired across Keras auto-numbering ({_examples(shown)})"
+        )
+
+
+class _Taken:
+    """The variable pairs made so far, and which variables of each side they took.
+
+    Attributes:
+        pairs: The pairs, in the order made.
+        a: A's taken items, by index: (B's item, layer kind, leaf kind).
+        b: B's taken items' indexes.
+    """
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.pairs: list[Pair] = []
+        self.a: dict[int, tuple[Item, str, str]] = {}
+        self.b: set[int] = set()
+
+    def add(self, x: Item, y: Item, layer_kind: str, leaf_kind: str) -> None:
+        self.pairs.append(Pair(x, y, _how(x, y, layer_kind, leaf_kind, self.ctx), self.ctx.name_a(x)))
+        self.a[x.index] = (y, layer_kind, leaf_kind)
+        self.b.add(y.index)
+
+    def add_layers(self, layer_pairs: Sequence[tuple[_Layer, _Layer, str]], score: _Scorer) -> None:
+        """The fitting pairs within each pair of layers."""
+        for la, lb, kind in layer_pairs:
+            for x, y, leaf_kind in score(la, lb).pairs:
+                self.add(x, y, kind, leaf_kind)
+
+
+def _pair_by_order(layers_a: list[_Layer], layers_b: list[_Layer], taken: _Taken, score: _Scorer, layout: Layout,
+                   ctx: Context, plan: _Plan) -> None:
+    """Step 3: the layers of which nothing was paired or found ambiguous, paired by layer
+    order and shape, and their fitting pairs taken."""
+    ambiguous_ids = {x.index for amb in plan.ambiguous for x in amb.a} | {y.index for amb in plan.ambiguous for y in amb.b}
+    untouched_a = [la for la in layers_a if not any(x.index in taken.a or x.index in ambiguous_ids for x in la.items)]
+    untouched_b = [lb for lb in layers_b if not any(y.index in taken.b or y.index in ambiguous_ids for y in lb.items)]
+    before = len(plan.layer_pairs)
+    _order_tier(untouched_a, untouched_b, score, score.order_known, layout, ctx, plan)
+    taken.add_layers(plan.layer_pairs[before:], score)
+
+
+def _pair_misfits(aligned: list[tuple[_Layer, _Layer, str]], taken: _Taken, score: _Scorer) -> int:
+    """Step 4: in layers aligned by name, the variables left on both sides paired by name even
+    though their shapes do not fit (the report says what differs). Returns how many."""
+    misfits = 0
+    for la, lb, kind in aligned:
+        rest_a = [x for x in la.items if x.index not in taken.a]
+        rest_b = [y for y in lb.items if y.index not in taken.b]
+        if not rest_a or not rest_b:
+            continue
+        sub_a = _Layer(0, la.path, la.base, la.numbers, rest_a, la.leaves)
+        sub_b = _Layer(1, lb.path, lb.base, lb.numbers, rest_b, lb.leaves)
+        for x, y, leaf_kind in _pair_within(sub_a, sub_b, None, score.order_known).pairs:
+            if not score.fits(x, y):
+                taken.add(x, y, kind, leaf_kind)
+                misfits += 1
+    return misfits

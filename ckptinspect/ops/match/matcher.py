@@ -51,7 +51,7 @@ from typing import Any, Iterable, Sequence
 
 from ... import model as m
 from .layouts import PLAIN, Layout
-from .mapping import RulesLike, apply_rules, parse_mapping
+from .mapping import Rules, RulesLike, apply_rules, parse_mapping
 from .layers import HOW_LAYER_ORDER, HOW_NORMALIZED, layer_stage
 from .stages import (
     GRAPH_PATH,
@@ -268,37 +268,12 @@ def match(
     _check_indices(b, labels[1])
     compiled = parse_mapping(rules)
     notes: list[str] = []
-    names_a: dict[int, tuple[str, ...]] = {}
-    names_b: dict[int, tuple[str, ...]] = {}
-    renamed: set[int] = set()
-    hits: set[int] = set()
-
-    def prepare(side_a: Sequence[Item], side_b: Sequence[Item]) -> None:
-        """Normalised (A: and rewritten) names of the items not prepared yet."""
-        for x in side_a:
-            if x.index in names_a:
-                continue
-            primary = normalize_name(x.name)
-            names = [primary, *(normalize_name(n) for n in x.aliases)]
-            if compiled:
-                for i, plain in enumerate(names):
-                    names[i], hit = apply_rules(plain, compiled)
-                    hits.update(hit)
-                if names[0] != primary:
-                    renamed.add(x.index)
-            names_a[x.index] = tuple(dict.fromkeys(names)) if x.aliases else (names[0],)
-        for y in side_b:
-            if y.index not in names_b:
-                names_b[y.index] = (
-                    tuple(dict.fromkeys(normalize_name(n) for n in (y.name, *y.aliases))) if y.aliases
-                    else (normalize_name(y.name),)
-                )
-
+    names = _Names(compiled)
     if compiled:  # a note for every rule that rewrites nothing: every name is needed
-        prepare(a, b)
+        names.prepare(a, b)
         notes += [f"--map rule {rx.pattern!r} -> {repl!r} matched no name of {labels[0]}"
-                  for i, (rx, repl) in enumerate(compiled) if i not in hits]
-    ctx = Context(names_a, names_b, *labels)
+                  for i, (rx, repl) in enumerate(compiled) if i not in names.hits]
+    ctx = Context(names.a, names.b, *labels)
 
     free_a, free_b = list(a), list(b)
     pairs: list[Pair] = []
@@ -307,19 +282,14 @@ def match(
         if not free_a or not free_b:
             break
         if stage.needs_names:
-            prepare(free_a, free_b)
+            names.prepare(free_a, free_b)
         result = stage(free_a, free_b, ctx)
-        done_a, done_b = set(), set()
-        for p in result.pairs:
-            if p.a.index in done_a or p.b.index in done_b:
-                raise RuntimeError(f"stage {stage.how} paired an item twice")  # pragma: no cover - a stage bug
-            done_a.add(p.a.index)
-            done_b.add(p.b.index)
-            if stage.uses_names and p.a.index in renamed and p.how in NAME_HOWS:
-                p = p._replace(how=HOW_MAPPING)
-            pairs.append(p)
+        made = _stage_pairs(stage, result, names.renamed)
+        pairs += made
         ambiguous += result.ambiguous
         notes += result.notes
+        done_a = {p.a.index for p in made}
+        done_b = {p.b.index for p in made}
         free_a = [x for x in free_a if x.index not in done_a]
         free_b = [y for y in free_b if y.index not in done_b]
     return Match(
@@ -329,6 +299,62 @@ def match(
         ambiguous=tuple(ambiguous),
         notes=tuple(notes),
     )
+
+
+class _Names:
+    """Each item's normalised names (its name first, then its aliases), made when a stage
+    first needs them; A's rewritten by the ``--map`` rules.
+
+    Attributes:
+        a: A's names by item index.
+        b: B's names by item index.
+        renamed: A's items whose own name a rule rewrote.
+        hits: The rules that rewrote some name.
+    """
+
+    def __init__(self, compiled: Rules):
+        self.compiled = compiled
+        self.a: dict[int, tuple[str, ...]] = {}
+        self.b: dict[int, tuple[str, ...]] = {}
+        self.renamed: set[int] = set()
+        self.hits: set[int] = set()
+
+    def prepare(self, side_a: Sequence[Item], side_b: Sequence[Item]) -> None:
+        """Normalised (A: and rewritten) names of the items not prepared yet."""
+        for x in side_a:
+            if x.index in self.a:
+                continue
+            primary = normalize_name(x.name)
+            names = [primary, *(normalize_name(n) for n in x.aliases)]
+            if self.compiled:
+                for i, plain in enumerate(names):
+                    names[i], hit = apply_rules(plain, self.compiled)
+                    self.hits.update(hit)
+                if names[0] != primary:
+                    self.renamed.add(x.index)
+            self.a[x.index] = tuple(dict.fromkeys(names)) if x.aliases else (names[0],)
+        for y in side_b:
+            if y.index not in self.b:
+                self.b[y.index] = (
+                    tuple(dict.fromkeys(normalize_name(n) for n in (y.name, *y.aliases))) if y.aliases
+                    else (normalize_name(y.name),)
+                )
+
+
+def _stage_pairs(stage: Stage, result: StageResult, renamed: set[int]) -> list[Pair]:
+    """A stage's pairs, each item paired once (else the stage is wrong); a pair a name-using
+    stage made from a name a ``--map`` rule rewrote says ``mapping``."""
+    done_a, done_b = set(), set()
+    pairs = []
+    for p in result.pairs:
+        if p.a.index in done_a or p.b.index in done_b:
+            raise RuntimeError(f"stage {stage.how} paired an item twice")  # pragma: no cover - a stage bug
+        done_a.add(p.a.index)
+        done_b.add(p.b.index)
+        if stage.uses_names and p.a.index in renamed and p.how in NAME_HOWS:
+            p = p._replace(how=HOW_MAPPING)
+        pairs.append(p)
+    return pairs
 
 
 def align(

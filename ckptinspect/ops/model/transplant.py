@@ -390,21 +390,27 @@ def transplant(
                              dry_run=dry_run, by_order=by_order, layout=layout)
         if dry_run:
             return report
-        problems = report.problems
-        if strict and problems:
-            raise TransplantError(
-                f"{ckpt.path}: cannot transplant into {report.model!r} ({len(problems)} problem"
-                f"{'s' if len(problems) != 1 else ''}): " + problems_text(problems)
-                + " (strict: pass strict=False / --no-strict to transplant what matches, skip_mismatch=True /"
-                " --skip-mismatch to leave mismatched shapes at init, or mapping rules / --map to rename)",
-                problems=problems,
-                report=report,
-            )
+        if strict and report.problems:
+            raise _strict_error(ckpt, report)
         assign_and_check(tf, strat, ckpt, plan)
         return dataclasses.replace(report, verified=True)
     finally:
         if owns:
             ckpt.close()
+
+
+
+def _strict_error(ckpt: m.Checkpoint, report: TransplantReport) -> TransplantError:
+    """What ``strict`` refuses with: every problem the plan found, and the ways around them."""
+    problems = report.problems
+    return TransplantError(
+        f"{ckpt.path}: cannot transplant into {report.model!r} ({len(problems)} problem"
+        f"{'s' if len(problems) != 1 else ''}): " + problems_text(problems)
+        + " (strict: pass strict=False / --no-strict to transplant what matches, skip_mismatch=True /"
+        " --skip-mismatch to leave mismatched shapes at init, or mapping rules / --map to rename)",
+        problems=problems,
+        report=report,
+    )
 
 
 def _plan(

@@ -366,29 +366,47 @@ def plan(
     notes: list[str] = []
     found: dict[str, Any] = {}
     if measured is not None:
-        found["checkpoint_bytes"] = measured.checkpoint_bytes
-        cadence = measured.cadence
-        if given["every_seconds"] is None and cadence is not None and cadence.interval_seconds:
-            given["every_seconds"] = cadence.interval_seconds
-            sources["every_seconds"] = SOURCE_DIRECTORY
-        if keep is None and cadence is not None:
-            keep = measured.retained
-            sources["keep"] = SOURCE_DIRECTORY
-        found["seconds_per_step"] = cadence.seconds_per_step if cadence else None
-        found["disk_free_bytes"] = _free_bytes(measured.directory)
-    probed = None
-    if probe:
-        probed = probe_write(measured.directory, measured.checkpoint_bytes, progress=progress)
-        if probed.capped:
-            notes.append(f"the probe wrote {probed.bytes_written} of the checkpoint's {probed.checkpoint_bytes}"
-                         " bytes (its cap): the time per save is scaled from it")
-        if given["save_seconds"] is None:
-            given["save_seconds"] = probed.save_seconds
-            sources["save_seconds"] = SOURCE_PROBE
-        else:
-            notes.append("--save-seconds is used; the probe's time per save is shown beside it")
+        keep, found = _from_directory(measured, given, sources, keep)
+    probed = _from_probe(measured, progress, given, sources, notes) if probe else None
     return compute_plan(**given, keep=keep, path=None if path is None else os.fspath(path), measured=measured,
                         probe=probed, sources=sources, notes=tuple(notes), **found)
+
+
+def _from_directory(measured: Measured, given: dict[str, float | None], sources: dict[str, str],
+                    keep: int | None) -> tuple[int | None, dict[str, Any]]:
+    """What the checkpoint (or its directory) tells: the interval between saves and how many
+    it keeps, where the flags left them (``sources`` says so), and the facts only it knows.
+
+    Returns:
+        (keep, the checkpoint's size, seconds per step and the free disk).
+    """
+    found: dict[str, Any] = {"checkpoint_bytes": measured.checkpoint_bytes}
+    cadence = measured.cadence
+    if given["every_seconds"] is None and cadence is not None and cadence.interval_seconds:
+        given["every_seconds"] = cadence.interval_seconds
+        sources["every_seconds"] = SOURCE_DIRECTORY
+    if keep is None and cadence is not None:
+        keep = measured.retained
+        sources["keep"] = SOURCE_DIRECTORY
+    found["seconds_per_step"] = cadence.seconds_per_step if cadence else None
+    found["disk_free_bytes"] = _free_bytes(measured.directory)
+    return keep, found
+
+
+def _from_probe(measured: Measured, progress: Callable[[int, int], None] | None, given: dict[str, float | None],
+                sources: dict[str, str], notes: list[str]) -> ProbeResult:
+    """Write a checkpoint's worth beside it: the time per save unless ``--save-seconds`` gave
+    one (then noted beside it), and a note when the probe wrote less than the checkpoint."""
+    probed = probe_write(measured.directory, measured.checkpoint_bytes, progress=progress)
+    if probed.capped:
+        notes.append(f"the probe wrote {probed.bytes_written} of the checkpoint's {probed.checkpoint_bytes}"
+                     " bytes (its cap): the time per save is scaled from it")
+    if given["save_seconds"] is None:
+        given["save_seconds"] = probed.save_seconds
+        sources["save_seconds"] = SOURCE_PROBE
+    else:
+        notes.append("--save-seconds is used; the probe's time per save is shown beside it")
+    return probed
 
 
 def _free_bytes(directory: str) -> int | None:

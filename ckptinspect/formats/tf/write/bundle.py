@@ -166,39 +166,10 @@ def write_bundle_native(
     combined = [(r.data.combined, encodable_dtype(r.data.dtype), element_count(r.data.shape)) for r in runs
                 if r.data.combined is not None]
     writer = RunWriter(check_copies, BlockFeed(combined) if combined else None)
-    shard_bytes: list[int] = []
-    out: ShardFile | None = None
     try:
-        by_shard: list[list[Run]] = [[] for _ in range(num_shards)]
-        for run in runs:
-            by_shard[run.shard].append(run)
-        for shard, shard_runs in enumerate(by_shard):
-            path = data_path(prefix, shard, num_shards)
-            # computed tensors (average): written around the page cache on an I/O thread
-            out = DirectShard(path, lambda p: create_file(p, readable=True)) if any(r.data.combined is not None for r in shard_runs) else ShardFile(path)
-            created.append(out.path)
-            for run in shard_runs:
-                run.offset = out.size
-                run.crc32c = writer.write(out, run)
-                if out.size - run.offset != run.data.nbytes:  # pragma: no cover - guarded by the writers above
-                    raise UsageError(f"{run.label}: wrote {out.size - run.offset} bytes, planned {run.data.nbytes}")
-            shard_bytes.append(out.size)
-            done, out = out, None
-            done.close(fsync)
-        for run in runs:
-            if run.key not in entries:
-                entries[run.key] = entry_bytes(run.data.dtype, run.data.shape, run.shard, run.offset, run.data.nbytes, run.crc32c)
-        index = index_bytes(entries, num_shards, block_size)
-        index_file = ShardFile(prefix + INDEX_SUFFIX)
-        created.append(index_file.path)
-        index_file.write(index)
-        index_file.close(fsync)
+        shard_bytes = _write_shards(prefix, runs, num_shards, writer, fsync, created)
+        index = _write_index(prefix, runs, entries, num_shards, block_size, fsync, created)
     except BaseException:
-        if out is not None:
-            try:
-                out.close(False)
-            except OSError:
-                pass
         for path in created:
             try:
                 os.remove(path)
@@ -219,6 +190,56 @@ def write_bundle_native(
         index_bytes=len(index),
         shard_bytes=tuple(shard_bytes),
     )
+
+
+def _write_shards(prefix: str, runs: list[Run], num_shards: int, writer: RunWriter, fsync: bool,
+                  created: list[str]) -> list[int]:
+    """Write each data shard, its runs in plan order, recording each run's offset and crc32c
+    (computed tensors go around the page cache on an I/O thread); each file is added to
+    ``created`` as it is made, and one left open by a failure is closed. Returns each shard's
+    size in bytes."""
+    shard_bytes: list[int] = []
+    out: ShardFile | None = None
+    try:
+        by_shard: list[list[Run]] = [[] for _ in range(num_shards)]
+        for run in runs:
+            by_shard[run.shard].append(run)
+        for shard, shard_runs in enumerate(by_shard):
+            path = data_path(prefix, shard, num_shards)
+            # computed tensors (average): written around the page cache on an I/O thread
+            out = DirectShard(path, lambda p: create_file(p, readable=True)) if any(r.data.combined is not None for r in shard_runs) else ShardFile(path)
+            created.append(out.path)
+            for run in shard_runs:
+                run.offset = out.size
+                run.crc32c = writer.write(out, run)
+                if out.size - run.offset != run.data.nbytes:  # pragma: no cover - guarded by the writers above
+                    raise UsageError(f"{run.label}: wrote {out.size - run.offset} bytes, planned {run.data.nbytes}")
+            shard_bytes.append(out.size)
+            done, out = out, None
+            done.close(fsync)
+    except BaseException:
+        if out is not None:
+            try:
+                out.close(False)
+            except OSError:
+                pass
+        raise
+    return shard_bytes
+
+
+def _write_index(prefix: str, runs: list[Run], entries: dict[bytes, bytes], num_shards: int, block_size: int,
+                 fsync: bool, created: list[str]) -> bytes:
+    """Write ``prefix.index`` once the data is written: an entry for every run the plan left
+    without one (its place and crc32c now known), the table sorted by key. Returns its bytes."""
+    for run in runs:
+        if run.key not in entries:
+            entries[run.key] = entry_bytes(run.data.dtype, run.data.shape, run.shard, run.offset, run.data.nbytes, run.crc32c)
+    index = index_bytes(entries, num_shards, block_size)
+    index_file = ShardFile(prefix + INDEX_SUFFIX)
+    created.append(index_file.path)
+    index_file.write(index)
+    index_file.close(fsync)
+    return index
 
 
 def save_bundle_native(

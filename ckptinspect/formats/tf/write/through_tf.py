@@ -35,7 +35,7 @@ from ..index import OBJECT_GRAPH_KEY
 from ..._layout import INDEX_SUFFIX, decode_key, encode_key
 from ..wire import MalformedError
 from ..bundle import check_bundle_files
-from ..object_graph import VARIABLE_VALUE, ObjectPaths, is_optimizer_node, parse_object_graph, walk
+from ..object_graph import VARIABLE_VALUE, GraphNode, ObjectPaths, is_optimizer_node, parse_object_graph, walk
 
 __all__ = [
     "MIN_SHARD_BYTES",
@@ -119,24 +119,51 @@ def prune_object_graph(blob: bytes, keep_keys: Collection[str], *, keep_object_s
             without passing through an optimizer.
         UsageError: A kept object uses a registered saver (not supported).
     """
+    source, ours = _parse_full(blob)
+    keep_keys = set(keep_keys)
+    reached, kept_of = _kept_attributes(ours, keep_keys, keep_object_state)
+    kept_root_refs = _root_refs_holding_values(ours, reached, kept_of)
+    tree = _kept_tree(ours, reached, kept_root_refs, kept_of)
+    out, key_map, paths = _write_pruned(source, ours, tree)
+    missing = sorted(keep_keys - set(key_map))
+    if missing:
+        raise CorruptCheckpointError(
+            f"{len(missing)} kept value(s) are reachable only through an optimizer or not at all "
+            f"in the object graph, e.g. {missing[0]!r}"
+        )
+    return PrunedGraph(
+        blob=out.SerializeToString(),
+        key_map=key_map,
+        paths=paths,
+        num_nodes=len(out.nodes),
+        source_nodes=len(source.nodes),
+        root_children=tuple(ours[0].children[k][1] for k in kept_root_refs),
+    )
+
+
+def _parse_full(blob: bytes) -> tuple[_protos.TrackableObjectGraphFull, list[GraphNode]]:
+    """The graph as the message to prune from and as our own reading (parsed first: it
+    bounds the graph's size before protobuf decodes it); a graph without nodes is refused."""
     source = _protos.TrackableObjectGraphFull()
     try:
-        ours = parse_object_graph(blob)  # first: it bounds the graph's size before decoding
+        ours = parse_object_graph(blob)
         source.ParseFromString(blob)
     except (MalformedError, _protos.DecodeError) as e:
         raise CorruptCheckpointError(f"the object graph does not parse: {e}") from None
-    nodes = source.nodes
-    if not nodes:
+    if not source.nodes:
         raise CorruptCheckpointError("the object graph has no nodes")
-    optimizer = [is_optimizer_node(n) for n in ours]
-    keep_keys = set(keep_keys)
+    return source, ours
 
-    # 1. Objects the root reaches without entering an optimizer (parent pointers: linear).
+
+def _kept_attributes(ours: list[GraphNode], keep_keys: set[str], keep_object_state: bool) -> tuple[list[bool], list[list[int]]]:
+    """Step 1: which objects the root reaches without entering an optimizer (parent pointers:
+    linear), and per object the positions of the attributes it keeps: the kept keys, and with
+    ``keep_object_state`` every non-variable attribute of a reached object below the root."""
+    optimizer = [is_optimizer_node(n) for n in ours]
     reach, _ = walk(ours, lambda i: True, lambda i: not optimizer[i])
     reached = [p != -2 for p in reach]
 
     def attrs_kept(i: int) -> list[int]:
-        """Positions of the attributes of node ``i`` that are kept."""
         return [
             k
             for k, (name, _, key) in enumerate(ours[i].attributes)
@@ -144,10 +171,12 @@ def prune_object_graph(blob: bytes, keep_keys: Collection[str], *, keep_object_s
         ]
 
     empty: list[int] = []
-    kept_of = [attrs_kept(i) if reached[i] and ours[i].attributes else empty for i in range(len(ours))]
+    return reached, [attrs_kept(i) if reached[i] and ours[i].attributes else empty for i in range(len(ours))]
 
-    # 2. Among the root's children, only those whose part holds a kept value: one walk back
-    # from every object holding one, along reached edges that do not pass through the root.
+
+def _root_refs_holding_values(ours: list[GraphNode], reached: list[bool], kept_of: list[list[int]]) -> list[int]:
+    """Step 2: the root's child edges (positions) whose part holds a kept value: one walk back
+    from every object holding one, along reached edges that do not pass through the root."""
     parents: list[list[int]] = [[] for _ in ours]
     for i, node in enumerate(ours):
         if i != 0 and reached[i]:
@@ -163,13 +192,37 @@ def prune_object_graph(blob: bytes, keep_keys: Collection[str], *, keep_object_s
             if not holds[q]:
                 holds[q] = True
                 stack.append(q)
-    del parents
-    # Child edges kept per node, as positions in its children list.
     root_refs = [k for k, (cid, _) in enumerate(ours[0].children) if reached[cid] and cid != 0]
-    kept_root_refs = [k for k in root_refs if holds[ours[0].children[k][0]]]
+    return [k for k in root_refs if holds[ours[0].children[k][0]]]
 
-    # 3. Breadth-first from the root over the kept part: new ids and TensorFlow's paths, kept
-    # as parent pointers (a path is built only for an object that keeps attributes).
+
+@dataclasses.dataclass
+class _KeptTree:
+    """The kept part of the graph, by new id (breadth-first from the root, as TensorFlow
+    numbers a saved graph).
+
+    Attributes:
+        order: The old id of each new id.
+        new_id: Old id -> new id, for every kept object.
+        path_of: An old id's path in the kept part.
+        kept_refs: Per new id, the positions of the child edges it keeps.
+        kept_attr: Per new id, the positions of the attributes it keeps.
+        has_values: Per new id, whether it or something below it holds a value.
+    """
+
+    order: list[int]
+    new_id: dict[int, int]
+    path_of: ObjectPaths
+    kept_refs: list[list[int]]
+    kept_attr: list[list[int]]
+    has_values: list[bool]
+
+
+def _kept_tree(ours: list[GraphNode], reached: list[bool], kept_root_refs: list[int],
+               kept_of: list[list[int]]) -> _KeptTree:
+    """Steps 3 and 4: breadth-first from the root over the kept part, new ids and TensorFlow's
+    paths (as parent pointers: a path is built only for an object that keeps attributes);
+    then what each kept object keeps, and which hold values (one walk back, linear)."""
     new_id: dict[int, int] = {0: 0}
     order = [0]
     parent = [-2] * len(ours)
@@ -188,17 +241,11 @@ def prune_object_graph(blob: bytes, keep_keys: Collection[str], *, keep_object_s
                 parent[cid] = i
                 name_of[cid] = local
                 queue.append(cid)
-    path_of = ObjectPaths(parent, name_of)
-
-    # 4. What each kept object keeps: child edges (positions, new ids) and attributes.
-    kept_refs: list[list[int]] = []
-    kept_attr: list[list[int]] = []
-    for old in order:
-        children = ours[old].children
-        kept_refs.append(kept_root_refs if old == 0 else [k for k, (cid, _) in enumerate(children) if cid in new_id])
-        kept_attr.append(kept_of[old])
-    # has_checkpoint_values: the object or something below it holds a value (one walk back
-    # from the objects holding values, linear).
+    kept_refs = [
+        kept_root_refs if old == 0 else [k for k, (cid, _) in enumerate(ours[old].children) if cid in new_id]
+        for old in order
+    ]
+    kept_attr = [kept_of[old] for old in order]
     back: list[list[int]] = [[] for _ in order]
     for i, old in enumerate(order):
         for k in kept_refs[i]:
@@ -210,10 +257,16 @@ def prune_object_graph(blob: bytes, keep_keys: Collection[str], *, keep_object_s
             if not has_values[q]:
                 has_values[q] = True
                 stack.append(q)
-    del back
+    return _KeptTree(order, new_id, ObjectPaths(parent, name_of), kept_refs, kept_attr, has_values)
 
-    # 5. The pruned graph. Messages are built field by field, unless the source carries fields
-    # our descriptor does not know: then they are copied (and their known fields rebuilt).
+
+def _write_pruned(source: _protos.TrackableObjectGraphFull, ours: list[GraphNode],
+                  tree: _KeptTree) -> tuple[_protos.TrackableObjectGraphFull, dict[str, str], dict[str, str]]:
+    """Step 5: the pruned graph, each kept attribute re-keyed by its object's new path.
+    Messages are built field by field, unless the source carries fields our descriptor does
+    not know: then they are copied (and their known fields rebuilt). A kept object saved by
+    a registered saver is refused. Returns (the graph, old key -> new key, old key -> path)."""
+    nodes = source.nodes
     unknown = _has_unknown_fields(source)
     out = _protos.TrackableObjectGraphFull()
     if unknown:
@@ -222,11 +275,11 @@ def prune_object_graph(blob: bytes, keep_keys: Collection[str], *, keep_object_s
     key_map: dict[str, str] = {}
     paths: dict[str, str] = {}
     try:
-        for i, old in enumerate(order):
+        for i, old in enumerate(tree.order):
             src = nodes[old]
             if src.HasField("registered_saver") and src.registered_saver.name:
                 raise UsageError(
-                    f"object {'/'.join(path_of(old)) or '(root)'} is saved by the registered saver "
+                    f"object {'/'.join(tree.path_of(old)) or '(root)'} is saved by the registered saver "
                     f"{decode_key(src.registered_saver.name)!r}; extracting such checkpoints is not supported"
                 )
             node = out.nodes.add()
@@ -235,23 +288,23 @@ def prune_object_graph(blob: bytes, keep_keys: Collection[str], *, keep_object_s
                 for field in _REBUILT_NODE_FIELDS:
                     node.ClearField(field)
             children = ours[old].children
-            for k in kept_refs[i]:
+            for k in tree.kept_refs[i]:
                 child = node.children.add()
                 if unknown:
                     child.CopyFrom(src.children[k])
                     _drop_empty(child, ("local_name",))
                 elif children[k][1]:
                     child.local_name = src.children[k].local_name
-                _set_int(child, "node_id", new_id[children[k][0]])
-            if has_values[i]:
+                _set_int(child, "node_id", tree.new_id[children[k][0]])
+            if tree.has_values[i]:
                 node.has_checkpoint_values.value = True
             else:  # proto3's BoolValue(false): the message present, its zero value left out
                 node.has_checkpoint_values.SetInParent()
-            if not kept_attr[i]:
+            if not tree.kept_attr[i]:
                 continue
-            path = path_of(old)
+            path = tree.path_of(old)
             prefix = "/".join(escape_local_name(p) for p in path)
-            for k in kept_attr[i]:
+            for k in tree.kept_attr[i]:
                 old_key = ours[old].attributes[k][2]
                 new_key = prefix + old_key[_object_prefix(old_key):]
                 new_attr = node.attributes.add()
@@ -269,21 +322,7 @@ def prune_object_graph(blob: bytes, keep_keys: Collection[str], *, keep_object_s
                 paths[old_key] = "/".join(path)
     except MalformedError as e:
         raise CorruptCheckpointError(f"the object graph cannot be pruned: {e}") from None
-
-    missing = sorted(keep_keys - set(key_map))
-    if missing:
-        raise CorruptCheckpointError(
-            f"{len(missing)} kept value(s) are reachable only through an optimizer or not at all "
-            f"in the object graph, e.g. {missing[0]!r}"
-        )
-    return PrunedGraph(
-        blob=out.SerializeToString(),
-        key_map=key_map,
-        paths=paths,
-        num_nodes=len(out.nodes),
-        source_nodes=len(nodes),
-        root_children=tuple(ours[0].children[k][1] for k in kept_root_refs),
-    )
+    return out, key_map, paths
 
 
 # TrackableObject fields prune_object_graph rebuilds (children, attributes, has_checkpoint_values)
