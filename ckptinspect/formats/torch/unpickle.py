@@ -706,16 +706,23 @@ _MADE_BY_CALLS = frozenset(ALLOWED_GLOBALS.values())
 _REBUILDS = frozenset({_rebuild_tensor, _rebuild_tensor_v2, _rebuild_tensor_v3, _rebuild_parameter,
                        _rebuild_parameter_with_state, _rebuild_from_type_v2, _Parameter})
 _COPYING_CALLS = _MADE_BY_CALLS - _REBUILDS  # calls whose result copies their arguments
+_HASHING_CALLS = frozenset({PickledOrderedDict, PickledCounter, _set})
 _DICT_TYPES = (PickledOrderedDict, PickledCounter)
 _HOLDERS = (tuple, list, dict, set, frozenset, StandIn)  # results that hold other objects
 
 
-def _cost(value: Any) -> int:
-    """Bytes a call on ``value`` may materialise from it (copying it, encoding it)."""
+HASHED_SLOT_BYTES = 104  # what one entry of a dict or set a call builds costs (table, links)
+
+
+def _cost(value: Any, hashed: bool = False) -> int:
+    """Bytes a call on ``value`` may materialise from it (copying it, encoding it; ``hashed``:
+    into a dict or set)."""
     if isinstance(value, str):
         return len(value) * (1 if value.isascii() else 4)
-    if isinstance(value, (bytes, bytearray, tuple, list, dict, set, frozenset)):
-        return len(value) * (1 if isinstance(value, (bytes, bytearray)) else 2 * SLOT_BYTES)
+    if isinstance(value, (bytes, bytearray)):
+        return len(value)
+    if isinstance(value, (tuple, list, dict, set, frozenset)):
+        return len(value) * (HASHED_SLOT_BYTES if hashed else SLOT_BYTES)
     return 0
 
 
@@ -767,7 +774,8 @@ class TorchMachine(Machine):
         if func not in _MADE_BY_CALLS:
             raise Damaged(f"REDUCE of {_what(func)}, which is not callable here")
         if func in _COPYING_CALLS:  # charged before the call materialises it
-            self.charge(OBJECT_BYTES + sum(_cost(a) for a in args))
+            hashed = func in _HASHING_CALLS
+            self.charge(OBJECT_BYTES + sum(_cost(a, hashed) for a in args))
         try:
             result = func(*args)
         except (TypeError, ValueError, OverflowError) as e:
