@@ -24,7 +24,8 @@ from typing import Any
 from ... import model as m
 from ...errors import UnsafeFileError
 from .._lazymod import lazy_import
-from .unpickle import TORCH_ITEMSIZE, StandIn, StorageRef, TensorRef, valid_dims
+from .._torch_layout import valid_dims
+from .unpickle import TORCH_ITEMSIZE, StandIn, StorageRef, TensorRef
 
 # numpy loads when a number that is not a tensor is met (epoch, loss...; see _lazymod).
 np = lazy_import("numpy")

@@ -29,8 +29,8 @@ from .unpickle import (
     _StorageType,
     refusal_message,
     short_repr,
-    valid_dims,
 )
+from .._torch_layout import valid_dims
 from .._lazymod import lazy_import
 
 # numpy loads when a value is read: listing a .pt needs only the pickle (see _lazymod).

@@ -35,6 +35,7 @@ from collections import OrderedDict
 from typing import Any, Callable
 
 from ...errors import CkptError, CorruptCheckpointError, NotACheckpointError, UnsafeFileError
+from .._torch_layout import INT64_MAX, valid_dims
 from .machine import OBJECT_BYTES, SLOT_BYTES, Damaged, Machine, RanOut, Refused
 
 __all__ = [
@@ -60,7 +61,6 @@ BUILT_FLOOR = 16 << 20
 MAX_BUILT_BYTES = 1 << 30
 MAX_KEY_CHARS = 4096  # storage keys are short decimal strings
 MAX_DIMS = 64
-INT64_MAX = (1 << 63) - 1  # sizes, strides, offsets and element counts are int64 in torch
 
 # Opcodes a torch pickle never uses are refused before unpickling (see ``_REFUSED`` below):
 # other ways to instantiate (INST/OBJ call a class with arguments, EXT* go through the copyreg
@@ -237,22 +237,6 @@ def short_repr(value: Any, limit: int = 80) -> str:
     except (ValueError, RecursionError, TypeError):
         text = f"<{type(value).__name__}>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def valid_dims(value: Any, max_dims: int = MAX_DIMS) -> tuple[int, ...] | None:
-    """The one rule for a shape (or strides): at most ``max_dims`` ints, each in [0, 2**63), whose
-    product is below 2**63 (an element count int64 holds); None otherwise."""
-    if not isinstance(value, (tuple, list)) or len(value) > max_dims:
-        return None
-    out = tuple(value)
-    count = 1
-    for d in out:
-        if type(d) is not int or not 0 <= d <= INT64_MAX:
-            return None
-        count *= d
-    if count > INT64_MAX:
-        return None
-    return out
 
 
 def _shape(value: Any, what: str) -> tuple[int, ...]:
