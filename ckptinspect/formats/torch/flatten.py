@@ -291,6 +291,9 @@ def flatten(obj: Any, label: str, opcodes: int | None = None) -> Flat:
     if isinstance(obj, dict):
         for k in STEP_KEYS:
             v = obj.get(k)
+            if isinstance(v, StandIn):  # a numpy integer scalar
+                arr = numpy_value(v)
+                v = int(arr) if arr is not None and arr.ndim == 0 and arr.dtype.kind in "iu" else None
             if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
                 step, step_source = v, f"variable:{k}"
                 break
