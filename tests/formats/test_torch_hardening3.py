@@ -90,7 +90,8 @@ def amplifier(kind: str, calls: int) -> bytes:
     return b"\x80\x02](" + arg + b"q\x000" + b"".join(call() for _ in range(calls)) + b"e."
 
 
-@pytest.mark.parametrize("kind", ["encode", "bytearray", "size", "ordereddict"])
+@pytest.mark.parametrize("kind", ["encode", "bytearray", pytest.param("size", marks=pytest.mark.slow),
+                                  pytest.param("ordereddict", marks=pytest.mark.slow)])
 def test_calls_cannot_amplify_memory(kind):
     data = amplifier(kind, 300)
     tracemalloc.start()
@@ -266,6 +267,7 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
 """
 
 
+@pytest.mark.slow  # ~3 s: 3 M objects in a subprocess
 def test_memory_of_the_machine_is_bounded_per_byte():
     """Every bound holds together: a pickle of empty containers (the cheapest objects to ask
     for, one byte each) is refused by its budget before it costs much."""

@@ -223,8 +223,11 @@ CASES = [
          _all(2, "Error: {p}: the pickle expands to more than … entries (shared containers); refusing a possible pickle bomb")),
     Case("torch-pickle-huge-memo", _zip("memo.pt", b"\x80\x02]r\xf0\xff\xff\x7f.", {}),
          _all(2, "Error: {p}: pickle memo index 2147483632 at byte 3 is out of sequence (0 entries so far); refusing")),
+    # the global comes before the OBJ opcode: the pickle machine refuses it first, naming it
     Case("torch-pickle-inst-opcode", _zip("inst.pt", b"(cos\nsystem\nS'x'\no.", {}),
-         _all(2, "Error: {p}: pickle opcode OBJ at byte 17, which torch.save never writes; refusing")),
+         _all(2, "Error: {p}: " + REFUSE)),
+    Case("torch-pickle-obj-opcode", _zip("obj.pt", b"\x80\x02(" + global_("collections", "OrderedDict") + b"o.", {}),
+         _all(2, "Error: {p}: pickle opcode OBJ at byte 28, which torch.save never writes; refusing")),
     Case("torch-absurd-storage-size", _zip("huge.pt", dict_pickle({"w": tensor("0", 1 << 60, 0, (4,), (1,))}), {"0": FOUR}), {
         "ls": (2, "Error: {p}: storage record 'archive/data/0' holds 16 bytes, the pickle declares 1152921504606846976 float32"),
         "verify": (1, "DAMAGED … storage record 'archive/data/0' holds 16 bytes"),
