@@ -217,7 +217,9 @@ def load_json(raw: bytes, what: str, **kw: Any) -> Any:
         raise CorruptCheckpointError(f"{what} is not valid JSON: {_one_line(e)}") from None
 
 
-_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+# A JSON string, unrolled (runs of plain characters, then one escape at a time): a repeated
+# group per character would make the regex engine keep state for every character.
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 
