@@ -9,7 +9,11 @@ they all keep the same promises (shared/INTERFACE.md, "Writing"):
   system, so the final ``os.replace`` is atomic) and only renamed into place when the body of
   the ``with`` block finishes without an exception: check the written output inside the block;
 * on any exception, ``KeyboardInterrupt`` included, the temporary files are removed and the
-  previous output (if any) is left untouched.
+  previous output (if any) is left untouched;
+* SIGTERM and SIGHUP (``kill``, ``timeout``, Slurm, ``docker stop``, a closed terminal) while
+  an output is being written unwind the same way (:func:`signals_unwind`), and the process
+  then exits with the signal's conventional code, 128 + its number; one arriving while the
+  finished files are being renamed into place waits until they all are.
 
 Two shapes of output::
 
@@ -32,10 +36,12 @@ import glob
 import os
 import re
 import shutil
+import signal
 import stat
+import threading
 import uuid
 import zipfile
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 from .errors import OutputExistsError, OutputWriteError, UsageError
 
@@ -384,6 +390,76 @@ def _remove(path: str) -> None:
             os.remove(path)
 
 
+# -- signals ---------------------------------------------------------------------------------
+UNWINDING_SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s)
+
+
+class Terminated(SystemExit):
+    """SIGTERM or SIGHUP while an output was being written: raised in the main thread so that
+    the temporary files are removed on the way out; exits with 128 + the signal's number."""
+
+    def __init__(self, signum: int):
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
+class _SignalState(threading.local):
+    depth = 0
+    deferring = 0
+    pending: int | None = None
+    previous: dict = {}
+
+
+_signals = _SignalState()
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    if _signals.deferring:
+        _signals.pending = signum  # raised once the files are in place
+        return
+    raise Terminated(signum)
+
+
+@contextlib.contextmanager
+def signals_unwind() -> Iterator[None]:
+    """While the body runs (in the main thread), SIGTERM and SIGHUP raise :class:`Terminated`
+    instead of ending the process at once, so ``finally`` and ``except BaseException`` blocks
+    remove what was being written. Handlers someone else installed are left alone; nesting is
+    fine; the previous handlers come back afterwards. Elsewhere than the main thread (where
+    Python cannot set handlers) it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    if _signals.depth == 0:
+        previous = {}
+        for sig in UNWINDING_SIGNALS:
+            if signal.getsignal(sig) in (signal.SIG_DFL, None):
+                previous[sig] = signal.signal(sig, _on_signal)
+        _signals.previous = previous
+    _signals.depth += 1
+    try:
+        yield
+    finally:
+        _signals.depth -= 1
+        if _signals.depth == 0:
+            for sig, handler in _signals.previous.items():
+                signal.signal(sig, handler)
+            _signals.previous = {}
+
+
+@contextlib.contextmanager
+def _signals_wait() -> Iterator[None]:
+    """A signal arriving in the body (renames into place) is raised only when it is done."""
+    _signals.deferring += 1
+    try:
+        yield
+    finally:
+        _signals.deferring -= 1
+        pending, _signals.pending = _signals.pending, None
+        if pending is not None and not _signals.deferring:
+            raise Terminated(pending)
+
+
 @contextlib.contextmanager
 def atomic_file(
     dest: str, *, force: bool = False, kind: str | None = None, protected: Iterable[str] = ()
@@ -411,11 +487,13 @@ def atomic_file(
     directory, created = _make_directory(dest)
     tmp = os.path.join(directory, f"{TMP_MARK}{uuid.uuid4().hex[:12]}.{os.path.basename(dest)}")
     try:
-        yield tmp
-        if not os.path.exists(tmp):
-            raise UsageError(f"{dest}: nothing was written")
-        check_output(dest, force=force, kind=kind, protected=protected)  # someone may have created it meanwhile
-        os.replace(tmp, dest)
+        with signals_unwind():
+            yield tmp
+            if not os.path.exists(tmp):
+                raise UsageError(f"{dest}: nothing was written")
+            check_output(dest, force=force, kind=kind, protected=protected)  # someone may have created it meanwhile
+            with _signals_wait():
+                os.replace(tmp, dest)
     except BaseException as e:
         _remove(tmp)
         _remove_created(created)
@@ -451,26 +529,29 @@ def atomic_prefix(dest: str, *, force: bool = False, protected: Iterable[str] = 
     tmp_dir = os.path.join(directory, f"{TMP_MARK}{uuid.uuid4().hex[:12]}")
     tmp_prefix = os.path.join(tmp_dir, os.path.basename(dest))
     done = False
+    unwind = signals_unwind()
     try:
+        unwind.__enter__()
         os.mkdir(tmp_dir)
         yield tmp_prefix
         written = prefix_files(tmp_prefix)
         if tmp_prefix + INDEX_SUFFIX not in written:
             raise UsageError(f"{dest}: nothing was written (no {os.path.basename(dest)}.index)")
         old = check_output(dest, force=force, prefix=True, protected=protected)
-        # The old index goes first and the new one comes last: the index is what makes a
-        # prefix a checkpoint, so no reader ever pairs an index with another bundle's data.
-        _remove(dest + INDEX_SUFFIX)
-        written.sort(key=lambda p: p.endswith(INDEX_SUFFIX))
-        new_names = set()
-        for path in written:
-            target = dest + path[len(tmp_prefix):]
-            new_names.add(target)
-            os.replace(path, target)
-        for path in old:
-            if path not in new_names:
-                _remove(path)
-        done = True
+        with _signals_wait():  # a signal now waits until every file is in place
+            # The old index goes first and the new one comes last: the index is what makes a
+            # prefix a checkpoint, so no reader ever pairs an index with another bundle's data.
+            _remove(dest + INDEX_SUFFIX)
+            written.sort(key=lambda p: p.endswith(INDEX_SUFFIX))
+            new_names = set()
+            for path in written:
+                target = dest + path[len(tmp_prefix):]
+                new_names.add(target)
+                os.replace(path, target)
+            for path in old:
+                if path not in new_names:
+                    _remove(path)
+            done = True
     except Exception as e:
         if _disk_full(e):
             _remove(tmp_dir)
@@ -481,6 +562,7 @@ def atomic_prefix(dest: str, *, force: bool = False, protected: Iterable[str] = 
         _remove(tmp_dir)
         if not done:
             _remove_created(created)
+        unwind.__exit__(None, None, None)
 
 
 def leftover_temporaries(directory: str) -> list[str]:

@@ -21,6 +21,8 @@ __all__ = [
     "is_safetensors_head",
     "is_hf_index",
     "hf_weights_in",
+    "INT64_MAX",
+    "valid_dims",
 ]
 
 ZIP_SIGNATURE = b"PK\x03\x04"
@@ -111,3 +113,23 @@ def hf_weights_in(directory: str) -> str | None:
     if len(singles) == 1:
         return _fs.join(directory, singles[0])
     return None
+
+
+INT64_MAX = (1 << 63) - 1  # torch and safetensors count elements, sizes and offsets in int64
+
+
+def valid_dims(value, max_dims: int = 64) -> tuple[int, ...] | None:
+    """The one rule for a shape (or strides) read from a torch pickle or a safetensors header: a
+    list or tuple of at most ``max_dims`` ints (not bools), each in [0, 2**63), the product of the
+    non-zero ones below 2**63 (an element count int64 holds, whatever a zero beside them makes
+    the total). The shape as a tuple, or None."""
+    if not isinstance(value, (tuple, list)) or len(value) > max_dims:
+        return None
+    count = 1
+    for d in value:
+        if type(d) is not int or not 0 <= d <= INT64_MAX:
+            return None
+        count *= d or 1
+    if count > INT64_MAX:
+        return None
+    return tuple(value)

@@ -377,3 +377,25 @@ def test_missing_shard_is_damage_for_verify(tmp_path):
     verify = runner.invoke(app, ["verify", str(folder)])
     assert verify.exit_code == 1 and "DAMAGED" in verify.stdout, verify.output
     shutil.rmtree(folder)
+
+
+STAND_IN_FIXTURES = [name for name, facts in EXPECTED.items() if "needs_first" in facts]
+
+
+@pytest.mark.parametrize("name", STAND_IN_FIXTURES)
+def test_stand_in_fixtures_read_and_name_what_torch_load_needs(name):
+    """Issue 25 item 5, files torch 2.13 wrote: a Lightning-style checkpoint (an
+    argparse.Namespace of hyper-parameters) and a legacy file holding numpy scalars. torch's
+    weights_only load refuses both; here they read (values: test_values_equal_torch_load), and
+    ls names the globals a plain torch.load(weights_only=True) would need."""
+    facts = EXPECTED[name]
+    before = set(sys.modules)
+    with ckptinspect.open(TORCH_FIXTURES / name) as ckpt:
+        assert ckpt.info["needs"][0] == facts["needs_first"]
+        for key, value in facts.get("strings", {}).items():
+            assert ckpt.info["strings"][key] == value
+    assert not {m for m in set(sys.modules) - before if m.split(".")[0] in ("argparse", "numpy._core", "torch")}
+    result = runner.invoke(app, ["ls", str(TORCH_FIXTURES / name)])
+    assert result.exit_code == 0
+    assert result.stderr.startswith(f"warning: needs: {facts['needs_first']}") and \
+        "torch.serialization.add_safe_globals" in result.stderr

@@ -3,6 +3,7 @@ everything else refused naming the global; pickle-level bombs refused in bounded
 
 from __future__ import annotations
 
+import struct
 import sys
 import time
 
@@ -37,19 +38,46 @@ def load(body: bytes):
 
 
 @pytest.mark.parametrize("module,name", [
-    ("os", "system"), ("posix", "system"), ("builtins", "eval"), ("builtins", "exec"), ("builtins", "getattr"),
-    ("builtins", "__import__"), ("__builtin__", "eval"), ("copyreg", "_reconstructor"), ("copy_reg", "_reconstructor"),
-    ("subprocess", "Popen"), ("numpy.core.multiarray", "_reconstruct"), ("torch", "load"),
-    ("torch.nn.modules.linear", "Linear"), ("__main__", "Net"), ("torch._utils", "_rebuild_tensor_v4"),
-    ("collections", "defaultdict"), ("functools", "partial"),
+    ("os", "system"), ("posix", "system"), ("nt", "system"), ("builtins", "eval"), ("builtins", "exec"),
+    ("builtins", "getattr"), ("builtins", "__import__"), ("__builtin__", "eval"), ("builtins", "open"),
+    ("builtins", "type"), ("subprocess", "Popen"), ("subprocess", "check_output"), ("importlib", "import_module"),
+    ("pickle", "loads"), ("_pickle", "loads"), ("marshal", "loads"), ("types", "CodeType"), ("types", "FunctionType"),
+    ("code", "InteractiveInterpreter"), ("operator", "attrgetter"), ("_operator", "methodcaller"), ("torch", "load"),
+    ("numpy", "load"), ("dill", "loads"), ("torch.nn.modules.linear", "Linear"), ("torch._utils", "_rebuild_tensor_v4"),
+    ("copyreg", "__newobj__"), ("runpy", "run_path"), ("sys", "modules"),
 ])
-def test_globals_outside_the_allow_list_are_refused_by_name(module, name):
+def test_globals_that_run_code_are_refused_by_name(module, name):
     fixed = {"__builtin__": "builtins", "copy_reg": "copyreg"}.get(module, module)
     with pytest.raises(UnsafeFileError, match=rf"^t\.pkl: refusing to unpickle: it would call {fixed}\.{name}, "):
         load(global_(module, name) + b")R")
     # protocol 4 spells globals with STACK_GLOBAL
     with pytest.raises(UnsafeFileError, match=rf"it would call {fixed}\.{name}, "):
         tu.unpickle(b"\x80\x04" + unicode(module) + unicode(name) + b"\x93)R.", no_storage, "t.pkl")
+
+
+@pytest.mark.parametrize("module,name", [
+    ("copyreg", "_reconstructor"), ("copy_reg", "_reconstructor"), ("numpy.core.multiarray", "_reconstruct"),
+    ("__main__", "Net"), ("collections", "defaultdict"), ("functools", "partial"), ("argparse", "Namespace"),
+    ("numpy.core.multiarray", "scalar"), ("numpy", "dtype"), ("builtins", "slice"),
+])
+def test_other_globals_become_inert_stand_ins(module, name):
+    """Issue 25 item 5: a global outside the allow-list that runs no code is never imported or
+    called; what calling it would make is recorded, and its name is listed as needed."""
+    fixed = {"copy_reg": "copyreg"}.get(module, module)
+    before = set(sys.modules)
+    obj, found = tu.unpickle(b"\x80\x02" + global_(module, name) + tuple_(int_(1), unicode("a")) + b"R.", no_storage, "t.pkl")
+    assert isinstance(obj, tu.StandIn) and obj.name == f"{fixed}.{name}" and obj.args == (1, "a")
+    assert found.needs == (f"{fixed}.{name}",)
+    assert set(sys.modules) == before  # nothing imported
+
+
+def test_stand_ins_record_newobj_build_and_items():
+    body = (global_("argparse", "Namespace") + b")\x81" + b"}" + unicode("lr") + b"G" + struct.pack(">d", 0.5) + b"sb"
+            + global_("mylib", "AttrDict") + b")\x81(" + unicode("k") + int_(3) + b"u"
+            + global_("mylib", "MyList") + b")\x81(" + int_(1) + int_(2) + b"e" + b"\x87")
+    ns, attrs, items = load(body)
+    assert (ns.name, ns.new, ns.args, ns.state) == ("argparse.Namespace", True, (), {"lr": 0.5})
+    assert attrs.items == {"k": 3} and items.elements == [1, 2]
 
 
 def test_allowed_globals_are_local_stand_ins():

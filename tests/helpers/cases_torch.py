@@ -11,6 +11,10 @@ import zipfile
 
 from catalogue import Case
 from torch_builders import (
+    global_,
+    int_,
+    tuple_,
+    unicode,
     copy_fixture,
     dict_pickle,
     legacy_file,
@@ -219,8 +223,11 @@ CASES = [
          _all(2, "Error: {p}: the pickle expands to more than … entries (shared containers); refusing a possible pickle bomb")),
     Case("torch-pickle-huge-memo", _zip("memo.pt", b"\x80\x02]r\xf0\xff\xff\x7f.", {}),
          _all(2, "Error: {p}: pickle memo index 2147483632 at byte 3 is out of sequence (0 entries so far); refusing")),
+    # the global comes before the OBJ opcode: the pickle machine refuses it first, naming it
     Case("torch-pickle-inst-opcode", _zip("inst.pt", b"(cos\nsystem\nS'x'\no.", {}),
-         _all(2, "Error: {p}: pickle opcode OBJ at byte 17, which torch.save never writes; refusing")),
+         _all(2, "Error: {p}: " + REFUSE)),
+    Case("torch-pickle-obj-opcode", _zip("obj.pt", b"\x80\x02(" + global_("collections", "OrderedDict") + b"o.", {}),
+         _all(2, "Error: {p}: pickle opcode OBJ at byte 28, which torch.save never writes; refusing")),
     Case("torch-absurd-storage-size", _zip("huge.pt", dict_pickle({"w": tensor("0", 1 << 60, 0, (4,), (1,))}), {"0": FOUR}), {
         "ls": (2, "Error: {p}: storage record 'archive/data/0' holds 16 bytes, the pickle declares 1152921504606846976 float32"),
         "verify": (1, "DAMAGED … storage record 'archive/data/0' holds 16 bytes"),
@@ -280,5 +287,163 @@ CASES = [
         "ls": (2, "Error: {p}: the index maps 'not.in.any.shard' to pytorch_model-00001-of-00002.bin, which does not hold it"),
         "verify": (1, "DAMAGED … not.in.any.shard"),
         "extract": (2, "which does not hold it"),
+    }),
+]
+
+
+# -- issue 27 (round 3) and issue 25 item 5 ------------------------------------------------------
+def _write(path: pathlib.Path, data: bytes) -> pathlib.Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def deep_tuple_key(d: pathlib.Path) -> pathlib.Path:
+    return torch_zip(d / "deepkey.pt", b"\x80\x02}" + b")" + b"\x85" * 300_000 + b"Ns.", {})
+
+
+def build_after_validation(d: pathlib.Path) -> pathlib.Path:
+    build = b"}" + unicode("offset") + int_(-20) + b"sb"
+    return torch_zip(d / "build.pt", dict_pickle({"w": tensor("0", 4, 0, (4,), (1,)) + build}), {"0": FOUR})
+
+
+def amplifying_calls(d: pathlib.Path) -> pathlib.Path:
+    """A 1.1 MB file whose 10,000 _codecs.encode calls on one memoised 1 MiB string ask for ~10 GiB."""
+    call = global_("_codecs", "encode") + b"h\x00" + unicode("latin1") + b"\x86R"
+    data = b"\x80\x02](" + unicode("x" * (1 << 20)) + b"q\x000" + call * 10_000 + b"e."
+    return torch_zip(d / "amplify.pt", data, {})
+
+
+def duplicate_data_pkl(d: pathlib.Path) -> pathlib.Path:
+    import warnings
+
+    evil = b"\x80\x02" + global_("os", "system") + unicode(f"touch {MARKER}") + b"\x85R."
+    path = d / "dup.pt"
+    d.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings(), zipfile.ZipFile(path, "w") as zf:
+        warnings.simplefilter("ignore")
+        zf.writestr("archive/data.pkl", evil)
+        zf.writestr("archive/data.pkl", dict_pickle({"w": tensor("0", 4, 0, (4,), (1,))}))
+        zf.writestr("archive/data/0", FOUR)
+        zf.writestr("archive/version", "3\n")
+    return path
+
+
+LEGACY_MAGIC_PICKLE = b"\x80\x02\x8a\x0a" + (0x1950A86A20F9469CFC6C).to_bytes(10, "little") + b"."
+
+
+def legacy_sparse_bad_opcode(d: pathlib.Path) -> pathlib.Path:
+    """A 1.5 GiB sparse legacy file whose second pickle has an unknown opcode at its byte 2."""
+    path = _write(d / "sparse_legacy.pt", LEGACY_MAGIC_PICKLE + b"\x80\x02\xff")
+    with open(path, "r+b") as f:
+        f.truncate(3 << 29)
+    return path
+
+
+def deflated_noops(d: pathlib.Path) -> pathlib.Path:
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / "noops.pt"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("archive/data.pkl", b"\x80\x02" + b"N0" * (120 << 20) + b"N.", compress_type=zipfile.ZIP_DEFLATED,
+                    compresslevel=9)
+        zf.writestr("archive/version", "3\n")
+    return path
+
+
+def broadcast_total(d: pathlib.Path) -> pathlib.Path:
+    views = {f"b{i}": tensor("0", 1, 0, ((256 << 20) // 4,), (0,)) for i in range(8)}
+    return torch_zip(d / "bcast8.pt", dict_pickle(views), {"0": FOUR[:4]})
+
+
+def big_int_offset(d: pathlib.Path) -> pathlib.Path:
+    raw = (10**5000).to_bytes(((10**5000).bit_length() + 8) // 8, "little", signed=True)
+    long4 = b"\x8b" + struct.pack("<i", len(raw)) + raw
+    body = tensor("0", 4, 0, (4,), (1,)).replace(int_(0) + b"(K\x04t", long4 + b"(K\x04t", 1)
+    return torch_zip(d / "bigint.pt", dict_pickle({"w": body}), {"0": FOUR})
+
+
+def lightning_like(d: pathlib.Path) -> pathlib.Path:
+    """hyper_parameters as an argparse.Namespace (NEWOBJ + BUILD), a numpy float64 scalar."""
+    ns = global_("argparse", "Namespace") + b")\x81}" + unicode("lr") + b"G" + struct.pack(">d", 0.01) + b"sb"
+    dtype = global_("numpy", "dtype") + unicode("f8") + b"\x89\x88\x87R" + tuple_(
+        int_(3), unicode("<"), b"N", b"N", b"N", int_(0), int_(0), int_(0)) + b"b"
+    scalar = (global_("numpy.core.multiarray", "scalar") + dtype + global_("_codecs", "encode")
+              + unicode(struct.pack("<d", 0.25).decode("latin1")) + unicode("latin1") + b"\x86R\x86R")
+    data = dict_pickle({"state_dict": b"}(" + unicode("w") + tensor("0", 4, 0, (4,), (1,)) + b"u",
+                        "hparams": ns, "best_mae_error": scalar})
+    return torch_zip(d / "lightning.ckpt", data, {"0": FOUR})
+
+
+def st_deep_json(d: pathlib.Path) -> pathlib.Path:
+    header = b'{"w": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    return _write(d / "deep.safetensors", struct.pack("<Q", len(header)) + header)
+
+
+def st_huge_dim(d: pathlib.Path) -> pathlib.Path:
+    return safetensors_file(d / "dims.safetensors", {"w": {"dtype": "F32", "shape": [0, 10**30], "data_offsets": [0, 0]}},
+                            b"")
+
+
+def hf_deep_index(d: pathlib.Path) -> pathlib.Path:
+    folder = copy_fixture("hf_sharded", d)
+    (folder / "model.safetensors.index.json").write_bytes(
+        b'{"metadata": ' + b"[" * 100_000 + b"]" * 100_000 + b', "weight_map": {}}')
+    return folder
+
+
+NESTS = "the pickle nests more than 200 levels deep; refusing"
+BUILD = "pickle BUILD of a tensor, which torch.load(weights_only=True) would not build; refusing"
+BUDGET = "the objects it builds need more memory than its size allows; refusing a possible memory bomb"
+DUPLICATE = "archive member 'archive/data.pkl' appears 2 times (readers disagree on which copy counts"
+BROADCAST = "over the limit of 268435456 for a file (set CKPTINSPECT_MAX_BROADCAST_BYTES to allow more)"
+NEEDS = "warning: needs: argparse.Namespace, numpy.core.multiarray.scalar, numpy.dtype: globals torch.load"
+
+CASES += [
+    Case("torch-deep-tuple-key", deep_tuple_key, _all(2, "Error: {p}: " + NESTS)),
+    Case("torch-build-after-validation", build_after_validation, _all(2, "Error: {p}: " + BUILD)),
+    Case("torch-amplifying-calls", amplifying_calls, _all(2, "Error: {p}: " + BUDGET)),
+    Case("torch-duplicate-data-pkl", duplicate_data_pkl, {
+        "ls": (2, "Error: {p}: " + DUPLICATE),
+        "verify": (1, "DAMAGED … " + DUPLICATE),
+        "diff": (2, "Error: {p}: " + DUPLICATE),
+        "extract": (2, "Error: {p}: " + DUPLICATE),
+    }),
+    Case("torch-legacy-sparse-bad-opcode", legacy_sparse_bad_opcode, {
+        "ls": (2, "Error: {p}: the legacy protocol pickle is damaged: damaged pickle: unknown opcode 0xff at byte 17"),
+        "verify": (1, "DAMAGED … unknown opcode 0xff at byte 17"),
+        "extract": (2, "Error: {p}: the legacy protocol pickle is damaged"),
+    }),
+    Case("torch-deflated-noop-pickle", deflated_noops, _all(
+        2, "Error: {p}: archive/data.pkl is compressed and declares 251658244 bytes from … (more than 100:1; torch"
+           " stores it uncompressed); refusing a possible zip bomb")),
+    Case("torch-broadcast-total", broadcast_total, {
+        "ls": (2, "Error: {p}: 'b1': views that repeat their storage's bytes (stride 0) declare … " + BROADCAST),
+        "verify": (1, "DAMAGED … " + BROADCAST),
+        "diff": (2, BROADCAST),
+        "extract": (2, BROADCAST),
+    }),
+    Case("torch-big-int-offset", big_int_offset, {
+        "ls": (2, "Error: {p}: damaged pickle: an int of 2077 bytes (more than 14000 bits)"),
+        "verify": (1, "DAMAGED … an int of 2077 bytes"),
+        "extract": (2, "Error: {p}: damaged pickle: an int of 2077 bytes"),
+    }),
+    Case("torch-lightning-stand-ins", lightning_like, {
+        "ls": (0, "hparams/lr … best_mae_error … state_dict/w", NEEDS),
+        "verify": (0, "INTACT"),
+    }),
+    Case("safetensors-deep-json", st_deep_json, {
+        "ls": (2, "Error: {p}: safetensors header nests 65 levels deep (limit 64); not a valid header"),
+        "verify": (1, "DAMAGED … safetensors header nests 65 levels deep"),
+        "extract": (2, "Error: {p}: safetensors header nests 65 levels deep"),
+    }),
+    Case("safetensors-dim-out-of-int64", st_huge_dim, {
+        "ls": (2, "Error: {p}: safetensors entry 'w' has a bad shape [0, 1000000000000000000000000000000] (at most 64"),
+        "verify": (1, "DAMAGED … has a bad shape"),
+        "extract": (2, "Error: {p}: safetensors entry 'w' has a bad shape"),
+    }),
+    Case("hf-index-deep-json", hf_deep_index, {
+        "ls": (2, "Error: {p}/model.safetensors.index.json: sharded weights index nests 65 levels deep"),
+        "verify": (1, "DAMAGED … sharded weights index nests 65 levels deep"),
+        "diff": (2, "sharded weights index nests 65 levels deep"),
     }),
 ]

@@ -21,7 +21,6 @@ reading one of their values is an error naming the shard. ``verify`` names every
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any, Iterator
 
 from ... import model as m
@@ -32,6 +31,7 @@ from .._torch_layout import is_safetensors_head
 from ..safetensors.file import (
     FORMAT_SAFETENSORS,
     SafetensorsSource,
+    load_json,
     metadata_step,
     read_header,
     variables_of,
@@ -135,10 +135,8 @@ def _read_index(path: str) -> tuple[dict[str, Any], list[str]]:
     size = _fs.getsize(path)
     if size > MAX_INDEX_BYTES:
         raise UnsafeFileError(f"{path}: sharded weights index is {size} bytes (limit {MAX_INDEX_BYTES}); refusing")
-    try:
-        index = json.loads(_fs.read_bytes(path, limit=MAX_INDEX_BYTES, what="sharded weights index"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise CorruptCheckpointError(f"{path}: not a valid sharded weights index (JSON): {' '.join(str(e).split())}") from None
+    raw = _fs.read_bytes(path, limit=MAX_INDEX_BYTES, what="sharded weights index")
+    index = load_json(raw, f"{path}: sharded weights index")
     if not isinstance(index, dict):
         raise CorruptCheckpointError(f"{path}: not a sharded weights index (expected a JSON object)")
     return index, _shard_names(path, index.get(WEIGHT_MAP))

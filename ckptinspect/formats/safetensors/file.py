@@ -22,13 +22,14 @@ import dataclasses
 import json
 import math
 import os
+import re
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from ... import model as m
 from ...errors import CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError, UnsafeFileError
 from .. import _fs
 from .._readcheck import Opened, ReadCheck
-from .._torch_layout import SAFETENSORS_HEADER_LENGTH
+from .._torch_layout import INT64_MAX, SAFETENSORS_HEADER_LENGTH, valid_dims
 
 if TYPE_CHECKING:  # numpy is imported where values are read: listing goes without it
     import numpy as np
@@ -66,7 +67,6 @@ ITEMSIZE = {name: m.ITEMSIZE[name] for name in DTYPES.values()}
 UNREADABLE_DTYPES = frozenset({"F4", "F6_E2M3", "F6_E3M2", "F8_E8M0"})
 COUNTER_NAMES = frozenset({"step", "global_step", "epoch", "iteration", "iter", "iterations"})
 STEP_METADATA_KEYS = ("step", "global_step", "epoch")
-_INT_ONLY = {int}  # the types of a valid shape's dimensions (bool is not int here)
 
 
 def _one_line(e: BaseException) -> str:
@@ -137,12 +137,7 @@ def read_header(path: str, strict: bool = True) -> Header:
             " (truncated)"
         )
     raw = _fs.read_range(path, HEADER_LENGTH.size, n)
-    try:
-        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates(path))
-    except (UnicodeDecodeError, ValueError) as e:
-        if isinstance(e, CorruptCheckpointError):
-            raise
-        raise CorruptCheckpointError(f"{path}: safetensors header is not valid JSON: {_one_line(e)}") from None
+    header = load_json(raw, f"{path}: safetensors header", object_pairs_hook=_no_duplicates(path))
     if not isinstance(header, dict):
         raise CorruptCheckpointError(f"{path}: safetensors header is not a JSON object")
     metadata = header.pop(METADATA_KEY, None)
@@ -161,13 +156,14 @@ def read_header(path: str, strict: bool = True) -> Header:
         elif code in UNREADABLE_DTYPES:
             dtype = str(code)
         else:
-            raise CorruptCheckpointError(f"{path}: safetensors entry {name!r} has unknown dtype {code!r:.40}")
-        if (not isinstance(shape, list) or len(shape) > MAX_DIMS
-                or (shape and not (set(map(type, shape)) == _INT_ONLY and min(shape) >= 0))):
-            raise CorruptCheckpointError(f"{path}: safetensors entry {name!r} has a bad shape {shape!r:.80}")
+            raise CorruptCheckpointError(f"{path}: safetensors entry {name!r} has unknown dtype {_short(code, 40)}")
+        if not isinstance(shape, list) or valid_dims(shape, MAX_DIMS) is None:
+            raise CorruptCheckpointError(
+                f"{path}: safetensors entry {name!r} has a bad shape {_short(shape)} (at most {MAX_DIMS} ints in"
+                " [0, 2**63) whose product is below 2**63)")
         if (not isinstance(offsets, list) or len(offsets) != 2 or type(offsets[0]) is not int
-                or type(offsets[1]) is not int or not 0 <= offsets[0] <= offsets[1]):
-            raise CorruptCheckpointError(f"{path}: safetensors entry {name!r} has bad data_offsets {offsets!r:.80}")
+                or type(offsets[1]) is not int or not 0 <= offsets[0] <= offsets[1] <= INT64_MAX):
+            raise CorruptCheckpointError(f"{path}: safetensors entry {name!r} has bad data_offsets {_short(offsets)}")
         begin, end = offsets
         if dtype in ITEMSIZE:
             needed = math.prod(shape) * ITEMSIZE[dtype]
@@ -191,6 +187,58 @@ def read_header(path: str, strict: bool = True) -> Header:
                 " of the buffer)"
             )
     return Header(tuple(tensors), metadata, n, data_start, size, problems)
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """A header value for a message: its repr cut short (an int too long to print by its size)."""
+    if isinstance(value, list) and len(value) > 16:
+        value = value[:16]
+    try:
+        text = repr(value)
+    except ValueError:  # an int of more than 4,300 digits
+        text = "<an int too long to print>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+MAX_JSON_DEPTH = 64  # a safetensors header or an index nests 3 levels; refuse far deeper ones early
+
+
+def load_json(raw: bytes, what: str, **kw: Any) -> Any:
+    """JSON from a file's bytes, as damage when it is not JSON or nests deeper than
+    :data:`MAX_JSON_DEPTH` (checked before parsing: the parser recurses per level)."""
+    depth = _json_depth(raw)
+    if depth > MAX_JSON_DEPTH:
+        raise CorruptCheckpointError(f"{what} nests {depth} levels deep (limit {MAX_JSON_DEPTH}); not a valid header")
+    try:
+        return json.loads(raw.decode("utf-8"), **kw)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        if isinstance(e, CorruptCheckpointError):
+            raise
+        raise CorruptCheckpointError(f"{what} is not valid JSON: {_one_line(e)}") from None
+
+
+# A JSON string, unrolled (runs of plain characters, then one escape at a time): a repeated
+# group per character would make the regex engine keep state for every character.
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def _json_depth(raw: bytes) -> int:
+    """The deepest nesting of ``[``/``{`` outside strings (strings dropped and the brackets
+    kept by C code; the loop then runs over the brackets only, and stops past the limit)."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:
+        return 0
+    deepest = depth = 0
+    for byte in _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKETS):
+        if byte == 0x5B or byte == 0x7B:
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > MAX_JSON_DEPTH:
+                    return deepest
+        else:
+            depth -= 1
+    return deepest
 
 
 def _role(t: SafetensorsTensor) -> str:

@@ -18,12 +18,14 @@ reached, which is how a "billion laughs" pickle would expand.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 from ... import model as m
 from ...errors import UnsafeFileError
 from .._lazymod import lazy_import
-from .unpickle import TORCH_ITEMSIZE, StorageRef, TensorRef
+from .._torch_layout import valid_dims
+from .unpickle import TORCH_ITEMSIZE, StandIn, StorageRef, TensorRef
 
 # numpy loads when a number that is not a tensor is met (epoch, loss...; see _lazymod).
 np = lazy_import("numpy")
@@ -105,6 +107,78 @@ def _number_array(values: Any) -> np.ndarray | None:
             return None
         return np.asarray(values, np.int64)
     return np.asarray(values, np.float64)
+
+
+# numpy values pickled through stand-ins: numpy.dtype(code, align, copy) with BUILD state
+# (version, byte order, ...), numpy scalars (dtype, bytes) and arrays (_reconstruct + BUILD state
+# (version, shape, dtype, fortran, bytes)). Only plain numeric codes are decoded; nothing is
+# called but numpy.frombuffer on the bytes.
+NUMPY_MODULES = ("numpy.core.multiarray.", "numpy._core.multiarray.")
+NUMPY_CODE_RE = re.compile(r"^(?:[fiu][1248]|f2|c8|c16|b1|\?)$")
+MAX_NUMPY_ARRAY_BYTES = 64 << 20
+
+
+def _numpy_dtype(value: Any) -> Any:
+    """The numpy dtype a ``numpy.dtype`` stand-in describes, or None."""
+    if not (isinstance(value, StandIn) and value.name == "numpy.dtype" and value.args
+            and isinstance(value.args[0], str) and NUMPY_CODE_RE.match(value.args[0])):
+        return None
+    order = "<"
+    if isinstance(value.state, tuple) and len(value.state) > 1 and value.state[1] in ("<", ">", "|", "="):
+        order = value.state[1] if value.state[1] in ("<", ">") else "<"
+    code = "?" if value.args[0] in ("?", "b1") else value.args[0]
+    return np.dtype(order + code)
+
+
+def _little(arr: np.ndarray) -> np.ndarray:
+    return arr.astype(arr.dtype.newbyteorder("<")) if arr.dtype.byteorder == ">" else arr
+
+
+def numpy_value(value: StandIn) -> np.ndarray | None:
+    """A numpy scalar or array a stand-in records, decoded from its bytes (a copy), or None."""
+    name = value.name
+    if not name.startswith(NUMPY_MODULES):
+        return None
+    short = name.rsplit(".", 1)[1]
+    if short == "scalar" and len(value.args) == 2 and isinstance(value.args[1], (bytes, bytearray)):
+        dtype = _numpy_dtype(value.args[0])
+        if dtype is not None and dtype.itemsize == len(value.args[1]):
+            return _little(np.frombuffer(bytes(value.args[1]), dtype).reshape(()).copy())
+    if short == "_reconstruct" and isinstance(value.state, tuple) and len(value.state) == 5:
+        _, shape, dt, fortran, raw = value.state
+        dtype = _numpy_dtype(dt)
+        dims = valid_dims(shape)
+        if dtype is None or dims is None or not isinstance(raw, (bytes, bytearray)) or len(raw) > MAX_NUMPY_ARRAY_BYTES:
+            return None
+        count = 1
+        for d in dims:
+            count *= d
+        if count * dtype.itemsize != len(raw):
+            return None
+        arr = np.frombuffer(bytes(raw), dtype).reshape(dims, order="F" if fortran is True else "C")
+        return _little(np.ascontiguousarray(arr))
+    return None
+
+
+def _stand_in_children(value: StandIn) -> list[tuple[str, Any]]:
+    """What a stand-in holds, by name: the items put into it, its BUILD state (a dict's entries,
+    a ``(dict, slots)`` pair's both), else its arguments by index."""
+    out: list[tuple[str, Any]] = []
+    if value.items:
+        out += [(_key_text(k), v) for k, v in value.items.items()]
+    if value.elements:
+        out += [(str(i), v) for i, v in enumerate(value.elements)]
+    state = value.state
+    if isinstance(state, tuple) and len(state) == 2 and all(isinstance(x, dict) or x is None for x in state):
+        for part in state:
+            out += [(_key_text(k), v) for k, v in (part or {}).items()]
+    elif isinstance(state, dict):
+        out += [(_key_text(k), v) for k, v in state.items()]
+    elif state is not None:
+        out.append(("state", state))
+    if not out:
+        out = [(str(i), v) for i, v in enumerate(value.args)]
+    return out
 
 
 def _dtype_name(arr: np.ndarray) -> str:
@@ -193,6 +267,17 @@ def flatten(obj: Any, label: str, opcodes: int | None = None) -> Flat:
                 continue
             for i in range(len(value) - 1, -1, -1):
                 stack.append((value[i], (*parts, str(i)), optimizer))
+        elif isinstance(value, StandIn):
+            arr = numpy_value(value)
+            if arr is not None:
+                if parts:
+                    key = unique(name)
+                    values[key] = arr
+                    variables.append(m.Variable(key=key, name=key, shape=arr.shape, dtype=_dtype_name(arr),
+                                                nbytes=arr.nbytes, role=role_of(parts, optimizer, False)))
+                continue
+            for k, v in reversed(_stand_in_children(value)):
+                stack.append((v, (*parts, k), optimizer))
         elif isinstance(value, (bool, int, float)):
             arr = _number_array(value)
             if arr is not None and parts:
@@ -206,6 +291,9 @@ def flatten(obj: Any, label: str, opcodes: int | None = None) -> Flat:
     if isinstance(obj, dict):
         for k in STEP_KEYS:
             v = obj.get(k)
+            if isinstance(v, StandIn):  # a numpy integer scalar
+                arr = numpy_value(v)
+                v = int(arr) if arr is not None and arr.ndim == 0 and arr.dtype.kind in "iu" else None
             if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
                 step, step_source = v, f"variable:{k}"
                 break

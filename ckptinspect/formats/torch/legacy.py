@@ -12,12 +12,12 @@ import struct
 from typing import Any, Callable
 
 from ... import model as m
-from ...errors import CorruptCheckpointError, NotACheckpointError
+from ...errors import CorruptCheckpointError, NotACheckpointError, UnsafeFileError
 from .. import _fs
 from .flatten import flatten
 from .._torch_layout import LEGACY_MAGIC
 from .source import Record, Storages, TorchOpened, tensor_problems, torch_checkpoint
-from .unpickle import MAX_PICKLE_BYTES, unpickle
+from .unpickle import MAX_PICKLE_BYTES, IncompletePickle, unpickle
 
 __all__ = ["legacy_opened"]
 
@@ -33,18 +33,38 @@ class _Growing:
         self.path = path
         self.size = _fs.getsize(path)
         self.data = _fs.read_range(path, 0, min(self.size, FIRST_READ_BYTES))
+        self.needs: dict[str, None] = {}
 
     def unpickle(self, start: int, persistent_load: Callable[[Any], Any], what: str) -> tuple[Any, int]:
-        """The pickle at ``start``: (object, where it ends); :attr:`opcodes` its opcode count."""
+        """The pickle at ``start``: (object, where it ends); :attr:`opcodes` its opcode count.
+
+        Only a pickle that runs out of bytes is read again with more of the file, and only when
+        the file has them: an opcode that declares its length says how many; otherwise the
+        piece grows fourfold (at most :data:`MAX_PICKLE_BYTES` past ``start``). Any other
+        failure is final at once: more bytes cannot help."""
         while True:
             try:
                 obj, scanned = unpickle(self.data, persistent_load, self.path, start=start)
                 self.opcodes = scanned.opcodes
+                self.needs.update(dict.fromkeys(scanned.needs))
                 return obj, scanned.end
+            except IncompletePickle as e:
+                have = len(self.data)
+                if e.needed is not None:
+                    want = max(start + e.needed, min(self.size, have * 2))
+                else:
+                    want = min(self.size, max(have * 4, start + FIRST_READ_BYTES))
+                if have >= self.size or want > self.size:
+                    raise CorruptCheckpointError(
+                        f"{self.path}: the legacy {what} pickle is damaged: {str(e).removeprefix(self.path + ': ')}"
+                        f" (the file has {self.size} bytes)") from None
+                if want - start > MAX_PICKLE_BYTES:
+                    raise UnsafeFileError(f"{self.path}: the legacy {what} pickle is larger than {MAX_PICKLE_BYTES}"
+                                          " bytes; refusing") from None
+                self.data = _fs.read_range(self.path, 0, want)
             except CorruptCheckpointError as e:
-                if len(self.data) >= self.size or len(self.data) - start > MAX_PICKLE_BYTES:
-                    raise CorruptCheckpointError(f"{self.path}: the legacy {what} pickle is damaged: {str(e).removeprefix(self.path + ': ')}") from None
-                self.data = _fs.read_range(self.path, 0, min(self.size, max(len(self.data) * 4, start + FIRST_READ_BYTES)))
+                raise CorruptCheckpointError(
+                    f"{self.path}: the legacy {what} pickle is damaged: {str(e).removeprefix(self.path + ': ')}") from None
 
 
 def _no_storages(label: str) -> Callable[[Any], Any]:
@@ -118,7 +138,8 @@ def legacy_opened(path: str, strict: bool) -> TorchOpened:
                             f" {offset} of {size}){': ' + problem.removeprefix(path + ': ') if problem else ''}")
                         for k in storages.by_key if k not in records}
     problems = tensor_problems(flat, records, path, strict, storage_problems)
-    extra = {"byteorder": "big" if big_endian else "little", "pickle_globals": [], "legacy_protocol": LEGACY_PROTOCOL}
+    extra = {"byteorder": "big" if big_endian else "little", "pickle_globals": [], "legacy_protocol": LEGACY_PROTOCOL,
+             "needs": list(head.needs)}
     ckpt = torch_checkpoint(path, m.FORMAT_TORCH_LEGACY, flat, storages, records, extra, big_endian=big_endian,
                             problems=problems)
     return TorchOpened(ckpt, problems)

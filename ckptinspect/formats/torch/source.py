@@ -21,7 +21,16 @@ from ...errors import CheckpointNotFoundError, CorruptCheckpointError, UnsafeFil
 from .. import _fs
 from .flatten import Flat
 from .._torch_layout import ZIP_LOCAL_HEADER
-from .unpickle import MAX_KEY_CHARS, TORCH_ITEMSIZE, StorageRef, TensorRef, _StorageType, refusal_message
+from .unpickle import (
+    MAX_KEY_CHARS,
+    TORCH_ITEMSIZE,
+    StorageRef,
+    TensorRef,
+    _StorageType,
+    refusal_message,
+    short_repr,
+)
+from .._torch_layout import valid_dims
 from .._lazymod import lazy_import
 
 # numpy loads when a value is read: listing a .pt needs only the pickle (see _lazymod).
@@ -44,7 +53,16 @@ ZIP_SIGNATURE = b"PK\x03\x04"
 # Limits: a view may declare more bytes than its storage holds (a broadcast, stride 0) only up
 # to MAX_BROADCAST_BYTES (compressed records: _torch_zip; nesting and expansion: _torch_flatten).
 MAX_BROADCAST_BYTES = 256 << 20
+# What all views of a file together may declare beyond the bytes they cover (stride-0 repeats),
+# unless the environment variable says otherwise (for people who mean it).
+BROADCAST_TOTAL_ENV = "CKPTINSPECT_MAX_BROADCAST_BYTES"
 READ_CHUNK_BYTES = 8 << 20
+
+
+def broadcast_total_limit() -> int:
+    """The total expansion allowed: :data:`MAX_BROADCAST_BYTES` or ``$CKPTINSPECT_MAX_BROADCAST_BYTES``."""
+    raw = os.environ.get(BROADCAST_TOTAL_ENV, "").strip()
+    return int(raw) if raw.isdigit() else MAX_BROADCAST_BYTES
 
 
 def one_line(e: BaseException) -> str:
@@ -126,6 +144,9 @@ def tensor_problem(ref: TensorRef, record: Record | None, label: str, key: str) 
     storage = ref.storage
     if record is None:
         return f"{label}: {key!r}: storage record {storage.key!r} named by the pickle is missing"
+    if (type(ref.offset) is not int or ref.offset < 0 or valid_dims(ref.shape) is None
+            or valid_dims(ref.stride) is None or ref.dtype not in TORCH_ITEMSIZE):  # what is used, checked again
+        return f"{label}: {key!r}: view (offset {short_repr(ref.offset, 40)}, shape {short_repr(ref.shape)}) is not valid"
     itemsize = TORCH_ITEMSIZE[ref.dtype]
     declared = ref.numel * itemsize
     end = ref.byte_start + ref.byte_span
@@ -334,7 +355,11 @@ def torch_checkpoint(path: str, fmt: str, flat: Flat, storages: Storages, record
     and step, a :class:`TorchSource` over ``records``, and ``info``: ``extra`` (the layout's own
     facts), then storages, ties, strings."""
     info: dict[str, Any] = dict(extra)
+    needs = info.pop("needs", None) or []
     info["storages"] = len(storages.by_key)
+    if needs:  # globals kept as inert stand-ins: what torch.load(weights_only=True) would need
+        info["needs"] = list(needs)
+        info["warnings"] = [needs_message(needs)]
     if storages.locations and set(storages.locations) != {"cpu"}:
         info["storage_locations"] = dict(sorted(storages.locations.items()))
     if flat.tied:
@@ -355,14 +380,29 @@ def torch_checkpoint(path: str, fmt: str, flat: Flat, storages: Storages, record
     )
 
 
+def needs_message(needs: list[str]) -> str:
+    """The line saying which globals a plain ``torch.load(weights_only=True)`` would refuse."""
+    shown = ", ".join(needs[:8]) + (f" (+{len(needs) - 8} more)" if len(needs) > 8 else "")
+    return (f"needs: {shown}: globals torch.load(weights_only=True) refuses unless given to"
+            " torch.serialization.add_safe_globals; read here as inert stand-ins (never imported, nothing run)")
+
+
 def tensor_problems(flat: Flat, records: dict[str, Record], label: str, strict: bool,
                     storage_problems: dict[str, str] | None = None) -> dict[str, str]:
     """Why each tensor cannot be read (strict: raise the first)."""
     problems = {}
+    expansion = 0
+    limit = broadcast_total_limit()
     for key, ref in flat.tensors.items():
         problem = (storage_problems or {}).get(ref.storage.key)
         if problem is None:
             problem = tensor_problem(ref, records.get(ref.storage.key), label, key)
+        if problem is None:
+            expansion += max(0, ref.numel * TORCH_ITEMSIZE[ref.dtype] - ref.byte_span)
+            if expansion > limit:
+                problem = (f"{label}: {key!r}: views that repeat their storage's bytes (stride 0) declare {expansion}"
+                           f" bytes beyond what they cover, over the limit of {limit} for a file (set"
+                           f" {BROADCAST_TOTAL_ENV} to allow more); refusing a possible size bomb")
         if problem is not None:
             if strict:
                 raise (UnsafeFileError if "size bomb" in problem else CorruptCheckpointError)(problem)

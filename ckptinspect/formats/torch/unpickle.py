@@ -3,36 +3,47 @@
 A ``torch.save`` file describes its tensors with a pickle: globals such as
 ``torch._utils._rebuild_tensor_v2`` and ``torch.FloatStorage``, called through ``REDUCE``, and
 persistent ids ``('storage', <storage type>, <key>, <location>, <numel>)`` naming the raw
-storages stored beside the pickle. :class:`SafeUnpickler` (a ``pickle.Unpickler``) resolves
-only the globals ``torch.load(weights_only=True)`` accepts (torch/_weights_only_unpickler.py,
-``_get_allowed_globals``), each to a local, inert function here that builds a description
-(:class:`StorageRef`, :class:`TensorRef`) instead of a tensor. Any other global (a pickled
-class, ``os.system``, ``numpy...``) stops the reading at once with
-:class:`~ckptinspect.errors.UnsafeFileError` naming it: nothing outside this module is ever
-imported or called.
+storages stored beside the pickle. The pickle runs in :class:`TorchMachine` (a
+:class:`~.machine.Machine`: the opcodes run in Python, nesting, bytes built and numbers
+bounded), never in CPython's unpickler. The globals ``torch.load(weights_only=True)`` accepts
+(torch/_weights_only_unpickler.py, ``_get_allowed_globals``) resolve to local, inert functions
+here that build a description (:class:`StorageRef`, :class:`TensorRef`) instead of a tensor.
+Any other global becomes a :class:`StandInGlobal`: never imported, never called; calling it
+gives a :class:`StandIn` recording its name, arguments and state (an ``argparse.Namespace`` of
+hyper-parameters, a numpy scalar), and its name is listed in :attr:`Scan.needs` (what a plain
+``torch.load(weights_only=True)`` would need through ``torch.serialization.add_safe_globals``).
+Globals that run code (``os.system``, ``builtins.eval``, ``subprocess.*``, ``getattr``,
+``importlib``, ``pickle.loads``...; :func:`runs_code`), torch globals outside the allow-list
+and whole ``nn.Module`` objects still refuse the file with
+:class:`~ckptinspect.errors.UnsafeFileError` naming them.
 
-Before the pickle is unpickled, :func:`scan` walks its opcodes (decoding nothing but lengths,
-memo indices and global names) and refuses what a torch pickle never holds and what could exhaust
-memory: the opcodes that instantiate through other paths (``INST``, ``OBJ``, ``EXT*``,
-``NEWOBJ_EX``, protocol-5 buffers), memo indices out of sequence (the C unpickler allocates
-up to the largest index), and pickles larger than :data:`MAX_PICKLE_BYTES`.
+Before the pickle runs, :func:`scan` walks its opcodes (decoding nothing but lengths, memo
+indices and global names) and refuses what a torch pickle never holds and what could exhaust
+memory or time: the opcodes that instantiate through other paths (``INST``, ``OBJ``, ``EXT*``,
+``NEWOBJ_EX``, protocol-5 buffers), memo indices out of sequence (a reader allocates up to the
+largest index), more than :data:`MAX_OPCODES` opcodes and pickles larger than
+:data:`MAX_PICKLE_BYTES`.
 """
 
 from __future__ import annotations
 
 import _compat_pickle
 import dataclasses
-import io
-import pickle
 import pickletools
 import re
 from collections import OrderedDict
 from typing import Any, Callable
 
-from ...errors import CorruptCheckpointError, NotACheckpointError, UnsafeFileError
+from ...errors import CkptError, CorruptCheckpointError, NotACheckpointError, UnsafeFileError
+from .._torch_layout import INT64_MAX, valid_dims
+from .machine import OBJECT_BYTES, SLOT_BYTES, Damaged, Machine, RanOut, Refused
 
 __all__ = [
     "MAX_PICKLE_BYTES",
+    "MAX_OPCODES",
+    "StandIn",
+    "StandInGlobal",
+    "runs_code",
     "StorageRef",
     "TensorRef",
     "Scan",
@@ -41,7 +52,13 @@ __all__ = [
     "TORCH_ITEMSIZE",
 ]
 
-MAX_PICKLE_BYTES = 1 << 30  # a pickle (data.pkl) larger than this is refused
+MAX_PICKLE_BYTES = 256 << 20  # a pickle (data.pkl) larger than this is refused
+MAX_OPCODES = 4_000_000  # about 130,000 tensors; a pickle of more opcodes is refused
+# What the objects a pickle builds may add up to (strings, bytes, containers, the results of
+# calls): BUILT_PER_BYTE times its size plus BUILT_FLOOR, at most MAX_BUILT_BYTES.
+BUILT_PER_BYTE = 16
+BUILT_FLOOR = 16 << 20
+MAX_BUILT_BYTES = 1 << 30
 MAX_KEY_CHARS = 4096  # storage keys are short decimal strings
 MAX_DIMS = 64
 
@@ -208,23 +225,40 @@ class _UnsafeGlobal(Exception):
 
 
 # -- inert stand-ins for the allowed globals -----------------------------------------------------
+def short_repr(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for messages (never raises: an int too long
+    to print, or an object whose repr fails, is named by its type)."""
+    if type(value) is int and value.bit_length() > 256:
+        return f"<an int of {value.bit_length()} bits>"
+    if isinstance(value, (tuple, list)) and len(value) > 16:
+        value = type(value)(value[:16])
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError, TypeError):
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _shape(value: Any, what: str) -> tuple[int, ...]:
-    if not isinstance(value, (tuple, list)) or len(value) > MAX_DIMS:
-        raise _Refusal(CorruptCheckpointError(f"tensor {what} {value!r:.80} is not a tuple of at most {MAX_DIMS} ints"))
-    out = tuple(value)
-    if not all(type(d) is int and d >= 0 for d in out):
-        raise _Refusal(CorruptCheckpointError(f"tensor {what} {out!r:.80} holds a negative or non-int value"))
+    out = valid_dims(value)
+    if out is None:
+        raise _Refusal(CorruptCheckpointError(
+            f"tensor {what} {short_repr(value)} is not a tuple of at most {MAX_DIMS} ints in [0, 2**63)"
+            " whose product is below 2**63"))
     return out
 
 
 def _tensor(storage: Any, offset: Any, size: Any, stride: Any, dtype: str | None = None) -> TensorRef:
     if not isinstance(storage, StorageRef):
         raise _Refusal(CorruptCheckpointError(f"a tensor's storage is {type(storage).__name__}, not a persistent storage"))
-    if type(offset) is not int or offset < 0:
-        raise _Refusal(CorruptCheckpointError(f"tensor storage offset {offset!r:.40} is not a non-negative int"))
+    if type(offset) is not int or not 0 <= offset <= INT64_MAX:
+        raise _Refusal(CorruptCheckpointError(f"tensor storage offset {short_repr(offset, 40)} is not an int in [0, 2**63)"))
     shape, strides = _shape(size, "size"), _shape(stride, "stride")
     if len(shape) != len(strides):
         raise _Refusal(CorruptCheckpointError(f"tensor size {shape} and stride {strides} differ in length"))
+    if 0 not in shape and sum((d - 1) * st for d, st in zip(shape, strides)) + offset > INT64_MAX:
+        raise _Refusal(CorruptCheckpointError(f"tensor view (offset {offset}, size {shape}, stride {strides}) reaches past"
+                                              " element 2**63"))
     dtype = dtype or storage.dtype
     return TensorRef(storage=storage, dtype=dtype, offset=offset, shape=shape, stride=strides)
 
@@ -241,7 +275,7 @@ def _rebuild_tensor_v2(storage: Any, storage_offset: Any, size: Any, stride: Any
 def _rebuild_tensor_v3(storage: Any, storage_offset: Any, size: Any, stride: Any, requires_grad: Any,
                        backward_hooks: Any, dtype: Any, metadata: Any = None) -> TensorRef:
     if not isinstance(dtype, DTypeRef):
-        raise _Refusal(CorruptCheckpointError(f"_rebuild_tensor_v3 dtype {dtype!r:.40} is not a torch dtype"))
+        raise _Refusal(CorruptCheckpointError(f"_rebuild_tensor_v3 dtype {short_repr(dtype, 40)} is not a torch dtype"))
     if str(dtype) not in TORCH_ITEMSIZE:
         raise _Refusal(NotACheckpointError(f"holds a torch.{dtype} tensor, which ckptinspect cannot read"))
     return _tensor(storage, storage_offset, size, stride, str(dtype))
@@ -295,7 +329,7 @@ SAFE_ENCODINGS = frozenset({"latin1", "latin-1", "utf-8", "utf8", "ascii"})
 def _encode(obj: Any, encoding: Any = "utf-8", errors: Any = "strict") -> bytes:
     """``_codecs.encode``: how protocol 2 pickles bytes (text codecs only)."""
     if not isinstance(obj, str) or encoding not in SAFE_ENCODINGS or errors != "strict":
-        raise _Refusal(CorruptCheckpointError(f"_codecs.encode with encoding {encoding!r:.40}"))
+        raise _Refusal(CorruptCheckpointError(f"_codecs.encode with encoding {short_repr(encoding, 40)}"))
     return obj.encode(encoding)
 
 
@@ -316,7 +350,10 @@ def _set(*args: Any) -> set:
 def _complex(*args: Any) -> complex:
     if not all(isinstance(a, (int, float)) for a in args) or len(args) > 2:
         raise _Refusal(CorruptCheckpointError("complex with arguments pickle does not write"))
-    return complex(*args)
+    try:
+        return complex(*args)
+    except OverflowError:
+        raise _Refusal(CorruptCheckpointError("complex of an int too large for a float")) from None
 
 
 ALLOWED_GLOBALS: dict[str, Any] = {
@@ -343,8 +380,88 @@ class _StorageType(str):
     """A storage class global: the dtype name of its elements."""
 
 
+# -- globals outside the allow-list --------------------------------------------------------------
+class StandInGlobal:
+    """A global outside the allow-list that does not run code: its name only (never imported).
+    ``callable`` False: a torch global, which may be kept as a value (a loss function in the
+    hyper-parameters) but not called (it would build something ckptinspect cannot describe)."""
+
+    __slots__ = ("name", "callable")
+
+    def __init__(self, name: str, callable: bool = True):
+        self.name = name
+        self.callable = callable
+
+    def __repr__(self) -> str:
+        return f"<global {self.name}>"
+
+
+@dataclasses.dataclass(eq=False)
+class StandIn:
+    """What calling a :class:`StandInGlobal` would have made, never made: the global's name,
+    the arguments (``REDUCE``, or ``NEWOBJ`` when ``new``), ``BUILD``'s state and the items
+    ``SETITEM(S)``/``APPEND(S)`` put into it (a dict or list subclass)."""
+
+    name: str
+    args: tuple
+    new: bool = False
+    state: Any = None
+    items: dict | None = None
+    elements: list | None = None
+
+
+# Modules whose globals run code when torch.load calls them (the top-level package is matched),
+# names that run code in any module, and the builtins that are inert types.
+CODE_MODULES = frozenset({
+    "os", "posix", "nt", "subprocess", "sys", "importlib", "imp", "pickle", "_pickle", "marshal", "code", "codeop",
+    "types", "shutil", "socket", "runpy", "ctypes", "pty", "pdb", "bdb", "operator", "_operator", "io", "_io",
+    "pathlib", "tempfile", "multiprocessing", "threading", "_thread", "asyncio", "signal", "gc", "inspect",
+    "webbrowser", "commands", "popen2", "platform", "pip", "setuptools", "distutils", "site", "sysconfig", "timeit",
+    "trace", "cProfile", "profile", "doctest", "unittest", "zipimport", "pkgutil", "dill", "cloudpickle", "joblib",
+    "shelve", "dbm", "sqlite3", "urllib", "http", "ftplib", "smtplib", "telnetlib", "xmlrpc", "ssl", "select",
+    "selectors", "mmap", "resource", "fcntl", "termios", "atexit", "weakref", "copy", "codecs", "_codecs",
+    "builtins", "_posixsubprocess", "_winapi", "msvcrt", "winreg", "ensurepip", "venv", "zipapp", "idlelib",
+    "tkinter", "turtle", "nturl2path", "yaml", "jsonpickle", "numexpr", "pandas.io", "sympy", "IPython",
+})
+CODE_NAMES = frozenset({
+    "eval", "exec", "execfile", "compile", "system", "popen", "__import__", "getattr", "setattr", "delattr",
+    "import_module", "load", "loads", "unsafe_load", "full_load", "fork", "open", "globals", "locals", "vars",
+    "breakpoint", "input", "reload", "attrgetter", "methodcaller",
+})
+CODE_NAME_PREFIXES = ("exec", "spawn", "popen", "system", "__")
+INERT_BUILTINS = frozenset({
+    "object", "int", "float", "str", "bytes", "bool", "list", "dict", "tuple", "frozenset", "slice", "range",
+    "NoneType", "Ellipsis", "NotImplemented",
+})
+
+
+# torch globals refused even as values: modules (a whole model), tensors and storages rebuilt in
+# ways ckptinspect does not read, serialization, TorchScript, packages, the hub.
+TORCH_REFUSED_PREFIXES = (
+    "torch.nn.modules.", "torch.nn.backends.", "torch._utils.", "torch._tensor.", "torch.storage.",
+    "torch.serialization.", "torch.jit.", "torch._C.", "torch.package.", "torch.hub.", "torch.utils.",
+    "torch._ops.", "torch.ops.", "torch.fx.", "torch._dynamo.", "torch._inductor.", "torch.multiprocessing.",
+    "torch.distributed.", "torch.library.", "torch.load", "torch.save", "torch.Tensor", "torch.tensor",
+    "torch.from_numpy", "torch.as_tensor", "torch.frombuffer", "torch.classes.", "torch._classes.",
+)
+
+
+def runs_code(full: str) -> bool:
+    """Whether a global outside the allow-list would run code if ``torch.load`` called it (such
+    files are refused; the others' globals become inert stand-ins)."""
+    module, _, name = full.rpartition(".")
+    if module == "builtins":
+        return name not in INERT_BUILTINS
+    top = module.split(".", 1)[0]
+    if top in CODE_MODULES or module in CODE_MODULES:
+        return True
+    return name in CODE_NAMES or name.startswith(CODE_NAME_PREFIXES) or not name.isidentifier()
+
+
 def resolve_global(full: str) -> Any:
-    """The inert stand-in for an allowed global, or raise :class:`_Refusal`.
+    """The inert stand-in for a global: an allowed one's local function or type, a
+    :class:`StandInGlobal` for one that runs no code; raise :class:`_Refusal` or
+    :class:`_UnsafeGlobal` otherwise.
 
     Args:
         full: ``module.name`` after Python 2 name fixes.
@@ -369,7 +486,12 @@ def resolve_global(full: str) -> Any:
             raise _Refusal(NotACheckpointError(f"holds {what} ({full}), which ckptinspect cannot read"))
         if full == "torch.Tensor" or full == "torch.nn.parameter.Parameter" or TENSOR_CLASS_RE.match(full):
             return TensorType(full)
-    raise _UnsafeGlobal(full)
+        if full.startswith(TORCH_REFUSED_PREFIXES) or runs_code(full):
+            raise _UnsafeGlobal(full)  # a whole model, tensors rebuilt in other ways, torch.load...
+        return StandInGlobal(full, callable=False)
+    if runs_code(full):
+        raise _UnsafeGlobal(full)
+    return StandInGlobal(full)
 
 
 # -- the pre-scan ------------------------------------------------------------------------------
@@ -387,6 +509,20 @@ class Scan:
     end: int
     globals: tuple[str, ...]
     opcodes: int
+    needs: tuple[str, ...] = ()
+
+
+class IncompletePickle(CorruptCheckpointError):
+    """The bytes end before the pickle does (more bytes could complete it).
+
+    Attributes:
+        needed: How many bytes from the pickle's start would hold the opcode that ran out, when
+            known (a declared length), else None.
+    """
+
+    def __init__(self, message: str, needed: int | None = None):
+        super().__init__(message)
+        self.needed = needed
 
 
 def _fix_name(module: str, name: str) -> tuple[str, str]:
@@ -439,8 +575,10 @@ def scan(data: bytes | memoryview, start: int = 0, label: str = "pickle") -> Sca
         label: How messages name it.
 
     Raises:
-        UnsafeFileError: An opcode torch never writes, or memo indices out of sequence.
-        CorruptCheckpointError: Not a complete pickle.
+        UnsafeFileError: An opcode torch never writes, memo indices out of sequence, or more
+            than :data:`MAX_OPCODES` opcodes.
+        IncompletePickle: The bytes end before the pickle does.
+        CorruptCheckpointError: Not a pickle (an unknown opcode).
     """
     data = bytes(data) if not isinstance(data, bytes) else data
     size = len(data)
@@ -456,6 +594,8 @@ def scan(data: bytes | memoryview, start: int = 0, label: str = "pickle") -> Sca
         at = pos
         pos += 1
         count += 1
+        if count > MAX_OPCODES:
+            raise UnsafeFileError(f"{label}: the pickle has more than {MAX_OPCODES} opcodes; refusing")
         text = None
         if op in _REFUSED:
             raise UnsafeFileError(f"{label}: pickle opcode {_REFUSED[op]} at byte {at}, which torch.save never writes; refusing")
@@ -494,10 +634,12 @@ def scan(data: bytes | memoryview, start: int = 0, label: str = "pickle") -> Sca
                 break
             length = int.from_bytes(data[pos : pos + n], "little", signed=signed)
             pos += n
-            if length < 0 or pos + length > size:
-                raise CorruptCheckpointError(
-                    f"{label}: not a complete pickle: opcode at byte {at} declares {length} bytes, {size - pos} remain"
-                )
+            if length < 0:
+                raise CorruptCheckpointError(f"{label}: damaged pickle: opcode at byte {at} declares {length} bytes")
+            if pos + length > size:
+                raise IncompletePickle(
+                    f"{label}: not a complete pickle: opcode at byte {at} declares {length} bytes, {size - pos} remain",
+                    needed=pos + length - start)
             if op in _TEXTS and length <= 256:
                 text = data[pos : pos + length].decode("utf-8", "replace")
             pos += length
@@ -506,7 +648,7 @@ def scan(data: bytes | memoryview, start: int = 0, label: str = "pickle") -> Sca
             for _ in range(lines[op]):
                 end = data.find(b"\n", pos)
                 if end < 0:
-                    raise CorruptCheckpointError(f"{label}: not a complete pickle: no newline after byte {at}")
+                    raise IncompletePickle(f"{label}: not a complete pickle: no newline after byte {at}")
                 parts.append(data[pos:end])
                 pos = end + 1
             if op == _GLOBAL:
@@ -524,7 +666,8 @@ def scan(data: bytes | memoryview, start: int = 0, label: str = "pickle") -> Sca
         else:
             raise CorruptCheckpointError(f"{label}: not a complete pickle: unknown opcode {op:#04x} at byte {at}")
         last[0], last[1] = last[1], text
-    raise CorruptCheckpointError(f"{label}: not a complete pickle (no STOP opcode in {size - start} bytes)")
+    raise IncompletePickle(f"{label}: not a complete pickle (no STOP opcode in {size - start} bytes)",
+                           needed=None if pos <= size else pos - start)
 
 
 WHOLE_MODULE_PREFIXES = ("torch.nn.modules.", "torch.nn.backends.")
@@ -543,25 +686,133 @@ def refusal_message(label: str, name: str, globals_seen: tuple[str, ...] = ()) -
 
 # -- the unpickler -----------------------------------------------------------------------------
 PersistentLoad = Callable[[Any], Any]
+_MADE_BY_CALLS = frozenset(ALLOWED_GLOBALS.values())
+_REBUILDS = frozenset({_rebuild_tensor, _rebuild_tensor_v2, _rebuild_tensor_v3, _rebuild_parameter,
+                       _rebuild_parameter_with_state, _rebuild_from_type_v2, _Parameter})
+_COPYING_CALLS = _MADE_BY_CALLS - _REBUILDS  # calls whose result copies their arguments
+_HASHING_CALLS = frozenset({PickledOrderedDict, PickledCounter, _set})
+_DICT_TYPES = (PickledOrderedDict, PickledCounter)
+_HOLDERS = (tuple, list, dict, set, frozenset, StandIn)  # results that hold other objects
 
 
-class SafeUnpickler(pickle.Unpickler):
-    """``pickle.Unpickler`` that resolves only allowed globals, to inert stand-ins."""
+HASHED_SLOT_BYTES = 104  # what one entry of a dict or set a call builds costs (table, links)
 
-    def __init__(self, file: Any, persistent_load: PersistentLoad):
-        super().__init__(file, encoding="utf-8")
+
+def _cost(value: Any, hashed: bool = False) -> int:
+    """Bytes a call on ``value`` may materialise from it (copying it, encoding it; ``hashed``:
+    into a dict or set)."""
+    if isinstance(value, str):
+        return len(value) * (1 if value.isascii() else 4)
+    if isinstance(value, (bytes, bytearray)):
+        return len(value)
+    if isinstance(value, (tuple, list, dict, set, frozenset)):
+        return len(value) * (HASHED_SLOT_BYTES if hashed else SLOT_BYTES)
+    return 0
+
+
+def _what(inst: Any) -> str:
+    if isinstance(inst, TensorRef):
+        return "a tensor"
+    if isinstance(inst, StorageRef):
+        return "a storage"
+    if isinstance(inst, StandInGlobal):
+        return f"the global {inst.name}"
+    return f"a {type(inst).__name__}"
+
+
+class TorchMachine(Machine):
+    """The pickle machine with torch's rules: allowed globals to local stand-ins, other inert
+    globals to :class:`StandInGlobal`, calls only of those, ``BUILD`` only of what torch would
+    build (an ``OrderedDict``'s metadata, a stand-in's state)."""
+
+    def __init__(self, data: bytes, start: int, persistent_load: PersistentLoad):
+        size = min(len(data) - start, MAX_PICKLE_BYTES)
+        super().__init__(data, start, min(BUILT_PER_BYTE * size + BUILT_FLOOR, MAX_BUILT_BYTES), MAX_PICKLE_BYTES,
+                         MAX_OPCODES)
         self._persistent = persistent_load
+        self.needs: dict[str, None] = {}
 
-    def find_class(self, module: str, name: str) -> Any:  # noqa: D102
-        module, name = _fix_name(str(module), str(name))
-        return resolve_global(f"{module}.{name}")
+    def find_class(self, module: str, name: str) -> Any:
+        module, name = _fix_name(module, name)
+        self.globals.setdefault(f"{module}.{name}", None)
+        found = resolve_global(f"{module}.{name}")
+        if isinstance(found, StandInGlobal):
+            self.needs.setdefault(found.name, None)
+        return found
 
-    def persistent_load(self, pid: Any) -> Any:  # noqa: D102
+    def persistent_load(self, pid: Any) -> Any:
         return self._persistent(pid)
+
+    def _made(self, result: Any, args: tuple) -> Any:
+        """A call's result holds its arguments: as deep as their tuple (a tensor, a string... is a leaf)."""
+        if isinstance(result, _HOLDERS):
+            self.set_depth(result, max(self.depth(args), 1))
+        return result
+
+    def call(self, func: Any, args: tuple) -> Any:
+        if type(func) is StandInGlobal:
+            if not func.callable:
+                raise _UnsafeGlobal(func.name)
+            self.charge(OBJECT_BYTES)
+            return self._made(StandIn(func.name, args), args)
+        if func not in _MADE_BY_CALLS:
+            raise Damaged(f"REDUCE of {_what(func)}, which is not callable here")
+        if func in _COPYING_CALLS:  # charged before the call materialises it
+            hashed = func in _HASHING_CALLS
+            self.charge(OBJECT_BYTES + sum(_cost(a, hashed) for a in args))
+        try:
+            result = func(*args)
+        except (TypeError, ValueError, OverflowError) as e:
+            if isinstance(e, CkptError):
+                raise
+            raise Damaged(f"{getattr(func, '__name__', 'a call')} with arguments torch.save does not write") from None
+        return self._made(result, args)
+
+    def new(self, cls: Any, args: tuple) -> Any:
+        if isinstance(cls, StandInGlobal):
+            if not cls.callable:
+                raise _UnsafeGlobal(cls.name)
+            self.charge(OBJECT_BYTES)
+            return self._made(StandIn(cls.name, args, new=True), args)
+        if cls in _DICT_TYPES and not args:
+            return self._made(cls(), args)
+        raise Damaged(f"NEWOBJ of {_what(cls)}")
+
+    def build(self, inst: Any, state: Any) -> None:
+        if type(inst) is StandIn:
+            self.grow(inst, [state])
+            inst.state = state
+        elif type(inst) is PickledOrderedDict:
+            self.grow(inst, [state])
+            inst.pickled_state = state
+        elif type(inst) is not PickledCounter:
+            raise Refused(f"pickle BUILD of {_what(inst)}, which torch.load(weights_only=True) would not build;"
+                          " refusing")
+
+    def set_items(self, target: Any, pairs: list[tuple[Any, Any]]) -> None:
+        if type(target) is not StandIn:
+            raise Damaged(f"SETITEM on {_what(target)}")
+        self.grow(target, [x for pair in pairs for x in pair])
+        if target.items is None:
+            target.items = {}
+        try:
+            for k, v in pairs:
+                target.items[k] = v
+        except TypeError as e:
+            raise Damaged(f"a dict key that cannot be one: {e}") from None
+
+    def append_items(self, target: Any, items: list[Any]) -> None:
+        if type(target) is not StandIn:
+            raise Damaged(f"APPEND on {_what(target)}")
+        self.grow(target, items)
+        if target.elements is None:
+            target.elements = []
+        target.elements.extend(items)
 
 
 def unpickle(data: bytes | memoryview, persistent_load: PersistentLoad, label: str, start: int = 0) -> tuple[Any, Scan]:
-    """Scan then unpickle one pickle of ``data`` (starting at ``start``) without running code.
+    """Run one pickle of ``data`` (starting at ``start``) in :class:`TorchMachine`: no code of
+    the file's is run, and every bound applies while it runs (one pass: no separate scan).
 
     Args:
         data: The bytes.
@@ -571,30 +822,41 @@ def unpickle(data: bytes | memoryview, persistent_load: PersistentLoad, label: s
         start: Its offset in ``data``.
 
     Returns:
-        (the object, its :class:`Scan`).
+        (the object, a :class:`Scan`: where it ends, its globals and opcode count, the stand-in
+        globals it needs).
 
     Raises:
-        UnsafeFileError: A global outside the allow-list (the message names it), an opcode torch
-            never writes, or a memory bomb.
+        UnsafeFileError: A global that runs code or a torch global outside the allow-list (the
+            message names it), an opcode torch never writes, a BUILD torch would not do, or a
+            bomb (nesting, memory, opcodes, size).
+        IncompletePickle: The bytes end before the pickle does.
         CorruptCheckpointError, NotACheckpointError: A damaged pickle or an unsupported tensor.
     """
-    if len(data) - start > MAX_PICKLE_BYTES:
-        found = scan(data[start : start + MAX_PICKLE_BYTES], 0, label)
-    else:
-        found = scan(data, start, label)
-    view = memoryview(data)[start : found.end]
-    unpickler = SafeUnpickler(io.BytesIO(view), persistent_load)
+    data = bytes(data) if not isinstance(data, bytes) else data
+    machine = TorchMachine(data, start, persistent_load)
     try:
-        return unpickler.load(), found
+        obj = machine.run()
     except _UnsafeGlobal as g:
-        raise UnsafeFileError(refusal_message(label, g.name, found.globals)) from None
+        raise UnsafeFileError(refusal_message(label, g.name, _all_globals(data, start, label, machine))) from None
     except _Refusal as r:
         raise type(r.error)(f"{label}: {r.error}") from None
+    except Refused as r:
+        raise UnsafeFileError(f"{label}: {r}") from None
+    except RanOut as r:
+        raise IncompletePickle(f"{label}: {r}", r.needed) from None
+    except Damaged as d:
+        raise CorruptCheckpointError(f"{label}: damaged pickle: {d}") from None
     except RecursionError:
         raise UnsafeFileError(f"{label}: pickle nests too deeply; refusing") from None
     except MemoryError:
         raise UnsafeFileError(f"{label}: pickle needs more memory than its size allows; refusing") from None
-    except (pickle.UnpicklingError, ValueError, TypeError, KeyError, IndexError, AttributeError, EOFError) as e:
-        if isinstance(e, (CorruptCheckpointError, NotACheckpointError, UnsafeFileError)):
-            raise
-        raise CorruptCheckpointError(f"{label}: damaged pickle: {type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
+    found = Scan(end=machine.end, globals=tuple(machine.globals), opcodes=machine.opcodes, needs=tuple(machine.needs))
+    return obj, found
+
+
+def _all_globals(data: bytes, start: int, label: str, machine: TorchMachine) -> tuple[str, ...]:
+    """Every global the pickle names, those after a refused one too (for the whole-model hint)."""
+    try:
+        return tuple(dict.fromkeys([*machine.globals, *scan(data[start : start + MAX_PICKLE_BYTES], 0, label).globals]))
+    except CkptError:
+        return tuple(machine.globals)

@@ -10,6 +10,7 @@ code never read. ``verify`` checks the stored records' CRC-32s (:func:`zip_crc_d
 
 from __future__ import annotations
 
+import collections
 import os
 import zipfile
 import zlib
@@ -40,6 +41,9 @@ TORCHSCRIPT_MARKERS = ("constants.pkl", "code/")
 # may expand at most MAX_EXPANSION times.
 MAX_INFLATE_BYTES = 256 << 20
 MAX_EXPANSION = 1100
+# A compressed data.pkl (torch never compresses it; a re-zipped file may) may expand at most
+# this much: a real pickle deflates a few times, a bomb of no-op opcodes about 1000 times.
+MAX_PICKLE_EXPANSION = 100
 
 
 def _zip_root(label: str, names: list[str]) -> str:
@@ -79,6 +83,12 @@ def zip_opened(path: str, strict: bool) -> TorchOpened:
     with _fs.open_binary(path) as f:  # regular files only (a FIFO would block)
         size = os.fstat(f.fileno()).st_size
         zf = _open_zipfile(path, f)
+        counts = collections.Counter(i.filename for i in zf.infolist())
+        for name, count in counts.items():
+            if count > 1:  # readers disagree on which copy counts: a known way to hide content
+                raise CorruptCheckpointError(
+                    f"{path}: archive member {name!r} appears {count} times (readers disagree on which copy counts:"
+                    " a known way to hide content); refusing")
         infos = {i.filename: i for i in zf.infolist()}
         root = _zip_root(path, list(infos))
         if any(root + marker in infos or any(n.startswith(root + marker) for n in infos) for marker in TORCHSCRIPT_MARKERS):
@@ -95,6 +105,10 @@ def zip_opened(path: str, strict: bool) -> TorchOpened:
                 raise CorruptCheckpointError(f"{path}: {root}{DATA_PKL} does not match its CRC-32 (damaged)")
         else:
             _check_inflate(path, pkl)
+            if pkl.file_size > MAX_PICKLE_EXPANSION * max(pkl.compress_size, 1) + (1 << 20):
+                raise UnsafeFileError(
+                    f"{path}: {root}{DATA_PKL} is compressed and declares {pkl.file_size} bytes from {pkl.compress_size}"
+                    f" (more than {MAX_PICKLE_EXPANSION}:1; torch stores it uncompressed); refusing a possible zip bomb")
             try:
                 data = zf.read(pkl)
             except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as e:
@@ -142,6 +156,7 @@ def zip_opened(path: str, strict: bool) -> TorchOpened:
     if version:
         extra["archive_version"] = version
     extra["pickle_globals"] = list(scanned.globals)
+    extra["needs"] = list(scanned.needs)
     ckpt = torch_checkpoint(path, m.FORMAT_TORCH_ZIP, flat, storages, records, extra, big_endian=byteorder == "big",
                             problems=problems)
 

@@ -168,6 +168,14 @@ def _plan_from_metadata(ckpt: m.Checkpoint, kept_keys: set[str], metadata: dict[
     if missing:
         raise CorruptCheckpointError(f"{where} {META_CHECKPOINT_KEYS} has no checkpoint key for {missing[0]!r}")
     key_map = {k: keys[name_of[k]] for k in kept_keys}
+    first_of: dict[str, str] = {}
+    for k in sorted(kept_keys, key=lambda k: name_of[k]):  # outputs never merge two inputs silently
+        other = first_of.setdefault(key_map[k], k)
+        if other != k:
+            raise CorruptCheckpointError(
+                f"{where} {META_CHECKPOINT_KEYS} maps both {m.display_name(name_of[other])!r} and"
+                f" {m.display_name(name_of[k])!r} to the checkpoint key {m.display_name(key_map[k])!r}; refusing to"
+                " write one over the other")
     # The graph must name exactly these keys: pruning it with every attribute kept is the check
     # (it parses and bounds the graph, and reports a key it does not reach).
     pruned = prune_object_graph(blob, set(key_map.values()))

@@ -30,6 +30,8 @@ def load_builder(spec: str) -> Callable[[], Any]:
         sys.path.insert(0, cwd)
     try:
         module = importlib.import_module(module_name)
+    except SystemExit as e:
+        raise UsageError(f"--builder {spec}: importing {module_name!r} {_exit_text(e)}") from None
     except Exception as e:  # noqa: BLE001 - any failure to import is the user's builder
         raise UsageError(f"--builder {spec}: cannot import {module_name!r}: {type(e).__name__}: {e}") from None
     fn: Any = module
@@ -39,4 +41,24 @@ def load_builder(spec: str) -> Callable[[], Any]:
             raise UsageError(f"--builder {spec}: {module_name!r} has no {attr!r}")
     if not callable(fn):
         raise UsageError(f"--builder {spec}: {attr!r} is not callable")
-    return fn
+    return _no_exit(spec, fn)
+
+
+def _exit_text(e: SystemExit) -> str:
+    return (f"exited (SystemExit({e.code!r:.40}): sys.exit, absl.app.run...) instead of returning a model;"
+            " a builder must return the model")
+
+
+def _no_exit(spec: str, fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` whose ``SystemExit`` (``sys.exit``, ``absl.app.run``) is an error naming the builder,
+    not the command's own exit (code 0 with no output, or an unexplained code)."""
+
+    def builder(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except SystemExit as e:
+            raise UsageError(f"--builder {spec}: {_exit_text(e)}") from None
+
+    builder.__name__ = getattr(fn, "__name__", "builder")
+    builder.__wrapped__ = fn  # type: ignore[attr-defined]
+    return builder
