@@ -45,8 +45,9 @@ def test_one_keras3_model_saved_as_keras_and_as_h5_is_equal(keras3_pair):
     optimizer = [v for v in doc["variables"] if v["key_a"].startswith("optimizer/vars/")]
     assert len(optimizer) == 22 and {v["matched_by"] for v in optimizer} == {"optimizer-positional"}
     by_a = {v["key_a"]: v["key_b"] for v in optimizer}
-    assert by_a["optimizer/vars/0"] == "optimizer_weights/adam/iteration"
-    # Keras numbers layer names per process (dense_3 alone, dense_57 after other tests built layers)
+    assert re.fullmatch(r"optimizer_weights/adam(_\d+)?/iteration", by_a["optimizer/vars/0"]), by_a["optimizer/vars/0"]
+    # Keras numbers layer and optimizer names per process (dense_3 and adam alone; higher numbers
+    # after other tests built layers and optimizers)
     assert re.search(r"/dense(_\d+)?_kernel_momentum$", by_a["optimizer/vars/2"]), by_a["optimizer/vars/2"]
     assert re.search(r"/dense(_\d+)?_kernel_velocity$", by_a["optimizer/vars/3"]), by_a["optimizer/vars/3"]
     assert by_a["optimizer/vars/2"].rsplit("_", 2)[0] == by_a["optimizer/vars/3"].rsplit("_", 2)[0]
