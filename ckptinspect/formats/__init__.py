@@ -38,7 +38,9 @@ from .tf.crc import mask as mask_crc32c
 if TYPE_CHECKING:  # imported on first use (see _LAZY_NAMES): `ls x.safetensors` never loads the TF readers
     from .tf.index import OBJECT_GRAPH_KEY
     from .tf.bundle import StoredSliceBlocks, object_graph_bytes, stored_slice_blocks, stream_blocks
+    from .keras.h5_write import copy_attrs as copy_h5_attrs
     from .series import DirectoryListing, name_numbers
+    from .tf.object_graph import ATTRIBUTES_MARK, OPTIMIZER_SLOT_MARK
     from .tf.directory import checkpoint_present, checkpoint_step
 
 __all__ = [
@@ -53,6 +55,9 @@ __all__ = [
     "list_directory",
     "DirectoryListing",
     "name_numbers",
+    "ATTRIBUTES_MARK",
+    "OPTIMIZER_SLOT_MARK",
+    "copy_h5_attrs",
     "directory_fingerprint",
     "directory_changed",
     "checkpoint_step",
@@ -253,6 +258,9 @@ _LAZY_NAMES = {
     "stream_blocks": ("tf.bundle", "stream_blocks"),
     "DirectoryListing": ("series", "DirectoryListing"),
     "name_numbers": ("series", "name_numbers"),
+    "ATTRIBUTES_MARK": ("tf.object_graph", "ATTRIBUTES_MARK"),
+    "OPTIMIZER_SLOT_MARK": ("tf.object_graph", "OPTIMIZER_SLOT_MARK"),
+    "copy_h5_attrs": ("keras.h5_write", "copy_attrs"),
     "checkpoint_step": ("tf.directory", "checkpoint_step"),
     "checkpoint_present": ("tf.directory", "checkpoint_present"),
     "directory_fingerprint": ("series", "series_fingerprint"),

@@ -54,10 +54,7 @@ def _shard_names(path: str, weight_map: Any) -> list[str]:
     for key, name in weight_map.items():
         if not isinstance(name, str):
             raise CorruptCheckpointError(f"{path}: '{WEIGHT_MAP}' entry {key!r} is not a file name")
-        if not name or name in (".", "..") or any(c in name for c in "/\\:\x00"):
-            raise UnsafeFileError(
-                f"{path}: shard file name {name!r} is not a plain file name in the index's folder; refusing path traversal"
-            )
+        _fs.check_shard_name(path, name)
         names.setdefault(name, None)
     return sorted(names)
 

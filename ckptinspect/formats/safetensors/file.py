@@ -26,7 +26,7 @@ import re
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from ... import model as m
-from ...errors import CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError, UnsafeFileError
+from ...errors import CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError, UnsafeFileError, one_line
 from .. import _fs
 from .._readcheck import Opened, ReadCheck
 from .._torch_layout import INT64_MAX, SAFETENSORS_HEADER_LENGTH, valid_dims
@@ -67,10 +67,6 @@ ITEMSIZE = {name: m.ITEMSIZE[name] for name in DTYPES.values()}
 UNREADABLE_DTYPES = frozenset({"F4", "F6_E2M3", "F6_E3M2", "F8_E8M0"})
 COUNTER_NAMES = frozenset({"step", "global_step", "epoch", "iteration", "iter", "iterations"})
 STEP_METADATA_KEYS = ("step", "global_step", "epoch")
-
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
 
 
 # -- the header ------------------------------------------------------------------------------------
@@ -214,7 +210,7 @@ def load_json(raw: bytes, what: str, **kw: Any) -> Any:
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         if isinstance(e, CorruptCheckpointError):
             raise
-        raise CorruptCheckpointError(f"{what} is not valid JSON: {_one_line(e)}") from None
+        raise CorruptCheckpointError(f"{what} is not valid JSON: {one_line(e)}") from None
 
 
 # A JSON string, unrolled (runs of plain characters, then one escape at a time): a repeated
@@ -298,7 +294,7 @@ class SafetensorsSource(m.BaseSource):
             try:
                 self._files[i] = _fs.open_binary(self._paths[i])  # regular files only
             except OSError as e:
-                raise CheckpointNotFoundError(f"{self._paths[i]}: cannot read: {_one_line(e)}") from None
+                raise CheckpointNotFoundError(f"{self._paths[i]}: cannot read: {one_line(e)}") from None
         return self._files[i]
 
     def close(self) -> None:

@@ -17,7 +17,7 @@ import zlib
 from typing import Any, Callable, Iterator
 
 from ... import model as m
-from ...errors import CheckpointNotFoundError, CorruptCheckpointError, UnsafeFileError
+from ...errors import CheckpointNotFoundError, CorruptCheckpointError, UnsafeFileError, one_line
 from .. import _fs
 from .flatten import Flat
 from .._torch_layout import ZIP_LOCAL_HEADER
@@ -45,7 +45,6 @@ __all__ = [
     "torch_checkpoint",
     "tensor_problem",
     "tensor_problems",
-    "one_line",
 ]
 
 ZIP_SIGNATURE = b"PK\x03\x04"
@@ -63,11 +62,6 @@ def broadcast_total_limit() -> int:
     """The total expansion allowed: :data:`MAX_BROADCAST_BYTES` or ``$CKPTINSPECT_MAX_BROADCAST_BYTES``."""
     raw = os.environ.get(BROADCAST_TOTAL_ENV, "").strip()
     return int(raw) if raw.isdigit() else MAX_BROADCAST_BYTES
-
-
-def one_line(e: BaseException) -> str:
-    """An exception's message on one line (its type's name when it has none)."""
-    return " ".join(str(e).split()) or type(e).__name__
 
 
 # -- storages ----------------------------------------------------------------------------------

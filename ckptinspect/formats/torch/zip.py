@@ -17,7 +17,7 @@ import zlib
 from typing import Any
 
 from ... import model as m
-from ...errors import CorruptCheckpointError, NotACheckpointError, UnsafeFileError
+from ...errors import CorruptCheckpointError, NotACheckpointError, UnsafeFileError, one_line
 from .. import _fs
 from .flatten import Flat, flatten
 from .._torch_layout import DATA_PKL, ZIP_LOCAL_HEADER, is_data_pkl
@@ -27,7 +27,6 @@ from .source import (
     Storages,
     TorchOpened,
     member_offset,
-    one_line,
     tensor_problems,
     torch_checkpoint,
 )

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 
 from ... import _atomic
@@ -54,6 +54,7 @@ from ..model.builder import load_builder
 from ..match.layouts import CONV_HWIO, Layout
 from ..match.mapping import RulesLike, parse_mapping
 from ..roles import mark_optimizer, optimizer_regex
+from ..sources import files_size, source_files
 from .report import ExtractedVariable, ExtractReport
 from .to_tf import tf_metadata, write_tf
 from .writers import (
@@ -135,14 +136,6 @@ def output_format_for(out: str, format: str | None = None) -> str:  # noqa: A002
     if error is not None:
         raise error
     return FORMAT_TF
-
-
-def _source_files(ckpt: m.Checkpoint) -> list[str]:
-    return [f for f in ckpt.files() if os.path.isfile(f)]
-
-
-def _size(paths: Iterable[str]) -> int:
-    return sum(os.path.getsize(p) for p in paths if os.path.isfile(p))
 
 
 def _check_keep(keep: Sequence[str]) -> tuple[str, ...]:
@@ -229,8 +222,8 @@ def extract(
             _require_text_names(ckpt, keep, fmt)
         if not any(v.role == m.ROLE_MODEL for v in ckpt.variables):
             raise UsageError(f"{ckpt.path}: no model variables to extract (roles: {_role_summary(ckpt)})")
-        protected = [src, ckpt.path, *_source_files(ckpt)]
-        source_bytes = _size(_source_files(ckpt))
+        protected = [src, ckpt.path, *source_files(ckpt)]
+        source_bytes = files_size(source_files(ckpt))
         object_graph = None
         num_shards = 1
         copied = copied_bytes = 0
@@ -241,7 +234,7 @@ def extract(
                 object_graph, notes = written.object_graph, written.notes
                 copied, copied_bytes = written.copied, written.copied_bytes
                 files = [out + p[len(tmp):] for p in _atomic.prefix_files(tmp)]
-                out_bytes = _size(_atomic.prefix_files(tmp))
+                out_bytes = files_size(_atomic.prefix_files(tmp))
         else:
             kind = {FORMAT_NPZ: _atomic.KIND_NPZ, FORMAT_SAFETENSORS: _atomic.KIND_SAFETENSORS}.get(fmt, _atomic.KIND_HDF5)
             with _atomic.atomic_file(out, force=force, kind=kind, protected=protected) as tmp:

@@ -17,6 +17,7 @@ from ... import model as m
 from ..._tf import import_tf
 from ...errors import CkptError, CorruptCheckpointError, UsageError, VerificationError
 from ...formats import (
+    copy_h5_attrs,
     numpy_view,
     open_checkpoint,
     restore_tensor,
@@ -260,16 +261,11 @@ def write_safetensors_output(
 
 
 # -- HDF5 outputs --------------------------------------------------------------------------
-def _copy_attrs(src: Any, dst: Any) -> None:
-    for name in src.attrs:
-        dst.attrs.create(name, src.attrs[name], dtype=src.attrs.get_id(name).dtype)
-
-
 def _h5_copy_without(src_h5: Any, tmp: str, drop_group: str) -> None:
     import h5py  # noqa: PLC0415
 
     with h5py.File(tmp, "w") as dst:
-        _copy_attrs(src_h5, dst)
+        copy_h5_attrs(src_h5, dst)
         for name in src_h5:
             if name == drop_group:
                 continue

@@ -50,6 +50,7 @@ import dataclasses
 from typing import Any, Iterable, Sequence
 
 from ... import model as m
+from ...formats import ATTRIBUTES_MARK
 from .layouts import PLAIN, Layout
 from .mapping import Rules, RulesLike, apply_rules, parse_mapping
 from .layers import HOW_LAYER_ORDER, HOW_NORMALIZED, layer_stage
@@ -131,7 +132,6 @@ ALIGN_NAME = "name"
 
 # Format wrappers a readable name loses when normalised.
 ATTRIBUTES_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
-ATTRIBUTES_MARK = "/.ATTRIBUTES/"
 
 
 @dataclasses.dataclass(frozen=True)

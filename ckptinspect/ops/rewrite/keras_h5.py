@@ -28,7 +28,7 @@ import numpy as np
 from ... import _atomic
 from ... import model as m
 from ...errors import UsageError, VerificationError
-from ...formats import open_checkpoint
+from ...formats import copy_h5_attrs, open_checkpoint
 from ..bit_equality import bit_equal
 
 __all__ = ["rewrite_keras"]
@@ -45,11 +45,6 @@ def _split(name: str) -> tuple[str, str] | None:
     """``head/vars/0`` -> (``head``, ``/vars/0``)."""
     pos = name.rfind(VARS)
     return (name[:pos], name[pos:]) if pos > 0 else None
-
-
-def _copy_attrs(src: Any, dst: Any) -> None:
-    for name in src.attrs:
-        dst.attrs.create(name, src.attrs[name], dtype=src.attrs.get_id(name).dtype)
 
 
 def rewrite_keras(ckpt: m.Checkpoint, out: str, plans: list, force: bool, protected: list[str]):
@@ -85,7 +80,7 @@ def rewrite_keras(ckpt: m.Checkpoint, out: str, plans: list, force: bool, protec
             edit = _weights_h5_edit(ckpt.path, plans)
         with _atomic.atomic_file(out, force=force, kind=_atomic.KIND_HDF5, protected=protected) as tmp:
             with h5py.File(tmp, "w") as dst:
-                _copy_attrs(src_h5, dst)
+                copy_h5_attrs(src_h5, dst)
                 for name in src_h5:
                     if name == drop_group and dropped_keys:
                         continue

@@ -36,6 +36,7 @@ from ... import _atomic
 from ... import model as m
 from ...errors import CorruptCheckpointError, UsageError, VerificationError
 from ...formats import (
+    OPTIMIZER_SLOT_MARK,
     GraphEdit,
     OutputTensor,
     TensorData,
@@ -50,6 +51,7 @@ from ..bit_equality import bit_equal
 from ..match.mapping import RulesLike, apply_rules, parse_mapping, rules_text
 from .report import RewriteReport, RewrittenVariable
 from .to_safetensors import SAFETENSORS_SUFFIX, rewrite_safetensors
+from ..sources import files_size, source_files
 
 __all__ = ["rewrite", "CAST_DTYPES", "RewriteReport", "RewrittenVariable"]
 
@@ -57,7 +59,6 @@ CAST_DTYPES = ("float16", "bfloat16", "float32", "float64")
 TF_SOURCE_FORMATS = (m.FORMAT_TF_BUNDLE, m.FORMAT_TF_SAVEDMODEL, m.FORMAT_TF_V1)
 KERAS_SOURCE_FORMATS = (m.FORMAT_KERAS_H5, m.FORMAT_KERAS_WEIGHTS_H5)
 VARIABLE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
-OPTIMIZER_SLOT_MARK = "/.OPTIMIZER_SLOT/"
 BLOCK_ELEMENTS = 1 << 20  # elements per streamed block (cast and read-back)
 Progress = Callable[[int, int, m.Variable], None]
 
@@ -197,14 +198,6 @@ def _same_values(ckpt: m.Checkpoint, src: m.Variable, written: m.Checkpoint, out
         if not bit_equal(a.reshape(-1), np.asarray(b).reshape(-1)):
             return False
     return next(blocks_b, None) is None
-
-
-def _source_files(ckpt: m.Checkpoint) -> list[str]:
-    return [f for f in ckpt.files() if os.path.isfile(f)]
-
-
-def _size(paths: Iterable[str]) -> int:
-    return sum(os.path.getsize(p) for p in paths if os.path.isfile(p))
 
 
 # -- TF bundles ------------------------------------------------------------------------------
@@ -383,16 +376,16 @@ def rewrite(
         for path in ckpt.files():  # bytes are copied from them: a FIFO or device would block
             if os.path.lexists(path):
                 check_regular(path)
-        protected = [src, ckpt.path, *_source_files(ckpt)]
-        source_bytes = _size(_source_files(ckpt))
+        protected = [src, ckpt.path, *source_files(ckpt)]
+        source_bytes = files_size(source_files(ckpt))
         if out.endswith(SAFETENSORS_SUFFIX):  # any source the tool reads
             files, out_format, copied, notes, graph_info = rewrite_safetensors(ckpt, out, plans, force, protected)
-            out_bytes = _size(files)
+            out_bytes = files_size(files)
         elif ckpt.format in KERAS_SOURCE_FORMATS:
             from .keras_h5 import rewrite_keras  # noqa: PLC0415 - h5py only for Keras files
 
             files, out_format, copied, notes, graph_info = rewrite_keras(ckpt, out, plans, force, protected)
-            out_bytes = _size(files)
+            out_bytes = files_size(files)
         elif ckpt.format in TF_SOURCE_FORMATS:
             error = _atomic.prefix_suffix_error(out, "a TF source is rewritten to a TF prefix", "")
             if error is not None:
@@ -403,7 +396,7 @@ def rewrite(
             summary = _save(ckpt, out, plans, blob, force, protected, _read_back(ckpt, plans, tf2, progress))
             files = tuple(_atomic.prefix_files(out))
             out_format, copied = m.FORMAT_TF_BUNDLE, summary.copied_bytes
-            out_bytes = _size(files)
+            out_bytes = files_size(files)
         else:
             raise UsageError(
                 f"{ckpt.path}: rewrite writes {ckpt.format} sources to a .safetensors file only (TF checkpoints"
