@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import model as m
 from ..errors import CheckpointNotFoundError, NotACheckpointError
-from . import _fs, _registry
+from . import _catalog, _fs, _registry  # noqa: F401 - _catalog registers the built-in formats
 from ._layout import DATA_FILE_RE, INDEX_SUFFIX, STATE_FILE
 from ._readcheck import Check, Opened, ReadCheck
 from ._registry import AFTER_FILES, AT_DIRECTORY, AT_FILE, AT_PREFIX, BEFORE_FILES, MISSING, FormatSpec, Kind, Probe

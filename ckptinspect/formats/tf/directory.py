@@ -27,7 +27,7 @@ from ...errors import CkptError
 from .. import _fs
 from .variables import step_from_name
 from .._layout import INDEX_SUFFIX, STATE_FILE, data_path
-from ..series import DirectoryListing
+from .._listing import DirectoryListing
 
 __all__ = [
     "STATE_FILE",
