@@ -29,9 +29,20 @@ from typing import TYPE_CHECKING, Any
 
 from .. import model as m
 from ..errors import CheckpointNotFoundError, NotACheckpointError
-from . import _catalog, _fs, _registry  # noqa: F401 - _catalog registers the built-in formats
+from . import _catalog, _fs, _registry  # noqa: F401 - importing _catalog registers the built-in formats
 from ._layout import DATA_FILE_RE, INDEX_SUFFIX, STATE_FILE
 from ._readcheck import Check, Opened, ReadCheck
+from .outputs import (  # the one vocabulary of output kinds (standard library only)
+    FORMAT_OF,
+    OUTPUT_KINDS,
+    TO_H5,
+    TO_KERAS,
+    TO_NPZ,
+    TO_SAFETENSORS,
+    TO_TF,
+    TO_WEIGHTS_H5,
+    output_kind,
+)
 from ._registry import AFTER_FILES, AT_DIRECTORY, AT_FILE, AT_PREFIX, BEFORE_FILES, MISSING, FormatSpec, Kind, Probe
 from .tf.crc import mask as mask_crc32c
 
@@ -55,6 +66,15 @@ __all__ = [
     "list_directory",
     "DirectoryListing",
     "name_numbers",
+    "output_kind",
+    "OUTPUT_KINDS",
+    "FORMAT_OF",
+    "TO_TF",
+    "TO_WEIGHTS_H5",
+    "TO_H5",
+    "TO_NPZ",
+    "TO_SAFETENSORS",
+    "TO_KERAS",
     "ATTRIBUTES_MARK",
     "OPTIMIZER_SLOT_MARK",
     "copy_h5_attrs",

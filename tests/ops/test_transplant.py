@@ -331,7 +331,7 @@ def test_cli_writes_tf_checkpoint_and_refuses_to_overwrite(in_root, tmp_path, ru
     out = result.stdout
     assert f"source:   {run_prefix} (tf-bundle)" in out
     assert "result:   assigned 10, shape mismatches 0, dtype mismatches 0, left at init 0, unused source variables 0" in out
-    assert f"output:   {dst} (tf-checkpoint), read back: 10 variables equal" in out
+    assert f"output:   {dst} (tf-bundle), read back: 10 variables equal" in out
     assert "note:     optimizer state is not transplanted (model weights only): 14 optimizer" in out
     row = next(line for line in out.splitlines() if line.startswith("head/kernel"))
     assert row.split() == ["head/kernel", "[16,4]", "float32", "head/kernel", "graph-path", "assigned"]
@@ -345,7 +345,7 @@ def test_cli_writes_tf_checkpoint_and_refuses_to_overwrite(in_root, tmp_path, ru
     forced = invoke(str(KERAS2_H5), dst, "--builder", f"{BUILDERS}:fixture_model", "--force", "--format", "json")
     assert forced.exit_code == 0, forced.output
     doc = json.loads(forced.stdout)
-    assert doc["output"] == {"path": dst, "format": "tf-checkpoint", "written": True, "verified": True, "checked": 10}
+    assert doc["output"] == {"path": dst, "format": "tf-bundle", "written": True, "verified": True, "checked": 10}
     assert doc["source_format"] == "keras-h5" and doc["summary"]["assigned"] == 10
 
 

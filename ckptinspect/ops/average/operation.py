@@ -62,6 +62,8 @@ from ..._parallel import ordered_map
 from ... import model as m
 from ...errors import CorruptCheckpointError, UsageError, VerificationError
 from ...formats import (
+    TO_WEIGHTS_H5,
+    output_kind,
     OutputTensor,
     StoredBytes,
     TensorData,
@@ -73,7 +75,7 @@ from ...formats import (
     stored_slice_blocks,
 )
 from .arithmetic import BLOCK_ELEMENTS, Combiner, Computed, averaged_dtype, lockstep
-from .keras_h5 import WEIGHTS_H5_SUFFIX, average_weights_h5
+from .keras_h5 import average_weights_h5
 from .report import (
     ACTION_AVERAGED,
     ACTION_COPIED,
@@ -127,7 +129,7 @@ def _check_arguments(out: str, ema: float | None, role: str | None, last: int | 
             raise UsageError(f"--last N takes one checkpoint directory. Received: {len(sources)} paths")
     elif not sources:
         raise UsageError("average needs at least one checkpoint (or --last N DIR)")
-    if not out.lower().endswith(WEIGHTS_H5_SUFFIX):
+    if output_kind(out) != TO_WEIGHTS_H5:
         error = _atomic.prefix_suffix_error(out, WRITES, "")
         if error is not None:
             raise error
@@ -469,7 +471,7 @@ def average(
         inputs = tuple(AverageInput(c.path, c.step, newest=i == len(ckpts) - 1) for i, c in enumerate(ckpts))
         method = METHOD_MEAN if ema is None else METHOD_EMA
         decay = None if ema is None else float(ema)
-        h5_out = out.lower().endswith(WEIGHTS_H5_SUFFIX)
+        h5_out = output_kind(out) == TO_WEIGHTS_H5
         if h5_out != (ckpts[-1].format == m.FORMAT_KERAS_WEIGHTS_H5):
             raise UsageError(f"{out}: .weights.h5 inputs average into a .weights.h5 output, TF checkpoints into a TF"
                              f" prefix (the inputs are {ckpts[-1].format})")

@@ -40,6 +40,7 @@ from ..match.mapping import Rules, RulesLike, parse_mapping, rules_text
 from ..match.matcher import HOW_LAYER_ORDER, Match
 from ..sources import source_files
 from ..model.weights_io import OUTPUT_WEIGHTS_H5, WEIGHTS_H5_SUFFIX, WriteResult
+from ...formats import FORMAT_OF
 from ..model.targets import (
     FLOAT_DTYPES,
     TF_SOURCE_FORMATS,
@@ -312,7 +313,7 @@ def doctor(
 
         with _atomic.atomic_file(out, force=force, kind=_atomic.KIND_HDF5, protected=_protected(ckpt)) as tmp:
             checked = write_weights_through_model(ckpt, tmp, model, entries, progress)
-        written = WriteResult(path=out, format=OUTPUT_WEIGHTS_H5, written=True, verified=True, checked=checked)
+        written = WriteResult(path=out, format=FORMAT_OF[OUTPUT_WEIGHTS_H5], written=True, verified=True, checked=checked)
         return dataclasses.replace(report, output=written)
     finally:
         if owns:

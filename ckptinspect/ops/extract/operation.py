@@ -48,6 +48,13 @@ from ... import _atomic
 from ... import model as m
 from ...errors import CorruptCheckpointError, UsageError
 from ...formats import (
+    TO_H5,
+    TO_KERAS,
+    TO_NPZ,
+    TO_SAFETENSORS,
+    TO_TF,
+    TO_WEIGHTS_H5,
+    output_kind,
     open_checkpoint,
 )
 from ..model.builder import load_builder
@@ -78,18 +85,12 @@ __all__ = [
     "load_builder",
 ]
 
-FORMAT_TF = "tf"
-FORMAT_WEIGHTS_H5 = "weights-h5"
-FORMAT_H5 = "h5"
-FORMAT_NPZ = "npz"
-FORMAT_SAFETENSORS = "safetensors"
-OUTPUT_FORMATS = (FORMAT_TF, FORMAT_WEIGHTS_H5, FORMAT_H5, FORMAT_NPZ, FORMAT_SAFETENSORS)
-SUFFIX_SAFETENSORS = ".safetensors"
-
-SUFFIX_WEIGHTS_H5 = ".weights.h5"
-SUFFIXES_H5 = (".h5", ".hdf5")
-SUFFIX_NPZ = ".npz"
-SUFFIX_KERAS = ".keras"
+FORMAT_TF = TO_TF
+FORMAT_WEIGHTS_H5 = TO_WEIGHTS_H5
+FORMAT_H5 = TO_H5
+FORMAT_NPZ = TO_NPZ
+FORMAT_SAFETENSORS = TO_SAFETENSORS
+OUTPUT_FORMATS = (FORMAT_TF, FORMAT_WEIGHTS_H5, FORMAT_H5, FORMAT_NPZ, FORMAT_SAFETENSORS)  # what extract writes
 
 KERAS3_OPTIMIZER_GROUP = "optimizer"
 LEGACY_OPTIMIZER_GROUP = "optimizer_weights"
@@ -111,25 +112,14 @@ def output_format_for(out: str, format: str | None = None) -> str:  # noqa: A002
         UsageError: Unknown format, a ``.keras`` output, or any other suffix (``.pt`` would
             silently become ``out.pt.index``) without ``format``.
     """
-    if format is not None:
-        fmt = format.lower()
-        if fmt not in OUTPUT_FORMATS:
-            raise UsageError(f"unknown output format {format!r}; expected one of {', '.join(OUTPUT_FORMATS)}")
-        return fmt
-    name = os.path.basename(out).lower()
-    if name.endswith(SUFFIX_WEIGHTS_H5):
-        return FORMAT_WEIGHTS_H5
-    if name.endswith(SUFFIX_NPZ):
-        return FORMAT_NPZ
-    if name.endswith(SUFFIX_SAFETENSORS):
-        return FORMAT_SAFETENSORS
-    if name.endswith(SUFFIXES_H5):
-        return FORMAT_H5
-    if name.endswith(SUFFIX_KERAS):
+    kind = output_kind(out, format)
+    if kind == TO_KERAS:
         raise UsageError(
             f"{out}: extract does not write .keras archives (they hold the model config and "
             "optimizer); use a .weights.h5, .npz or TF prefix output"
         )
+    if kind is not None:
+        return kind
     error = _atomic.prefix_suffix_error(
         out, "extract writes a TF prefix (no suffix, .ckpt or .ckpt-N), .weights.h5, .h5/.hdf5, .npz or .safetensors",
         "pass --format tf, weights-h5, h5, npz or safetensors (format=...) to write one under this name")

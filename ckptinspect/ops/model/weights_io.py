@@ -19,6 +19,8 @@ import numpy as np
 from ... import model as m
 from ..._atomic import atomic_file, atomic_prefix, check_output, prefix_suffix_error
 from ...errors import CkptError, UsageError, VerificationError
+from ...formats import FORMAT_OF, TO_H5, TO_KERAS, TO_TF, TO_WEIGHTS_H5
+from ...formats import output_kind as kind_of_output
 from .assign import MAX_PROBLEMS_IN_MESSAGE, expected_value, max_abs_diff, problems_text
 from .builder import load_builder
 from ..bit_equality import bit_equal
@@ -35,12 +37,10 @@ __all__ = [
     "write_model",
 ]
 
-OUTPUT_TF = "tf-checkpoint"
-OUTPUT_WEIGHTS_H5 = "keras-weights-h5"
-OUTPUT_KERAS = "keras-zip"
+OUTPUT_TF = TO_TF  # output kinds: the formats' one vocabulary (``--to``)
+OUTPUT_WEIGHTS_H5 = TO_WEIGHTS_H5
+OUTPUT_KERAS = TO_KERAS
 WEIGHTS_H5_SUFFIX = ".weights.h5"
-KERAS_SUFFIX = ".keras"
-LEGACY_H5_SUFFIXES = (".h5", ".hdf5")
 SCRATCH_PREFIX = "ckptinspect-worker-"
 
 
@@ -62,17 +62,16 @@ def build_in_scope(spec: str, strategy: Any) -> Any:
 
 
 def output_kind(dest: str) -> str:
-    """``tf-checkpoint`` (a prefix), ``keras-weights-h5`` or ``keras-zip``, by suffix.
+    """``tf`` (a prefix), ``weights-h5`` or ``keras``, by suffix (:func:`ckptinspect.formats.output_kind`).
 
     Raises:
         UsageError: A legacy ``.h5`` name (use ``.weights.h5`` or ``.keras``), or a suffix a
             TF prefix does not have (``out.safetensors``, ``X.index``).
     """
-    if dest.endswith(WEIGHTS_H5_SUFFIX):
-        return OUTPUT_WEIGHTS_H5
-    if dest.endswith(KERAS_SUFFIX):
-        return OUTPUT_KERAS
-    if dest.endswith(LEGACY_H5_SUFFIXES):
+    kind = kind_of_output(dest)
+    if kind in (OUTPUT_WEIGHTS_H5, OUTPUT_KERAS):
+        return kind
+    if kind == TO_H5:
         raise UsageError(
             f"{dest}: legacy .h5 output is not written; name it *.weights.h5 (weights) or *.keras (model), "
             "or give a TF checkpoint prefix"
@@ -90,7 +89,7 @@ class WriteResult:
 
     Attributes:
         path: The output path (prefix for TF checkpoints).
-        format: ``tf-checkpoint``, ``keras-weights-h5`` or ``keras-zip``.
+        format: The format written, a registry name: ``tf-bundle``, ``keras-weights-h5`` or ``keras-zip``.
         written: This process wrote ``path`` (False on a non-chief worker).
         verified: The written output was read back and every model variable found equal.
         checked: Variables compared in the read-back.
@@ -160,12 +159,12 @@ def write_model(
             _save(model, kind, os.path.join(scratch, os.path.basename(dest)))
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-        return WriteResult(path=dest, format=kind, written=False, verified=False)
+        return WriteResult(path=dest, format=FORMAT_OF[kind], written=False, verified=False)
     writer = atomic_prefix if kind == OUTPUT_TF else atomic_file
     with writer(dest, force=force, protected=protected) as tmp:
         _save(model, kind, tmp)
         checked = _read_back(tmp, model, dest)
-    return WriteResult(path=dest, format=kind, written=True, verified=True, checked=checked)
+    return WriteResult(path=dest, format=FORMAT_OF[kind], written=True, verified=True, checked=checked)
 
 
 def _read_back(path: str, model: Any, label: str) -> int:

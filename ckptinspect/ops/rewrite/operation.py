@@ -37,6 +37,8 @@ from ... import model as m
 from ...errors import CorruptCheckpointError, UsageError, VerificationError
 from ...formats import (
     OPTIMIZER_SLOT_MARK,
+    TO_SAFETENSORS,
+    output_kind,
     GraphEdit,
     OutputTensor,
     TensorData,
@@ -50,7 +52,7 @@ from ...formats import (
 from ..bit_equality import bit_equal
 from ..match.mapping import RulesLike, apply_rules, parse_mapping, rules_text
 from .report import RewriteReport, RewrittenVariable
-from .to_safetensors import SAFETENSORS_SUFFIX, rewrite_safetensors
+from .to_safetensors import rewrite_safetensors
 from ..sources import files_size, source_files
 
 __all__ = ["rewrite", "CAST_DTYPES", "RewriteReport", "RewrittenVariable"]
@@ -378,7 +380,7 @@ def rewrite(
                 check_regular(path)
         protected = [src, ckpt.path, *source_files(ckpt)]
         source_bytes = files_size(source_files(ckpt))
-        if out.endswith(SAFETENSORS_SUFFIX):  # any source the tool reads
+        if output_kind(out) == TO_SAFETENSORS:  # any source the tool reads
             files, out_format, copied, notes, graph_info = rewrite_safetensors(ckpt, out, plans, force, protected)
             out_bytes = files_size(files)
         elif ckpt.format in KERAS_SOURCE_FORMATS:
