@@ -60,6 +60,7 @@ __all__ = [
     "FORMATS",
     "detect",
     "spec_of",
+    "capabilities",
     "open_checkpoint",
     "prepare_check",
     "Check",
@@ -176,6 +177,9 @@ def detect(path: str) -> tuple[FormatSpec, str]:
         return detect(target) if spec.redirect else found
     _refuse(probe, AFTER_FILES)
     raise NotACheckpointError(f"{path}: not a checkpoint; {expected()}")
+
+
+capabilities = _registry.capabilities  # what a Checkpoint.format can do: capabilities(ckpt.format)
 
 
 def spec_of(path: str) -> FormatSpec:

@@ -53,7 +53,7 @@ register(FormatSpec("tf-directory", "tf", AT_DIRECTORY, tf.checkpoint_directory,
                     capabilities=("series",),
                     describe="a checkpoint directory"))
 register(FormatSpec("hdf5", "keras", AT_FILE, keras.hdf5_file, open="keras.h5:open_h5",
-                    formats=(m.FORMAT_KERAS_H5, m.FORMAT_KERAS_WEIGHTS_H5), capabilities=("writable",),
+                    formats=(m.FORMAT_KERAS_H5, m.FORMAT_KERAS_WEIGHTS_H5), capabilities=("writable", "keras-layout"),
                     describe="a Keras .h5/.weights.h5/.keras file"))
 register(FormatSpec("torch-zip", "torch", AT_FILE, torch.torch_zip, open="torch.reader:open_torch_zip",
                     check="torch.reader:check_torch", formats=(m.FORMAT_TORCH_ZIP,), capabilities=("stored-bytes",),
@@ -61,7 +61,7 @@ register(FormatSpec("torch-zip", "torch", AT_FILE, torch.torch_zip, open="torch.
 register(FormatSpec("npz", "npz", AT_FILE, _npz_file, open="npz:open_npz", check="npz:check_npz",
                     formats=(m.FORMAT_NPZ,), capabilities=("writable",), describe="a numpy .npz file"))
 register(FormatSpec("zip", "keras", AT_FILE, keras.keras_zip, open="keras.zip:open_zip", check="keras.zip:check_zip",
-                    formats=(m.FORMAT_KERAS_ZIP,), label=m.FORMAT_KERAS_ZIP))
+                    formats=(m.FORMAT_KERAS_ZIP,), capabilities=("keras-layout",), label=m.FORMAT_KERAS_ZIP))
 register(FormatSpec("hf-sharded", "hf", AT_FILE, hf.sharded_index, open="hf.sharded:open_hf_sharded",
                     check="hf.sharded:check_hf_sharded", describe="a Hugging Face weights folder/index"))
 register(FormatSpec("torch-legacy", "torch", AT_FILE, torch.torch_legacy, open="torch.reader:open_torch_legacy",

@@ -33,6 +33,7 @@ __all__ = [
     "register",
     "refusal",
     "spec_for",
+    "capabilities",
     "resolve",
 ]
 
@@ -56,6 +57,7 @@ CAPABILITIES = {
     "tf-restorable": "restores into a TF model (tf.train.Checkpoint.read, init_from_checkpoint)",
     "series": "a directory holding a series of checkpoints (ls DIR shows the newest, verify DIR checks each, scan and average --last go through them)",
     "writable": "the format can be written (extract, rewrite, average outputs)",
+    "keras-layout": "variables named and ordered as Keras saves them (layers, each layer class's variables)",
 }
 
 # The head a probe reads once: enough for the HDF5 superblock at its last user-block offset.
@@ -214,6 +216,16 @@ def refusal(phase: str) -> Callable[[Callable[[Probe], None]], Callable[[Probe],
         return fn
 
     return add
+
+
+def capabilities(format_name: str) -> frozenset[str]:
+    """What checkpoints of the format ``format_name`` (a ``Checkpoint.format``) can do: the
+    capabilities of every spec giving that name; empty for a name no spec gives."""
+    found: set[str] = set()
+    for spec in SPECS:
+        if format_name in spec.formats:
+            found |= spec.capabilities
+    return frozenset(found)
 
 
 def spec_for(kind: str) -> FormatSpec:

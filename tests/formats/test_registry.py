@@ -148,3 +148,12 @@ def test_capabilities_are_asked_not_format_names():
 def test_a_kind_registers_once_per_place():
     with pytest.raises(ValueError, match="already registered"):
         _registry.register(_registry.FormatSpec("safetensors", "x", _registry.AT_FILE, sniff_toy, open=open_toy))
+
+
+def test_capabilities_by_format_name():
+    assert "tf-restorable" in formats.capabilities("tf-bundle")
+    assert "tf-restorable" in formats.capabilities("tf-v1-table")
+    assert "keras-layout" in formats.capabilities("keras-weights-h5")
+    assert "keras-layout" in formats.capabilities("keras-zip")
+    assert "keras-layout" not in formats.capabilities("safetensors")
+    assert formats.capabilities("no-such-format") == frozenset()

@@ -25,7 +25,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from ..._parallel import ordered_map
 from ...errors import UsageError
-from ...model import FORMAT_KERAS_H5, FORMAT_KERAS_WEIGHTS_H5, FORMAT_KERAS_ZIP, ROLES, Checkpoint, Variable
+from ...formats import capabilities
+from ...model import ROLES, Checkpoint, Variable
 from .compare import (
     BLOCK_BYTES,
     CHUNK_ELEMENTS,
@@ -43,6 +44,8 @@ from ..match.layouts import CONV_HWIO, Layout
 from ..match.mapping import parse_mapping, rules_text
 from ..roles import OPTIMIZER_PATTERN_INFO, mark_optimizer, optimizer_regex
 from ..match.matcher import ALIGN_KEY, ALIGN_NAME, Match, align, normalize_name
+
+KERAS_LAYOUT = "keras-layout"  # the capability that lets the matcher use Keras' own layout
 
 __all__ = [
     "STATUSES",
@@ -373,7 +376,7 @@ def diff(
         cb = ca if _same_path(a, b) else mark_optimizer(_open(b, opened), optimizer_pattern)
         va_list = ca.filter(role=role)
         vb_list = cb.filter(role=role)
-        keras = {ca.format, cb.format} <= {FORMAT_KERAS_H5, FORMAT_KERAS_WEIGHTS_H5, FORMAT_KERAS_ZIP}
+        keras = all(KERAS_LAYOUT in capabilities(c.format) for c in (ca, cb))
         alignment = align(va_list, vb_list, same_format=ca.format == cb.format, mapping=rules, layout=layout, keras=keras)
         notes = _notes(ca, cb, alignment, optimizer_pattern)
         if role is not None and not va_list and not vb_list:

@@ -40,10 +40,10 @@ from ..match.mapping import Rules, RulesLike, parse_mapping, rules_text
 from ..match.matcher import HOW_LAYER_ORDER, Match
 from ..sources import source_files
 from ..model.weights_io import OUTPUT_WEIGHTS_H5, WEIGHTS_H5_SUFFIX, WriteResult
-from ...formats import FORMAT_OF
+from ...formats import FORMAT_OF, capabilities
 from ..model.targets import (
     FLOAT_DTYPES,
-    TF_SOURCE_FORMATS,
+    TF_RESTORABLE,
     Target,
     fit_of,
     is_keras,
@@ -492,7 +492,7 @@ def _assignment_map(ckpt: m.Checkpoint, plan: list[tuple[Target, m.Variable, Fit
     """The ``init_from_checkpoint`` assignment map (source key -> weight's TF name) of a TF
     source, of the weights whose values need no layout rule; and a note on what it leaves
     out, or why there is none."""
-    if ckpt.format not in TF_SOURCE_FORMATS:
+    if TF_RESTORABLE not in capabilities(ckpt.format):
         return None, ("no assignment map: tf.compat.v1.train.init_from_checkpoint reads TF checkpoints only "
                       "(use --emit weights or --emit map)")
     amap = {s.key: t.tf_name for t, s, f in plan if f.kind == FIT_EQUAL}

@@ -12,6 +12,7 @@ import re
 from typing import Any, Sequence
 
 from ... import model as m
+from ...formats import capabilities
 from ...errors import UsageError
 from ..match.layouts import PLAIN, Fit, Layout, fit
 from ..match.layers import split_name
@@ -63,7 +64,7 @@ MISMATCH_SHAPE = "shape"
 MISMATCH_DTYPE = "dtype"
 # A value of one of these dtypes is assigned to a variable of another (a float cast).
 FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
-TF_SOURCE_FORMATS = (m.FORMAT_TF_BUNDLE, m.FORMAT_TF_SAVEDMODEL, m.FORMAT_TF_V1)
+TF_RESTORABLE = "tf-restorable"  # the capability of TF checkpoints (formats.capabilities)
 # Object-graph path components Keras 2 gives a Functional/Sequential model's layers, in order.
 KERAS2_ORDERED_CHILD_RE = re.compile(r"(^|/)layer(_with_weights)?-\d+(/|$)")
 # How the matcher's notes name the two sides.
@@ -308,7 +309,7 @@ def _natural_key(text: str) -> list[Any]:
 def source_order(source_format: str, sources: Sequence[m.Variable]) -> list[m.Variable]:
     """Sources in layer order (what the ``order`` stage follows): file order for Keras files,
     natural path order for TF checkpoints."""
-    if source_format in TF_SOURCE_FORMATS:
+    if TF_RESTORABLE in capabilities(source_format):
         return sorted(sources, key=lambda s: _natural_key(s.graph_path or s.name))
     return list(sources)
 
@@ -317,9 +318,9 @@ def order_known(source_format: str, sources: Sequence[m.Variable]) -> bool:
     """Whether :func:`source_order` is the layers' topological order: a legacy Keras ``.h5``
     (its ``layer_names``), or a TF2 checkpoint of a Keras 2 model (``layer_with_weights-N``).
     A TF1 checkpoint's names, or a Keras 3 file's groups, are sorted by name."""
-    if source_format == m.FORMAT_KERAS_H5:
+    if source_format == m.FORMAT_KERAS_H5:  # the one format keeping its layers' order (layer_names)
         return True
-    if source_format in TF_SOURCE_FORMATS:
+    if TF_RESTORABLE in capabilities(source_format):
         paths = [s.graph_path for s in sources]
         return bool(paths) and all(p is not None and KERAS2_ORDERED_CHILD_RE.search(p) for p in paths)
     return False

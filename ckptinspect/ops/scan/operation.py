@@ -27,7 +27,7 @@ from typing import Any, Sequence
 
 from ... import model as m
 from ...errors import CkptError
-from ...formats import directory_fingerprint, open_checkpoint
+from ...formats import capabilities, directory_fingerprint, open_checkpoint
 from ..verify import STATUS_ROTATED, check_checkpoint, rotated_out
 from .measure import STATS_DTYPES, measure_chains
 from .series import HEALTH_DAMAGED, HEALTH_MISSING, SERIES_DIRECTORY, Entry, Problem, Series, find_series, shard_problems
@@ -289,7 +289,7 @@ def _open_step(entry: Entry) -> tuple[m.Checkpoint | None, int | None, str | Non
     except CkptError as e:
         return None, entry.step, str(e)
     step = ckpt.step
-    if ckpt.format in (m.FORMAT_KERAS_H5, m.FORMAT_KERAS_WEIGHTS_H5, m.FORMAT_KERAS_ZIP) and entry.step is not None:
+    if "keras-layout" in capabilities(ckpt.format) and entry.step is not None:
         step = entry.step  # ModelCheckpoint's {epoch} in the name; the iteration count otherwise
     elif step is None:
         step = entry.step
