@@ -272,7 +272,8 @@ class BundleSource(m.BaseSource):
         missing, not rotated out.
 
         Raises:
-            CheckpointNotFoundError: ``PATH: data file is missing (PREFIX.index names it)``.
+            CorruptCheckpointError: ``PATH: data file is missing (PREFIX.index names it)``: the
+                checkpoint is incomplete (the error a damaged value raises, as the API promises).
         """
         if _fs.is_remote(self.prefix):
             return
@@ -283,7 +284,7 @@ class BundleSource(m.BaseSource):
         for shard in sorted(shards):
             path = data_path(self.prefix, shard, self.num_shards)
             if path not in self._held and not os.path.lexists(path):
-                raise CheckpointNotFoundError(
+                raise CorruptCheckpointError(
                     f"{path}: data file is missing ({self.prefix}{INDEX_SUFFIX} names it; "
                     f"cannot read {_label(variable)})")
 
