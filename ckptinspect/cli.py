@@ -483,36 +483,13 @@ def plan_command(
     emit(plan_view(report, format))
 
 
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
 def _write_png(dest: str, data: bytes, *, force: bool, protected: list[str]) -> None:
-    """Write the plot atomically; ``--force`` replaces only a PNG file (never anything else)."""
-    import uuid  # noqa: PLC0415
-
+    """Write the plot with the atomic-output rules (``--force`` replaces only a PNG file)."""
     from . import _atomic  # noqa: PLC0415
 
-    if not os.path.lexists(dest):
-        with _atomic.atomic_file(dest, protected=protected) as tmp, open(tmp, "wb") as f:
-            f.write(data)
-        return
-    if not force:
-        raise errors.OutputExistsError(f"{dest}: output exists; pass --force to replace it")
-    is_png = False
-    if os.path.isfile(dest) and not os.path.islink(dest):
-        with open(dest, "rb") as f:
-            is_png = f.read(len(PNG_SIGNATURE)) == PNG_SIGNATURE
-    if not is_png:
-        raise errors.UsageError(f"{dest}: exists and is not a PNG file; --force replaces only an earlier plot")
-    tmp = os.path.join(os.path.dirname(dest) or ".", f"{_atomic.TMP_MARK}{uuid.uuid4().hex[:12]}.{os.path.basename(dest)}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, dest)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    with _atomic.atomic_file(dest, force=force, kind=_atomic.KIND_PNG, protected=protected) as tmp, \
+            open(tmp, "wb") as f:
+        f.write(data)
 
 
 @app.command("scan", cls=_Command)
@@ -532,10 +509,9 @@ def scan_command(
     if plot is not None:
         from . import _atomic  # noqa: PLC0415
 
-        if os.path.lexists(plot) and not force:
-            raise errors.OutputExistsError(f"{plot}: output exists; pass --force to replace it")
-        if not os.path.lexists(plot):
-            _atomic.check_output(plot, protected=paths)  # a directory, a remote path: refused before the work
+        # an existing plot without --force, anything but a PNG file, a directory, a remote path,
+        # an input: refused before the work
+        _atomic.check_output(plot, force=force, kind=_atomic.KIND_PNG, protected=paths)
         try:
             import matplotlib  # noqa: F401, PLC0415 - fail before the work, not after
         except ImportError:
