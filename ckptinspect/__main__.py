@@ -9,7 +9,7 @@ import threading
 
 # The cyclic garbage collector's first threshold in the ckptinspect process: a collection when
 # the live container objects have grown by this many (Python's default is 700). Start-up alone
-# (numpy, h5py, typer) leaves ~30,000 that live as long as the process, which the default
+# (numpy, h5py, click) leaves ~30,000 that live as long as the process, which the default
 # scans again and again: ~130 collections, 40-50 ms of a `diff` of two .h5 files, for no
 # garbage. Objects freed as usual (reference counts) do not count; cyclic garbage is still
 # collected, after at most this many objects (some MiB).

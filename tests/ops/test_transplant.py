@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from ckptinspect.cli import app
 from ckptinspect.errors import UsageError
