@@ -131,9 +131,9 @@ class Group(click.Group):
         except click.ClickException as e:
             from .render import escape_controls  # noqa: PLC0415 - errors only; the args may hold escapes
 
-            sys.stderr.write(escape_controls(usage_error_line(e)) + "\n")
+            click.echo(escape_controls(usage_error_line(e)), err=True)
             sys.exit(e.exit_code)
         except click.Abort:
-            sys.stderr.write("Error: aborted\n")
+            click.echo("Error: aborted", err=True)
             sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)
