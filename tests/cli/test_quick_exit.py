@@ -100,11 +100,16 @@ def test_exit_handlers_run_once_when_a_stream_does_not_flush():
 
 
 def test_a_thread_still_running_gets_a_normal_exit():
-    """A non-daemon thread alive at the end: the process waits for it, as a normal exit does."""
+    """A non-daemon thread alive at the end: the process waits for it, as a normal exit does.
+    The thread prints once the main thread is done (the command over, the exit begun), however
+    long the command took on a loaded machine (a fixed 0.3 s sleep raced it)."""
     code = textwrap.dedent("""
         import sys, threading, time
         def late():
-            time.sleep(0.3)
+            deadline = time.monotonic() + 60
+            while threading.main_thread().is_alive() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.2)
             print("thread finished", flush=True)
         threading.Thread(target=late).start()
         sys.argv = ["ckptinspect", "ls", sys.argv[1]]

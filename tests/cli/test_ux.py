@@ -485,7 +485,7 @@ def test_shared_options_have_one_declaration():
 
 def test_conv_layout_is_given_in_any_case(tmp_path, monkeypatch):
     seen = {}
-    from ckptinspect.ops import diff as diff_mod  # noqa: PLC0415
+    from ckptinspect.ops.diff import operation as diff_mod  # noqa: PLC0415
 
     def fake(*args, **kwargs):
         seen.update(kwargs)
