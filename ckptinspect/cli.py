@@ -371,26 +371,15 @@ def transplant_command(src: str, dst: str, builder: str, strategy: str, replicas
     Exit 1 (after writing) when not every model variable received a value (--no-strict,
     --skip-mismatch); nothing is written when nothing was assigned.
     """
-    from . import _atomic  # noqa: PLC0415
-    from . import open as open_checkpoint  # noqa: PLC0415
-    from .ops.model import transplant as tp  # noqa: PLC0415
+    from .ops.model.transplant import transplant_and_write  # noqa: PLC0415
     from .render import transplant_view  # noqa: PLC0415
 
-    kind = tp.output_kind(dst)
-    tp.parse_mapping(maps)  # bad rules fail before any work
-    with open_checkpoint(src) as ckpt:
-        protected = [src, ckpt.path]
-        if not dry_run:  # a dry run writes nothing: what is at DST does not matter
-            _atomic.check_output(dst, force=force, prefix=kind == tp.OUTPUT_TF, protected=protected)
-        strat = tp.make_strategy(strategy, replicas)  # first TensorFlow work: devices are set up here
-        model = tp.build_in_scope(builder, strat)
-        report = tp.transplant(ckpt, model, mapping=maps, strategy=strat, strict=strict,
-                               skip_mismatch=skip_mismatch, dry_run=dry_run, by_order=by_order,
-                               transpose_dense=transpose_dense, conv_layout=conv_layout,
-                               allow_reshape=allow_reshape)
-    write = not dry_run and bool(report.assigned)  # a model holding only its initial values is no transplant
-    output = tp.write_model(model, dst, force=force, protected=protected, strategy=strat) if write else None
-    emit(transplant_view(report, format, output=output))
+    done = transplant_and_write(src, dst, builder, strategy=strategy, replicas=replicas, mapping=maps, strict=strict,
+                                skip_mismatch=skip_mismatch, dry_run=dry_run, by_order=by_order,
+                                transpose_dense=transpose_dense, conv_layout=conv_layout,
+                                allow_reshape=allow_reshape, force=force)
+    report = done.report
+    emit(transplant_view(report, format, output=done.output))
     if not dry_run and not report.complete:
         raise click.exceptions.Exit(EXIT_DIFFERENT)
 
