@@ -50,7 +50,7 @@ def _params():
     ctx = click.Context(cli.app)
     for name, command in [("ckptinspect", cli.app), *cli.app.commands.items()]:
         for param in command.get_params(ctx):
-            if param.name != "help":
+            if not set(getattr(param, "opts", ())) & {"-h", "--help"}:  # click's own --help (named per version)
                 yield name, param
 
 
