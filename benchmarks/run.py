@@ -462,8 +462,8 @@ def sanity_checks(s: c.CheckpointSet, pair_ids: set[str], commands: set[str]) ->
 
 
 def cli_commands() -> set[str]:
-    """The commands ``ckptinspect`` has, from its typer app (in a child: no import here)."""
-    code = "import typer, ckptinspect.cli as m\nprint(' '.join(typer.main.get_command(m.app).commands))"
+    """The commands ``ckptinspect`` has, from its click group (in a child: no import here)."""
+    code = "import ckptinspect.cli as m\nprint(' '.join(m.app.commands))"
     proc = subprocess.run(py(code), capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"cannot list ckptinspect's commands:\n{proc.stderr[-2000:]}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
 import gc
 import os
 import sys
@@ -10,39 +9,54 @@ import threading
 
 # The cyclic garbage collector's first threshold in the ckptinspect process: a collection when
 # the live container objects have grown by this many (Python's default is 700). Start-up alone
-# (numpy, h5py, typer) leaves ~30,000 that live as long as the process, which the default
+# (numpy, h5py, click) leaves ~30,000 that live as long as the process, which the default
 # scans again and again: ~130 collections, 40-50 ms of a `diff` of two .h5 files, for no
 # garbage. Objects freed as usual (reference counts) do not count; cyclic garbage is still
 # collected, after at most this many objects (some MiB).
 GC_THRESHOLD = 100_000
 
 
-def _quick_exit(code: int) -> None:
-    """End the process with ``code`` without tearing the interpreter down.
+def _skip_teardown(code: int) -> None:
+    """End the process with ``code`` once the normal exit has done its work, without tearing the
+    interpreter down.
 
-    Exit handlers run and the standard streams are flushed, as at a normal exit; what is
-    skipped is the last garbage collection and the freeing of every module, numpy's and
-    HDF5's library teardown: 30-50 ms a command, the state is thrown away with the process
-    anyway. Only when nothing could still be pending: no other thread alive (a normal exit
-    would wait for it), and TensorFlow not loaded (its own teardown is left to run; those
-    commands take seconds anyway). Returns (the caller then exits normally) when a stream
-    does not flush, or in those cases.
+    A normal exit joins the other threads, runs every exit handler (``atexit``: logging,
+    futures, user handlers, in whatever order they were registered), flushes the standard
+    streams, collects garbage, then frees every module (numpy's and HDF5's library teardown
+    included): 30-50 ms a command for state that is thrown away with the process anyway. This
+    arms a garbage-collector callback (``gc.callbacks``) that, at the interpreter's final
+    collection (``sys.is_finalizing()``: the exit handlers have all run, each once), flushes
+    the streams again and ends the process with ``os._exit``. Everything before that point is
+    the normal exit's own; only the teardown is skipped.
+
+    Not armed when something could still be pending: another thread alive (daemon threads
+    included), or TensorFlow loaded (its own teardown is left to run; those commands take
+    seconds anyway). A stream that does not flush disarms it: the normal exit then reports the
+    error as usual. Where a Python runs no collection at that point, the exit is simply a
+    normal one.
     """
     if threading.active_count() > 1 or "tensorflow" in sys.modules:
         return
-    atexit._run_exitfuncs()  # what a normal exit runs first (logging, futures, user handlers)
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except (OSError, ValueError):  # a closed pipe, a closed stream: the normal exit reports it
-        return
-    os._exit(code)
+
+    def at_final_collection(phase: str, info: dict) -> None:  # noqa: ARG001 - gc's callback signature
+        if phase != "start" or not sys.is_finalizing():
+            return  # a collection while the command or an exit handler runs
+        gc.callbacks.remove(at_final_collection)
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except (OSError, ValueError, AttributeError):  # a closed pipe or stream: the normal exit reports it
+            return
+        os._exit(code)
+
+    gc.callbacks.append(at_final_collection)
 
 
 def run() -> None:
-    """The command line as a process: :func:`ckptinspect.cli.main`, then a quick exit with its
-    exit code (see :func:`_quick_exit`). :func:`~ckptinspect.cli.main` itself only raises
-    ``SystemExit``, for callers that go on running after it. The process collects cyclic
+    """The command line as a process: :func:`ckptinspect.cli.main`, then a normal exit with its
+    exit code that skips the interpreter's teardown (see :func:`_skip_teardown`).
+    :func:`~ckptinspect.cli.main` itself only raises ``SystemExit``, for callers that go on
+    running after it. The process collects cyclic
     garbage every :data:`GC_THRESHOLD` new objects."""
     gc.set_threshold(GC_THRESHOLD, *gc.get_threshold()[1:])
     from .cli import main  # noqa: PLC0415 - after the threshold: the imports are most of the objects
@@ -51,7 +65,7 @@ def run() -> None:
         main()
     except SystemExit as e:
         if e.code is None or isinstance(e.code, int):
-            _quick_exit(e.code or 0)
+            _skip_teardown(e.code or 0)
         raise
 
 

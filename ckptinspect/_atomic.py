@@ -52,6 +52,7 @@ __all__ = [
     "KIND_NPZ",
     "KIND_ZIP",
     "KIND_SAFETENSORS",
+    "KIND_PNG",
     "atomic_file",
     "atomic_prefix",
     "prefix_files",
@@ -76,6 +77,7 @@ KIND_HDF5 = "hdf5"
 KIND_NPZ = "npz"
 KIND_ZIP = "zip"
 KIND_SAFETENSORS = "safetensors"
+KIND_PNG = "png"  # a plot (``scan --plot``): named by the caller, never from the suffix
 _KIND_BY_SUFFIX = ((".h5", KIND_HDF5), (".hdf5", KIND_HDF5), (".npz", KIND_NPZ), (".keras", KIND_ZIP),
                    (".safetensors", KIND_SAFETENSORS))
 _KIND_NAMES = {
@@ -84,12 +86,14 @@ _KIND_NAMES = {
     KIND_NPZ: "a numpy .npz archive",
     KIND_ZIP: "a .keras zip archive",
     KIND_SAFETENSORS: "a .safetensors file",
+    KIND_PNG: "a PNG image",
     None: "an output of a kind ckptinspect writes",
 }
 _INDEX_NAME = "a TF checkpoint index"
 _DATA_NAME = "a TF checkpoint data shard"
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 HDF5_USERBLOCK_OFFSETS = (0, 512, 1024, 2048)
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 ZIP_SIGNATURES = (b"PK\x03\x04", b"PK\x05\x06")  # a member first, or an empty archive
 NPY_SUFFIX = ".npy"
 TABLE_FOOTER_SIZE = 48  # an SSTable footer: handles, padding, 8-byte magic
@@ -184,6 +188,8 @@ def _is_kind(path: str, size: int, kind: str | None) -> bool:
         if kind == KIND_HDF5:
             heads = _read_regular(path, [(o, len(HDF5_SIGNATURE)) for o in HDF5_USERBLOCK_OFFSETS])
             return HDF5_SIGNATURE in heads
+        if kind == KIND_PNG:
+            return _read_regular(path, [(0, len(PNG_SIGNATURE))]) == [PNG_SIGNATURE]
         if kind == KIND_SAFETENSORS:  # an 8-byte header length, then the JSON header
             head = _read_regular(path, [(8, 1)])
             return size > 8 and head == [b"{"]
@@ -276,8 +282,9 @@ def check_output(
         dest: The output file, or the output prefix when ``prefix`` is set.
         force: Allow replacing an existing output of the same kind.
         prefix: ``dest`` is a TF bundle prefix (``dest.index`` + ``dest.data-*``).
-        kind: For a file output, what it holds: :data:`KIND_HDF5`, :data:`KIND_NPZ` or
-            :data:`KIND_ZIP` (default: from the suffix).
+        kind: For a file output, what it holds: :data:`KIND_HDF5`, :data:`KIND_NPZ`,
+            :data:`KIND_ZIP`, :data:`KIND_SAFETENSORS` or :data:`KIND_PNG` (default: from the
+            suffix; a PNG only when named).
         protected: Inputs that must never be overwritten (files, directories or TF prefixes);
             a source directory, and the directory of a source prefix, must not change.
 

@@ -7,6 +7,7 @@ found damage; 2 error, with one ``Error: ...`` line on stderr (a traceback only 
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import os
@@ -15,57 +16,95 @@ import shutil
 import sys
 import time
 import traceback
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
-import typer
+import click
 
 from . import errors
-from ._typer_app import _NOT_FAST, LazyApp, _fast_get_runtime_param, fast_value  # noqa: F401 - cli.fast_value...
-from ._typer_app import Command as _Command
-from ._typer_app import Group as _Group
+from ._cli_app import Argument, EnumChoice, Group, Option
 from .render import OutputFormat
 
 EXIT_OK = 0
 EXIT_DIFFERENT = 1
 EXIT_ERROR = 2
 
-
-app = LazyApp(
-    name="ckptinspect",
-    cls=_Group,
-    help="Inspect, compare and operate on TensorFlow and Keras checkpoints.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
-
+APP_HELP = "Inspect, compare and operate on TensorFlow and Keras checkpoints."
 _state = {"debug": False}
 DEBUG_HELP = "Show tracebacks on errors (before or after the command)."
 
 
-def _set_debug(value: bool) -> bool:
+@click.group("ckptinspect", cls=Group, help=APP_HELP, no_args_is_help=True,
+             context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.option("--debug", is_flag=True, help=DEBUG_HELP)
+def app(debug: bool) -> None:
+    _state["debug"] = debug
+
+
+# -- options shared by several commands: declared once, applied as decorators ---------------
+def option(*decls: str, **kwargs) -> Callable:  # noqa: ANN003 - click.option's
+    """``click.option`` with :class:`~ckptinspect._cli_app.Option` (repeated values as a list)."""
+    return click.option(*decls, cls=Option, **kwargs)
+
+
+def argument(name: str, metavar: str, help: str, **kwargs) -> Callable:  # noqa: A002, ANN003 - click's words
+    """A positional argument with its metavar and help (:class:`~ckptinspect._cli_app.Argument`)."""
+    return click.argument(name, cls=Argument, metavar=metavar, help=help, **kwargs)
+
+
+def _set_debug(ctx: click.Context, param: click.Parameter, value: bool) -> bool:  # noqa: ARG001 - click's callback
     if value:
         _state["debug"] = True
     return value
 
 
-FormatOption = typer.Option(OutputFormat.table, "--format", "-f", help="Output format.", case_sensitive=False,
-                            metavar="[table|json|csv]")
+def _lower(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[str]:  # noqa: ARG001
+    return value.lower() if isinstance(value, str) else value
+
+
 # --debug is accepted after the command too (`ckptinspect ls X --debug`): every command has it.
-DebugOption = typer.Option(False, "--debug", help=DEBUG_HELP, callback=_set_debug, expose_value=False)
-OptimizerPatternOption = typer.Option(
-    None, "--optimizer-pattern", metavar="REGEX",
+debug_option = option("--debug", is_flag=True, help=DEBUG_HELP, callback=_set_debug, expose_value=False)
+
+
+def format_option(metavar: str = "[table|json|csv]") -> Callable:
+    """``--format``/``-f``: the report's format, on every command that reports."""
+    return option("--format", "-f", type=EnumChoice(OutputFormat), default=OutputFormat.table.value, metavar=metavar,
+                  help="Format of the report on stdout.")
+
+
+optimizer_pattern_option = option(
+    "--optimizer-pattern", metavar="REGEX",
     help="Also treat variables whose name or key matches REGEX as optimizer state (for names no rule knows).",
 )
+role_option = option("--role", metavar="ROLE", help="Only variables of this role: model, optimizer or metadata.")
+force_option = option("--force", is_flag=True, help="Replace an earlier output of the same kind (nothing else).")
+path_argument = argument("path", "PATH", help="Checkpoint prefix, .index file, directory, SavedModel, or Keras file.")
 
 
-@app.callback()
-def _main(
-    debug: bool = typer.Option(False, "--debug", help=DEBUG_HELP),
-) -> None:
-    """Inspect, compare and operate on TensorFlow and Keras checkpoints."""
-    _state["debug"] = debug
+def map_option(names: str = "every source name", when: str = "") -> Callable:
+    """``--map REGEX=REPLACEMENT`` (repeatable): rewrites ``names`` before pairing."""
+    return option("--map", "maps", multiple=True, metavar="REGEX=REPLACEMENT",
+                  help=f"Applied to {names} before pairing by name{when} (repeatable; see docs/INTERFACE.md).")
+
+
+def builder_option(*, required: bool, when: str = "") -> Callable:
+    """``--builder MODULE:FUNCTION``: the function that builds the model the weights go into."""
+    return option("--builder", required=required, metavar="MODULE:FUNCTION",
+                  help=f"Function returning the built model the weights go into{when}.")
+
+
+def layout_options(whose: str = "The source's", when: str = "") -> Callable:
+    """``--transpose-dense`` and ``--conv-layout``: how ``whose`` kernels are laid out."""
+    transpose_dense = option(
+        "--transpose-dense", is_flag=True,
+        help=f"{whose} 2-D kernels are [out,in] (PyTorch Linear): read transposed, as Keras' [in,out]{when}.")
+    conv_layout = option(
+        "--conv-layout", default="hwio", metavar="[hwio|oihw]", callback=_lower,
+        help=f"{whose} conv kernels' layout: hwio (Keras, default) or oihw (PyTorch: read reordered to HWIO){when}.")
+
+    def decorate(fn: Callable) -> Callable:
+        return transpose_dense(conv_layout(fn))  # listed in this order
+
+    return decorate
 
 
 def fail(message: str) -> None:
@@ -73,8 +112,8 @@ def fail(message: str) -> None:
     break the line or drive the terminal) and exit 2."""
     from .render import escape_controls  # noqa: PLC0415
 
-    typer.echo(f"Error: {escape_controls(message)}", err=True)
-    raise typer.Exit(EXIT_ERROR)
+    click.echo(f"Error: {escape_controls(message)}", err=True)
+    raise click.exceptions.Exit(EXIT_ERROR)
 
 
 def handle_errors(fn: Callable) -> Callable:
@@ -84,11 +123,11 @@ def handle_errors(fn: Callable) -> Callable:
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except (typer.Exit, typer.Abort, SystemExit):
+        except (click.exceptions.Exit, click.Abort, SystemExit):
             raise
         except KeyboardInterrupt:
-            typer.echo("Error: interrupted", err=True)
-            raise typer.Exit(130) from None
+            click.echo("Error: interrupted", err=True)
+            raise click.exceptions.Exit(130) from None
         except errors.CkptError as e:
             if _state["debug"]:  # --debug adds the traceback; the Error line and exit 2 stay
                 traceback.print_exc()
@@ -105,7 +144,8 @@ def handle_errors(fn: Callable) -> Callable:
 
 class Progress:
     """A one-line progress indicator on stderr, only when stderr is a terminal and the work is
-    long; the line fits the terminal's width, so it never wraps."""
+    long; the line fits the terminal's width, so it never wraps. :func:`progress` is the way
+    commands use it."""
 
     def __init__(self, label: str, min_seconds: float = 0.5):
         self.label = label
@@ -138,98 +178,90 @@ class Progress:
             sys.stderr.flush()
 
 
+@contextlib.contextmanager
+def progress(label: str, *, when: bool = True) -> Iterator[Optional[Progress]]:
+    """A :class:`Progress` for the ``with`` block (None unless ``when``), its line cleared at
+    the end however the block ends."""
+    shown = Progress(label) if when else None
+    try:
+        yield shown
+    finally:
+        if shown is not None:
+            shown.close()
+
+
 def emit(text: str) -> None:
     """Write a rendered result to stdout."""
     sys.stdout.write(text)
 
 
-@app.command("ls", cls=_Command)
+@app.command("ls")
+@path_argument
+@option("--filter", "-k", metavar="REGEX", help="Regex searched in names and keys.")
+@role_option
+@option("--stats", is_flag=True, help="Add min/max/mean/std/NaN/Inf (reads every tensor, one at a time).")
+@option("--tree", is_flag=True, help="Group variables by layer path.")
+@option("--sort", default="role", metavar="[role|name|size|file]", help="Order: role (model, optimizer, metadata), name, size or file.")
+@optimizer_pattern_option
+@format_option()
+@debug_option
 @handle_errors
-def ls_command(
-    path: str = typer.Argument(..., metavar="PATH", help="Checkpoint prefix, .index file, directory, SavedModel, or Keras file."),
-    filter: Optional[str] = typer.Option(None, "--filter", "-k", metavar="REGEX", help="Regex searched in names and keys."),
-    role: Optional[str] = typer.Option(None, "--role", metavar="ROLE", help="Only variables of this role: model, optimizer or metadata."),
-    stats: bool = typer.Option(False, "--stats", help="Add min/max/mean/std/NaN/Inf (reads every tensor, one at a time)."),
-    tree: bool = typer.Option(False, "--tree", help="Group variables by layer path."),
-    sort: str = typer.Option("role", "--sort", metavar="[role|name|size|file]", help="Order: role (model, optimizer, metadata), name, size or file."),
-    optimizer_pattern: Optional[str] = OptimizerPatternOption,
-    format: OutputFormat = FormatOption,
-    _debug: bool = DebugOption,
-) -> None:
+def ls_command(path: str, filter: Optional[str], role: Optional[str], stats: bool, tree: bool, sort: str,  # noqa: A002
+               optimizer_pattern: Optional[str], format: OutputFormat) -> None:  # noqa: A002
     """List the variables of a checkpoint: shapes, dtypes, sizes, shards and roles."""
     from . import open as open_checkpoint  # noqa: PLC0415
     from .ops.listing import list_variables  # noqa: PLC0415
     from .render import ls_view, ls_warnings  # noqa: PLC0415
 
-    ckpt = open_checkpoint(path)
-    progress = Progress("stats") if stats else None
-    try:
-        listing = list_variables(ckpt, pattern=filter, role=role, sort=sort, stats=stats, progress=progress,
+    with open_checkpoint(path) as ckpt, progress("stats", when=stats) as shown:
+        listing = list_variables(ckpt, pattern=filter, role=role, sort=sort, stats=stats, progress=shown,
                                  optimizer_pattern=optimizer_pattern)
-    finally:
-        if progress:
-            progress.close()
-        ckpt.close()
     sys.stderr.write(ls_warnings(listing))
     emit(ls_view(listing, format, tree=tree))
 
 
-TRANSPOSE_DENSE_HELP = "Source 2-D kernels are [out,in] (PyTorch Linear): transpose them to Keras' [in,out]."
-CONV_LAYOUT_HELP = "Source conv kernels' layout: hwio (Keras, default) or oihw (PyTorch: reordered to HWIO)."
-DIFF_TRANSPOSE_DENSE_HELP = "A's 2-D kernels are [out,in] (PyTorch Linear): compared transposed with B's [in,out]."
-DIFF_CONV_LAYOUT_HELP = "A's conv kernels' layout: hwio (Keras, default) or oihw (PyTorch: compared reordered to HWIO)."
-
-
-@app.command("diff", cls=_Command)
+@app.command("diff")
+@argument("a", "A", help="Checkpoint A: TF prefix, .index, directory, SavedModel or Keras file.")
+@argument("b", "B", help="Checkpoint B, of the same or another format.")
+@option("--atol", type=float, default=0.0, metavar="FLOAT", help="Absolute tolerance (numpy isclose semantics; 0 = exact).")
+@option("--rtol", type=float, default=0.0, metavar="FLOAT", help="Relative tolerance, of B's magnitude (0 = exact).")
+@role_option
+@map_option("every name of A")
+@optimizer_pattern_option
+@layout_options("A's")
+@format_option()
+@debug_option
 @handle_errors
-def diff_command(
-    a: str = typer.Argument(..., metavar="A", help="Checkpoint A: TF prefix, .index, directory, SavedModel or Keras file."),
-    b: str = typer.Argument(..., metavar="B", help="Checkpoint B, of the same or another format."),
-    atol: float = typer.Option(0.0, "--atol", metavar="FLOAT", help="Absolute tolerance (numpy isclose semantics; 0 = exact)."),
-    rtol: float = typer.Option(0.0, "--rtol", metavar="FLOAT", help="Relative tolerance, of B's magnitude (0 = exact)."),
-    role: Optional[str] = typer.Option(None, "--role", metavar="ROLE", help="Compare only model, optimizer or metadata variables."),
-    maps: list[str] = typer.Option([], "--map", metavar="REGEX=REPLACEMENT", help="Applied to every name of A before aligning (repeatable; see docs/INTERFACE.md)."),
-    optimizer_pattern: Optional[str] = OptimizerPatternOption,
-    transpose_dense: bool = typer.Option(False, "--transpose-dense", help=DIFF_TRANSPOSE_DENSE_HELP),
-    conv_layout: str = typer.Option("hwio", "--conv-layout", metavar="[hwio|oihw]", help=DIFF_CONV_LAYOUT_HELP),
-    format: OutputFormat = FormatOption,
-    _debug: bool = DebugOption,
-) -> None:
+def diff_command(a: str, b: str, atol: float, rtol: float, role: Optional[str], maps: list[str],
+                 optimizer_pattern: Optional[str], transpose_dense: bool, conv_layout: str,
+                 format: OutputFormat) -> None:  # noqa: A002
     """Compare two checkpoints, also across formats (exit 0 equal within tolerance, 1 different)."""
     from .ops.diff.operation import diff  # noqa: PLC0415
     from .render import diff_view  # noqa: PLC0415
 
-    progress = Progress("diff")
-    try:
-        report = diff(a, b, atol=atol, rtol=rtol, role=role, mapping=maps, progress=progress,
-                      optimizer_pattern=optimizer_pattern, transpose_dense=transpose_dense,
-                      conv_layout=conv_layout.lower())
-    finally:
-        progress.close()
+    with progress("diff") as shown:
+        report = diff(a, b, atol=atol, rtol=rtol, role=role, mapping=maps, progress=shown,
+                      optimizer_pattern=optimizer_pattern, transpose_dense=transpose_dense, conv_layout=conv_layout)
     emit(diff_view(report, format))
     if not report.identical:
-        raise typer.Exit(EXIT_DIFFERENT)
+        raise click.exceptions.Exit(EXIT_DIFFERENT)
 
 
-@app.command("verify", cls=_Command)
+@app.command("verify")
+@path_argument
+@format_option()
+@debug_option
 @handle_errors
-def verify_command(
-    path: str = typer.Argument(..., metavar="PATH", help="Checkpoint prefix, .index file, directory, SavedModel, or Keras file."),
-    format: OutputFormat = FormatOption,
-    _debug: bool = DebugOption,
-) -> None:
+def verify_command(path: str, format: OutputFormat) -> None:  # noqa: A002
     """Check that a checkpoint is whole: index, shards and every tensor's checksum (exit 1 if damaged)."""
     from .ops.verify import verify  # noqa: PLC0415
     from .render import verify_view  # noqa: PLC0415
 
-    progress = Progress("verify")
-    try:
-        report = verify(path, progress=progress)
-    finally:
-        progress.close()
+    with progress("verify") as shown:
+        report = verify(path, progress=shown)
     emit(verify_view(report, format))
     if not report.intact:
-        raise typer.Exit(EXIT_DIFFERENT)
+        raise click.exceptions.Exit(EXIT_DIFFERENT)
 
 
 ALLOW_RESHAPE_HELP = "A source value with as many elements as the model variable fits (it is reshaped)."
@@ -256,134 +288,119 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
 
 
-@app.command("extract", cls=_Command)
+WITH_BUILDER = " (.weights.h5 with --builder)"
+
+
+@app.command("extract")
+@argument("src", "SRC", help="Source checkpoint: TF prefix or directory, SavedModel, Keras .h5/.weights.h5/.keras, torch.save file, .safetensors, Hugging Face folder.")
+@option("--output", "-o", required=True, metavar="OUT", help="Output: a TF prefix (no suffix, or .ckpt / .ckpt-N), or a .weights.h5 / .h5 / .npz / .safetensors file.")
+@option("--to", metavar="[tf|weights-h5|h5|npz|safetensors]", help="Output file type (default: from OUT's suffix; needed for any other suffix).")
+@builder_option(required=False, when="; needed for .weights.h5 from a TF, PyTorch or safetensors checkpoint")
+@map_option(when=WITH_BUILDER)
+@layout_options(when=WITH_BUILDER)
+@option("--keep-metadata", is_flag=True, help="Also keep step counters, save_counter, TF1 global_step.")
+@option("--max-shard-size", metavar="SIZE", help="TF output: bytes per data shard (e.g. 256MiB), filled in turn. Default: one data file; 0: one tensor (or slice) per shard.")
+@force_option
+@optimizer_pattern_option
+@format_option()
+@debug_option
 @handle_errors
-def extract_command(
-    src: str = typer.Argument(..., metavar="SRC", help="Source checkpoint: TF prefix or directory, SavedModel, Keras .h5/.weights.h5/.keras, torch.save file, .safetensors, Hugging Face folder."),
-    output: str = typer.Option(..., "--output", "-o", metavar="OUT", help="Output: a TF prefix (no suffix, or .ckpt / .ckpt-N), or a .weights.h5 / .h5 / .npz / .safetensors file."),
-    format: Optional[str] = typer.Option(None, "--format", metavar="[tf|weights-h5|h5|npz|safetensors]", help="Output format (default: from OUT's suffix; needed for any other suffix)."),
-    builder: Optional[str] = typer.Option(None, "--builder", metavar="MODULE:FUNCTION", help="Function building the model (needed for .weights.h5 from a TF, PyTorch or safetensors checkpoint)."),
-    maps: list[str] = typer.Option([], "--map", metavar="REGEX=REPLACEMENT", help=".weights.h5 with --builder: applied to every source name before pairing by name (repeatable)."),
-    transpose_dense: bool = typer.Option(False, "--transpose-dense", help=".weights.h5 with --builder: " + TRANSPOSE_DENSE_HELP),
-    conv_layout: str = typer.Option("hwio", "--conv-layout", metavar="[hwio|oihw]", help=".weights.h5 with --builder: " + CONV_LAYOUT_HELP),
-    keep_metadata: bool = typer.Option(False, "--keep-metadata", help="Also keep step counters, save_counter, TF1 global_step."),
-    max_shard_size: Optional[str] = typer.Option(None, "--max-shard-size", metavar="SIZE", help="TF output: bytes per data shard (e.g. 256MiB), filled in turn. Default: one data file; 0: one tensor (or slice) per shard."),
-    force: bool = typer.Option(False, "--force", help="Replace an earlier output of the same kind (nothing else)."),
-    optimizer_pattern: Optional[str] = OptimizerPatternOption,
-    report_format: OutputFormat = typer.Option(OutputFormat.table, "--report", metavar="[table|json|csv]", help="Report as table, json or csv (one row per variable).", case_sensitive=False),
-    _debug: bool = DebugOption,
-) -> None:
+def extract_command(src: str, output: str, to: Optional[str], builder: Optional[str], maps: list[str],
+                    transpose_dense: bool, conv_layout: str, keep_metadata: bool, max_shard_size: Optional[str],
+                    force: bool, optimizer_pattern: Optional[str], format: OutputFormat) -> None:  # noqa: A002
     """Write the model's weights alone (optimizer state stripped), still restorable, and check them."""
     from .ops.extract.operation import extract  # noqa: PLC0415
     from .render import extract_view  # noqa: PLC0415
 
-    progress = Progress("extract")
-    try:
-        report = extract(src, output, format=format, force=force, builder=builder,
+    with progress("extract") as shown:
+        report = extract(src, output, format=to, force=force, builder=builder,
                          keep=("model", "metadata") if keep_metadata else ("model",),
                          max_shard_bytes=None if max_shard_size is None else parse_size(max_shard_size),
-                         progress=progress, optimizer_pattern=optimizer_pattern, mapping=maps,
-                         transpose_dense=transpose_dense, conv_layout=conv_layout.lower())
-    finally:
-        progress.close()
-    emit(extract_view(report, report_format))
+                         progress=shown, optimizer_pattern=optimizer_pattern, mapping=maps,
+                         transpose_dense=transpose_dense, conv_layout=conv_layout)
+    emit(extract_view(report, format))
 
 
-@app.command("rewrite", cls=_Command)
+@app.command("rewrite")
+@argument("src", "SRC", help="Source checkpoint: TF prefix or directory, SavedModel, V1 table, Keras .weights.h5/.h5.")
+@option("--output", "-o", required=True, metavar="OUT", help="Output: a TF prefix for a TF source, a .weights.h5 / .h5 file for a Keras one.")
+@option("--rename", multiple=True, metavar="REGEX=REPLACEMENT", help="Applied with re.sub to every readable name, in order (repeatable; --map semantics).")
+@option("--drop", multiple=True, metavar="REGEX", help="Leave out the variables whose (new) name matches (re.search; repeatable).")
+@option("--role", multiple=True, metavar="[model|optimizer|metadata]", help="Keep only variables of this role (repeatable).")
+@option("--cast", metavar="[float16|bfloat16|float32|float64]", help="Cast the model's float variables (and their optimizer slots) to this type.")
+@option("--cast-filter", metavar="REGEX", help="Cast only the model variables whose (new) name matches (re.search).")
+@force_option
+@format_option()
+@debug_option
 @handle_errors
-def rewrite_command(
-    src: str = typer.Argument(..., metavar="SRC", help="Source checkpoint: TF prefix or directory, SavedModel, V1 table, Keras .weights.h5/.h5."),
-    output: str = typer.Option(..., "--output", "-o", metavar="OUT", help="Output: a TF prefix for a TF source, a .weights.h5 / .h5 file for a Keras one."),
-    rename: list[str] = typer.Option([], "--rename", metavar="REGEX=REPLACEMENT", help="Applied with re.sub to every readable name, in order (repeatable; --map semantics)."),
-    drop: list[str] = typer.Option([], "--drop", metavar="REGEX", help="Leave out the variables whose (new) name matches (re.search; repeatable)."),
-    role: list[str] = typer.Option([], "--role", metavar="[model|optimizer|metadata]", help="Keep only variables of this role (repeatable)."),
-    cast: Optional[str] = typer.Option(None, "--cast", metavar="[float16|bfloat16|float32|float64]", help="Cast the model's float variables (and their optimizer slots) to this type."),
-    cast_filter: Optional[str] = typer.Option(None, "--cast-filter", metavar="REGEX", help="Cast only the model variables whose (new) name matches (re.search)."),
-    force: bool = typer.Option(False, "--force", help="Replace an earlier output of the same kind (nothing else)."),
-    report_format: OutputFormat = typer.Option(OutputFormat.table, "--format", metavar="[table|json|csv]", help="Report as table, json or csv (one row per variable).", case_sensitive=False),
-    _debug: bool = DebugOption,
-) -> None:
+def rewrite_command(src: str, output: str, rename: list[str], drop: list[str], role: list[str], cast: Optional[str],
+                    cast_filter: Optional[str], force: bool, format: OutputFormat) -> None:  # noqa: A002
     """Rename, drop and cast variables (in that order), writing a checked, restorable copy."""
     from .ops.rewrite.operation import rewrite  # noqa: PLC0415
     from .render import rewrite_view  # noqa: PLC0415
 
-    progress = Progress("rewrite")
-    try:
+    with progress("rewrite") as shown:
         report = rewrite(src, output, rename=rename, drop=drop, role=role, cast=cast, cast_filter=cast_filter,
-                         force=force, progress=progress)
-    finally:
-        progress.close()
-    emit(rewrite_view(report, report_format))
+                         force=force, progress=shown)
+    emit(rewrite_view(report, format))
 
 
-@app.command("transplant", cls=_Command)
+@app.command("transplant")
+@argument("src", "SRC", help="Source checkpoint: TF prefix or directory, Keras .h5/.weights.h5/.keras.")
+@argument("dst", "DST", help="Output: a TF checkpoint prefix, or a .weights.h5 / .keras file (by suffix).")
+@builder_option(required=True, when=" (called inside the strategy scope)")
+@option("--strategy", default="default", metavar="[default|mirrored|multi-worker]", help="The tf.distribute strategy (multi-worker reads TF_CONFIG).")
+@option("--replicas", type=int, metavar="N", help="Logical CPU devices for --strategy mirrored (default 2).")
+@map_option()
+@option("--skip-mismatch", is_flag=True, help="Leave variables whose shape/dtype differ at init instead of failing.")
+@option("--strict/--no-strict", default=True, help="Fail on any problem (default), or transplant what matches.")
+@option("--by-order", is_flag=True, help="Also pair layers nothing else paired by layer order and shape.")
+@option("--dry-run", is_flag=True, help="Show the plan; assign and write nothing.")
+@force_option
+@layout_options()
+@option("--allow-reshape", is_flag=True, help=ALLOW_RESHAPE_HELP)
+@format_option()
+@debug_option
 @handle_errors
-def transplant_command(
-    src: str = typer.Argument(..., metavar="SRC", help="Source checkpoint: TF prefix or directory, Keras .h5/.weights.h5/.keras."),
-    dst: str = typer.Argument(..., metavar="DST", help="Output: a TF checkpoint prefix, or a .weights.h5 / .keras file (by suffix)."),
-    builder: str = typer.Option(..., "--builder", metavar="MODULE:FUNCTION", help="Function returning the model (called inside the strategy scope)."),
-    strategy: str = typer.Option("default", "--strategy", metavar="[default|mirrored|multi-worker]", help="The tf.distribute strategy (multi-worker reads TF_CONFIG)."),
-    replicas: Optional[int] = typer.Option(None, "--replicas", metavar="N", help="Logical CPU devices for --strategy mirrored (default 2)."),
-    maps: list[str] = typer.Option([], "--map", metavar="REGEX=REPLACEMENT", help="Applied to every source name before pairing by name (repeatable; see docs/INTERFACE.md)."),
-    skip_mismatch: bool = typer.Option(False, "--skip-mismatch", help="Leave variables whose shape/dtype differ at init instead of failing."),
-    strict: bool = typer.Option(True, "--strict/--no-strict", help="Fail on any problem (default), or transplant what matches."),
-    by_order: bool = typer.Option(False, "--by-order", help="Also pair layers nothing else paired by layer order and shape."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Show the plan; assign and write nothing."),
-    force: bool = typer.Option(False, "--force", help="Replace an earlier DST of the same kind (nothing else)."),
-    transpose_dense: bool = typer.Option(False, "--transpose-dense", help=TRANSPOSE_DENSE_HELP),
-    conv_layout: str = typer.Option("hwio", "--conv-layout", metavar="[hwio|oihw]", help=CONV_LAYOUT_HELP),
-    allow_reshape: bool = typer.Option(False, "--allow-reshape", help=ALLOW_RESHAPE_HELP),
-    format: OutputFormat = FormatOption,
-    _debug: bool = DebugOption,
-) -> None:
+def transplant_command(src: str, dst: str, builder: str, strategy: str, replicas: Optional[int], maps: list[str],
+                       skip_mismatch: bool, strict: bool, by_order: bool, dry_run: bool, force: bool,
+                       transpose_dense: bool, conv_layout: str, allow_reshape: bool,
+                       format: OutputFormat) -> None:  # noqa: A002
     """Load a checkpoint's weights into a freshly built model inside a tf.distribute strategy and write it.
 
     Exit 1 (after writing) when not every model variable received a value (--no-strict,
     --skip-mismatch); nothing is written when nothing was assigned.
     """
-    from . import _atomic  # noqa: PLC0415
-    from . import open as open_checkpoint  # noqa: PLC0415
-    from .ops.model import transplant as tp  # noqa: PLC0415
+    from .ops.model.transplant import transplant_and_write  # noqa: PLC0415
     from .render import transplant_view  # noqa: PLC0415
 
-    kind = tp.output_kind(dst)
-    tp.parse_mapping(maps)  # bad rules fail before any work
-    ckpt = open_checkpoint(src)
-    try:
-        protected = [src, ckpt.path]
-        if not dry_run:  # a dry run writes nothing: what is at DST does not matter
-            _atomic.check_output(dst, force=force, prefix=kind == tp.OUTPUT_TF, protected=protected)
-        strat = tp.make_strategy(strategy, replicas)  # first TensorFlow work: devices are set up here
-        model = tp.build_in_scope(builder, strat)
-        report = tp.transplant(ckpt, model, mapping=maps, strategy=strat, strict=strict,
-                               skip_mismatch=skip_mismatch, dry_run=dry_run, by_order=by_order,
-                               transpose_dense=transpose_dense, conv_layout=conv_layout.lower(),
-                               allow_reshape=allow_reshape)
-    finally:
-        ckpt.close()
-    write = not dry_run and bool(report.assigned)  # a model holding only its initial values is no transplant
-    output = tp.write_model(model, dst, force=force, protected=protected, strategy=strat) if write else None
-    emit(transplant_view(report, format, output=output))
+    done = transplant_and_write(src, dst, builder, strategy=strategy, replicas=replicas, mapping=maps, strict=strict,
+                                skip_mismatch=skip_mismatch, dry_run=dry_run, by_order=by_order,
+                                transpose_dense=transpose_dense, conv_layout=conv_layout,
+                                allow_reshape=allow_reshape, force=force)
+    report = done.report
+    emit(transplant_view(report, format, output=done.output))
     if not dry_run and not report.complete:
-        raise typer.Exit(EXIT_DIFFERENT)
+        raise click.exceptions.Exit(EXIT_DIFFERENT)
 
 
-@app.command("train", cls=_Command)
+@app.command("train")
+@argument("out", "OUT", help="Directory to write the CheckpointManager run into.")
+@option("--steps", type=int, default=6, metavar="N", help="Training steps.")
+@option("--save-every", type=int, default=2, metavar="N", help="Save a checkpoint every N steps (and after the last).")
+@option("--replicas", type=int, default=2, metavar="N", help="Logical CPU devices (MirroredStrategy replicas).")
+@option("--max-to-keep", type=int, default=3, metavar="N", help="Checkpoints to retain (0 keeps all).")
+@option("--max-shard-bytes", type=int, metavar="BYTES", help="Save multi-shard with MaxShardSizePolicy of this many bytes.")
+@option("--seed", type=int, default=0, metavar="N", help="Seed of the initial weights and the synthetic data.")
+@option("--keras/--no-keras", default=False, help="Also write model.weights.h5, model.keras, model.h5 (and the Keras 2 files where tf_keras is installed).")
+@force_option
+@option("--nan-at", type=int, metavar="STEP", help="Plant a fault: set --nan-variable to NaN after this step's update (before its save).")
+@option("--nan-variable", metavar="NAME", help="The model weight --nan-at poisons (e.g. head/kernel).")
+@debug_option
 @handle_errors
-def train_command(
-    out: str = typer.Argument(..., metavar="OUT", help="Directory to write the CheckpointManager run into."),
-    steps: int = typer.Option(6, "--steps", metavar="N", help="Training steps."),
-    save_every: int = typer.Option(2, "--save-every", metavar="N", help="Save a checkpoint every N steps (and after the last)."),
-    replicas: int = typer.Option(2, "--replicas", metavar="N", help="Logical CPU devices (MirroredStrategy replicas)."),
-    max_to_keep: int = typer.Option(3, "--max-to-keep", metavar="N", help="Checkpoints to retain (0 keeps all)."),
-    max_shard_bytes: Optional[int] = typer.Option(None, "--max-shard-bytes", metavar="BYTES", help="Save multi-shard with MaxShardSizePolicy of this many bytes."),
-    seed: int = typer.Option(0, "--seed", metavar="N", help="Seed of the initial weights and the synthetic data."),
-    keras: bool = typer.Option(False, "--keras/--no-keras", help="Also write model.weights.h5, model.keras, model.h5 (and the Keras 2 files where tf_keras is installed)."),
-    force: bool = typer.Option(False, "--force", help="Replace a non-empty OUT."),
-    nan_at: Optional[int] = typer.Option(None, "--nan-at", metavar="STEP", help="Plant a fault: set --nan-variable to NaN after this step's update (before its save)."),
-    nan_variable: Optional[str] = typer.Option(None, "--nan-variable", metavar="NAME", help="The model weight --nan-at poisons (e.g. head/kernel)."),
-    _debug: bool = DebugOption,
-) -> None:
+def train_command(out: str, steps: int, save_every: int, replicas: int, max_to_keep: int,
+                  max_shard_bytes: Optional[int], seed: int, keras: bool, force: bool, nan_at: Optional[int],
+                  nan_variable: Optional[str]) -> None:
     """Train the small fixture model under MirroredStrategy and save real checkpoints into OUT."""
     from . import trainer  # noqa: PLC0415
 
@@ -394,25 +411,25 @@ def train_command(
         nan_at=nan_at, nan_variable=nan_variable,
     )
     extra = trainer.write_keras2_files(out, seed=seed) if keras and trainer.keras2_available() else []
-    typer.echo(result.summary() + (f", {len(extra)} Keras 2 file(s)" if extra else ""), err=True)
+    click.echo(result.summary() + (f", {len(extra)} Keras 2 file(s)" if extra else ""), err=True)
 
 
-@app.command("doctor", cls=_Command)
+@app.command("doctor")
+@argument("src", "SRC", help="Source checkpoint: TF prefix or directory, SavedModel, Keras .h5/.weights.h5/.keras.")
+@builder_option(required=True)
+@map_option()
+@option("--allow-reshape", is_flag=True, help=ALLOW_RESHAPE_HELP)
+@layout_options()
+@option("--emit", "emit_fix", type=EnumChoice(Emit), metavar="[map|assignment-map|weights]",
+        help="Print the --map rules, print the init_from_checkpoint assignment map, or write the weights (-o).")
+@option("--output", "-o", metavar="OUT", help="With --emit weights: the .weights.h5 to write (model.load_weights(OUT) loads it).")
+@force_option
+@format_option()
+@debug_option
 @handle_errors
-def doctor_command(
-    src: str = typer.Argument(..., metavar="SRC", help="Source checkpoint: TF prefix or directory, SavedModel, Keras .h5/.weights.h5/.keras."),
-    builder: str = typer.Option(..., "--builder", metavar="MODULE:FUNCTION", help="Function returning the built model the weights should load into."),
-    maps: list[str] = typer.Option([], "--map", metavar="REGEX=REPLACEMENT", help="Applied to every source name before pairing by name (repeatable; see docs/INTERFACE.md)."),
-    allow_reshape: bool = typer.Option(False, "--allow-reshape", help=ALLOW_RESHAPE_HELP),
-    transpose_dense: bool = typer.Option(False, "--transpose-dense", help=TRANSPOSE_DENSE_HELP),
-    conv_layout: str = typer.Option("hwio", "--conv-layout", metavar="[hwio|oihw]", help=CONV_LAYOUT_HELP),
-    emit_fix: Optional[Emit] = typer.Option(None, "--emit", metavar="[map|assignment-map|weights]", case_sensitive=False,
-                                            help="Print the --map rules, print the init_from_checkpoint assignment map, or write the weights (-o)."),
-    output: Optional[str] = typer.Option(None, "--output", "-o", metavar="OUT", help="With --emit weights: the .weights.h5 to write (model.load_weights(OUT) loads it)."),
-    force: bool = typer.Option(False, "--force", help="Replace an earlier OUT (an HDF5 file; nothing else)."),
-    format: OutputFormat = FormatOption,
-    _debug: bool = DebugOption,
-) -> None:
+def doctor_command(src: str, builder: str, maps: list[str], allow_reshape: bool, transpose_dense: bool,
+                   conv_layout: str, emit_fix: Optional[Emit], output: Optional[str], force: bool,
+                   format: OutputFormat) -> None:  # noqa: A002
     """Explain how a checkpoint's weights would load into a model, and the fix (exit 0 all load, 1 not)."""
     from . import open as open_checkpoint  # noqa: PLC0415
     from .ops.model import transplant as tp  # noqa: PLC0415
@@ -425,17 +442,12 @@ def doctor_command(
     if output and emit_fix != Emit.weights:
         raise errors.UsageError("-o OUT is for --emit weights")
     tp.parse_mapping(maps)  # bad rules and layouts fail before any work
-    Layout(conv_layout=conv_layout.lower())
-    ckpt = open_checkpoint(src)
-    progress = Progress("doctor")
-    try:
+    Layout(conv_layout=conv_layout)
+    with open_checkpoint(src) as ckpt, progress("doctor") as shown:
         model = tp.build_in_scope(builder, tp.make_strategy("default", None))
         report = doctor(ckpt, model, mapping=maps, allow_reshape=allow_reshape, transpose_dense=transpose_dense,
-                        conv_layout=conv_layout.lower(), out=output if emit_fix == Emit.weights else None, force=force,
-                        progress=progress)
-    finally:
-        progress.close()
-        ckpt.close()
+                        conv_layout=conv_layout, out=output if emit_fix == Emit.weights else None, force=force,
+                        progress=shown)
     if emit_fix == Emit.map:
         emit(doctor_map_view(report, format))
     elif emit_fix == Emit.assignment_map:
@@ -448,83 +460,57 @@ def doctor_command(
     if emit_fix in (Emit.map, Emit.assignment_map) and not report.ok:
         from .render import doctor_verdict  # noqa: PLC0415
 
-        typer.echo(f"warning: not every weight is covered; {doctor_verdict(report).split(':', 1)[1].strip()}", err=True)
+        click.echo(f"warning: not every weight is covered; {doctor_verdict(report).split(':', 1)[1].strip()}", err=True)
     if not report.ok:
-        raise typer.Exit(EXIT_DIFFERENT)
+        raise click.exceptions.Exit(EXIT_DIFFERENT)
 
 
-@app.command("plan", cls=_Command)
+@app.command("plan")
+@argument("path", "DIR", required=False, help="Checkpoint directory (size, bytes per role, cadence, checkpoints kept) or one checkpoint; optional.")
+@option("--save-seconds", metavar="S", help="Time per save, in seconds (or a duration).")
+@option("--every", metavar="DURATION", help="Training time between saves: 30m, 1h30m, 1800 (default: DIR's cadence).")
+@option("--train-time", metavar="DURATION", help="Training time of the whole run, e.g. 7d.")
+@option("--job-limit", metavar="DURATION", help="Wall-time limit of one job, e.g. 24h: work lost when it is killed.")
+@option("--mtbf", metavar="DURATION", help="Mean time between failures: gives the Young/Daly interval.")
+@option("--keep", type=int, metavar="N", help="Checkpoints retained, for the disk needed (default: those DIR holds).")
+@option("--probe", is_flag=True, help="Measure the time per save: write and fsync a temporary file of the checkpoint's size (at most 1 GiB) in DIR, then delete it.")
+@format_option("[table|json]")
+@debug_option
 @handle_errors
-def plan_command(
-    path: Optional[str] = typer.Argument(None, metavar="DIR", help="Checkpoint directory (size, bytes per role, cadence, checkpoints kept) or one checkpoint; optional."),
-    save_seconds: Optional[str] = typer.Option(None, "--save-seconds", metavar="S", help="Time per save, in seconds (or a duration)."),
-    every: Optional[str] = typer.Option(None, "--every", metavar="DURATION", help="Training time between saves: 30m, 1h30m, 1800 (default: DIR's cadence)."),
-    train_time: Optional[str] = typer.Option(None, "--train-time", metavar="DURATION", help="Training time of the whole run, e.g. 7d."),
-    job_limit: Optional[str] = typer.Option(None, "--job-limit", metavar="DURATION", help="Wall-time limit of one job, e.g. 24h: work lost when it is killed."),
-    mtbf: Optional[str] = typer.Option(None, "--mtbf", metavar="DURATION", help="Mean time between failures: gives the Young/Daly interval."),
-    keep: Optional[int] = typer.Option(None, "--keep", metavar="N", help="Checkpoints retained, for the disk needed (default: those DIR holds)."),
-    probe: bool = typer.Option(False, "--probe", help="Measure the time per save: write and fsync a temporary file of the checkpoint's size (at most 1 GiB) in DIR, then delete it."),
-    format: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f", help="Output format.", case_sensitive=False,
-                                        metavar="[table|json]"),
-    _debug: bool = DebugOption,
-) -> None:
+def plan_command(path: Optional[str], save_seconds: Optional[str], every: Optional[str], train_time: Optional[str],
+                 job_limit: Optional[str], mtbf: Optional[str], keep: Optional[int], probe: bool,
+                 format: OutputFormat) -> None:  # noqa: A002
     """How often to save and what it costs: saves, time saving and its share, work lost, disk, Young/Daly interval."""
     from .ops.plan.operation import plan  # noqa: PLC0415
     from .render import plan_view  # noqa: PLC0415
 
     if format == OutputFormat.csv:
         raise errors.UsageError("plan --format: table or json")
-    progress = Progress("probe")
-    try:
+    with progress("probe") as shown:
         report = plan(path, save_seconds=save_seconds, every=every, train_time=train_time, job_limit=job_limit,
-                      mtbf=mtbf, keep=keep, probe=probe, progress=progress)
-    finally:
-        progress.close()
+                      mtbf=mtbf, keep=keep, probe=probe, progress=shown)
     emit(plan_view(report, format))
 
 
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
 def _write_png(dest: str, data: bytes, *, force: bool, protected: list[str]) -> None:
-    """Write the plot atomically; ``--force`` replaces only a PNG file (never anything else)."""
-    import uuid  # noqa: PLC0415
-
+    """Write the plot with the atomic-output rules (``--force`` replaces only a PNG file)."""
     from . import _atomic  # noqa: PLC0415
 
-    if not os.path.lexists(dest):
-        with _atomic.atomic_file(dest, protected=protected) as tmp, open(tmp, "wb") as f:
-            f.write(data)
-        return
-    if not force:
-        raise errors.OutputExistsError(f"{dest}: output exists; pass --force to replace it")
-    is_png = False
-    if os.path.isfile(dest) and not os.path.islink(dest):
-        with open(dest, "rb") as f:
-            is_png = f.read(len(PNG_SIGNATURE)) == PNG_SIGNATURE
-    if not is_png:
-        raise errors.UsageError(f"{dest}: exists and is not a PNG file; --force replaces only an earlier plot")
-    tmp = os.path.join(os.path.dirname(dest) or ".", f"{_atomic.TMP_MARK}{uuid.uuid4().hex[:12]}.{os.path.basename(dest)}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, dest)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    with _atomic.atomic_file(dest, force=force, kind=_atomic.KIND_PNG, protected=protected) as tmp, \
+            open(tmp, "wb") as f:
+        f.write(data)
 
 
-@app.command("scan", cls=_Command)
+@app.command("scan")
+@argument("paths", "DIR|PATHS", nargs=-1, required=True, help="A checkpoint directory (CheckpointManager/Saver, or Keras ModelCheckpoint files), or checkpoints in any order.")
+@option("--role", metavar="ROLE", help="Only variables of this role: model, optimizer or metadata (default: all).")
+@option("--plot", metavar="OUT.png", help="Also write a PNG of per-layer norm and relative change over steps (needs matplotlib).")
+@force_option
+@format_option()
+@debug_option
 @handle_errors
-def scan_command(
-    paths: list[str] = typer.Argument(..., metavar="DIR|PATHS", help="A checkpoint directory (CheckpointManager/Saver, or Keras ModelCheckpoint files), or checkpoints in any order."),
-    role: Optional[str] = typer.Option(None, "--role", metavar="ROLE", help="Only variables of this role: model, optimizer or metadata (default: all)."),
-    plot: Optional[str] = typer.Option(None, "--plot", metavar="OUT.png", help="Also write a PNG of per-layer norm and relative change over steps (needs matplotlib)."),
-    force: bool = typer.Option(False, "--force", help="Replace an earlier --plot PNG (nothing else)."),
-    format: OutputFormat = FormatOption,
-    _debug: bool = DebugOption,
-) -> None:
+def scan_command(paths: list[str], role: Optional[str], plot: Optional[str], force: bool,
+                 format: OutputFormat) -> None:  # noqa: A002
     """Every checkpoint of a run in step order: norms, changes, NaN/Inf, drift, directory health (exit 1 if unhealthy)."""
     from .ops.scan.operation import scan  # noqa: PLC0415
     from .render import PlotUnavailable, scan_plot, scan_view  # noqa: PLC0415
@@ -532,19 +518,15 @@ def scan_command(
     if plot is not None:
         from . import _atomic  # noqa: PLC0415
 
-        if os.path.lexists(plot) and not force:
-            raise errors.OutputExistsError(f"{plot}: output exists; pass --force to replace it")
-        if not os.path.lexists(plot):
-            _atomic.check_output(plot, protected=paths)  # a directory, a remote path: refused before the work
+        # an existing plot without --force, anything but a PNG file, a directory, a remote path,
+        # an input: refused before the work
+        _atomic.check_output(plot, force=force, kind=_atomic.KIND_PNG, protected=paths)
         try:
             import matplotlib  # noqa: F401, PLC0415 - fail before the work, not after
         except ImportError:
             raise errors.UsageError("--plot needs matplotlib: pip install 'ckptinspect[plot]'") from None
-    progress = Progress("scan")
-    try:
-        report = scan(paths, role=role, progress=progress)
-    finally:
-        progress.close()
+    with progress("scan") as shown:
+        report = scan(paths, role=role, progress=shown)
     if plot is not None:
         try:
             data = scan_plot(report)
@@ -553,21 +535,21 @@ def scan_command(
         _write_png(plot, data, force=force, protected=list(paths))
     emit(scan_view(report, format))
     if not report.healthy:
-        raise typer.Exit(EXIT_DIFFERENT)
+        raise click.exceptions.Exit(EXIT_DIFFERENT)
 
 
-@app.command("average", cls=_Command)
+@app.command("average")
+@argument("sources", "SRC", nargs=-1, required=False, help="Checkpoints of one run: TF prefixes, .index files or directories (or --last N DIR).")
+@option("--output", "-o", required=True, metavar="OUT", help="Output TF prefix (no suffix, or .ckpt / .ckpt-N).")
+@option("--last", type=(int, str), metavar="N DIR", help="Average the newest N checkpoints the CheckpointManager/Saver directory DIR retains.")
+@option("--ema", type=float, metavar="DECAY", help="Exponential moving average in step order (e_k = DECAY*e_{k-1} + (1-DECAY)*x_k) instead of the mean.")
+@option("--role", metavar="model", help="Write only the model's variables (object graph pruned to them).")
+@force_option
+@format_option()
+@debug_option
 @handle_errors
-def average_command(
-    sources: Optional[list[str]] = typer.Argument(None, metavar="SRC", help="Checkpoints of one run: TF prefixes, .index files or directories (or --last N DIR)."),
-    output: str = typer.Option(..., "--output", "-o", metavar="OUT", help="Output TF prefix (no suffix, or .ckpt / .ckpt-N)."),
-    last: Optional[tuple[int, str]] = typer.Option(None, "--last", metavar="N DIR", help="Average the newest N checkpoints the CheckpointManager/Saver directory DIR retains."),
-    ema: Optional[float] = typer.Option(None, "--ema", metavar="DECAY", help="Exponential moving average in step order (e_k = DECAY*e_{k-1} + (1-DECAY)*x_k) instead of the mean."),
-    role: Optional[str] = typer.Option(None, "--role", metavar="model", help="Write only the model's variables (object graph pruned to them)."),
-    force: bool = typer.Option(False, "--force", help="Replace an earlier output of the same kind (nothing else)."),
-    format: OutputFormat = FormatOption,
-    _debug: bool = DebugOption,
-) -> None:
+def average_command(sources: list[str], output: str, last: Optional[tuple[int, str]], ema: Optional[float],
+                    role: Optional[str], force: bool, format: OutputFormat) -> None:  # noqa: A002
     """Average float variables over checkpoints of one run (mean or EMA, in float64); the rest from the newest."""
     from .ops.average.operation import average  # noqa: PLC0415
     from .render import average_view  # noqa: PLC0415
@@ -577,12 +559,9 @@ def average_command(
         if sources:
             raise errors.UsageError("give either checkpoints or --last N DIR, not both")
         sources = [last[1]]
-    progress = Progress("average")
-    try:
+    with progress("average") as shown:
         report = average(sources, output, last=None if last is None else last[0], ema=ema, role=role, force=force,
-                         progress=progress)
-    finally:
-        progress.close()
+                         progress=shown)
     emit(average_view(report, format))
 
 

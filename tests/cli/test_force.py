@@ -18,7 +18,7 @@ import subprocess
 import sys
 
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from catalogue import KERAS, RUN, _copy_prefix
 from ckptinspect.cli import app
@@ -77,14 +77,14 @@ def state_file_as_prefix_from_directory(tmp):
 
 def state_file_as_npz(tmp):
     d = run_dir(tmp)
-    return ["extract", str(d), "--format", "npz", "-o", str(d / "checkpoint"), "--force"], [
+    return ["extract", str(d), "--to", "npz", "-o", str(d / "checkpoint"), "--force"], [
         f"Error: {d}/checkpoint: exists and is the checkpoint state file of {d} (343 bytes), not a numpy .npz archive"]
 
 
 def new_state_file_in_source_directory(tmp):
     d = run_dir(tmp)
     (d / "checkpoint").unlink()  # the directory resolves by scanning *.index now
-    return ["extract", str(d), "--format", "npz", "-o", str(d / "checkpoint")], [
+    return ["extract", str(d), "--to", "npz", "-o", str(d / "checkpoint")], [
         f"Error: {d}/checkpoint: would be the checkpoint state file of {d}, the source's directory"]
 
 
@@ -181,7 +181,7 @@ def weights_h5_is_a_symlink(tmp):
 
 def format_option_existing_other_kind(tmp):
     shutil.copy(KERAS / "model.weights.h5", tmp / "weights.bin")
-    return ["extract", str(RUN), "--format", "npz", "-o", str(tmp / "weights.bin"), "--force"], [
+    return ["extract", str(RUN), "--to", "npz", "-o", str(tmp / "weights.bin"), "--force"], [
         f"Error: {tmp}/weights.bin: exists and is a regular file", "not a numpy .npz archive"]
 
 
@@ -252,11 +252,11 @@ def test_force_refuses_a_fifo_named_like_the_index_without_opening_it(tmp_path):
     [
         (RUN, "X", []),
         (RUN, "m.npz", []),
-        (RUN, "weights", ["--format", "npz"]),
+        (RUN, "weights", ["--to", "npz"]),
         (KERAS / "model.keras", "m.weights.h5", []),
         (KERAS / "model.h5", "m.h5", []),
     ],
-    ids=["tf-prefix", "npz", "npz-by-format", "weights-h5", "legacy-h5"],
+    ids=["tf-prefix", "npz", "npz-by-to", "weights-h5", "legacy-h5"],
 )
 def test_force_replaces_an_earlier_output_of_the_same_kind(tmp_path, source, name, extra):
     out = tmp_path / "out"

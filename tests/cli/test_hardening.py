@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from cases_bundle import CASES as BUNDLE_CASES
 from cases_io import CASES as IO_CASES
@@ -162,7 +162,7 @@ def test_bad_input_general_contract(case, command, catalogue, tmp_path, limited)
 
 UNREADABLE_RUNNER = textwrap.dedent("""
     import json, sys
-    from typer.testing import CliRunner
+    from click.testing import CliRunner
     from ckptinspect.cli import app
     out = []
     for args in json.loads(sys.argv[1]):

@@ -67,7 +67,7 @@ LIBRARY_SCRIPT = textwrap.dedent(
     (root / "forced" / "stale.txt").write_text("from the first run")
     trainer.train(root / "forced", steps=2, save_every=1, replicas=2, max_to_keep=1, force=True)
 
-    from typer.testing import CliRunner
+    from click.testing import CliRunner
     from ckptinspect.cli import app
     res = CliRunner().invoke(app, ["train", str(root / "odd"), "--steps", "1"])
     out["cli_refuse"] = {"exit_code": res.exit_code, "output": res.output}

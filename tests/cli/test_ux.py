@@ -23,9 +23,10 @@ import struct
 import sys
 import termios
 
+import click
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 import ckptinspect
 from cases_ux import (
@@ -39,7 +40,7 @@ from cases_ux import (
     tf2_names_with_escapes,
 )
 from catalogue import KERAS, RUN, SHARDED
-from ckptinspect import render
+from ckptinspect import cli, render
 from ckptinspect.cli import Progress, app
 
 tf = pytest.importorskip("tensorflow")
@@ -294,9 +295,7 @@ def test_help_has_clean_usage_and_metavars(command):
 
 
 def test_every_option_has_help_text_and_a_metavar():
-    import typer.main  # noqa: PLC0415
-
-    group = typer.main.get_command(app)
+    group = app
     ctx = group.make_context("ckptinspect", ["ls", "x"], resilient_parsing=True)
     commands = [group, *(group.get_command(ctx, name) for name in COMMANDS)]
     for command in commands:
@@ -319,7 +318,7 @@ def test_every_option_has_help_text_and_a_metavar():
 ])
 def test_bad_arguments_are_one_error_line(args, message):
     """The contract's exit 2 for bad arguments: one ``Error:`` line, as for every other error
-    (typer's own display is a usage line, a hint and a framed message)."""
+    (click's own display is a usage line, a hint and a message)."""
     result = invoke(*args)
     assert result.exit_code == 2 and result.stdout == "", result.output
     assert result.stderr.startswith(f"Error: {message}") and result.stderr.count("\n") == 1, result.stderr
@@ -409,20 +408,103 @@ def test_extract_refuses_unknown_suffixes(tmp_path, name, message):
 
 @pytest.mark.parametrize("name", ["model.ckpt", "model.ckpt-100", "ckpt-5", "sub/model", "weights.05-0.32"])
 def test_extract_keeps_tf_prefix_shapes(tmp_path, name):
-    result = invoke("extract", RUN, "-o", tmp_path / name, "--report", "json")
+    result = invoke("extract", RUN, "-o", tmp_path / name, "--format", "json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["output_format"] == "tf"
     assert (tmp_path / f"{name}.index").is_file()
 
 
 def test_extract_unknown_suffix_with_format(tmp_path):
-    tf_out = invoke("extract", RUN, "-o", tmp_path / "out.safetensors", "--format", "tf")
+    tf_out = invoke("extract", RUN, "-o", tmp_path / "out.safetensors", "--to", "tf")
     assert tf_out.exit_code == 0, tf_out.output
     assert (tmp_path / "out.safetensors.index").is_file()
-    npz_out = invoke("extract", RUN, "-o", tmp_path / "weights.bin", "--format", "npz")
+    npz_out = invoke("extract", RUN, "-o", tmp_path / "weights.bin", "--to", "npz")
     assert npz_out.exit_code == 0, npz_out.output
     with np.load(tmp_path / "weights.bin") as npz:
         assert len(npz.files) == 10
+
+
+def test_extract_unknown_suffix_names_to(tmp_path):
+    result = invoke("extract", RUN, "-o", tmp_path / "out.onnx")
+    assert result.exit_code == 2
+    assert "; pass --to tf, weights-h5, h5, npz or safetensors (format=...) to write one under this name" in result.stderr
+
+
+# -- one --format, one declaration of each shared option ------------------------------------
+REPORTING = ["ls", "diff", "verify", "extract", "rewrite", "transplant", "doctor", "plan", "scan", "average"]
+
+
+def _options(name: str) -> dict[str, click.Option]:
+    ctx = click.Context(app)
+    return {opt: p for p in app.commands[name].get_params(ctx) if isinstance(p, click.Option) for opt in p.opts}
+
+
+@pytest.mark.parametrize("name", REPORTING)
+def test_format_is_the_report_format_on_every_command(name):
+    help_text = invoke(name, "--help", env={"COLUMNS": "200"}).stdout
+    metavar = "[table|json]" if name == "plan" else "[table|json|csv]"
+    assert f"-f, --format {metavar}" in help_text, help_text
+    option = _options(name)["--format"]
+    assert sorted(option.opts) == ["--format", "-f"] and option.secondary_opts == []
+    assert option.help == "Format of the report on stdout." and option.type.enum_type is render.OutputFormat
+
+
+def test_extract_output_type_is_to_and_its_report_is_format(tmp_path):
+    out = tmp_path / "weights.bin"
+    result = invoke("extract", RUN, "-o", out, "--to", "npz", "-f", "json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["output_format"] == "npz" and doc["output"] == str(out)
+    rows = csv_rows(invoke("extract", RUN, "-o", tmp_path / "again.npz", "--format", "csv"))
+    assert len(rows) == len(doc["variables"])
+    old = invoke("extract", RUN, "-o", tmp_path / "x.npz", "--report", "json")
+    assert old.exit_code == 2 and old.stderr.startswith("Error: No such option: --report"), old.stderr
+    as_type = invoke("extract", RUN, "-o", tmp_path / "y", "--format", "npz")  # no longer a file type
+    assert as_type.exit_code == 2 and "Invalid value for '--format' / '-f': 'npz' is not one of" in as_type.stderr
+    assert not (tmp_path / "x.npz").exists() and not (tmp_path / "y").exists()
+
+
+def test_shared_options_have_one_declaration():
+    """--force, --format, --debug, --optimizer-pattern, --builder, --map, --transpose-dense and
+    --conv-layout read the same on every command that has them (up to what names the side)."""
+    helps: dict[str, set[str]] = {}
+    for name in app.commands:
+        for opt, param in _options(name).items():
+            helps.setdefault(opt, set()).add(param.help)
+    for opt in ("--force", "--format", "--debug", "--optimizer-pattern"):
+        assert len(helps[opt]) == 1, (opt, helps[opt])
+    def common(text: str) -> str:  # what the factories vary: whose names, and a clause on when it applies
+        text = text.replace("A's", "The source's").replace("every name of A", "every source name")
+        return re.sub(r"(; needed for .*(?=\.$)| \((\.weights\.h5 with --builder|called inside the strategy scope)\))", "", text)
+
+    for opt in ("--transpose-dense", "--conv-layout", "--map", "--builder"):
+        assert len(helps[opt]) > 1 and len({common(h) for h in helps[opt]}) == 1, (opt, helps[opt])
+    text = " ".join(invoke("diff", "--help", env={"COLUMNS": "200"}).stdout.split())
+    assert "A's 2-D kernels are [out,in] (PyTorch Linear): read transposed, as Keras' [in,out]." in text  # no markup
+
+
+def test_conv_layout_is_given_in_any_case(tmp_path, monkeypatch):
+    seen = {}
+    from ckptinspect.ops.diff import operation as diff_mod  # noqa: PLC0415
+
+    def fake(*args, **kwargs):
+        seen.update(kwargs)
+        raise ckptinspect.errors.UsageError("stop")
+
+    monkeypatch.setattr(diff_mod, "diff", fake)
+    assert invoke("diff", RUN, RUN, "--conv-layout", "OIHW").exit_code == 2
+    assert seen["conv_layout"] == "oihw"
+
+
+def test_progress_is_a_context_manager(monkeypatch):
+    closed = []
+    monkeypatch.setattr(Progress, "close", lambda self: closed.append(self.label))
+    with pytest.raises(ValueError), cli.progress("scan") as shown:
+        assert isinstance(shown, Progress) and shown.label == "scan"
+        raise ValueError
+    with cli.progress("stats", when=False) as shown:
+        assert shown is None
+    assert closed == ["scan"]
 
 
 def test_transplant_refuses_unknown_suffixes(tmp_path):

@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 import ckptinspect
 from bundle_craft import DEEP_KEY, chain_graph, edit_entry, graph_checkpoint, read_entries, tf_reads
@@ -99,7 +99,7 @@ def test_verify_names_the_damaged_entry(entry_cases):
 
 COMMANDS_RUNNER = textwrap.dedent("""
     import json, sys
-    from typer.testing import CliRunner
+    from click.testing import CliRunner
     from ckptinspect.cli import app
     out = []
     for args in json.loads(sys.argv[1]):

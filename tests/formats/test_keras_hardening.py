@@ -26,7 +26,7 @@ import zipfile
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 import cases_keras
 import ckptinspect

@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import sys
 
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from ckptinspect.cli import app
 

@@ -10,7 +10,7 @@ import struct
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from ckptinspect import formats
 from ckptinspect import model as m

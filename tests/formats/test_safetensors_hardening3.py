@@ -10,7 +10,7 @@ import struct
 import time
 
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 import ckptinspect
 from ckptinspect.cli import app

@@ -12,7 +12,7 @@ import shutil
 import h5py
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from ckptinspect import formats
 from ckptinspect.cli import app

@@ -204,7 +204,7 @@ def test_listing_does_not_import_tensorflow(keras3_ckpt):
         f"c = ckptinspect.open({str(keras3_ckpt['dir'])!r})\n"
         "assert len(c) > 0\n"
         "from ckptinspect.cli import app\n"
-        "from typer.testing import CliRunner\n"
+        "from click.testing import CliRunner\n"
         f"r = CliRunner().invoke(app, ['ls', {str(keras3_ckpt['dir'])!r}])\n"
         "assert r.exit_code == 0, r.output\n"
         "print('tensorflow' in sys.modules)\n"

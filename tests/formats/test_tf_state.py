@@ -21,7 +21,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from catalogue import KERAS, RUN
 from ckptinspect.cli import app

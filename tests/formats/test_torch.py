@@ -19,7 +19,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 import ckptinspect
 from ckptinspect.cli import app
@@ -197,7 +197,7 @@ def test_verify_reports_a_flipped_byte_by_crc(tmp_path):
 ])
 def test_extract_to_safetensors(source, keys, tmp_path, expected_values):
     out = tmp_path / "out.safetensors"
-    result = runner.invoke(app, ["extract", str(TORCH_FIXTURES / source), "-o", str(out), "--report", "json"])
+    result = runner.invoke(app, ["extract", str(TORCH_FIXTURES / source), "-o", str(out), "--format", "json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["output_format"] == "safetensors" and report["verified"] == keys
@@ -250,7 +250,7 @@ AUDITED = textwrap.dedent("""
             events.append(event)
             raise RuntimeError("audit: " + event)
     import numpy, ckptinspect, ckptinspect.cli, ckptinspect.formats.torch.reader  # noqa  (the reader loads numpy lazily)
-    from typer.testing import CliRunner
+    from click.testing import CliRunner
     from ckptinspect.cli import app
     sys.addaudithook(hook)
     results = []
@@ -329,7 +329,7 @@ WITHOUT = textwrap.dedent("""
     import sys
     sys.modules["torch"] = None
     sys.modules["safetensors"] = None
-    from typer.testing import CliRunner
+    from click.testing import CliRunner
     from ckptinspect.cli import app
     fixtures, out = sys.argv[1], sys.argv[2]
     for args in (["ls", "--stats", fixtures + "/training.pt"], ["verify", fixtures + "/training_legacy.pt"],

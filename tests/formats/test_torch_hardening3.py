@@ -15,7 +15,7 @@ import zlib
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 import ckptinspect
 from ckptinspect.cli import app

@@ -20,7 +20,7 @@ import traceback
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from typer.testing import CliRunner  # noqa: E402
+from click.testing import CliRunner  # noqa: E402
 
 from ckptinspect.cli import app  # noqa: E402
 from ckptinspect._tf import import_tf  # noqa: E402

@@ -26,7 +26,7 @@ def main(argv: list[str]) -> int:
         sys.path.insert(0, ROOT)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import numpy as np
-    from typer.testing import CliRunner
+    from click.testing import CliRunner
 
     from ckptinspect.cli import app
     from tests.helpers import transplant_builders

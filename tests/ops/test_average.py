@@ -19,7 +19,7 @@ import sys
 import ml_dtypes
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 import ckptinspect
 from ckptinspect import _atomic

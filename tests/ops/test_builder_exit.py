@@ -8,7 +8,7 @@ import sys
 import textwrap
 
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from ckptinspect.cli import app
 

@@ -14,7 +14,7 @@ import pathlib
 import re
 
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from ckptinspect.cli import app
 

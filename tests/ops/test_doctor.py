@@ -15,7 +15,7 @@ import pathlib
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from ckptinspect.cli import app
 

@@ -19,7 +19,7 @@ import shutil
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 import ckptinspect
 from ckptinspect import _atomic
@@ -439,7 +439,7 @@ def test_cli_extract_table_json_and_exit_codes(src, tmp_path):
     assert again.exit_code == 2
     assert again.stderr.startswith("Error: ") and "output exists" in again.stderr and len(again.stderr.splitlines()) == 1
 
-    forced = runner.invoke(app, ["extract", str(src["run"]), "-o", str(out), "--force", "--report", "json"])
+    forced = runner.invoke(app, ["extract", str(src["run"]), "-o", str(out), "--force", "--format", "json"])
     assert forced.exit_code == 0, forced.output
     doc = json.loads(forced.stdout)
     assert doc["kept"]["model"]["count"] == 10 and doc["dropped"]["model"]["count"] == 0
@@ -448,7 +448,7 @@ def test_cli_extract_table_json_and_exit_codes(src, tmp_path):
 
 def test_cli_format_option_and_bad_sizes(src, tmp_path):
     out = tmp_path / "weights"
-    result = runner.invoke(app, ["extract", str(src["run_prefix"]), "-o", str(out), "--format", "npz"])
+    result = runner.invoke(app, ["extract", str(src["run_prefix"]), "-o", str(out), "--to", "npz"])
     assert result.exit_code == 0, result.output
     with np.load(out) as npz:
         assert len(npz.files) == 10

@@ -17,7 +17,7 @@ import textwrap
 import time
 
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 import ckptinspect
 from ckptinspect.cli import app

@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 import ckptinspect
 from ckptinspect.cli import app
@@ -282,6 +282,30 @@ def test_plot_png(nan_run, tmp_path):
     refused = invoke("scan", nan_run, "--plot", tmp_path / "not.png", "--force")
     assert refused.exit_code == 2 and (tmp_path / "not.png").read_text() == "mine"
     assert sorted(os.listdir(tmp_path)) == ["not.png", "scan.png"]
+
+
+def test_plot_output_follows_the_atomic_output_rules_before_the_work(tmp_path, monkeypatch):
+    """--plot is checked by _atomic before any checkpoint is read: --force replaces only a PNG
+    file; another file, a link to a PNG, an existing plot without --force are refused (exit 2,
+    one line, nothing changed or left behind)."""
+    monkeypatch.setattr(scan_mod, "scan", lambda *a, **k: pytest.fail("the scan ran"))
+    (tmp_path / "not.png").write_text("mine")
+    png = tmp_path / "old.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 8)
+    (tmp_path / "link.png").symlink_to(png)
+    cases = {
+        "not.png": (["--force"], "exists and is a regular file (4 bytes), not a PNG image; --force replaces only an "
+                                 "earlier output of the same kind, refusing"),
+        "link.png": (["--force"], f"is a symbolic link (to {png}); --force replaces only regular files of an earlier "
+                                  "output, refusing"),
+        "old.png": ([], "output exists; pass --force (force=True) to replace it"),
+    }
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    for name, (extra, message) in cases.items():
+        result = invoke("scan", RUN, "--plot", tmp_path / name, *extra)
+        assert result.exit_code == 2, result.output
+        assert result.stderr == f"Error: {tmp_path / name}: {message}\n"
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
 @pytest.mark.slow  # a process of its own

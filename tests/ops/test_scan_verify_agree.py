@@ -18,7 +18,7 @@ import pathlib
 import shutil
 
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 import ckptinspect
 from ckptinspect.cli import app

@@ -22,8 +22,9 @@ import time
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
+import ckptinspect
 from ckptinspect.cli import app
 from ckptinspect.errors import UsageError
 
@@ -38,6 +39,7 @@ from ckptinspect.ops.model.transplant import (  # noqa: E402
     MATCH_LAYER_ORDER,
     TransplantError,
     transplant,
+    transplant_and_write,
 )
 
 import transplant_builders as builders  # noqa: E402 - tests/ is on sys.path (pytest rootdir-less import)
@@ -440,6 +442,33 @@ def test_cli_refuses_to_overwrite_the_source_and_legacy_h5(in_root, tmp_path, ru
     assert result.stderr.startswith(f"Error: {run_prefix}: is the input ")
     result = invoke(str(RUN), str(tmp_path / "model.h5"), "--builder", f"{BUILDERS}:fixture_model")
     assert result.exit_code == 2 and "legacy .h5 output is not written" in result.stderr
+
+
+def test_transplant_and_write_is_what_the_command_runs(tmp_path, monkeypatch):
+    """The orchestration ``ckptinspect transplant`` ran in the CLI, as a library function: output
+    checked before any TensorFlow work, the model built in the strategy, transplanted, written
+    and read back; a dry run writes nothing and ignores what is at DST."""
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "model.weights.h5"
+    done = transplant_and_write(RUN, out, f"{BUILDERS}:fixture_model")
+    assert done.report.complete and done.report.verified
+    assert [a.target for a in done.report.assigned] == FIXTURE_PATHS
+    assert done.output is not None and done.output.path == os.fspath(out) and done.output.verified and out.is_file()
+
+    again = transplant_and_write(RUN, out, f"{BUILDERS}:fixture_model", dry_run=True)  # DST exists: no matter
+    assert again.output is None and again.report.dry_run and not again.report.verified
+    with pytest.raises(ckptinspect.errors.OutputExistsError):
+        transplant_and_write(RUN, out, f"{BUILDERS}:fixture_model")
+
+    # refused before the strategy or the builder: a builder that cannot be imported is never reached
+    (tmp_path / "plain").write_text("mine\n")
+    for dst, message in ((tmp_path, "is a directory"), (tmp_path / "x.safetensors", "unknown output suffix"),
+                         (tmp_path / "plain", "exists and is a regular file")):
+        with pytest.raises(UsageError, match=message):
+            transplant_and_write(RUN, dst, "no_such_module_xyz:build", force=True)
+    with pytest.raises(UsageError, match="no_such_module_xyz"):
+        transplant_and_write(RUN, tmp_path / "new.weights.h5", "no_such_module_xyz:build")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.weights.h5", "plain"]
 
 
 def test_cli_help():

@@ -16,7 +16,7 @@ import zipfile
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 import ckptinspect
 from ckptinspect.cli import app

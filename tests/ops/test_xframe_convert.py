@@ -13,7 +13,7 @@ import pathlib
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 import ckptinspect
 from ckptinspect.cli import app
@@ -54,7 +54,7 @@ def _loaded(path: pathlib.Path) -> dict[str, np.ndarray]:
 
 
 def _extract(src: pathlib.Path, out: pathlib.Path, *args: str):
-    return runner.invoke(app, ["extract", str(src), "-o", str(out), *args, "--report", "json"])
+    return runner.invoke(app, ["extract", str(src), "-o", str(out), *args, "--format", "json"])
 
 
 @pytest.mark.parametrize("source", sorted(TORCH_SOURCES))

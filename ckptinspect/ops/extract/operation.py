@@ -122,7 +122,7 @@ def output_format_for(out: str, format: str | None = None) -> str:  # noqa: A002
         return kind
     error = _atomic.prefix_suffix_error(
         out, "extract writes a TF prefix (no suffix, .ckpt or .ckpt-N), .weights.h5, .h5/.hdf5, .npz or .safetensors",
-        "pass --format tf, weights-h5, h5, npz or safetensors (format=...) to write one under this name")
+        "pass --to tf, weights-h5, h5, npz or safetensors (format=...) to write one under this name")
     if error is not None:
         raise error
     return FORMAT_TF
@@ -145,7 +145,7 @@ def extract(
     src: str | os.PathLike[str],
     out: str | os.PathLike[str],
     *,
-    format: str | None = None,  # noqa: A002 - the CLI's --format
+    format: str | None = None,  # noqa: A002 - the CLI's --to
     force: bool = False,
     keep: Sequence[str] = (m.ROLE_MODEL,),
     builder: Builder | str | None = None,

@@ -37,9 +37,10 @@ variable is compared with the source on every local replica
 (``strategy.experimental_local_results``): :mod:`ckptinspect.ops.model.assign`.
 
 :func:`transplant` returns a :class:`TransplantReport` and never prints. The helpers
-:func:`make_strategy` (:mod:`ckptinspect.ops.model.devices`), :func:`load_builder`,
-:func:`build_in_scope` and :func:`write_model` (:mod:`ckptinspect.ops.model.weights_io`) are what
-``ckptinspect transplant`` composes around it.
+:func:`transplant_and_write` is what ``ckptinspect transplant`` runs: it composes
+:func:`make_strategy` (:mod:`ckptinspect.ops.model.devices`), :func:`build_in_scope`,
+:func:`transplant` and :func:`write_model` (:mod:`ckptinspect.ops.model.weights_io`), with the
+output checked before any work.
 """
 
 from __future__ import annotations
@@ -88,6 +89,8 @@ __all__ = [
     "TransplantReport",
     "WriteResult",
     "transplant",
+    "TransplantOutcome",
+    "transplant_and_write",
     "make_strategy",
     "load_builder",
     "build_in_scope",
@@ -399,7 +402,6 @@ def transplant(
             ckpt.close()
 
 
-
 def _strict_error(ckpt: m.Checkpoint, report: TransplantReport) -> TransplantError:
     """What ``strict`` refuses with: every problem the plan found, and the ways around them."""
     problems = report.problems
@@ -411,6 +413,88 @@ def _strict_error(ckpt: m.Checkpoint, report: TransplantReport) -> TransplantErr
         problems=problems,
         report=report,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class TransplantOutcome:
+    """What :func:`transplant_and_write` did: the transplant's report, and the output written
+    (None for a dry run, or when no model variable received a value)."""
+
+    report: TransplantReport
+    output: WriteResult | None
+
+
+def transplant_and_write(
+    source: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    builder: str,
+    *,
+    strategy: str = "default",
+    replicas: int | None = None,
+    mapping: RulesLike = None,
+    strict: bool = True,
+    skip_mismatch: bool = False,
+    dry_run: bool = False,
+    by_order: bool = False,
+    transpose_dense: bool = False,
+    conv_layout: str = CONV_HWIO,
+    allow_reshape: bool = False,
+    force: bool = False,
+) -> TransplantOutcome:
+    """Build a model inside a ``tf.distribute`` strategy, put a checkpoint's weights into it, and
+    write it to ``dst`` (``ckptinspect transplant SRC DST --builder MODULE:FUNCTION``).
+
+    In order:
+
+    1. ``dst``'s kind (by suffix) and the ``mapping`` rules are checked before any work.
+    2. The source is opened; unless ``dry_run``, ``dst`` is checked against the atomic-output
+       rules (an existing output without ``force``, anything but an earlier output of the same
+       kind, the source itself or its directory) before TensorFlow is set up.
+    3. The strategy is made (:func:`make_strategy`: devices are configured here, the first
+       TensorFlow work) and the builder called inside its scope (:func:`build_in_scope`).
+    4. :func:`transplant` pairs, assigns and checks the values.
+    5. Unless ``dry_run``, and only when some model variable received a value (a model holding
+       only its initial values is no transplant), the model is written to ``dst`` and read back
+       (:func:`write_model`, the source protected).
+
+    Args:
+        source: The checkpoint to read (any supported format).
+        dst: A TF checkpoint prefix, or a ``.weights.h5`` / ``.keras`` file (by suffix).
+        builder: ``pkg.module:function`` returning the model (called inside the strategy scope).
+        strategy: ``default``, ``mirrored`` or ``multi-worker`` (reads ``TF_CONFIG``).
+        replicas: Logical CPU devices for ``mirrored`` (default 2).
+        mapping, strict, skip_mismatch, dry_run, by_order, transpose_dense, conv_layout,
+            allow_reshape: As for :func:`transplant`.
+        force: Replace an earlier output of the same kind at ``dst``.
+
+    Returns:
+        A :class:`TransplantOutcome`: the report, and the :class:`WriteResult` (or None).
+
+    Raises:
+        UsageError: A bad ``dst`` suffix, mapping rule, strategy or builder; ``dst`` is in the
+            way (not an earlier output of the same kind, an input, a source directory).
+        OutputExistsError: An earlier output is at ``dst`` and ``force`` is not set.
+        TransplantError, VerificationError, CkptError: As for :func:`transplant` and
+            :func:`write_model`.
+    """
+    from ... import _atomic  # noqa: PLC0415
+    from ...formats import open_checkpoint  # noqa: PLC0415
+
+    dst = os.fspath(dst)
+    kind = output_kind(dst)
+    parse_mapping(mapping)  # bad rules fail before any work
+    with open_checkpoint(os.fspath(source)) as ckpt:
+        protected = [os.fspath(source), ckpt.path]
+        if not dry_run:  # a dry run writes nothing: what is at dst does not matter
+            _atomic.check_output(dst, force=force, prefix=kind == OUTPUT_TF, protected=protected)
+        strat = make_strategy(strategy, replicas)  # the first TensorFlow work: devices are set up here
+        model = build_in_scope(builder, strat)
+        report = transplant(ckpt, model, mapping=mapping, strategy=strat, strict=strict, skip_mismatch=skip_mismatch,
+                            dry_run=dry_run, by_order=by_order, transpose_dense=transpose_dense,
+                            conv_layout=conv_layout, allow_reshape=allow_reshape)
+    if dry_run or not report.assigned:
+        return TransplantOutcome(report, None)
+    return TransplantOutcome(report, write_model(model, dst, force=force, protected=protected, strategy=strat))
 
 
 def _plan(
