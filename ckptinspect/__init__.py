@@ -1,4 +1,5 @@
-"""ckptinspect: inspect, compare and operate on TensorFlow and Keras checkpoints.
+"""ckptinspect: inspect, compare and operate on model checkpoints (TensorFlow, Keras, PyTorch,
+safetensors, npz).
 
 >>> import ckptinspect
 >>> ckpt = ckptinspect.open("runs/ckpts")          # any supported format

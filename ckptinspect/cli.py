@@ -20,7 +20,7 @@ from typing import Callable, Iterator, Optional
 
 import click
 
-from . import errors
+from . import errors, formats
 from ._cli_app import Argument, EnumChoice, Group, Option
 from .render import OutputFormat
 
@@ -28,7 +28,7 @@ EXIT_OK = 0
 EXIT_DIFFERENT = 1
 EXIT_ERROR = 2
 
-APP_HELP = "Inspect, compare and operate on TensorFlow and Keras checkpoints."
+APP_HELP = "Inspect, compare and operate on model checkpoints: TensorFlow, Keras, PyTorch, safetensors, npz."
 _state = {"debug": False}
 DEBUG_HELP = "Show tracebacks on errors (before or after the command)."
 
@@ -77,7 +77,9 @@ optimizer_pattern_option = option(
 )
 role_option = option("--role", metavar="ROLE", help="Only variables of this role: model, optimizer or metadata.")
 force_option = option("--force", is_flag=True, help="Replace an earlier output of the same kind (nothing else).")
-path_argument = argument("path", "PATH", help="Checkpoint prefix, .index file, directory, SavedModel, or Keras file.")
+# What a checkpoint argument may be comes from the format registry (formats.described()).
+PATH_HELP = f"The checkpoint: {formats.described()}."
+path_argument = argument("path", "PATH", help=PATH_HELP)
 
 
 def map_option(names: str = "every source name", when: str = "") -> Callable:
@@ -221,7 +223,7 @@ def ls_command(path: str, filter: Optional[str], role: Optional[str], stats: boo
 
 
 @app.command("diff")
-@argument("a", "A", help="Checkpoint A: TF prefix, .index, directory, SavedModel or Keras file.")
+@argument("a", "A", help="Checkpoint A, any kind PATH takes (see 'ckptinspect ls --help').")
 @argument("b", "B", help="Checkpoint B, of the same or another format.")
 @option("--atol", type=float, default=0.0, metavar="FLOAT", help="Absolute tolerance (numpy isclose semantics; 0 = exact).")
 @option("--rtol", type=float, default=0.0, metavar="FLOAT", help="Relative tolerance, of B's magnitude (0 = exact).")
@@ -292,7 +294,7 @@ WITH_BUILDER = " (.weights.h5 with --builder)"
 
 
 @app.command("extract")
-@argument("src", "SRC", help="Source checkpoint: TF prefix or directory, SavedModel, Keras .h5/.weights.h5/.keras, torch.save file, .safetensors, Hugging Face folder.")
+@argument("src", "SRC", help=f"Source checkpoint: {formats.described()}.")
 @option("--output", "-o", required=True, metavar="OUT", help="Output: a TF prefix (no suffix, or .ckpt / .ckpt-N), or a .weights.h5 / .h5 / .npz / .safetensors file.")
 @option("--to", metavar="[tf|weights-h5|h5|npz|safetensors]", help="Output file type (default: from OUT's suffix; needed for any other suffix).")
 @builder_option(required=False, when="; needed for .weights.h5 from a TF, PyTorch or safetensors checkpoint")

@@ -60,6 +60,7 @@ __all__ = [
     "FORMATS",
     "detect",
     "spec_of",
+    "described",
     "capabilities",
     "open_checkpoint",
     "prepare_check",
@@ -123,6 +124,11 @@ __all__ = [
 ]
 check_regular = _fs.check_regular  # outputs copy from source files: refuse FIFOs and devices first
 FORMATS = _registry.format_names()  # every Checkpoint.format name, in registry order
+
+
+def described() -> str:
+    """Every kind of path the tool opens, from the registry (the help of PATH arguments)."""
+    return _registry.described()
 
 
 def expected() -> str:

@@ -274,7 +274,13 @@ def format_names() -> tuple[str, ...]:
     return tuple(names)
 
 
+def described() -> str:
+    """Every kind of path the registry recognises, in detection order ("a TF checkpoint prefix
+    or its .index file, ..., or a .safetensors file"): the help of PATH arguments."""
+    kinds = [spec.describe for spec in SPECS if spec.describe]
+    return ", ".join(kinds[:-1]) + " or " + kinds[-1]
+
+
 def expected() -> str:
     """What a path may be: the "expected ..." text of a refusal, from the registry."""
-    described = [spec.describe for spec in SPECS if spec.describe]
-    return "expected " + ", ".join(described[:-1]) + " or " + described[-1]
+    return "expected " + described()

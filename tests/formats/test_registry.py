@@ -157,3 +157,12 @@ def test_capabilities_by_format_name():
     assert "keras-layout" in formats.capabilities("keras-zip")
     assert "keras-layout" not in formats.capabilities("safetensors")
     assert formats.capabilities("no-such-format") == frozenset()
+
+
+def test_the_cli_path_help_is_the_registry_text():
+    from ckptinspect import cli
+
+    assert cli.PATH_HELP == f"The checkpoint: {formats.described()}."
+    for spec in formats.Kind:
+        if spec.describe:
+            assert spec.describe in cli.PATH_HELP
