@@ -119,3 +119,13 @@ def test_keras_files_without_numbers_are_not_a_series():
         formats.list_directory(str(ROOT / "fixtures" / "keras"))
     result = _run("ls", ROOT / "fixtures" / "keras")
     assert result.exit_code == 2 and "pass one of them" in result.output
+
+
+def test_a_lightning_callbacks_inf_sentinel_is_not_divergence():
+    """Lightning's ModelCheckpoint keeps kth_value at inf (metadata): scan stays healthy."""
+    result = _run("scan", "--format", "json", SERIES / "lightning")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["healthy"] and doc["first_nonfinite"] is None
+    kth = [v for v in doc["steps"][0]["variables"] if v["name"].endswith("/kth_value")]
+    assert kth and kth[0]["role"] == "metadata" and kth[0]["inf"] == 1

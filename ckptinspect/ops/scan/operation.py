@@ -158,8 +158,13 @@ class StepReport:
 
     @functools.cached_property
     def nonfinite(self) -> list[str]:
-        """Names of the variables holding a NaN or Inf (computed once: the report asks often)."""
-        return [v.name for v in self.variables if v.figures is not None and v.figures.nonfinite]
+        """Names of the variables holding a NaN or Inf (computed once: the report asks often).
+
+        A metadata value's Inf is bookkeeping, not divergence (Lightning's ModelCheckpoint keeps
+        ``kth_value``/``best_model_score`` at inf until a score is monitored); its NaN (a NaN
+        loss) still counts."""
+        return [v.name for v in self.variables if v.figures is not None and v.figures.nonfinite
+                and (v.role != m.ROLE_METADATA or v.figures.nan)]
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "path": self.path, "format": self.format, "status": self.status,
