@@ -135,13 +135,6 @@ def file_series_kind(directory: str) -> str | None:
     return kind
 
 
-def _mtime(path: str) -> float | None:
-    try:
-        return os.stat(path).st_mtime
-    except OSError:
-        return None
-
-
 def _list_files(directory: str, kind: str, files: list[str]) -> DirectoryListing:
     numbered = [(name_numbers(n).order, n) for n in files]
     ordered = sorted((order, n) for order, n in numbered if order is not None)
@@ -149,8 +142,8 @@ def _list_files(directory: str, kind: str, files: list[str]) -> DirectoryListing
     paths = [_fs.join(directory, n) for _, n in ordered]
     latest = paths[-1] if paths else None
     checkpoints = tuple(
-        m.RetainedCheckpoint(path=p, step=order, timestamp=None if _fs.is_remote(p) else _mtime(p), exists=True,
-                             in_state_file=False, latest=p == latest)
+        # No recorded save time (a state file's): plan takes the files' modification times as such.
+        m.RetainedCheckpoint(path=p, step=order, timestamp=None, exists=True, in_state_file=False, latest=p == latest)
         for (order, _), p in zip(ordered, paths)
     )
     leftovers = () if _fs.is_remote(directory) else tuple(leftover_temporaries(directory))

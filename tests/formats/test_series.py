@@ -6,6 +6,7 @@ callbacks, see its make_fixtures.py); the expectations come from its expected.js
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import shutil
 
@@ -129,3 +130,18 @@ def test_a_lightning_callbacks_inf_sentinel_is_not_divergence():
     assert doc["healthy"] and doc["first_nonfinite"] is None
     kth = [v for v in doc["steps"][0]["variables"] if v["name"].endswith("/kth_value")]
     assert kth and kth[0]["role"] == "metadata" and kth[0]["inf"] == 1
+
+
+def test_plan_reads_the_cadence_of_a_series_from_its_files(tmp_path):
+    folder = tmp_path / "run"
+    shutil.copytree(SERIES / "keras3_weights", folder)
+    for i, name in enumerate(("weights.01.weights.h5", "weights.02.weights.h5", "weights.03.weights.h5")):
+        os.utime(folder / name, (1_700_000_000 + 600 * i, 1_700_000_000 + 600 * i))  # a save every 10 minutes
+    result = _run("plan", "--format", "json", folder)
+    assert result.exit_code == 0, result.output
+    measured = json.loads(result.stdout)["measured"]
+    assert measured["retained"] == 3
+    assert measured["checkpoint"] == str(folder / "weights.03.weights.h5")
+    cadence = measured["cadence"]
+    assert cadence["time_source"] == "mtime" and cadence["interval_seconds"] == 600
+    assert [p["step"] for p in cadence["points"]] == [1, 2, 3]
