@@ -185,6 +185,132 @@ def _dtype_name(arr: np.ndarray) -> str:
     return "bool" if arr.dtype == np.bool_ else str(arr.dtype)
 
 
+class _Walk:
+    """One walk of an unpickled object: the names it gives, the variables and values found."""
+
+    def __init__(self, obj: Any, label: str, limit: int):
+        top_keys = {str(k).lower() for k in obj} if isinstance(obj, dict) else set()
+        self.has_model_key = bool(top_keys & MODEL_KEYS)
+        self.label = label
+        self.limit = limit
+        self.variables: list[m.Variable] = []
+        self.tensors: dict[str, TensorRef] = {}
+        self.values: dict[str, np.ndarray] = {}
+        self.strings: dict[str, str] = {}
+        self.used: set[str] = set()
+        self.entries = 0
+
+    def unique(self, name: str) -> str:
+        """``name``, or ``name#2``, ``name#3``... when an earlier entry took it."""
+        if name not in self.used:
+            self.used.add(name)
+            return name
+        i = 2
+        while f"{name}#{i}" in self.used:
+            i += 1
+        self.used.add(f"{name}#{i}")
+        return f"{name}#{i}"
+
+    def role_of(self, parts: tuple[str, ...], optimizer: bool, is_tensor: bool) -> str:
+        """Optimizer state under an optimizer key; numbers and counters are metadata; tensors
+        outside the model's key (when the file has one) too."""
+        if optimizer or any(p.lower() in OPTIMIZER_KEYS for p in parts):
+            return m.ROLE_OPTIMIZER
+        if not is_tensor:
+            return m.ROLE_METADATA
+        if parts and parts[0].lower() in COUNTER_KEYS and len(parts) == 1:
+            return m.ROLE_METADATA
+        if self.has_model_key and not (parts and parts[0].lower() in MODEL_KEYS):
+            return m.ROLE_METADATA
+        return m.ROLE_MODEL
+
+    def count(self, parts: tuple[str, ...]) -> None:
+        """One more entry reached: refuse a pickle bomb or a nesting too deep."""
+        self.entries += 1
+        if self.entries > self.limit:
+            raise UnsafeFileError(
+                f"{self.label}: the pickle expands to more than {self.limit} entries (shared containers);"
+                " refusing a possible pickle bomb"
+            )
+        if len(parts) > MAX_DEPTH:
+            raise UnsafeFileError(f"{self.label}: the pickle nests more than {MAX_DEPTH} levels deep; refusing")
+
+    def add_tensor(self, name: str, ref: TensorRef, parts: tuple[str, ...], optimizer: bool) -> None:
+        key = self.unique(name)
+        self.tensors[key] = ref
+        nbytes = ref.numel * TORCH_ITEMSIZE[ref.dtype]
+        self.variables.append(m.Variable(key=key, name=key, shape=ref.shape, dtype=ref.dtype, nbytes=nbytes,
+                                         role=self.role_of(parts, optimizer, True)))
+
+    def add_value(self, name: str, arr: np.ndarray, parts: tuple[str, ...], optimizer: bool) -> None:
+        """A number, a list of numbers or a numpy value read from the pickle itself."""
+        key = self.unique(name)
+        self.values[key] = arr
+        self.variables.append(m.Variable(key=key, name=key, shape=arr.shape, dtype=_dtype_name(arr),
+                                         nbytes=arr.nbytes, role=self.role_of(parts, optimizer, False)))
+
+    def run(self, obj: Any) -> None:
+        """Depth-first, in pickle order, with an explicit stack (no recursion)."""
+        stack: list[tuple[Any, tuple[str, ...], bool]] = [(obj, (), False)]
+        while stack:
+            value, parts, optimizer = stack.pop()
+            self.count(parts)
+            name = "/".join(parts) if parts else TOP_TENSOR_NAME
+            if isinstance(value, TensorRef):
+                self.add_tensor(name, value, parts, optimizer)
+            elif isinstance(value, StorageRef):  # a storage saved by itself: its elements, 1-d
+                ref = TensorRef(storage=value, dtype=value.dtype, offset=0, shape=(value.numel,), stride=(1,))
+                stack.append((ref, parts, optimizer))
+                self.entries -= 1
+            elif isinstance(value, dict):
+                child_optimizer = optimizer or (OPTIMIZER_STRUCTURE <= {str(k) for k in value} and len(value) <= 3)
+                for k, v in reversed(list(value.items())):
+                    stack.append((v, (*parts, _key_text(k)), child_optimizer))
+            elif isinstance(value, (list, tuple)):
+                if value and all(_is_number(x) for x in value):
+                    arr = _number_array(value)
+                    if arr is not None:
+                        self.add_value(name, arr, parts, optimizer)
+                    continue
+                for i in range(len(value) - 1, -1, -1):
+                    stack.append((value[i], (*parts, str(i)), optimizer))
+            elif isinstance(value, StandIn):
+                arr = numpy_value(value)
+                if arr is not None:
+                    if parts:
+                        self.add_value(name, arr, parts, optimizer)
+                    continue
+                for k, v in reversed(_stand_in_children(value)):
+                    stack.append((v, (*parts, k), optimizer))
+            elif isinstance(value, (bool, int, float)):
+                arr = _number_array(value)
+                if arr is not None and parts:
+                    self.add_value(name, arr, parts, optimizer)
+            elif isinstance(value, str) and parts and len(self.strings) < MAX_INFO_STRINGS:
+                self.strings[name] = value if len(value) <= MAX_INFO_STRING_CHARS else value[:MAX_INFO_STRING_CHARS] + "..."
+
+
+def _step_of(obj: Any) -> tuple[int | None, str | None]:
+    """The step a training dict records (:data:`STEP_KEYS`, first found), and where from."""
+    if isinstance(obj, dict):
+        for k in STEP_KEYS:
+            v = obj.get(k)
+            if isinstance(v, StandIn):  # a numpy integer scalar
+                arr = numpy_value(v)
+                v = int(arr) if arr is not None and arr.ndim == 0 and arr.dtype.kind in "iu" else None
+            if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+                return v, f"variable:{k}"
+    return None, None
+
+
+def _ties(tensors: dict[str, TensorRef]) -> list[list[str]]:
+    """Names of one view of one storage (tied weights), each group in walk order."""
+    groups: dict[tuple, list[str]] = {}
+    for key, ref in tensors.items():
+        groups.setdefault((ref.storage.key, ref.byte_start, ref.shape, ref.stride, ref.dtype), []).append(key)
+    return [keys for keys in groups.values() if len(keys) > 1]
+
+
 def flatten(obj: Any, label: str, opcodes: int | None = None) -> Flat:
     """Name every tensor and number of an unpickled object.
 
@@ -197,110 +323,10 @@ def flatten(obj: Any, label: str, opcodes: int | None = None) -> Flat:
         UnsafeFileError: Nesting deeper than :data:`MAX_DEPTH`, or more than
             :data:`MAX_ENTRIES` entries (shared containers counted each time they are reached).
     """
-    top_keys = {str(k).lower() for k in obj} if isinstance(obj, dict) else set()
-    has_model_key = bool(top_keys & MODEL_KEYS)
-    variables: list[m.Variable] = []
-    tensors: dict[str, TensorRef] = {}
-    values: dict[str, np.ndarray] = {}
-    strings: dict[str, str] = {}
-    used: set[str] = set()
-    entries = 0
     limit = MAX_ENTRIES if opcodes is None else min(MAX_ENTRIES, ENTRIES_PER_OPCODE * opcodes + MIN_ENTRIES)
-
-    def unique(name: str) -> str:
-        if name not in used:
-            used.add(name)
-            return name
-        i = 2
-        while f"{name}#{i}" in used:
-            i += 1
-        used.add(f"{name}#{i}")
-        return f"{name}#{i}"
-
-    def role_of(parts: tuple[str, ...], optimizer: bool, is_tensor: bool) -> str:
-        if optimizer or any(p.lower() in OPTIMIZER_KEYS for p in parts):
-            return m.ROLE_OPTIMIZER
-        if not is_tensor:
-            return m.ROLE_METADATA
-        if parts and parts[0].lower() in COUNTER_KEYS and len(parts) == 1:
-            return m.ROLE_METADATA
-        if has_model_key and not (parts and parts[0].lower() in MODEL_KEYS):
-            return m.ROLE_METADATA
-        return m.ROLE_MODEL
-
-    # Depth-first, in pickle order, with an explicit stack (no recursion).
-    stack: list[tuple[Any, tuple[str, ...], bool]] = [(obj, (), False)]
-    while stack:
-        value, parts, optimizer = stack.pop()
-        entries += 1
-        if entries > limit:
-            raise UnsafeFileError(
-                f"{label}: the pickle expands to more than {limit} entries (shared containers);"
-                " refusing a possible pickle bomb"
-            )
-        if len(parts) > MAX_DEPTH:
-            raise UnsafeFileError(f"{label}: the pickle nests more than {MAX_DEPTH} levels deep; refusing")
-        name = "/".join(parts) if parts else TOP_TENSOR_NAME
-        if isinstance(value, TensorRef):
-            key = unique(name)
-            tensors[key] = value
-            nbytes = value.numel * TORCH_ITEMSIZE[value.dtype]
-            variables.append(m.Variable(key=key, name=key, shape=value.shape, dtype=value.dtype, nbytes=nbytes,
-                                        role=role_of(parts, optimizer, True)))
-        elif isinstance(value, StorageRef):  # a storage saved by itself: its elements, 1-d
-            ref = TensorRef(storage=value, dtype=value.dtype, offset=0, shape=(value.numel,), stride=(1,))
-            stack.append((ref, parts, optimizer))
-            entries -= 1
-        elif isinstance(value, dict):
-            child_optimizer = optimizer or (OPTIMIZER_STRUCTURE <= {str(k) for k in value} and len(value) <= 3)
-            items = list(value.items())
-            for k, v in reversed(items):
-                stack.append((v, (*parts, _key_text(k)), child_optimizer))
-        elif isinstance(value, (list, tuple)):
-            if value and all(_is_number(x) for x in value):
-                arr = _number_array(value)
-                if arr is not None:
-                    key = unique(name)
-                    values[key] = arr
-                    variables.append(m.Variable(key=key, name=key, shape=arr.shape, dtype=_dtype_name(arr),
-                                                nbytes=arr.nbytes, role=role_of(parts, optimizer, False)))
-                continue
-            for i in range(len(value) - 1, -1, -1):
-                stack.append((value[i], (*parts, str(i)), optimizer))
-        elif isinstance(value, StandIn):
-            arr = numpy_value(value)
-            if arr is not None:
-                if parts:
-                    key = unique(name)
-                    values[key] = arr
-                    variables.append(m.Variable(key=key, name=key, shape=arr.shape, dtype=_dtype_name(arr),
-                                                nbytes=arr.nbytes, role=role_of(parts, optimizer, False)))
-                continue
-            for k, v in reversed(_stand_in_children(value)):
-                stack.append((v, (*parts, k), optimizer))
-        elif isinstance(value, (bool, int, float)):
-            arr = _number_array(value)
-            if arr is not None and parts:
-                key = unique(name)
-                values[key] = arr
-                variables.append(m.Variable(key=key, name=key, shape=(), dtype=_dtype_name(arr), nbytes=arr.nbytes,
-                                            role=role_of(parts, optimizer, False)))
-        elif isinstance(value, str) and parts and len(strings) < MAX_INFO_STRINGS:
-            strings[name] = value if len(value) <= MAX_INFO_STRING_CHARS else value[:MAX_INFO_STRING_CHARS] + "..."
-    step, step_source = None, None
-    if isinstance(obj, dict):
-        for k in STEP_KEYS:
-            v = obj.get(k)
-            if isinstance(v, StandIn):  # a numpy integer scalar
-                arr = numpy_value(v)
-                v = int(arr) if arr is not None and arr.ndim == 0 and arr.dtype.kind in "iu" else None
-            if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
-                step, step_source = v, f"variable:{k}"
-                break
-    groups: dict[tuple, list[str]] = {}
-    for key, ref in tensors.items():
-        groups.setdefault((ref.storage.key, ref.byte_start, ref.shape, ref.stride, ref.dtype), []).append(key)
-    tied = [keys for keys in groups.values() if len(keys) > 1]
-    roots = {v.key.split("/", 1)[0] for v in variables if v.role == m.ROLE_MODEL}
-    prefix = f"{roots.pop()}/" if has_model_key and len(roots) == 1 else None
-    return Flat(variables, tensors, values, strings, step, step_source, tied, prefix)
+    walk = _Walk(obj, label, limit)
+    walk.run(obj)
+    step, step_source = _step_of(obj)
+    roots = {v.key.split("/", 1)[0] for v in walk.variables if v.role == m.ROLE_MODEL}
+    prefix = f"{roots.pop()}/" if walk.has_model_key and len(roots) == 1 else None
+    return Flat(walk.variables, walk.tensors, walk.values, walk.strings, step, step_source, _ties(walk.tensors), prefix)
