@@ -139,119 +139,151 @@ def _read_index(path: str) -> tuple[dict[str, Any], list[str]]:
     return index, _shard_names(path, index.get(WEIGHT_MAP))
 
 
+class _Read:
+    """What the present shards gave: variables (each key's shard in ``seen``), damage, the
+    source reading them, the format, the step, and facts for ``info``."""
+
+    def __init__(self, path: str, shard_files: list[str], info: dict[str, Any]):
+        self.path = path
+        self.shard_files = shard_files
+        self.info = info
+        self.variables: list[m.Variable] = []
+        self.damaged: list[m.Damage] = []
+        self.seen: dict[str, int] = {}
+        self.source: m.BaseSource | None = None
+        self.fmt: str | None = None
+        self.step: int | None = None
+        self.step_source: str | None = None
+
+    def add(self, i: int, shard_vars: list[m.Variable]) -> None:
+        """Shard ``i``'s keys, each in one shard only."""
+        for v in shard_vars:
+            if v.key in self.seen:
+                raise CorruptCheckpointError(
+                    f"{self.path}: tensor {v.key!r} is in shard {self.shard_files[self.seen[v.key]]} and in {self.shard_files[i]}"
+                )
+            self.seen[v.key] = i
+
+
+def _read_safetensors_shards(read: _Read, shard_paths: list[str], number: list[int], strict: bool) -> None:
+    entries = {}
+    problems: dict[str, str] = {}
+    for j, p in enumerate(shard_paths):
+        i = number[j]
+        header = read_header(p, strict=strict)
+        shard_vars = variables_of(header, shard=i)
+        read.add(i, shard_vars)
+        read.variables += shard_vars
+        entries.update({t.name: (j, t) for t in header.tensors})
+        problems.update(header.problems)
+        if j == 0:
+            read.step, read.step_source = metadata_step(header.metadata)
+            if header.metadata is not None:
+                read.info["metadata"] = header.metadata
+    read.damaged = [m.Damage(key=k, name=k, file=shard_paths[entries[k][0]],
+                             kind=m.DAMAGE_TRUNCATED, problem=problem) for k, problem in problems.items()]
+    read.source = SafetensorsSource(shard_paths, entries, extra_files=[read.path], problems=problems)
+    read.fmt = FORMAT_SAFETENSORS
+
+
+def _read_torch_shards(read: _Read, shard_paths: list[str], number: list[int], any_absent: bool) -> None:
+    shards = []
+    where: dict[str, tuple[int, m.Variable]] = {}
+    try:
+        from ..torch.reader import open_torch  # noqa: PLC0415 - brings numpy
+
+        for j, p in enumerate(shard_paths):
+            i = number[j]
+            shard = open_torch(p)
+            shards.append(shard)
+            read.fmt = read.fmt or shard.format
+            read.add(i, list(shard.variables))
+            for v in shard.variables:
+                where[v.key] = (j, v)
+                read.variables.append(m.Variable(key=v.key, name=v.name, shape=v.shape, dtype=v.dtype,
+                                                 nbytes=v.nbytes, shards=(i,), role=v.role))
+            if shard.info.get("tied"):
+                read.info.setdefault("tied", []).extend(shard.info["tied"])
+    except BaseException:
+        for s in shards:
+            s.close()
+        raise
+    read.source = _ShardedSource(read.path, shards, where)
+    read.fmt = read.fmt or (m.FORMAT_TORCH_ZIP if any_absent else None)  # no shard to tell: torch.save's default
+
+
+def _list_missing(read: _Read, weight_map: dict[str, str], all_paths: list[str], absent: dict[int, str]) -> None:
+    """The names of the absent shards' tensors, as the index gives them (shape and dtype
+    unknown), each damage; commands that need their values refuse at once (``info["unreadable"]``)."""
+    path, shard_files = read.path, read.shard_files
+    missing: dict[str, str] = {}
+    position = {n: i for i, n in enumerate(shard_files)}
+    for key, name in weight_map.items():
+        i = position[name]
+        if i in absent and key not in read.seen:
+            read.seen[key] = i
+            missing[key] = f"{all_paths[i]}: cannot read {key!r}: shard {i + 1} of {len(all_paths)} named by {path} is missing"
+            read.variables.append(m.Variable(key=key, name=key, shape=(), dtype=UNKNOWN_DTYPE, nbytes=0, shards=(i,)))
+            read.damaged.append(m.Damage(key=key, name=key, file=all_paths[i], kind=m.DAMAGE_MISSING_SHARD,
+                                         problem=f"its shard {name} is missing", shard=i))
+    read.info["missing_shards"] = [shard_files[i] for i in sorted(absent)]
+    # as a TF bundle's entries TensorFlow cannot read: commands that need the values refuse at once
+    read.info["unreadable"] = {key: f"its shard {weight_map[key]} is missing" for key in missing}
+    read.info["warnings"] = [f"{absent[i]}; its {sum(n == shard_files[i] for n in weight_map.values())} tensor(s) are"
+                             " listed by the names the index gives (shape and dtype unknown)" for i in sorted(absent)]
+    read.source = _MissingShards(read.source, missing, (path, *all_paths))
+
+
+def _check_index(read: _Read, weight_map: dict[str, str], strict: bool) -> None:
+    """Every key the index maps is in the shard it names: damage (or, strict, an error) otherwise."""
+    path, shard_files = read.path, read.shard_files
+    for key, name in weight_map.items():
+        if key not in read.seen:
+            problem = f"{path}: the index maps {key!r} to {name}, which does not hold it"
+            kind = m.DAMAGE_MISSING_SLICE
+        elif shard_files[read.seen[key]] != name:
+            problem = f"{path}: the index maps {key!r} to {name}, but it is in {shard_files[read.seen[key]]}"
+            kind = m.DAMAGE_LAYOUT
+        else:
+            continue
+        if strict:
+            read.source.close()
+            raise CorruptCheckpointError(problem)
+        read.damaged.append(m.Damage(key=key, name=key, file=name, kind=kind, problem=problem.removeprefix(path + ": ")))
+
+
 def _opened(path: str, strict: bool) -> tuple[m.Checkpoint, list[m.Damage], list[str]]:
+    """The checkpoint of a sharded index, the damage found opening it, and the absent shards."""
     index, shard_files = _read_index(path)
     weight_map: dict[str, str] = index[WEIGHT_MAP]
     directory = _fs.dirname(path)
     all_paths = [_fs.join(directory, n) if directory else n for n in shard_files]
     absent = {i: f"{p}: shard {i + 1} of {len(all_paths)} named by {path} is missing"
               for i, p in enumerate(all_paths) if not _fs.isfile(p)}
-    present = [i for i in range(len(all_paths)) if i not in absent]
-    # the shards read below: the present ones (their positions in shard_files kept by `number`)
-    shard_paths = [all_paths[i] for i in present]
-    number = present
-    damaged: list[m.Damage] = []
-    variables: list[m.Variable] = []
-    seen: dict[str, int] = {}
+    # the shards read: the present ones (their positions in shard_files kept by `number`)
+    number = [i for i in range(len(all_paths)) if i not in absent]
+    shard_paths = [all_paths[i] for i in number]
     info: dict[str, Any] = {"shard_files": shard_files}
     metadata = index.get("metadata")
     if isinstance(metadata, dict) and isinstance(metadata.get("total_size"), (int, float)):
         info["total_size"] = int(metadata["total_size"])
-
-    def add(i: int, shard_vars: list[m.Variable]) -> None:
-        for v in shard_vars:
-            if v.key in seen:
-                raise CorruptCheckpointError(
-                    f"{path}: tensor {v.key!r} is in shard {shard_files[seen[v.key]]} and in {shard_files[i]}"
-                )
-            seen[v.key] = i
-
+    read = _Read(path, shard_files, info)
     if shard_paths:
         is_st = is_safetensors_head(_fs.read_head(shard_paths[0], 10))
     else:  # no shard at all: the index's own name says which kind they were
         is_st = _fs.basename(path).endswith(".safetensors.index.json") or all(
             n.endswith(".safetensors") for n in shard_files)
     if is_st:
-        entries = {}
-        problems: dict[str, str] = {}
-        step = step_source = None
-        for j, p in enumerate(shard_paths):
-            i = number[j]
-            header = read_header(p, strict=strict)
-            shard_vars = variables_of(header, shard=i)
-            add(i, shard_vars)
-            variables += shard_vars
-            entries.update({t.name: (j, t) for t in header.tensors})
-            problems.update(header.problems)
-            if j == 0:
-                step, step_source = metadata_step(header.metadata)
-                if header.metadata is not None:
-                    info["metadata"] = header.metadata
-        damaged = [m.Damage(key=k, name=k, file=shard_paths[entries[k][0]],
-                            kind=m.DAMAGE_TRUNCATED, problem=problem) for k, problem in problems.items()]
-        source: m.BaseSource = SafetensorsSource(shard_paths, entries, extra_files=[path], problems=problems)
-        fmt = FORMAT_SAFETENSORS
+        _read_safetensors_shards(read, shard_paths, number, strict)
     else:
-        shards = []
-        where: dict[str, tuple[int, m.Variable]] = {}
-        step = step_source = None
-        fmt = None
-        try:
-            from ..torch.reader import open_torch  # noqa: PLC0415 - brings numpy
-
-            for j, p in enumerate(shard_paths):
-                i = number[j]
-                shard = open_torch(p)
-                shards.append(shard)
-                fmt = fmt or shard.format
-                add(i, list(shard.variables))
-                for v in shard.variables:
-                    where[v.key] = (j, v)
-                    variables.append(m.Variable(key=v.key, name=v.name, shape=v.shape, dtype=v.dtype,
-                                                nbytes=v.nbytes, shards=(i,), role=v.role))
-                if shard.info.get("tied"):
-                    info.setdefault("tied", []).extend(shard.info["tied"])
-        except BaseException:
-            for s in shards:
-                s.close()
-            raise
-        source = _ShardedSource(path, shards, where)
-        fmt = fmt or (m.FORMAT_TORCH_ZIP if absent else None)  # no shard to tell: torch.save's default
-    missing: dict[str, str] = {}
+        _read_torch_shards(read, shard_paths, number, bool(absent))
     if absent:
-        position = {n: i for i, n in enumerate(shard_files)}
-        for key, name in weight_map.items():
-            i = position[name]
-            if i in absent and key not in seen:
-                seen[key] = i
-                missing[key] = f"{all_paths[i]}: cannot read {key!r}: shard {i + 1} of {len(all_paths)} named by {path} is missing"
-                variables.append(m.Variable(key=key, name=key, shape=(), dtype=UNKNOWN_DTYPE, nbytes=0, shards=(i,)))
-                damaged.append(m.Damage(key=key, name=key, file=all_paths[i], kind=m.DAMAGE_MISSING_SHARD,
-                                        problem=f"its shard {name} is missing", shard=i))
-        info["missing_shards"] = [shard_files[i] for i in sorted(absent)]
-        # as a TF bundle's entries TensorFlow cannot read: commands that need the values refuse at once
-        info["unreadable"] = {key: f"its shard {weight_map[key]} is missing" for key in missing}
-        info["warnings"] = [f"{absent[i]}; its {sum(n == shard_files[i] for n in weight_map.values())} tensor(s) are"
-                            " listed by the names the index gives (shape and dtype unknown)" for i in sorted(absent)]
-        source = _MissingShards(source, missing, (path, *all_paths))
-    for key, name in weight_map.items():
-        if key not in seen:
-            problem = f"{path}: the index maps {key!r} to {name}, which does not hold it"
-            if strict:
-                source.close()
-                raise CorruptCheckpointError(problem)
-            damaged.append(m.Damage(key=key, name=key, file=name, kind=m.DAMAGE_MISSING_SLICE,
-                                    problem=problem.removeprefix(path + ": ")))
-        elif shard_files[seen[key]] != name:
-            problem = f"{path}: the index maps {key!r} to {name}, but it is in {shard_files[seen[key]]}"
-            if strict:
-                source.close()
-                raise CorruptCheckpointError(problem)
-            damaged.append(m.Damage(key=key, name=key, file=name, kind=m.DAMAGE_LAYOUT,
-                                    problem=problem.removeprefix(path + ": ")))
-    ckpt = m.Checkpoint(path=path, format=fmt or FORMAT_SAFETENSORS, variables=tuple(variables), step=step,
-                        step_source=step_source, num_shards=len(shard_files), info=info, source=source)
-    return ckpt, damaged, [absent[i] for i in sorted(absent)]
+        _list_missing(read, weight_map, all_paths, absent)
+    _check_index(read, weight_map, strict)
+    ckpt = m.Checkpoint(path=path, format=read.fmt or FORMAT_SAFETENSORS, variables=tuple(read.variables),
+                        step=read.step, step_source=read.step_source, num_shards=len(shard_files), info=info,
+                        source=read.source)
+    return ckpt, read.damaged, [absent[i] for i in sorted(absent)]
 
 
 def open_hf_sharded(path: str) -> m.Checkpoint:
