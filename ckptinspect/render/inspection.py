@@ -104,12 +104,9 @@ def _clip(text: str) -> str:
     return text if len(text) <= INFO_CLIP else text[: INFO_CLIP - 3] + "..."
 
 
-def ls_view(listing, fmt: OutputFormat, tree: bool = False, width: int | None = AUTO) -> str:
-    """Render an :class:`~ckptinspect.ops.listing.Listing`."""
-    if width == AUTO and fmt == OutputFormat.table:
-        width = terminal_width()
-    ckpt = listing.checkpoint
-    stats = listing.stats
+def _header_fields(ckpt) -> list[tuple[str, Any]]:
+    """The header's ``label: value`` lines: path, format, step, shards, totals, then what the
+    format knows (model, optimizer, Keras version, save date, unallocated datasets, metadata, ties)."""
     step = "-" if ckpt.step is None else f"{ckpt.step} (from {ckpt.step_source})"
     totals = ckpt.totals()
     info = ckpt.info
@@ -142,33 +139,35 @@ def ls_view(listing, fmt: OutputFormat, tree: bool = False, width: int | None = 
         fields.append(("metadata", _clip(", ".join(f"{k}={v}" for k, v in info["metadata"].items()))))
     if info.get("tied"):  # torch: names sharing one tensor
         fields.append(("tied", _clip("; ".join(" = ".join(group) for group in info["tied"]))))
-    label_width = max(9, *(len(label) + 2 for label, _ in fields))
-    header = [f"{label + ':':<{label_width}}{value}" for label, value in fields]
-    if ckpt.checkpoints:
-        header += ["", "checkpoints:"]
-        header += _table_lines(
-            ["", "prefix", "step", "saved", "exists", "in state file"],
+    return fields
+
+
+def _checkpoint_lines(ckpt, width: int | None) -> list[str]:
+    """A directory's checkpoints (the series), newest marked ``*``; nothing for one checkpoint."""
+    if not ckpt.checkpoints:
+        return []
+    return ["", "checkpoints:", *_table_lines(
+        ["", "prefix", "step", "saved", "exists", "in state file"],
+        [
             [
-                [
-                    "*" if c.latest else "",
-                    c.path,
-                    "-" if c.step is None else c.step,
-                    _fmt_time(c.timestamp),
-                    "yes" if c.exists else "MISSING",
-                    "yes" if c.in_state_file else "no",
-                ]
-                for c in ckpt.checkpoints
-            ],
-            width=width, squeeze=[1],
-        )
-    if len(listing.variables) != len(ckpt.variables):
-        header += ["", f"showing {len(listing.variables)} of {len(ckpt.variables)} variables"]
-    columns: list[Column] = [("name", "name"), ("shape", "shape"), ("dtype", "dtype"), ("size", "size"),
-                             ("shards", "shard"), ("role", "role")]
-    if stats is not None:
-        columns += [("min", "min"), ("max", "max"), ("mean", "mean"), ("std", "std"), ("nan", "nan"), ("inf", "inf")]
+                "*" if c.latest else "",
+                c.path,
+                "-" if c.step is None else c.step,
+                _fmt_time(c.timestamp),
+                "yes" if c.exists else "MISSING",
+                "yes" if c.in_state_file else "no",
+            ]
+            for c in ckpt.checkpoints
+        ],
+        width=width, squeeze=[1],
+    )]
+
+
+def _variable_rows(listing, fmt: OutputFormat, tree: bool) -> list[dict[str, Any]]:
+    """One row per listed variable (the stats' figures when ``--stats``), in tree order for ``--tree``."""
+    stats = listing.stats
+    unreadable = listing.checkpoint.info.get("unreadable") or {}
     rows = []
-    unreadable = info.get("unreadable") or {}
     shapes: dict[tuple, str] = {}  # thousands of variables, a few distinct shapes and sizes
     sizes: dict[int, str] = {}
     for v in (sorted(listing.variables, key=lambda v: v.name) if tree else listing.variables):
@@ -198,9 +197,27 @@ def ls_view(listing, fmt: OutputFormat, tree: bool = False, width: int | None = 
         rows.append(row)
     if tree and fmt == OutputFormat.table:
         rows = _tree_rows(rows)
+    return rows
+
+
+def ls_view(listing, fmt: OutputFormat, tree: bool = False, width: int | None = AUTO) -> str:
+    """Render an :class:`~ckptinspect.ops.listing.Listing`."""
+    if width == AUTO and fmt == OutputFormat.table:
+        width = terminal_width()
+    ckpt = listing.checkpoint
+    fields = _header_fields(ckpt)
+    label_width = max(9, *(len(label) + 2 for label, _ in fields))
+    header = [f"{label + ':':<{label_width}}{value}" for label, value in fields]
+    header += _checkpoint_lines(ckpt, width)
+    if len(listing.variables) != len(ckpt.variables):
+        header += ["", f"showing {len(listing.variables)} of {len(ckpt.variables)} variables"]
+    columns: list[Column] = [("name", "name"), ("shape", "shape"), ("dtype", "dtype"), ("size", "size"),
+                             ("shards", "shard"), ("role", "role")]
     csv_cols = ["key", "name", "shape", "dtype", "nbytes", "shards", "role"]
-    if stats is not None:
+    if listing.stats is not None:
+        columns += [("min", "min"), ("max", "max"), ("mean", "mean"), ("std", "std"), ("nan", "nan"), ("inf", "inf")]
         csv_cols += ["min", "max", "mean", "std", "nan", "inf"]
+    rows = _variable_rows(listing, fmt, tree)
     doc = listing.to_dict() if fmt == OutputFormat.json else {}  # the table and CSV show rows only
     return render(fmt, doc=doc, rows=rows, columns=columns, header=header, csv_columns=csv_cols, width=width)
 
