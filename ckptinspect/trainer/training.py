@@ -15,7 +15,7 @@ import pathlib
 import platform
 import shutil
 import uuid
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import OutputExistsError, UsageError
 from ..ops.model.devices import configure_devices  # the operations own it
@@ -276,6 +276,77 @@ def train(
     return result
 
 
+def _build_in_strategy(devices: list[str], seed: int, learning_rate: float) -> tuple[Any, Any, Any, Any]:
+    """The MirroredStrategy over ``devices`` and, in its scope, the model, its Adam optimizer
+    (built, compiled in so that the Keras files carry it) and the ``step`` counter."""
+    import keras  # noqa: PLC0415
+    import tensorflow as tf  # noqa: PLC0415
+
+    strategy = tf.distribute.MirroredStrategy(devices)
+    with strategy.scope():
+        model = build_model(seed)
+        optimizer = keras.optimizers.Adam(learning_rate=learning_rate, name=OPTIMIZER_NAME)
+        optimizer.build(model.trainable_variables)
+        # Compiled only so that model.keras / model.h5 carry the optimizer; the loop computes its own
+        # loss. A loss object, not "mse": Keras 3 cannot load a legacy .h5 compiled with the string.
+        model.compile(optimizer=optimizer, loss=keras.losses.MeanSquaredError())
+        step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+    return strategy, model, optimizer, step
+
+
+def _train_step(strategy: Any, model: Any, optimizer: Any, step: Any, global_batch: int) -> Callable[[Any, Any], Any]:
+    """One training step on every replica (the loss averaged over the global batch), counted."""
+    import tensorflow as tf  # noqa: PLC0415
+
+    def replica_step(features: Any, targets: Any) -> Any:
+        with tf.GradientTape() as tape:
+            predictions = model(features, training=True)
+            per_example = tf.reduce_mean(tf.square(predictions - targets), axis=-1)
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    @tf.function
+    def train_step(features: Any, targets: Any) -> Any:
+        per_replica = strategy.run(replica_step, args=(features, targets))
+        step.assign_add(1)
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    return train_step
+
+
+def _metadata(model: Any, optimizer: Any, settings: dict[str, Any], saved: list[dict[str, Any]],
+              retained: list[str], latest: str, keras_files: list[str], out: pathlib.Path) -> dict[str, Any]:
+    """What ``metadata.json`` records: the settings, every save and what was retained, the
+    model's weights, the optimizer and the library versions."""
+    retained_names = set(retained)
+    return {
+        "format_version": METADATA_VERSION,
+        **settings,
+        "saved": [{**s, "retained": s["checkpoint"] in retained_names} for s in saved],
+        "saved_steps": [s["step"] for s in saved],
+        "retained": retained,
+        "retained_steps": [s["step"] for s in saved if s["checkpoint"] in retained_names],
+        "latest": latest,
+        "model": {
+            "name": model.name,
+            "weights": [
+                {
+                    "name": w.path,
+                    "shape": list(w.shape),
+                    "dtype": str(w.dtype),
+                    "trainable": bool(w.trainable),
+                }
+                for w in model.weights
+            ],
+        },
+        "optimizer": {"class": type(optimizer).__name__, "learning_rate": settings["learning_rate"]},
+        "keras_files": [os.path.relpath(p, out) for p in keras_files],
+        "versions": _versions(),
+    }
+
+
 def _train_into(
     tmp: pathlib.Path,
     out: pathlib.Path,
@@ -293,39 +364,15 @@ def _train_into(
     nan_at: int | None = None,
     nan_variable: str | None = None,
 ) -> TrainResult:
-    import keras  # noqa: PLC0415
     import tensorflow as tf  # noqa: PLC0415
 
     replicas = len(devices)
-    strategy = tf.distribute.MirroredStrategy(devices)
     global_batch = batch_per_replica * replicas
-    with strategy.scope():
-        model = build_model(seed)
-        optimizer = keras.optimizers.Adam(learning_rate=learning_rate, name=OPTIMIZER_NAME)
-        optimizer.build(model.trainable_variables)
-        # Compiled only so that model.keras / model.h5 carry the optimizer; the loop computes its own
-        # loss. A loss object, not "mse": Keras 3 cannot load a legacy .h5 compiled with the string.
-        model.compile(optimizer=optimizer, loss=keras.losses.MeanSquaredError())
-        step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
-
+    strategy, model, optimizer, step = _build_in_strategy(devices, seed, learning_rate)
     x, y = synthetic_data(seed)
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(global_batch, drop_remainder=True)
     batches = iter(strategy.experimental_distribute_dataset(dataset))
-
-    def replica_step(features: Any, targets: Any) -> Any:
-        with tf.GradientTape() as tape:
-            predictions = model(features, training=True)
-            per_example = tf.reduce_mean(tf.square(predictions - targets), axis=-1)
-            loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
-    @tf.function
-    def train_step(features: Any, targets: Any) -> Any:
-        per_replica = strategy.run(replica_step, args=(features, targets))
-        step.assign_add(1)
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+    train_step = _train_step(strategy, model, optimizer, step, global_batch)
 
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
     manager = tf.train.CheckpointManager(checkpoint, str(tmp), max_to_keep=max_to_keep, checkpoint_name=CHECKPOINT_NAME)
@@ -357,42 +404,13 @@ def _train_into(
         written = write_keras3_files(model, target, force=force)
         keras_files = [str(out / pathlib.Path(p).relative_to(tmp)) if keras_dir == out else p for p in written]
 
-    retained_names = set(retained)
-    metadata = {
-        "format_version": METADATA_VERSION,
-        "steps": steps,
-        "save_every": save_every,
-        "replicas": replicas,
-        "max_to_keep": max_to_keep,
-        "max_shard_bytes": max_shard_bytes,
-        "num_shards": num_shards,
-        "seed": seed,
-        "batch_per_replica": batch_per_replica,
-        "global_batch": global_batch,
-        "learning_rate": learning_rate,
-        "nan_at": nan_at,
-        "nan_variable": nan_variable,
-        "saved": [{**s, "retained": s["checkpoint"] in retained_names} for s in saved],
-        "saved_steps": [s["step"] for s in saved],
-        "retained": retained,
-        "retained_steps": [s["step"] for s in saved if s["checkpoint"] in retained_names],
-        "latest": latest,
-        "model": {
-            "name": model.name,
-            "weights": [
-                {
-                    "name": w.path,
-                    "shape": list(w.shape),
-                    "dtype": str(w.dtype),
-                    "trainable": bool(w.trainable),
-                }
-                for w in model.weights
-            ],
-        },
-        "optimizer": {"class": type(optimizer).__name__, "learning_rate": learning_rate},
-        "keras_files": [os.path.relpath(p, out) for p in keras_files],
-        "versions": _versions(),
+    settings = {
+        "steps": steps, "save_every": save_every, "replicas": replicas, "max_to_keep": max_to_keep,
+        "max_shard_bytes": max_shard_bytes, "num_shards": num_shards, "seed": seed,
+        "batch_per_replica": batch_per_replica, "global_batch": global_batch, "learning_rate": learning_rate,
+        "nan_at": nan_at, "nan_variable": nan_variable,
     }
+    metadata = _metadata(model, optimizer, settings, saved, retained, latest, keras_files, out)
     (tmp / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n", encoding="utf-8")
 
     return TrainResult(
