@@ -36,6 +36,8 @@ DEBUG_HELP = "Show tracebacks on errors (before or after the command)."
 @click.group("ckptinspect", cls=Group, help=APP_HELP, no_args_is_help=True,
              context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.option("--debug", is_flag=True, help=DEBUG_HELP)
+@click.version_option(package_name="ckptinspect", prog_name="ckptinspect", message="%(prog)s %(version)s",
+                      help="Show the installed ckptinspect's version and exit.")
 def app(debug: bool) -> None:
     _state["debug"] = debug
 
@@ -231,20 +233,23 @@ def ls_command(path: str, filter: Optional[str], role: Optional[str], stats: boo
 @map_option("every name of A")
 @optimizer_pattern_option
 @layout_options("A's")
+@option("--hide-equal", is_flag=True, help="Leave out the variables that are equal (table, CSV and JSON 'variables'; the summary counts all).")
+@option("--quiet", "-q", is_flag=True, help="Print nothing on stdout: the exit code alone says equal (0) or different (1), as git diff --quiet.")
 @format_option()
 @debug_option
 @handle_errors
 def diff_command(a: str, b: str, atol: float, rtol: float, role: Optional[str], maps: list[str],
-                 optimizer_pattern: Optional[str], transpose_dense: bool, conv_layout: str,
-                 format: OutputFormat) -> None:  # noqa: A002
+                 optimizer_pattern: Optional[str], transpose_dense: bool, conv_layout: str, hide_equal: bool,
+                 quiet: bool, format: OutputFormat) -> None:  # noqa: A002
     """Compare two checkpoints, also across formats (exit 0 equal within tolerance, 1 different)."""
     from .ops.diff.operation import diff  # noqa: PLC0415
     from .render import diff_view  # noqa: PLC0415
 
-    with progress("diff") as shown:
+    with progress("diff", when=not quiet) as shown:
         report = diff(a, b, atol=atol, rtol=rtol, role=role, mapping=maps, progress=shown,
                       optimizer_pattern=optimizer_pattern, transpose_dense=transpose_dense, conv_layout=conv_layout)
-    emit(diff_view(report, format))
+    if not quiet:
+        emit(diff_view(report, format, hide_equal=hide_equal))
     if not report.identical:
         raise click.exceptions.Exit(EXIT_DIFFERENT)
 
