@@ -111,12 +111,14 @@ def layout_options(whose: str = "The source's", when: str = "") -> Callable:
     return decorate
 
 
-def fail(message: str) -> None:
+def fail(message: str, details: tuple[str, ...] | list[str] = ()) -> None:
     """Print one ``Error:`` line (control characters escaped, so a name from a file cannot
-    break the line or drive the terminal) and exit 2."""
+    break the line or drive the terminal), then any ``details`` lines (escaped alike), and exit 2."""
     from .render import escape_controls  # noqa: PLC0415
 
     click.echo(f"Error: {escape_controls(message)}", err=True)
+    for line in details:
+        click.echo(escape_controls(line), err=True)
     raise click.exceptions.Exit(EXIT_ERROR)
 
 
@@ -379,12 +381,20 @@ def transplant_command(src: str, dst: str, builder: str, strategy: str, replicas
     --skip-mismatch); nothing is written when nothing was assigned.
     """
     from .ops.model.transplant import transplant_and_write  # noqa: PLC0415
-    from .render import transplant_view  # noqa: PLC0415
+    from .render import transplant_refusal, transplant_view  # noqa: PLC0415
 
-    done = transplant_and_write(src, dst, builder, strategy=strategy, replicas=replicas, mapping=maps, strict=strict,
-                                skip_mismatch=skip_mismatch, dry_run=dry_run, by_order=by_order,
-                                transpose_dense=transpose_dense, conv_layout=conv_layout,
-                                allow_reshape=allow_reshape, force=force)
+    try:
+        done = transplant_and_write(src, dst, builder, strategy=strategy, replicas=replicas, mapping=maps,
+                                    strict=strict, skip_mismatch=skip_mismatch, dry_run=dry_run, by_order=by_order,
+                                    transpose_dense=transpose_dense, conv_layout=conv_layout,
+                                    allow_reshape=allow_reshape, force=force)
+    except errors.TransplantError as e:
+        if e.report is None or not e.problems:  # not the strict refusal (a value that did not arrive)
+            raise
+        if _state["debug"]:
+            traceback.print_exc()
+        # the library's message names the Python arguments (strict=False...): say the flags
+        fail(*transplant_refusal(e.report, e.problems, src=src, builder=builder))
     report = done.report
     emit(transplant_view(report, format, output=done.output))
     if not dry_run and not report.complete:

@@ -434,7 +434,8 @@ def simple_table(
         else:
             lines.append(COLUMN_GAP.join(_pad(c, w) for c, w in zip(row, widths)).rstrip())
     if hidden:
-        lines.append(f"(left out to fit {width} columns: {', '.join(hidden)}; --format csv has every column)")
+        said = f"(left out to fit {width} columns: {', '.join(hidden)}; all in --format csv)"
+        lines += textwrap.wrap(said, width=max(width, MIN_WRAPPED_WIDTH), break_on_hyphens=False) or [said]
     return "\n".join(lines)
 
 
