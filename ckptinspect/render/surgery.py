@@ -49,7 +49,7 @@ def transplant_refusal(report, problems, *, src: str, builder: str) -> tuple[str
         ways.append("--map 'REGEX=REPLACEMENT' renames source variables")
         if not report.by_order:
             ways.append("--by-order pairs the remaining layers by order and shape")
-    lines.append(f"hint: {'; '.join(ways)}")
+    lines += [f"hint: {way}" for way in ways]
     lines.append(f"hint: ckptinspect doctor {shlex.quote(src)} --builder {shlex.quote(builder)} explains every weight"
                  " and prints the fix")
     return message, lines

@@ -112,7 +112,7 @@ def test_strict_transplant_refusal_is_short_and_names_the_flags(tmp_path, monkey
     lines = lines[lines.index(next(line for line in lines if line.startswith("Error: "))):]  # after the builder's print
     assert lines[0].startswith(f"Error: {RUN}") and "cannot transplant into 'stranger'" in lines[0]
     assert "nothing written" in lines[0] and len(lines[0]) < 200, lines[0]
-    assert len(lines) <= 10 and all(len(line) < 240 for line in lines), result.stderr
+    assert len(lines) <= 12 and all(len(line) < 160 for line in lines), result.stderr
     assert any(line.startswith("  ... and ") and line.endswith(" more") for line in lines)
     text = result.stderr
     assert "--no-strict" in text and "--map" in text and "--by-order" in text
@@ -135,3 +135,50 @@ def test_a_builders_prints_do_not_land_in_json(tmp_path, monkeypatch):
         assert result.exit_code == 0, (name, result.output)
         json.loads(result.stdout)  # one document, nothing else
         assert "building the model" in result.stderr, (name, result.stderr)
+
+
+# -- item 19: plan under a job limit; a probe far smaller than the checkpoint --------------
+def plan_json(*args):
+    result = invoke("plan", *args, "--format", "json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_plan_says_how_many_jobs_and_the_work_lost_at_their_limits():
+    # 7 d of training, a save every 30 min taking 20 s, 24 h jobs: 47 saves per job keep
+    # 23.5 h each; a job's last 860 s (after its 47th save) are lost at the limit. Jobs 1-7
+    # keep 164.5 h, the 8th finishes the last 3.5 h: 8 jobs, 7 x 860 s lost.
+    doc = plan_json("--train-time", "7d", "--every", "30m", "--save-seconds", "20", "--job-limit", "24h")
+    assert (doc["saves_per_job"], doc["jobs_needed"]) == (47, 8)
+    assert doc["lost_hours_at_limit"] * 3600 == pytest.approx(860)
+    assert doc["lost_hours_at_limits_total"] * 3600 == pytest.approx(7 * 860)
+    # a run that fits in one job loses nothing at a limit
+    one = plan_json("--train-time", "20h", "--every", "30m", "--save-seconds", "20", "--job-limit", "24h")
+    assert (one["jobs_needed"], one["lost_hours_at_limits_total"]) == (1, 0.0)
+    # exact fit: 5 h + 1 h save, 4 per 24 h job keep 20 h; 168 h need 9 jobs
+    exact = plan_json("--train-time", "7d", "--every", "5h", "--save-seconds", "1h", "--job-limit", "24h")
+    assert (exact["jobs_needed"], exact["lost_hours_at_limits_total"]) == (9, 0.0)
+    table = invoke("plan", "--train-time", "7d", "--every", "30m", "--save-seconds", "20", "--job-limit", "24h").stdout
+    assert "jobs needed" in table and "lost at job limits         1.67 h" in table
+
+
+def test_plan_warns_when_the_probe_wrote_far_less_than_the_checkpoint(tmp_path, monkeypatch):
+    import functools
+    import shutil
+
+    from ckptinspect.ops.plan import operation
+    from ckptinspect.ops.plan.measure import probe_write
+
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
+    whole = plan_json(str(run), "--probe")
+    assert whole["warnings"] == [] and whole["probe"]["capped"] is False
+    # the real probe, capped at 256 bytes (1 GiB against a checkpoint of several GiB)
+    monkeypatch.setattr(operation, "probe_write", functools.partial(probe_write, max_bytes=256))
+    small = plan_json(str(run), "--probe")
+    assert small["probe"]["bytes_written"] == 256 and small["probe"]["capped"] is True
+    assert len(small["warnings"]) == 1 and small["warnings"][0].startswith("the probe wrote 256 bytes, 1/")
+    assert "--save-seconds" in small["warnings"][0]
+    table = invoke("plan", str(run), "--probe").stdout
+    assert "warning:    the probe wrote 256 bytes" in table
+    assert sorted(p.name for p in run.iterdir()) == sorted(p.name for p in RUN.iterdir())  # nothing left behind
