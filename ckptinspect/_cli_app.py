@@ -22,12 +22,19 @@ from typing import Any
 
 import click
 
-__all__ = ["Argument", "Command", "EnumChoice", "Group", "Option", "usage_error_line"]
+__all__ = ["Argument", "Command", "EnumChoice", "Group", "Option", "PlainBadParameter", "usage_error_line"]
 
 
 def _in_words(choices: list[str]) -> str:
     """``['table', 'json', 'csv']`` -> ``table, json or csv``."""
     return choices[0] if len(choices) == 1 else f"{', '.join(choices[:-1])} or {choices[-1]}"
+
+
+class PlainBadParameter(click.BadParameter):
+    """A bad value whose message is said as given (no ``Invalid value for '--x' / '-x':``)."""
+
+    def format_message(self) -> str:
+        return self.message
 
 
 class EnumChoice(click.Choice):
@@ -46,7 +53,7 @@ class EnumChoice(click.Choice):
         except click.BadParameter:
             opts = sorted(getattr(param, "opts", None) or [], key=len)
             name = opts[-1] if opts else (param.name if param is not None else "the value")
-            raise click.UsageError(f"{name} must be {_in_words(list(self.choices))}, not {value!r}", ctx) from None
+            raise PlainBadParameter(f"{name} must be {_in_words(list(self.choices))}, not {value!r}", ctx, param) from None
 
 
 def _as_list(param: click.Parameter, value: Any) -> Any:
