@@ -22,11 +22,24 @@ from typing import Any
 
 import click
 
-__all__ = ["Argument", "Command", "EnumChoice", "Group", "Option", "usage_error_line"]
+__all__ = ["Argument", "Command", "EnumChoice", "Group", "Option", "PlainBadParameter", "usage_error_line"]
+
+
+def _in_words(choices: list[str]) -> str:
+    """``['table', 'json', 'csv']`` -> ``table, json or csv``."""
+    return choices[0] if len(choices) == 1 else f"{', '.join(choices[:-1])} or {choices[-1]}"
+
+
+class PlainBadParameter(click.BadParameter):
+    """A bad value whose message is said as given (no ``Invalid value for '--x' / '-x':``)."""
+
+    def format_message(self) -> str:
+        return self.message
 
 
 class EnumChoice(click.Choice):
-    """A choice among an Enum's values, in any case; the value is the member."""
+    """A choice among an Enum's values, in any case; the value is the member. A value that is
+    none of them is said in plain words: ``--format must be table, json or csv, not 'yaml'``."""
 
     def __init__(self, enum_type: type[enum.Enum]):
         self.enum_type = enum_type
@@ -35,7 +48,12 @@ class EnumChoice(click.Choice):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> enum.Enum:
         if isinstance(value, self.enum_type):
             return value
-        return self.enum_type(super().convert(value, param, ctx))
+        try:
+            return self.enum_type(super().convert(value, param, ctx))
+        except click.BadParameter:
+            opts = sorted(getattr(param, "opts", None) or [], key=len)
+            name = opts[-1] if opts else (param.name if param is not None else "the value")
+            raise PlainBadParameter(f"{name} must be {_in_words(list(self.choices))}, not {value!r}", ctx, param) from None
 
 
 def _as_list(param: click.Parameter, value: Any) -> Any:
@@ -68,7 +86,10 @@ class Argument(click.Argument):
         return [self.usage_name()]
 
     def process_value(self, ctx: click.Context, value: Any) -> Any:
-        return _as_list(self, super().process_value(ctx, value))
+        value = _as_list(self, super().process_value(ctx, value))
+        if value == "" or (isinstance(value, list) and "" in value):  # `ls ''`: not "Error: : no such file"
+            raise click.UsageError(f"{self.usage_name().strip('[].')} is empty: give a path", ctx)
+        return value
 
 
 class Command(click.Command):

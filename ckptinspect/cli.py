@@ -36,6 +36,8 @@ DEBUG_HELP = "Show tracebacks on errors (before or after the command)."
 @click.group("ckptinspect", cls=Group, help=APP_HELP, no_args_is_help=True,
              context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.option("--debug", is_flag=True, help=DEBUG_HELP)
+@click.version_option(package_name="ckptinspect", prog_name="ckptinspect", message="%(prog)s %(version)s",
+                      help="Show the installed ckptinspect's version and exit.")
 def app(debug: bool) -> None:
     _state["debug"] = debug
 
@@ -109,12 +111,14 @@ def layout_options(whose: str = "The source's", when: str = "") -> Callable:
     return decorate
 
 
-def fail(message: str) -> None:
+def fail(message: str, details: tuple[str, ...] | list[str] = ()) -> None:
     """Print one ``Error:`` line (control characters escaped, so a name from a file cannot
-    break the line or drive the terminal) and exit 2."""
+    break the line or drive the terminal), then any ``details`` lines (escaped alike), and exit 2."""
     from .render import escape_controls  # noqa: PLC0415
 
     click.echo(f"Error: {escape_controls(message)}", err=True)
+    for line in details:
+        click.echo(escape_controls(line), err=True)
     raise click.exceptions.Exit(EXIT_ERROR)
 
 
@@ -231,20 +235,23 @@ def ls_command(path: str, filter: Optional[str], role: Optional[str], stats: boo
 @map_option("every name of A")
 @optimizer_pattern_option
 @layout_options("A's")
+@option("--hide-equal", is_flag=True, help="Leave out the variables that are equal (table, CSV and JSON 'variables'; the summary counts all).")
+@option("--quiet", "-q", is_flag=True, help="Print nothing on stdout: the exit code alone says equal (0) or different (1), as git diff --quiet.")
 @format_option()
 @debug_option
 @handle_errors
 def diff_command(a: str, b: str, atol: float, rtol: float, role: Optional[str], maps: list[str],
-                 optimizer_pattern: Optional[str], transpose_dense: bool, conv_layout: str,
-                 format: OutputFormat) -> None:  # noqa: A002
+                 optimizer_pattern: Optional[str], transpose_dense: bool, conv_layout: str, hide_equal: bool,
+                 quiet: bool, format: OutputFormat) -> None:  # noqa: A002
     """Compare two checkpoints, also across formats (exit 0 equal within tolerance, 1 different)."""
     from .ops.diff.operation import diff  # noqa: PLC0415
     from .render import diff_view  # noqa: PLC0415
 
-    with progress("diff") as shown:
+    with progress("diff", when=not quiet) as shown:
         report = diff(a, b, atol=atol, rtol=rtol, role=role, mapping=maps, progress=shown,
                       optimizer_pattern=optimizer_pattern, transpose_dense=transpose_dense, conv_layout=conv_layout)
-    emit(diff_view(report, format))
+    if not quiet:
+        emit(diff_view(report, format, hide_equal=hide_equal))
     if not report.identical:
         raise click.exceptions.Exit(EXIT_DIFFERENT)
 
@@ -374,12 +381,20 @@ def transplant_command(src: str, dst: str, builder: str, strategy: str, replicas
     --skip-mismatch); nothing is written when nothing was assigned.
     """
     from .ops.model.transplant import transplant_and_write  # noqa: PLC0415
-    from .render import transplant_view  # noqa: PLC0415
+    from .render import transplant_refusal, transplant_view  # noqa: PLC0415
 
-    done = transplant_and_write(src, dst, builder, strategy=strategy, replicas=replicas, mapping=maps, strict=strict,
-                                skip_mismatch=skip_mismatch, dry_run=dry_run, by_order=by_order,
-                                transpose_dense=transpose_dense, conv_layout=conv_layout,
-                                allow_reshape=allow_reshape, force=force)
+    try:
+        done = transplant_and_write(src, dst, builder, strategy=strategy, replicas=replicas, mapping=maps,
+                                    strict=strict, skip_mismatch=skip_mismatch, dry_run=dry_run, by_order=by_order,
+                                    transpose_dense=transpose_dense, conv_layout=conv_layout,
+                                    allow_reshape=allow_reshape, force=force)
+    except errors.TransplantError as e:
+        if e.report is None or not e.problems:  # not the strict refusal (a value that did not arrive)
+            raise
+        if _state["debug"]:
+            traceback.print_exc()
+        # the library's message names the Python arguments (strict=False...): say the flags
+        fail(*transplant_refusal(e.report, e.problems, src=src, builder=builder))
     report = done.report
     emit(transplant_view(report, format, output=done.output))
     if not dry_run and not report.complete:

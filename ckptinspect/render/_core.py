@@ -277,6 +277,7 @@ def render(
     optional: Sequence[str] = (),
     wrap_last: bool = False,
     width: int | None = AUTO,
+    names_first: bool = False,
 ) -> str:
     """Render one listing.
 
@@ -293,6 +294,7 @@ def render(
             table does not fit even with its names shortened.
         wrap_last: The table's last column is free text: wrap it onto continuation lines.
         width: Columns to fit the table into (default: :func:`terminal_width`).
+        names_first: Leave out ``optional`` columns before shortening a ``squeeze`` column.
 
     Returns:
         The text, ending with a newline.
@@ -318,7 +320,8 @@ def render(
         keys = [k for k, _ in columns]
         table = simple_table([h for _, h in columns], [[row.get(k, "") for k in keys] for row in rows], width=width,
                              squeeze=[keys.index(k) for k in squeeze if k in keys],
-                             optional=[keys.index(k) for k in optional if k in keys], wrap_last=wrap_last)
+                             optional=[keys.index(k) for k in optional if k in keys], wrap_last=wrap_last,
+                             names_first=names_first)
         parts += ["", table] if header else [table]
     parts += fit_lines(footer, width)
     return "\n".join(parts) + "\n"
@@ -362,6 +365,7 @@ def simple_table(
     squeeze: Sequence[int] = (),
     optional: Sequence[int] = (),
     wrap_last: bool = False,
+    names_first: bool = False,
 ) -> str:
     """The layout of tabulate's ``simple`` format (cells as strings, left-aligned), built in
     one pass: listings have thousands of rows and tabulate costs ~25 us a row.
@@ -369,7 +373,9 @@ def simple_table(
     Cells are shown with control characters escaped. Given a ``width``, a wider table drops
     its header padding, wraps its last column onto continuation lines (``wrap_last``, for
     free text), shortens the ``squeeze`` columns (indexes) with a middle ellipsis, and if that
-    is not enough leaves out the ``optional`` columns in order (a last line says so).
+    is not enough leaves out the ``optional`` columns in order (a last line says so). With
+    ``names_first`` the ``optional`` columns are left out first, as long as a ``squeeze``
+    column would otherwise be shortened: the names stay whole while other columns can go.
     """
     headers = [escape_controls(h) for h in headers]
     cells: list[list[str]] = []
@@ -399,7 +405,8 @@ def simple_table(
             wrap = wrap_last and keep[-1] == len(headers) - 1
             widths = _fit_widths([headers[i] for i in keep], [content[i] for i in keep],
                                  [keep.index(i) for i in squeeze if i in keep], wrap, width)
-            if _table_width(widths) <= width or not pending:
+            shortened = names_first and any(widths[keep.index(i)] < content[i] for i in squeeze if i in keep)
+            if (_table_width(widths) <= width and not shortened) or not pending:
                 break
             dropped = pending.pop(0)
             keep.remove(dropped)
@@ -427,7 +434,8 @@ def simple_table(
         else:
             lines.append(COLUMN_GAP.join(_pad(c, w) for c, w in zip(row, widths)).rstrip())
     if hidden:
-        lines.append(f"(left out to fit {width} columns: {', '.join(hidden)}; --format csv has every column)")
+        said = f"(left out to fit {width} columns: {', '.join(hidden)}; all in --format csv)"
+        lines += textwrap.wrap(said, width=max(width, MIN_WRAPPED_WIDTH), break_on_hyphens=False) or [said]
     return "\n".join(lines)
 
 

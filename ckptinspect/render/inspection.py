@@ -22,12 +22,15 @@ from ._core import (
 __all__ = ['diff_view', 'ls_view', 'ls_warnings', 'verify_view']
 
 
-def diff_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
+def diff_view(report, fmt: OutputFormat, width: int | None = AUTO, *, hide_equal: bool = False) -> str:
     """Render a :class:`~ckptinspect.ops.diff.operation.DiffReport`: variables by movement, layers, verdict.
 
     The table shows the NaN/Inf columns only when a variable has a NaN or an Inf; fitted to a
-    narrow terminal it leaves out ``differing``, then ``dtype`` and ``shape`` (and says so).
+    narrow terminal it leaves out ``differing``, ``dtype``, ``cosine``, then ``shape`` (and says
+    so) before it shortens a name: names are what people read. ``hide_equal`` leaves the equal
+    variables out of the rows (and of the JSON ``variables``; the summary still counts them).
     """
+    shown_variables = [v for v in report.variables if not (hide_equal and v.status == "equal")]
     def pair(x, y, show=str) -> str:
         if x is None or y is None:
             return show(x if y is None else y) if (x, y) != (None, None) else "-"
@@ -37,15 +40,20 @@ def diff_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
         return "-" if x is None else f"{x}/{y}"
 
     if fmt == OutputFormat.json:  # the document alone: no rows
-        return render(fmt, doc=report.to_dict(), rows=(), columns=())
+        doc = report.to_dict()
+        if hide_equal:
+            doc["variables"] = [v.to_dict() for v in shown_variables]
+        return render(fmt, doc=doc, rows=(), columns=())
     rows = []
     table = fmt == OutputFormat.table
-    for v in report.variables:
+    for v in shown_variables:
         size = 1
         for d in v.shape_a or v.shape_b or ():
             size *= d
         rows.append({
-            **({"status": v.status} if table else v.to_dict()),  # the table shows no other field of it
+            **({"status": v.status} if table else
+               {**v.to_dict(), **{k: None if getattr(v, k) is None else fmt_shape(getattr(v, k))  # as ls: [8,16]
+                                  for k in ("shape_a", "shape_b")}}),  # the table shows no other field of it
             "shown_name": f"{v.name_a} -> {v.name_b}" if v.names_differ else v.name,
             "shape": pair(v.shape_a, v.shape_b, fmt_shape),
             "dtype": pair(v.dtype_a, v.dtype_b),
@@ -93,7 +101,7 @@ def diff_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
                       f"all {len(layers)} layer{'s' if len(layers) != 1 else ''} unchanged")
     footer += ["", report.verdict]
     return render(fmt, doc={}, rows=rows, columns=columns, header=header, footer=footer, width=width,
-                  squeeze=["shown_name"], optional=["diff_elems", "dtype", "shape"])
+                  squeeze=["shown_name"], optional=["diff_elems", "dtype", "cos", "shape"], names_first=True)
 
 
 

@@ -73,6 +73,7 @@ def plan_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
                       f" {human_duration(probe.seconds)} ({human_bytes(int(probe.bytes_per_second))}/s)"
                       f"{', scaled to the checkpoint' if probe.capped else ''}: {human_duration(probe.save_seconds)}"
                       " per save (file removed)")
+    header += [f"warning:    {w}" for w in report.warnings]
     r = report
 
     def how(name: str) -> str:
@@ -103,6 +104,10 @@ def plan_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
          human_duration(r.lost_hours_at_limit * 3600) + (" (a save cut)" if r.limit_cuts_save else ""),
          "limit - saves done x (every + save)"),
         ("saves per job", "-" if r.saves_per_job is None else r.saves_per_job, "floor(limit / (every + save))"),
+        ("jobs needed", "-" if r.jobs_needed is None else r.jobs_needed,
+         "train / (saves per job x every)"),
+        ("lost at job limits", "-" if r.lost_hours_at_limits_total is None else
+         human_duration(r.lost_hours_at_limits_total * 3600), "(jobs - 1) x lost at job limit"),
         ("disk for kept", "-" if r.disk_bytes is None else
          f"{human_bytes(r.disk_bytes)} ({human_bytes(r.disk_bytes_peak)} while saving)", "keep x size, (keep + 1) x size"),
         ("disk free", human_bytes(r.disk_free_bytes), "DIR's filesystem" if r.disk_free_bytes is not None else ""),

@@ -13,6 +13,7 @@ from typing import Any
 from ._core import (
     AUTO,
     OutputFormat,
+    fmt_shape,
     _table_lines,
     fit_lines,
     fmt_float,
@@ -63,7 +64,7 @@ def scan_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
     the report's document.
     """
     if fmt == OutputFormat.csv:
-        rows = [{"step": s.step, "path": s.path, "status": s.status, **v.to_dict(), "shape": list(v.shape)}
+        rows = [{"step": s.step, "path": s.path, "status": s.status, **v.to_dict(), "shape": fmt_shape(v.shape)}
                 for s in report.steps for v in s.variables]
         return render(fmt, doc={}, rows=rows, columns=[(k, k) for k in SCAN_CSV_COLUMNS])
     if fmt != OutputFormat.table:  # json: the document only (no rows built)

@@ -15,7 +15,44 @@ from ._core import (
     to_json,
 )
 
-__all__ = ['transplant_summary', 'transplant_view', 'extract_view', 'rewrite_view', 'average_view', 'doctor_verdict', 'doctor_view', 'doctor_map_view', 'doctor_assignment_map_view']
+__all__ = ['transplant_refusal', 'transplant_summary', 'transplant_view', 'extract_view', 'rewrite_view', 'average_view', 'doctor_verdict', 'doctor_view', 'doctor_map_view', 'doctor_assignment_map_view']
+
+
+REFUSAL_PROBLEMS_SHOWN = 5
+
+
+def transplant_refusal(report, problems, *, src: str, builder: str) -> tuple[str, list[str]]:
+    """What the command line says when strict ``transplant`` refuses: the ``Error:`` message (a
+    short summary), then lines with the first few problems, the flags by their command-line
+    names, and the ``doctor`` command that explains every weight.
+
+    Returns:
+        (the message of the ``Error:`` line, the lines after it).
+    """
+    import shlex  # noqa: PLC0415
+
+    s = report.summary()
+    kinds = [(s["shape_mismatch"] if not report.skip_mismatch else 0, "shape mismatch"),
+             (s["dtype_mismatch"] if not report.skip_mismatch else 0, "dtype mismatch"),
+             (s["left_at_init"], "left at init"), (s["unused"], "unused in the source")]
+    counts = ", ".join(f"{n} {what}" for n, what in kinds if n)
+    n = len(problems)
+    message = (f"{report.source}: cannot transplant into {report.model!r}: {n} problem{'s' if n != 1 else ''}"
+               f" ({counts}); nothing written")
+    lines = [f"  {p}" for p in problems[:REFUSAL_PROBLEMS_SHOWN]]
+    if n > REFUSAL_PROBLEMS_SHOWN:
+        lines.append(f"  ... and {n - REFUSAL_PROBLEMS_SHOWN} more")
+    ways = ["--no-strict transplants what matches"]
+    if report.mismatches and not report.skip_mismatch:
+        ways.append("--skip-mismatch leaves mismatched shapes at init")
+    if report.left_at_init or report.unused:
+        ways.append("--map 'REGEX=REPLACEMENT' renames source variables")
+        if not report.by_order:
+            ways.append("--by-order pairs the remaining layers by order and shape")
+    lines += [f"hint: {way}" for way in ways]
+    lines.append(f"hint: ckptinspect doctor {shlex.quote(src)} --builder {shlex.quote(builder)} explains every weight"
+                 " and prints the fix")
+    return message, lines
 
 
 def transplant_summary(report) -> str:

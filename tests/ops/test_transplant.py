@@ -380,11 +380,13 @@ def test_cli_dry_run_writes_nothing(in_root, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_cli_strict_failure_is_one_error_line(in_root, tmp_path):
+def test_cli_strict_failure_is_a_short_error(in_root, tmp_path):
     dst = tmp_path / "out"
     result = invoke(str(RUN), str(dst), "--builder", f"{BUILDERS}:changed_model")
     assert result.exit_code == 2
-    assert result.stderr.count("\n") == 1 and result.stderr.startswith("Error: ")
+    # issue 25 item 17: a summary line, the problems (4: all shown), the flags, doctor
+    assert result.stderr.count("Error: ") == 1 and result.stderr.startswith("Error: ")
+    assert "4 problems (2 shape mismatch, 2 left at init); nothing written" in result.stderr.splitlines()[0]
     assert "frozen/kernel is [16,8] in the model, [16,16] in the source" in result.stderr
     assert "left at init: extra/kernel" in result.stderr
     assert list(tmp_path.iterdir()) == []

@@ -3,6 +3,7 @@ operations that need a live model (``transplant``, ``extract`` to ``.weights.h5`
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -17,7 +18,9 @@ def load_builder(spec: str) -> Callable[[], Any]:
     """Import ``pkg.module:function`` and return the function.
 
     The current directory is importable, as for ``python -m``, and stays so: a builder may
-    import its own helpers when it is called.
+    import its own helpers when it is called. What the module prints while it is imported, and
+    the function while it runs (``model.summary()``...), goes to stderr: stdout is the
+    command's report (``--format json`` must stay one document).
 
     Raises:
         UsageError: Not ``module:function``, the module does not import, or no such callable.
@@ -29,7 +32,8 @@ def load_builder(spec: str) -> Callable[[], Any]:
     if cwd not in sys.path and "" not in sys.path:
         sys.path.insert(0, cwd)
     try:
-        module = importlib.import_module(module_name)
+        with _prints_to_stderr():
+            module = importlib.import_module(module_name)
     except SystemExit as e:
         raise UsageError(f"--builder {spec}: importing {module_name!r} {_exit_text(e)}") from None
     except Exception as e:  # noqa: BLE001 - any failure to import is the user's builder
@@ -44,6 +48,11 @@ def load_builder(spec: str) -> Callable[[], Any]:
     return _no_exit(spec, fn)
 
 
+def _prints_to_stderr() -> contextlib.AbstractContextManager:
+    """``print`` (``sys.stdout``) goes to ``sys.stderr`` inside the block."""
+    return contextlib.redirect_stdout(sys.stderr)
+
+
 def _exit_text(e: SystemExit) -> str:
     return (f"exited (SystemExit({e.code!r:.40}): sys.exit, absl.app.run...) instead of returning a model;"
             " a builder must return the model")
@@ -55,7 +64,8 @@ def _no_exit(spec: str, fn: Callable[[], Any]) -> Callable[[], Any]:
 
     def builder(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            with _prints_to_stderr():
+                return fn(*args, **kwargs)
         except SystemExit as e:
             raise UsageError(f"--builder {spec}: {_exit_text(e)}") from None
 

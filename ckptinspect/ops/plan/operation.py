@@ -39,6 +39,7 @@ MAX_DURATION_SECONDS = 1000 * 365 * 86400.0  # beyond this, a duration is a typo
 DURATION_EXAMPLES = "a duration such as 30m, 7d, 1h30m, 20s or plain seconds"
 _NUMBER_RE = re.compile(r"(?:\d+(?:\.\d*)?|\.\d+)")
 _PART_RE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)([wdhms])")
+PROBE_FAR_SMALLER = 4  # a probe under 1/4 of the checkpoint: its scaled time is doubtful (a warning)
 EPSILON = 1e-9  # 7d / 30m is 336 exactly; float division must not make it 335.99999
 
 SOURCE_FLAG = "flag"
@@ -138,6 +139,11 @@ class PlanReport:
             :func:`compute_plan`).
         limit_cuts_save: The limit falls inside a save: that save is lost with its interval.
         saves_per_job: Saves completed within one job.
+        jobs_needed: Jobs the run takes under the job limit (each resumes from the last save
+            of the one before); None when no job completes a save (the run never ends).
+        lost_hours_at_limits_total: ``(jobs_needed - 1) x lost_hours_at_limit``: the work
+            lost at the limits of all the jobs but the last.
+        warnings: What makes a figure doubtful (a probe far smaller than the checkpoint).
         disk_bytes: ``keep x checkpoint_bytes``.
         disk_bytes_peak: ``(keep + 1) x checkpoint_bytes``: a CheckpointManager writes the new
             checkpoint before it deletes the oldest.
@@ -175,6 +181,8 @@ class PlanReport:
     lost_hours_at_limit: float | None = None
     limit_cuts_save: bool | None = None
     saves_per_job: int | None = None
+    jobs_needed: int | None = None
+    lost_hours_at_limits_total: float | None = None
     disk_bytes: int | None = None
     disk_bytes_peak: int | None = None
     disk_free_bytes: int | None = None
@@ -186,6 +194,7 @@ class PlanReport:
     lost_hours_total_expected: float | None = None
     missing: dict[str, str] = dataclasses.field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The ``plan --format json`` document (docs/INTERFACE.md)."""
@@ -193,6 +202,7 @@ class PlanReport:
         out["measured"] = self.measured.to_dict() if self.measured else None
         out["probe"] = self.probe.to_dict() if self.probe else None
         out["notes"] = list(self.notes)
+        out["warnings"] = list(self.warnings)
         return out
 
 
@@ -257,6 +267,15 @@ def compute_plan(
         figures.update(lost_hours_expected=_hours(every_seconds / 2), lost_hours_worst=_hours(every_seconds))
     if every_seconds is not None and job_limit_seconds is not None:
         figures.update(_at_limit(every_seconds, job_limit_seconds, save_seconds, notes_out))
+        if train_seconds is not None:
+            figures.update(_jobs(train_seconds, every_seconds, job_limit_seconds, save_seconds,
+                                 figures["saves_per_job"], figures["lost_hours_at_limit"], notes_out))
+    warnings = []
+    if probe is not None and probe.bytes_written * PROBE_FAR_SMALLER < probe.checkpoint_bytes:
+        warnings.append(
+            f"the probe wrote {probe.bytes_written:,} bytes, 1/{probe.checkpoint_bytes / probe.bytes_written:.0f} of the"
+            f" checkpoint's {probe.checkpoint_bytes:,}: a write that small can run at cache or burst speed, so the"
+            " time per save scaled from it may be too short; time a real save and pass --save-seconds")
     if checkpoint_bytes is not None and keep is not None:
         figures.update(disk_bytes=keep * checkpoint_bytes, disk_bytes_peak=(keep + 1) * checkpoint_bytes)
     if save_seconds is not None and mtbf_seconds is not None:
@@ -284,9 +303,31 @@ def compute_plan(
                 missing[name] = HINTS[name]
     return PlanReport(
         path=path, measured=measured, probe=probe, checkpoint_bytes=checkpoint_bytes, sources=sources,
-        disk_free_bytes=disk_free_bytes, missing=missing, notes=tuple(notes_out),
+        disk_free_bytes=disk_free_bytes, missing=missing, notes=tuple(notes_out), warnings=tuple(warnings),
         **{k: v for k, v in known.items() if k != "checkpoint_bytes"}, **figures,
     )
+
+
+def _jobs(train: float, every: float, limit: float, save: float | None, saves_per_job: int,
+          lost_hours: float, notes: list[str]) -> dict[str, Any]:
+    """How many jobs of ``limit`` the run takes, and the work lost at their limits in total.
+
+    Each job but the last keeps ``saves_per_job x every`` of training (what follows its last
+    save is lost at the limit); the last needs only to finish: it holds up to ``k' every`` plus
+    what is left of its limit after ``k'`` whole cycles (at most one more ``every``, no save
+    needed after the end).
+    """
+    cycle = every + (save or 0.0)
+    if saves_per_job == 0:
+        if train <= limit + EPSILON:
+            return {"jobs_needed": 1, "lost_hours_at_limits_total": 0.0}
+        notes.append("no job completes a save before its limit: the run never gets past its first job")
+        return {"jobs_needed": None, "lost_hours_at_limits_total": None}
+    whole = int(math.floor(limit / cycle + EPSILON))
+    last_holds = whole * every + min(max(limit - whole * cycle, 0.0), every)
+    kept_per_job = saves_per_job * every
+    jobs = 1 + max(0, math.ceil((train - last_holds) / kept_per_job - EPSILON))
+    return {"jobs_needed": jobs, "lost_hours_at_limits_total": (jobs - 1) * lost_hours}
 
 
 def _at_limit(every: float, limit: float, save: float | None, notes: list[str]) -> dict[str, Any]:
