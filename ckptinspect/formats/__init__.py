@@ -50,6 +50,18 @@ if TYPE_CHECKING:  # imported on first use (see _LAZY_NAMES): `ls x.safetensors`
     from .tf.index import OBJECT_GRAPH_KEY
     from .tf.bundle import StoredSliceBlocks, object_graph_bytes, stored_slice_blocks, stream_blocks
     from .keras.h5_write import copy_attrs as copy_h5_attrs
+    from .keras.write import (
+        LEGACY_OPTIMIZER_GROUP as KERAS_LEGACY_OPTIMIZER_GROUP,
+        OPTIMIZER_GROUP as KERAS_OPTIMIZER_GROUP,
+        copy_h5,
+        h5_value,
+        legacy_h5_renames,
+        read_h5_output,
+        row_block_elements,
+        update_h5_copy,
+        weights_h5_renames,
+    )
+    from .npz import npy_array, read_npz, write_npz
     from .series import DirectoryListing, name_numbers
     from .tf.object_graph import ATTRIBUTES_MARK, OPTIMIZER_SLOT_MARK
     from .tf.directory import checkpoint_present, checkpoint_step
@@ -106,8 +118,22 @@ __all__ = [
     "save_bundle_native",
     "copy_tensor",
     "compare_copy",
-    # writing safetensors (extract)
+    # writing safetensors (extract, rewrite)
     "write_safetensors",
+    # writing Keras HDF5 files (extract, rewrite, average: formats/keras/write.py)
+    "KERAS_OPTIMIZER_GROUP",
+    "KERAS_LEGACY_OPTIMIZER_GROUP",
+    "copy_h5",
+    "h5_value",
+    "read_h5_output",
+    "weights_h5_renames",
+    "legacy_h5_renames",
+    "update_h5_copy",
+    "row_block_elements",
+    # writing .npz files (extract: formats/npz.py)
+    "npy_array",
+    "write_npz",
+    "read_npz",
     # editing TF2 object graphs without TensorFlow (rewrite)
     "GraphEdit",
     "EditedGraph",
@@ -191,6 +217,16 @@ capabilities = _registry.capabilities  # what a Checkpoint.format can do: capabi
 def spec_of(path: str) -> FormatSpec:
     """The registry's spec for what ``path`` is (its capabilities: ``spec_of(p).can("slices")``)."""
     return detect(str(path))[0]
+
+
+def capabilities(fmt: str) -> frozenset[str]:
+    """What checkpoints of the ``Checkpoint.format`` name ``fmt`` can do (the capabilities of
+    the first spec giving that name; empty for a name no spec gives):
+    ``"slices" in capabilities(ckpt.format)``."""
+    for spec in _registry.SPECS:
+        if fmt in spec.formats:
+            return spec.capabilities
+    return frozenset()
 
 
 def _opener(spec: FormatSpec):
@@ -291,6 +327,19 @@ _LAZY_NAMES = {
     "ATTRIBUTES_MARK": ("tf.object_graph", "ATTRIBUTES_MARK"),
     "OPTIMIZER_SLOT_MARK": ("tf.object_graph", "OPTIMIZER_SLOT_MARK"),
     "copy_h5_attrs": ("keras.h5_write", "copy_attrs"),
+    # The writers of formats written without TensorFlow (h5py and numpy load with them).
+    "KERAS_OPTIMIZER_GROUP": ("keras.write", "OPTIMIZER_GROUP"),
+    "KERAS_LEGACY_OPTIMIZER_GROUP": ("keras.write", "LEGACY_OPTIMIZER_GROUP"),
+    "copy_h5": ("keras.write", "copy_h5"),
+    "h5_value": ("keras.write", "h5_value"),
+    "read_h5_output": ("keras.write", "read_h5_output"),
+    "weights_h5_renames": ("keras.write", "weights_h5_renames"),
+    "legacy_h5_renames": ("keras.write", "legacy_h5_renames"),
+    "update_h5_copy": ("keras.write", "update_h5_copy"),
+    "row_block_elements": ("keras.write", "row_block_elements"),
+    "npy_array": ("npz", "npy_array"),
+    "write_npz": ("npz", "write_npz"),
+    "read_npz": ("npz", "read_npz"),
     "checkpoint_step": ("tf.directory", "checkpoint_step"),
     "checkpoint_present": ("tf.directory", "checkpoint_present"),
     "directory_fingerprint": ("series", "series_fingerprint"),

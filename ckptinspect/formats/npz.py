@@ -16,6 +16,10 @@ with the same name, and a header whose shape does not match its member's size, a
 (:class:`~ckptinspect.errors.CorruptCheckpointError`, which ``verify`` reports), refused before
 anything is allocated. ``verify`` also streams every member through its CRC-32 check.
 
+Writing (``extract -o out.npz``): :func:`write_npz` opens an :class:`NpzWriter` that adds one
+array at a time (:func:`npy_array` says whether a value has a ``.npy`` encoding); :func:`read_npz`
+reads the file back through ``numpy.load``.
+
 Roles: a scalar named like a counter (``step``, ``global_step``, ``save_counter``, ``epoch``)
 is ``metadata``; a name TF1 optimizers give their slots or state is ``optimizer``; the rest is
 ``model``.
@@ -36,7 +40,8 @@ from ._readcheck import ReadCheck
 from ._zip import check_archive_by_reading, check_bomb, check_duplicates, member_head, open_zip_archive
 from .tf.variables import TF1_OPTIMIZER_NAMES, TF1_SLOT_RE
 
-__all__ = ["NPY_SUFFIX", "KERAS_MEMBERS", "is_npz", "open_npz", "NpzSource"]
+__all__ = ["NPY_SUFFIX", "KERAS_MEMBERS", "is_npz", "open_npz", "NpzSource", "npy_array", "NpzWriter", "write_npz",
+           "read_npz"]
 
 NPY_SUFFIX = ".npy"
 # Members that make a zip a .keras archive rather than an npz.
@@ -244,3 +249,45 @@ def open_npz(path: str) -> m.Checkpoint:
 def check_npz(path: str) -> ReadCheck:
     """``verify``'s plan for an ``.npz`` file (members' CRCs, then every value)."""
     return check_archive_by_reading(path, open_npz)
+
+
+# -- writing ---------------------------------------------------------------------------------
+def npy_array(value: Any) -> np.ndarray | None:
+    """``value`` as a ``.npy`` member stores it (Python strings as bytes), or None when its dtype
+    has no ``.npy`` encoding without pickling (structured, or no numpy name)."""
+    value = np.asarray(value)
+    if value.dtype.kind == "O":
+        value = value.astype(np.bytes_)
+    if value.dtype.kind == "V" or value.dtype.name not in np.sctypeDict and value.dtype.kind not in "SU":
+        return None
+    return value
+
+
+class NpzWriter:
+    """numpy's ``savez`` layout (a zip of ``NAME.npy`` members, stored, zip64), written one
+    array at a time; a context manager closing the archive."""
+
+    def __init__(self, path: str):
+        self._zf = zipfile.ZipFile(path, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True)
+
+    def __enter__(self) -> "NpzWriter":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._zf.close()
+
+    def add(self, name: str, value: np.ndarray) -> None:
+        """Write ``value`` (see :func:`npy_array`) as member ``name + ".npy"``, never pickled."""
+        with self._zf.open(name + NPY_SUFFIX, mode="w", force_zip64=True) as f:
+            np.lib.format.write_array(f, value, allow_pickle=False)
+
+
+def write_npz(path: str) -> NpzWriter:
+    """``path`` opened for writing: ``with write_npz(tmp) as npz: npz.add(name, value)``."""
+    return NpzWriter(path)
+
+
+def read_npz(path: str) -> Any:
+    """A written ``.npz`` read back through ``numpy.load`` (no pickles): a context manager
+    giving ``.files`` and ``[name]``."""
+    return np.load(path, allow_pickle=False)

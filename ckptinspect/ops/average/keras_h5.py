@@ -3,7 +3,8 @@
 
 The newest file is copied as it is (groups, attributes, layout), then every averaged dataset is
 overwritten in place, in row blocks, with the values computed as for TF bundles
-(:mod:`.average_math`); the others keep the newest's bytes. Read back before the rename: the
+(:mod:`.arithmetic`); the others keep the newest's bytes. The file is written by the Keras
+family (``formats.update_h5_copy``); this module decides what goes in it. Read back before the rename: the
 keys, shapes and dtypes of the newest, each averaged dataset's values (crc32c) as computed and
 each other dataset as the newest's.
 """
@@ -11,8 +12,7 @@ each other dataset as the newest's.
 from __future__ import annotations
 
 import os
-import shutil
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -35,6 +35,16 @@ def _crc_of(ckpt: m.Checkpoint, var: m.Variable) -> int:
     return record.crc32c
 
 
+def _combined(ckpts: Sequence[m.Checkpoint], v: m.Variable, combiner: Combiner, elements: int,
+              record: Computed) -> Iterator[np.ndarray]:
+    """The averaged value of ``v`` in blocks of ``elements``, each added to ``record``."""
+    dtype = m.numpy_dtype(v.dtype)
+    for blocks in lockstep([c.iter_blocks(c[v.key], elements) for c in ckpts], f"'{m.display_name(v.key)}'"):
+        result = combiner.combine(blocks, dtype, v.size)
+        record.add(result)
+        yield result
+
+
 def average_weights_h5(ckpts: Sequence[m.Checkpoint], out: str, decay: float | None, role: str | None, force: bool,
                        protected: Sequence[str], progress) -> tuple[list[AveragedVariable], int, int]:
     """Write the average of ``ckpts`` (oldest first) to ``out``.
@@ -46,9 +56,7 @@ def average_weights_h5(ckpts: Sequence[m.Checkpoint], out: str, decay: float | N
         UsageError: ``role`` given (not supported for .weights.h5 outputs).
         VerificationError: The output did not read back as computed.
     """
-    import h5py  # noqa: PLC0415 - HDF5 only for Keras files
-
-    from ...formats import open_checkpoint  # noqa: PLC0415
+    from ...formats import open_checkpoint, row_block_elements, update_h5_copy  # noqa: PLC0415 - h5py for Keras files only
 
     if role is not None:
         raise UsageError("average --role model writes TF checkpoints only; for .weights.h5 inputs, average them all "
@@ -60,27 +68,11 @@ def average_weights_h5(ckpts: Sequence[m.Checkpoint], out: str, decay: float | N
     averaged = [newest[p.key] for p in planned if p.action == ACTION_AVERAGED]
     computed: dict[str, int] = {}
     with _atomic.atomic_file(out, force=force, kind=_atomic.KIND_HDF5, protected=protected) as tmp:
-        shutil.copyfile(newest.path, tmp)
-        with h5py.File(tmp, "r+") as f:
+        with update_h5_copy(newest.path, tmp) as f:
             for done, v in enumerate(averaged, 1):
-                dtype = m.numpy_dtype(v.dtype)
-                row = 1
-                for d in v.shape[1:]:
-                    row *= d
-                elements = max(1, BLOCK_ELEMENTS // max(row, 1)) * max(row, 1)  # whole rows per block
-                ds = f[v.key]
                 record = Computed()
-                first = 0
-                label = f"'{m.display_name(v.key)}'"
-                for blocks in lockstep([c.iter_blocks(c[v.key], elements) for c in ckpts], label):
-                    result = combiner.combine(blocks, dtype, v.size)
-                    record.add(result)
-                    if not v.shape:
-                        ds[()] = result.reshape(())
-                    elif result.size:
-                        rows = result.size // row
-                        ds[first : first + rows] = result.reshape((rows, *v.shape[1:]))
-                        first += rows
+                elements = row_block_elements(v.shape, BLOCK_ELEMENTS)  # whole rows per block
+                f.write_blocks(v.key, v.shape, _combined(ckpts, v, combiner, elements, record))
                 computed[v.key] = record.crc32c
                 if progress is not None:
                     progress(done, len(averaged), v)

@@ -63,6 +63,7 @@ from ... import model as m
 from ...errors import CorruptCheckpointError, UsageError, VerificationError
 from ...formats import (
     TO_WEIGHTS_H5,
+    capabilities,
     output_kind,
     OutputTensor,
     StoredBytes,
@@ -91,8 +92,7 @@ __all__ = ["average", "AverageReport", "AverageInput", "AveragedVariable", "aver
 
 MAX_LISTED = 5  # disagreements named in the error
 SPOT_READERS = 4  # threads reading the first values back (waiting on the device, not the CPU)
-TF_FORMATS = (m.FORMAT_TF_BUNDLE, m.FORMAT_TF_SAVEDMODEL)
-SOURCE_FORMATS = (*TF_FORMATS, m.FORMAT_KERAS_WEIGHTS_H5)
+TF_NEEDS = ("tf-restorable", "stored-bytes")  # a TF bundle: values streamed from its data files (not a V1 table)
 KIND_TF2 = "tf2-object"
 ROLE_CHOICES = (m.ROLE_MODEL,)
 WRITES = "average writes a TF prefix (no suffix, .ckpt or .ckpt-N), or a .weights.h5 from .weights.h5 inputs"
@@ -140,7 +140,7 @@ def _describe(ckpt: m.Checkpoint) -> str:
 
 
 def _check_readable(ckpt: m.Checkpoint) -> None:
-    if ckpt.format not in SOURCE_FORMATS:
+    if not capabilities(ckpt.format).issuperset(TF_NEEDS) and ckpt.format != m.FORMAT_KERAS_WEIGHTS_H5:
         raise UsageError(f"{ckpt.path}: is {ckpt.format}; average reads TF bundle checkpoints (.index + .data) or"
                          " Keras .weights.h5 files")
     unreadable = ckpt.info.get("unreadable") or {}

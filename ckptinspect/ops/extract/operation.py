@@ -23,8 +23,8 @@ Output formats (chosen from the output's suffix unless ``format`` says otherwise
   the built model is matched to the checkpoint by its object-graph path, assigned, and Keras
   writes the file. From a ``.keras`` / ``.weights.h5`` source it is copied group by group
   without the ``optimizer`` group (no builder needed).
-* ``h5`` (``.h5`` / ``.hdf5``, legacy Keras source only): the file copied group by group with
-  h5py, without ``optimizer_weights``; ``model_config`` and the other root attributes kept.
+* ``h5`` (``.h5`` / ``.hdf5``, legacy Keras source only): the file copied group by group (the
+  Keras family's writer), without ``optimizer_weights``; ``model_config`` and the other root attributes kept.
 * ``npz`` (``.npz``): numpy's ``savez`` layout, one ``<readable name>.npy`` per model variable,
   written one array at a time.
 * ``safetensors`` (``.safetensors``): one tensor per model variable, named by its readable name
@@ -48,6 +48,7 @@ from ... import _atomic
 from ... import model as m
 from ...errors import CorruptCheckpointError, UsageError
 from ...formats import (
+    capabilities,
     TO_H5,
     TO_KERAS,
     TO_NPZ,
@@ -65,7 +66,6 @@ from ..sources import files_size, source_files
 from .report import ExtractedVariable, ExtractReport
 from .to_tf import tf_metadata, write_tf
 from .writers import (
-    TF_SOURCE_FORMATS,
     write_h5_copy,
     write_npz,
     write_safetensors_output,
@@ -92,8 +92,6 @@ FORMAT_NPZ = TO_NPZ
 FORMAT_SAFETENSORS = TO_SAFETENSORS
 OUTPUT_FORMATS = (FORMAT_TF, FORMAT_WEIGHTS_H5, FORMAT_H5, FORMAT_NPZ, FORMAT_SAFETENSORS)  # what extract writes
 
-KERAS3_OPTIMIZER_GROUP = "optimizer"
-LEGACY_OPTIMIZER_GROUP = "optimizer_weights"
 KEEPABLE_ROLES = (m.ROLE_MODEL, m.ROLE_METADATA)
 KERAS3_SOURCE_FORMATS = (m.FORMAT_KERAS_WEIGHTS_H5, m.FORMAT_KERAS_ZIP)
 
@@ -239,16 +237,22 @@ def extract(
                             f"{ckpt.path}: a legacy .h5 output needs a legacy Keras .h5 source (this is "
                             f"{ckpt.format}); use a TF prefix, .weights.h5 or .npz output"
                         )
-                    planned, verified = write_h5_copy(ckpt, tmp, LEGACY_OPTIMIZER_GROUP, ckpt.source.open_hdf5, progress)
+                    from ...formats import KERAS_LEGACY_OPTIMIZER_GROUP  # noqa: PLC0415 - h5py for HDF5 outputs only
+
+                    planned, verified = write_h5_copy(ckpt, tmp, KERAS_LEGACY_OPTIMIZER_GROUP, ckpt.source.open_hdf5,
+                                                      progress)
                     notes = ["legacy Keras .h5 without optimizer_weights; model_config and training_config kept"]
                 else:  # weights-h5
                     named = bool(rules) or not layout.plain
                     if ckpt.format in KERAS3_SOURCE_FORMATS:
                         if named:
                             raise UsageError(f"{ckpt.path}: a Keras 3 source is copied as it is: --map and layout rules do not apply")
-                        planned, verified = write_h5_copy(ckpt, tmp, KERAS3_OPTIMIZER_GROUP, ckpt.source.open_hdf5, progress)
+                        from ...formats import KERAS_OPTIMIZER_GROUP  # noqa: PLC0415 - h5py for HDF5 outputs only
+
+                        planned, verified = write_h5_copy(ckpt, tmp, KERAS_OPTIMIZER_GROUP, ckpt.source.open_hdf5,
+                                                          progress)
                         notes = ["Keras 3 weights without the optimizer group: load with model.load_weights(OUT)"]
-                    elif ckpt.format in TF_SOURCE_FORMATS and not named:
+                    elif "tf-restorable" in capabilities(ckpt.format) and not named:
                         if builder is None:
                             raise UsageError(
                                 f"{ckpt.path}: a .weights.h5 output from a TF checkpoint needs --builder "

@@ -35,6 +35,7 @@ from ...errors import CkptError, CorruptCheckpointError, UsageError, Verificatio
 from ...formats import (
     OutputTensor,
     TensorData,
+    capabilities,
     compare_copy,
     copy_tensor,
     open_checkpoint,
@@ -42,7 +43,7 @@ from ...formats import (
     write_bundle_native,
 )
 from .report import ExtractedVariable
-from .writers import TF_SOURCE_FORMATS, Verifier, gather_blocks, need_object_graph, source_matcher
+from .writers import Verifier, gather_blocks, need_object_graph, source_matcher
 
 __all__ = [
     "META_OBJECT_GRAPH",
@@ -189,7 +190,7 @@ def _plan_from_metadata(ckpt: m.Checkpoint, kept_keys: set[str], metadata: dict[
 
 def _plan_name_based(ckpt: m.Checkpoint, kept: list[m.Variable]) -> _Plan:
     """Keys are the variables' names (for a TF1 source, its keys: the same thing)."""
-    if ckpt.format in TF_SOURCE_FORMATS:
+    if "tf-restorable" in capabilities(ckpt.format):
         notes = ["name-based (TF1) checkpoint: restore with tf.compat.v1.train.Saver over the model's variables"]
         if ckpt.format == m.FORMAT_TF_V1:
             notes.append("the V1 table source was rewritten as a V2 bundle (.index + .data)")
@@ -211,8 +212,9 @@ def _plan_name_based(ckpt: m.Checkpoint, kept: list[m.Variable]) -> _Plan:
 
 def _refuse_unwritable(ckpt: m.Checkpoint, kept: list[m.Variable]) -> None:
     """A value to encode (not copied from a bundle) must have a dtype TF bundles hold."""
-    if ckpt.format in (m.FORMAT_TF_BUNDLE, m.FORMAT_TF_SAVEDMODEL):
-        return  # copied as stored
+    can = capabilities(ckpt.format)
+    if "tf-restorable" in can and "stored-bytes" in can:
+        return  # a TF bundle's values: copied as stored
     for v in kept:
         if v.dtype not in WRITABLE_DTYPES:
             raise UsageError(

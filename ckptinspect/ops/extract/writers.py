@@ -1,14 +1,15 @@
 """The outputs ``extract`` writes, each read back and compared with the source, bit for bit.
 
 * the TF bundle output is in :mod:`.extract_tf` (ckptinspect's own writer);
-* :func:`write_npz`: numpy's ``savez`` layout, one array at a time;
-* :func:`write_h5_copy`: a Keras HDF5 file copied group by group without the optimizer's group;
+* :func:`write_npz`: numpy's ``savez`` layout, one array at a time (the npz writer,
+  ``formats.write_npz``);
+* :func:`write_h5_copy`: a Keras HDF5 file copied group by group without the optimizer's group
+  (the Keras family's writer, ``formats.copy_h5``);
 * :func:`write_weights_from_builder`: a Keras 3 ``.weights.h5`` through a built model.
 """
 
 from __future__ import annotations
 
-import zipfile
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
@@ -17,10 +18,16 @@ from ... import model as m
 from ..._tf import import_tf
 from ...errors import CkptError, CorruptCheckpointError, UsageError, VerificationError
 from ...formats import (
-    copy_h5_attrs,
+    capabilities,
+    copy_h5,
+    h5_value,
+    npy_array,
     numpy_view,
     open_checkpoint,
+    read_h5_output,
+    read_npz,
     restore_tensor,
+    write_npz as write_npz_file,
     write_safetensors,
 )
 from ..bit_equality import bit_equal
@@ -42,9 +49,7 @@ __all__ = [
     "source_matcher",
 ]
 
-NPY_SUFFIX = ".npy"
 COMPARE_CHUNK = 4 << 20
-TF_SOURCE_FORMATS = (m.FORMAT_TF_BUNDLE, m.FORMAT_TF_SAVEDMODEL, m.FORMAT_TF_V1)
 
 Progress = Callable[[int, int, m.Variable], None]
 Builder = Callable[[], Any]
@@ -80,12 +85,14 @@ def _value_reader(ckpt: m.Checkpoint) -> Callable[[m.Variable], np.ndarray]:
     """Reads one source value. TF sources: a whole numeric tensor from its data file in blocks
     (crc-checked, no TensorFlow), anything else (strings, slices) through RestoreV2 into
     TensorFlow's buffer, viewed without a copy; other formats through their own reader."""
-    if ckpt.format not in TF_SOURCE_FORMATS:
+    can = capabilities(ckpt.format)
+    if "tf-restorable" not in can:
         return ckpt.read
+    streamed = "stored-bytes" in can  # a TF bundle's values stream from its data files (not a V1 table)
 
     def read(v: m.Variable) -> np.ndarray:
         dtype = m.numpy_dtype(v.dtype)
-        if ckpt.format == m.FORMAT_TF_V1 or v.sliced or dtype is None:
+        if not streamed or v.sliced or dtype is None:
             return numpy_view(restore_tensor(ckpt.path, v.key, v.dtype))
         return gather_blocks(ckpt, v, COMPARE_CHUNK // max(1, dtype.itemsize),
                              lambda n: CorruptCheckpointError(f"{ckpt.path}: {v.key!r} holds {n} of {v.size} values"))
@@ -185,19 +192,15 @@ def write_npz(
     ]
     verifier = Verifier(progress, len(kept_vars))
     read = _value_reader(ckpt)
-    # numpy.savez's own layout (a zip of NAME.npy members), written one array at a time.
-    with zipfile.ZipFile(tmp, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+    with write_npz_file(tmp) as npz:
         for v in kept_vars:
-            value = np.asarray(read(v))
-            if value.dtype.kind == "O":
-                value = value.astype(np.bytes_)
-            if value.dtype.kind == "V" or value.dtype.name not in np.sctypeDict and value.dtype.kind not in "SU":
+            value = npy_array(read(v))
+            if value is None:
                 raise UsageError(f"{v.name}: dtype {v.dtype} has no numpy .npy encoding; use a .safetensors output (or a TF one from a TF source)")
             verifier.record(names[v.key], v)
-            with zf.open(names[v.key] + NPY_SUFFIX, mode="w", force_zip64=True) as f:
-                np.lib.format.write_array(f, value, allow_pickle=False)
+            npz.add(names[v.key], value)
             del value
-    with np.load(tmp, allow_pickle=False) as npz:
+    with read_npz(tmp) as npz:
         verified = verifier.check(tmp, npz.files, lambda k: npz[k], source_matcher(ckpt))
     return planned, verified, ["npz: load with numpy.load(OUT); one array per readable name"]
 
@@ -261,22 +264,6 @@ def write_safetensors_output(
 
 
 # -- HDF5 outputs --------------------------------------------------------------------------
-def _h5_copy_without(src_h5: Any, tmp: str, drop_group: str) -> None:
-    import h5py  # noqa: PLC0415
-
-    with h5py.File(tmp, "w") as dst:
-        copy_h5_attrs(src_h5, dst)
-        for name in src_h5:
-            if name == drop_group:
-                continue
-            src_h5.copy(src_h5[name], dst, name=name, without_attrs=False)
-
-
-def _h5_read(h5: Any, key: str) -> np.ndarray:
-    ds = h5[key]
-    return ds[()]
-
-
 def _require_written(ckpt: m.Checkpoint, variable: m.Variable) -> None:
     """Raise for a dataset declared but never written (its format raises
     :class:`~ckptinspect.errors.UnallocatedDataError` on the first block, before allocating):
@@ -293,9 +280,8 @@ def _require_written(ckpt: m.Checkpoint, variable: m.Variable) -> None:
 def write_h5_copy(
     ckpt: m.Checkpoint, tmp: str, drop_group: str, open_source: Callable[[], Any], progress: Progress | None
 ) -> tuple[list[ExtractedVariable], int]:
-    """Copy an HDF5 file without ``drop_group``; check the roles agree with the groups."""
-    import h5py  # noqa: PLC0415
-
+    """Copy an HDF5 file without ``drop_group`` (the Keras family's writer); check the roles
+    agree with the groups."""
     planned = []
     for v in ckpt.variables:
         in_dropped = v.key == drop_group or v.key.startswith(drop_group + "/")
@@ -311,19 +297,17 @@ def write_h5_copy(
     verifier = Verifier(progress, len(kept))
     src_h5 = open_source()
     try:
-        _h5_copy_without(src_h5, tmp, drop_group)
+        copy_h5(src_h5, tmp, drop=drop_group)
         for p in kept:
             verifier.record(p.output_key, ckpt[p.key])
-        with h5py.File(tmp, "r") as out:
+        with read_h5_output(tmp) as out:
             if drop_group in out:
                 raise VerificationError(f"{tmp}: read-back check failed: {drop_group!r} is still there")
-            for name in src_h5.attrs:
-                if name not in out.attrs or not np.array_equal(np.asarray(out.attrs[name]), np.asarray(src_h5.attrs[name])):
-                    raise VerificationError(f"{tmp}: read-back check failed: root attribute {name!r} differs")
-            datasets: list[str] = []
-            out.visititems(lambda name, obj: datasets.append(name) if isinstance(obj, h5py.Dataset) else None)
+            name = out.differing_root_attr(src_h5)
+            if name is not None:
+                raise VerificationError(f"{tmp}: read-back check failed: root attribute {name!r} differs")
             verified = verifier.check(
-                tmp, datasets, lambda k: _h5_read(out, k), lambda value, v: bit_equal(value, _h5_read(src_h5, v.key))
+                tmp, out.datasets(), out.read, lambda value, v: bit_equal(value, h5_value(src_h5, v.key))
             )
     finally:
         src_h5.close()

@@ -39,6 +39,7 @@ from ...formats import (
     OPTIMIZER_SLOT_MARK,
     TO_SAFETENSORS,
     output_kind,
+    capabilities,
     GraphEdit,
     OutputTensor,
     TensorData,
@@ -58,7 +59,6 @@ from ..sources import files_size, source_files
 __all__ = ["rewrite", "CAST_DTYPES", "RewriteReport", "RewrittenVariable"]
 
 CAST_DTYPES = ("float16", "bfloat16", "float32", "float64")
-TF_SOURCE_FORMATS = (m.FORMAT_TF_BUNDLE, m.FORMAT_TF_SAVEDMODEL, m.FORMAT_TF_V1)
 KERAS_SOURCE_FORMATS = (m.FORMAT_KERAS_H5, m.FORMAT_KERAS_WEIGHTS_H5)
 VARIABLE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 BLOCK_ELEMENTS = 1 << 20  # elements per streamed block (cast and read-back)
@@ -278,7 +278,7 @@ def _output_tensors(ckpt: m.Checkpoint, plans: list[_Plan]) -> list[OutputTensor
 
 def _read_back(ckpt: m.Checkpoint, plans: list[_Plan], tf2: bool, progress: Progress | None) -> Callable[[str], None]:
     kept = [p for p in plans if not p.dropped]
-    keeps_slices = ckpt.format != m.FORMAT_TF_V1  # V1 tables are read whole, and written whole
+    keeps_slices = "slices" in capabilities(ckpt.format)  # V1 tables are read whole, and written whole
 
     def check(tmp: str) -> None:
         with open_checkpoint(tmp) as written:
@@ -388,7 +388,7 @@ def rewrite(
 
             files, out_format, copied, notes, graph_info = rewrite_keras(ckpt, out, plans, force, protected)
             out_bytes = files_size(files)
-        elif ckpt.format in TF_SOURCE_FORMATS:
+        elif "tf-restorable" in capabilities(ckpt.format):
             error = _atomic.prefix_suffix_error(out, "a TF source is rewritten to a TF prefix", "")
             if error is not None:
                 raise error
