@@ -20,6 +20,8 @@ readers (:data:`_LAZY_NAMES`) on first use, so listing one format loads no other
 * :mod:`.bundle_writer` - writing TF bundles without TensorFlow, copying unchanged tensors
   byte for byte.
 * :mod:`.tf_graph_edit` - editing a TF2 object graph without TensorFlow (``rewrite``).
+* :mod:`.keras.write` - writing Keras HDF5 files (``extract``, ``rewrite``, ``average``), and
+  :mod:`.npz`'s writer (``extract``); their names are lazy too.
 """
 
 from __future__ import annotations
