@@ -118,6 +118,7 @@ TF_READERS = ("ckptinspect.formats.tf.bundle", "ckptinspect.formats.tf.index", "
               "ckptinspect.formats.tf.v1", "ckptinspect.formats.tf.object_graph", "ckptinspect.formats.tf.protos")
 OTHER_READERS = ("ckptinspect.formats.keras.h5", "ckptinspect.formats.keras.zip", "ckptinspect.formats.npz",
                  "ckptinspect.formats.torch.reader", "ckptinspect.formats.hf.sharded")
+WRITERS = ("ckptinspect.formats.keras.write", "ckptinspect.formats.keras.h5_write", "ckptinspect.formats.tf.write")
 NEVER_FOR_LS = ("tensorflow", "keras", "torch", "pydantic", "typer", "rich", "google.protobuf", "ckptinspect.ops.stats",
                 "ckptinspect.ops.diff.operation", "ckptinspect.trainer", "concurrent.futures", "csv")
 
@@ -153,8 +154,8 @@ def test_ls_keras_h5_imports_no_tf_reader():
     code, modules = _ls_modules("fixtures/keras/model.h5")
     assert code == 0
     assert "ckptinspect.formats.keras.h5" in modules and "h5py" in modules
-    assert _loaded(modules, TF_READERS + NEVER_FOR_LS + ("ckptinspect.formats.torch.reader",
-                                                         "ckptinspect.formats.safetensors.file")) == []
+    assert _loaded(modules, TF_READERS + NEVER_FOR_LS + WRITERS + ("ckptinspect.formats.torch.reader",
+                                                                   "ckptinspect.formats.safetensors.file")) == []
 
 
 def test_ls_tf_bundle_still_finds_its_reader():
@@ -162,4 +163,4 @@ def test_ls_tf_bundle_still_finds_its_reader():
     code, modules = _ls_modules("fixtures/run")
     assert code == 0
     assert {"ckptinspect.formats.tf.bundle", "ckptinspect.formats.tf.directory"} <= modules
-    assert _loaded(modules, OTHER_READERS + ("h5py", "tensorflow", "pydantic", "csv")) == []
+    assert _loaded(modules, OTHER_READERS + WRITERS + ("h5py", "tensorflow", "pydantic", "csv")) == []
