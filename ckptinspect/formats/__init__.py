@@ -221,16 +221,6 @@ def spec_of(path: str) -> FormatSpec:
     return detect(str(path))[0]
 
 
-def capabilities(fmt: str) -> frozenset[str]:
-    """What checkpoints of the ``Checkpoint.format`` name ``fmt`` can do (the capabilities of
-    the first spec giving that name; empty for a name no spec gives):
-    ``"slices" in capabilities(ckpt.format)``."""
-    for spec in _registry.SPECS:
-        if fmt in spec.formats:
-            return spec.capabilities
-    return frozenset()
-
-
 def _opener(spec: FormatSpec):
     """The opening function of a kind (the spec registered first for it carries it)."""
     return _registry.resolve(_registry.spec_for(spec.kind).open)

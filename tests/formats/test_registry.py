@@ -145,13 +145,14 @@ def test_capabilities_are_asked_not_format_names():
         bundle.can("teleport")
 
 
-def test_capabilities_by_a_checkpoints_format_name():
+def test_capabilities_the_writers_ask():
     with formats.open_checkpoint(str(FIXTURES / "run" / "ckpt-8")) as ckpt:
         assert formats.capabilities(ckpt.format) == formats.spec_of(ckpt.path).capabilities
     assert {"tf-restorable", "stored-bytes", "slices"} <= formats.capabilities(m.FORMAT_TF_SAVEDMODEL)
     v1 = formats.capabilities(m.FORMAT_TF_V1)
     assert "tf-restorable" in v1 and "stored-bytes" not in v1 and "slices" not in v1
-    assert formats.capabilities(m.FORMAT_KERAS_WEIGHTS_H5) == formats.capabilities(m.FORMAT_KERAS_H5) == {"writable"}
+    assert formats.capabilities(m.FORMAT_KERAS_WEIGHTS_H5) == formats.capabilities(m.FORMAT_KERAS_H5) == {
+        "writable", "keras-layout"}
     assert formats.capabilities("no-such-format") == frozenset()
 
 

@@ -59,7 +59,7 @@ from ..sources import files_size, source_files
 __all__ = ["rewrite", "CAST_DTYPES", "RewriteReport", "RewrittenVariable"]
 
 CAST_DTYPES = ("float16", "bfloat16", "float32", "float64")
-KERAS_SOURCE_FORMATS = (m.FORMAT_KERAS_H5, m.FORMAT_KERAS_WEIGHTS_H5)
+KERAS_REWRITABLE = frozenset({"keras-layout", "writable"})  # Keras HDF5 files (.h5, .weights.h5), not .keras zips
 VARIABLE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 BLOCK_ELEMENTS = 1 << 20  # elements per streamed block (cast and read-back)
 Progress = Callable[[int, int, m.Variable], None]
@@ -383,7 +383,7 @@ def rewrite(
         if output_kind(out) == TO_SAFETENSORS:  # any source the tool reads
             files, out_format, copied, notes, graph_info = rewrite_safetensors(ckpt, out, plans, force, protected)
             out_bytes = files_size(files)
-        elif ckpt.format in KERAS_SOURCE_FORMATS:
+        elif capabilities(ckpt.format) >= KERAS_REWRITABLE:
             from .keras_h5 import rewrite_keras  # noqa: PLC0415 - h5py only for Keras files
 
             files, out_format, copied, notes, graph_info = rewrite_keras(ckpt, out, plans, force, protected)
