@@ -19,15 +19,9 @@ from ..._tf import import_tf
 from ...errors import CkptError, CorruptCheckpointError, UsageError, VerificationError
 from ...formats import (
     capabilities,
-    copy_h5,
-    h5_value,
-    npy_array,
     numpy_view,
     open_checkpoint,
-    read_h5_output,
-    read_npz,
     restore_tensor,
-    write_npz as write_npz_file,
     write_safetensors,
 )
 from ..bit_equality import bit_equal
@@ -190,6 +184,8 @@ def write_npz(
     planned = [
         ExtractedVariable(v.name, v.key, names.get(v.key), v.role, v.shape, v.dtype, v.nbytes) for v in ckpt.variables
     ]
+    from ...formats import npy_array, read_npz, write_npz as write_npz_file  # noqa: PLC0415 - the npz writer on use
+
     verifier = Verifier(progress, len(kept_vars))
     read = _value_reader(ckpt)
     with write_npz_file(tmp) as npz:
@@ -282,6 +278,8 @@ def write_h5_copy(
 ) -> tuple[list[ExtractedVariable], int]:
     """Copy an HDF5 file without ``drop_group`` (the Keras family's writer); check the roles
     agree with the groups."""
+    from ...formats import copy_h5, h5_value, read_h5_output  # noqa: PLC0415 - h5py for HDF5 outputs only
+
     planned = []
     for v in ckpt.variables:
         in_dropped = v.key == drop_group or v.key.startswith(drop_group + "/")

@@ -27,14 +27,7 @@ import numpy as np
 from ... import _atomic
 from ... import model as m
 from ...errors import UsageError, VerificationError
-from ...formats import (
-    KERAS_LEGACY_OPTIMIZER_GROUP,
-    KERAS_OPTIMIZER_GROUP,
-    copy_h5,
-    legacy_h5_renames,
-    open_checkpoint,
-    weights_h5_renames,
-)
+from ...formats import open_checkpoint
 from ..bit_equality import bit_equal
 
 __all__ = ["rewrite_keras"]
@@ -51,6 +44,14 @@ def rewrite_keras(ckpt: m.Checkpoint, out: str, plans: list, force: bool, protec
             dropped, a cast).
         VerificationError: The output does not read back as planned.
     """
+    from ...formats import (  # noqa: PLC0415 - the Keras writer (h5py) once the rewrite is possible
+        KERAS_LEGACY_OPTIMIZER_GROUP,
+        KERAS_OPTIMIZER_GROUP,
+        copy_h5,
+        legacy_h5_renames,
+        weights_h5_renames,
+    )
+
     if any(p.new_dtype != p.var.dtype for p in plans):
         raise UsageError(f"{ckpt.path}: --cast of Keras files is not supported yet")
     if _atomic.output_kind_for(out) != _atomic.KIND_HDF5:
