@@ -39,6 +39,7 @@ and only then renamed into place.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import Any, Callable, Sequence
@@ -205,71 +206,16 @@ def extract(
     ckpt = open_checkpoint(src)
     try:
         ckpt = mark_optimizer(ckpt, optimizer_pattern)
-        _refuse_unreadable(ckpt, keep)
-        if fmt in (FORMAT_NPZ, FORMAT_SAFETENSORS):
-            _require_text_names(ckpt, keep, fmt)
-        if not any(v.role == m.ROLE_MODEL for v in ckpt.variables):
-            raise UsageError(f"{ckpt.path}: no model variables to extract (roles: {_role_summary(ckpt)})")
+        _check_source(ckpt, keep, fmt)
         protected = [src, ckpt.path, *source_files(ckpt)]
         source_bytes = files_size(source_files(ckpt))
-        object_graph = None
-        num_shards = 1
-        copied = copied_bytes = 0
         if fmt == FORMAT_TF:
-            with _atomic.atomic_prefix(out, force=force, protected=protected) as tmp:
-                written = write_tf(ckpt, tmp, keep, max_shard_bytes, progress)
-                planned, verified, num_shards = written.planned, written.verified, written.num_shards
-                object_graph, notes = written.object_graph, written.notes
-                copied, copied_bytes = written.copied, written.copied_bytes
-                files = [out + p[len(tmp):] for p in _atomic.prefix_files(tmp)]
-                out_bytes = files_size(_atomic.prefix_files(tmp))
+            written = _write_prefix(ckpt, out, keep, max_shard_bytes, force, protected, progress)
         else:
             kind = {FORMAT_NPZ: _atomic.KIND_NPZ, FORMAT_SAFETENSORS: _atomic.KIND_SAFETENSORS}.get(fmt, _atomic.KIND_HDF5)
             with _atomic.atomic_file(out, force=force, kind=kind, protected=protected) as tmp:
-                if fmt == FORMAT_NPZ:
-                    planned, verified, notes = write_npz(ckpt, tmp, keep, progress)
-                elif fmt == FORMAT_SAFETENSORS:
-                    planned, verified, notes = write_safetensors_output(
-                        ckpt, tmp, keep, progress, lambda names: tf_metadata(ckpt, keep, names))
-                elif fmt == FORMAT_H5:
-                    if ckpt.format != m.FORMAT_KERAS_H5:
-                        raise UsageError(
-                            f"{ckpt.path}: a legacy .h5 output needs a legacy Keras .h5 source (this is "
-                            f"{ckpt.format}); use a TF prefix, .weights.h5 or .npz output"
-                        )
-                    from ...formats import KERAS_LEGACY_OPTIMIZER_GROUP  # noqa: PLC0415 - h5py for HDF5 outputs only
-
-                    planned, verified = write_h5_copy(ckpt, tmp, KERAS_LEGACY_OPTIMIZER_GROUP, ckpt.source.open_hdf5,
-                                                      progress)
-                    notes = ["legacy Keras .h5 without optimizer_weights; model_config and training_config kept"]
-                else:  # weights-h5
-                    named = bool(rules) or not layout.plain
-                    if ckpt.format in KERAS3_SOURCE_FORMATS:
-                        if named:
-                            raise UsageError(f"{ckpt.path}: a Keras 3 source is copied as it is: --map and layout rules do not apply")
-                        from ...formats import KERAS_OPTIMIZER_GROUP  # noqa: PLC0415 - h5py for HDF5 outputs only
-
-                        planned, verified = write_h5_copy(ckpt, tmp, KERAS_OPTIMIZER_GROUP, ckpt.source.open_hdf5,
-                                                          progress)
-                        notes = ["Keras 3 weights without the optimizer group: load with model.load_weights(OUT)"]
-                    elif "tf-restorable" in capabilities(ckpt.format) and not named:
-                        if builder is None:
-                            raise UsageError(
-                                f"{ckpt.path}: a .weights.h5 output from a TF checkpoint needs --builder "
-                                "module:function (Keras 3's positional layout comes from the model's structure)"
-                            )
-                        planned, verified, notes = write_weights_from_builder(ckpt, tmp, builder, progress)
-                    else:  # PyTorch, safetensors, npz, legacy .h5, or rules given: paired by name
-                        if builder is None:
-                            raise UsageError(
-                                f"{ckpt.path}: a .weights.h5 output from a {ckpt.format} source needs --builder "
-                                "module:function (the Keras model its values go into)"
-                            )
-                        from .convert import write_weights_by_names  # noqa: PLC0415 - TF, Keras
-
-                        planned, verified, notes = write_weights_by_names(ckpt, tmp, out, builder, rules, layout, progress)
-                files = [out]
-                out_bytes = os.path.getsize(tmp)
+                planned, verified, notes = _write_file(fmt, ckpt, tmp, out, keep, builder, rules, layout, progress)
+                written = _Written(planned, verified, notes, [out], os.path.getsize(tmp))
     finally:
         ckpt.close()
     return ExtractReport(
@@ -277,18 +223,104 @@ def extract(
         source_format=ckpt.format,
         output=out,
         output_format=fmt,
-        files=tuple(files),
-        variables=tuple(planned),
+        files=tuple(written.files),
+        variables=tuple(written.planned),
         source_file_bytes=source_bytes,
-        output_file_bytes=out_bytes,
-        verified=verified,
-        num_shards=num_shards,
+        output_file_bytes=written.out_bytes,
+        verified=written.verified,
+        num_shards=written.num_shards,
         seconds=time.perf_counter() - start,
-        object_graph=object_graph,
-        notes=tuple(notes),
-        copied=copied,
-        copied_bytes=copied_bytes,
+        object_graph=written.object_graph,
+        notes=tuple(written.notes),
+        copied=written.copied,
+        copied_bytes=written.copied_bytes,
     )
+
+
+@dataclasses.dataclass
+class _Written:
+    """What writing the output gave, for the report."""
+
+    planned: list
+    verified: int
+    notes: list[str]
+    files: list[str]
+    out_bytes: int
+    num_shards: int = 1
+    object_graph: Any = None
+    copied: int = 0
+    copied_bytes: int = 0
+
+
+def _check_source(ckpt: m.Checkpoint, keep: tuple[str, ...], fmt: str) -> None:
+    """Refuse a source the output cannot be made from: unreadable kept values, names an npz or
+    safetensors file cannot hold, no model variable at all."""
+    _refuse_unreadable(ckpt, keep)
+    if fmt in (FORMAT_NPZ, FORMAT_SAFETENSORS):
+        _require_text_names(ckpt, keep, fmt)
+    if not any(v.role == m.ROLE_MODEL for v in ckpt.variables):
+        raise UsageError(f"{ckpt.path}: no model variables to extract (roles: {_role_summary(ckpt)})")
+
+
+def _write_prefix(ckpt: m.Checkpoint, out: str, keep: tuple[str, ...], max_shard_bytes: int | None, force: bool,
+                  protected: list[str], progress: Progress | None) -> _Written:
+    """A TF prefix, written under a temporary prefix and renamed into place."""
+    with _atomic.atomic_prefix(out, force=force, protected=protected) as tmp:
+        w = write_tf(ckpt, tmp, keep, max_shard_bytes, progress)
+        files = [out + p[len(tmp):] for p in _atomic.prefix_files(tmp)]
+        return _Written(w.planned, w.verified, w.notes, files, files_size(_atomic.prefix_files(tmp)), w.num_shards,
+                        w.object_graph, w.copied, w.copied_bytes)
+
+
+def _write_file(fmt: str, ckpt: m.Checkpoint, tmp: str, out: str, keep: tuple[str, ...], builder: Builder | None,
+                rules: Any, layout: Layout, progress: Progress | None) -> tuple[list, int, list[str]]:
+    """A one-file output (npz, safetensors, legacy .h5, .weights.h5) written to ``tmp``:
+    (the planned variables, how many were verified, notes)."""
+    if fmt == FORMAT_NPZ:
+        return write_npz(ckpt, tmp, keep, progress)
+    if fmt == FORMAT_SAFETENSORS:
+        return write_safetensors_output(ckpt, tmp, keep, progress, lambda names: tf_metadata(ckpt, keep, names))
+    if fmt == FORMAT_H5:
+        if ckpt.format != m.FORMAT_KERAS_H5:
+            raise UsageError(
+                f"{ckpt.path}: a legacy .h5 output needs a legacy Keras .h5 source (this is "
+                f"{ckpt.format}); use a TF prefix, .weights.h5 or .npz output"
+            )
+        from ...formats import KERAS_LEGACY_OPTIMIZER_GROUP  # noqa: PLC0415 - h5py for HDF5 outputs only
+
+        planned, verified = write_h5_copy(ckpt, tmp, KERAS_LEGACY_OPTIMIZER_GROUP, ckpt.source.open_hdf5, progress)
+        return planned, verified, ["legacy Keras .h5 without optimizer_weights; model_config and training_config kept"]
+    return _write_weights_h5(ckpt, tmp, out, builder, rules, layout, progress)
+
+
+def _write_weights_h5(ckpt: m.Checkpoint, tmp: str, out: str, builder: Builder | None, rules: Any, layout: Layout,
+                      progress: Progress | None) -> tuple[list, int, list[str]]:
+    """A ``.weights.h5``: a Keras 3 source copied without its optimizer; a TF checkpoint through
+    the built model; anything else paired by name into the built model."""
+    named = bool(rules) or not layout.plain
+    if ckpt.format in KERAS3_SOURCE_FORMATS:
+        if named:
+            raise UsageError(f"{ckpt.path}: a Keras 3 source is copied as it is: --map and layout rules do not apply")
+        from ...formats import KERAS_OPTIMIZER_GROUP  # noqa: PLC0415 - h5py for HDF5 outputs only
+
+        planned, verified = write_h5_copy(ckpt, tmp, KERAS_OPTIMIZER_GROUP, ckpt.source.open_hdf5, progress)
+        return planned, verified, ["Keras 3 weights without the optimizer group: load with model.load_weights(OUT)"]
+    if "tf-restorable" in capabilities(ckpt.format) and not named:
+        if builder is None:
+            raise UsageError(
+                f"{ckpt.path}: a .weights.h5 output from a TF checkpoint needs --builder "
+                "module:function (Keras 3's positional layout comes from the model's structure)"
+            )
+        return write_weights_from_builder(ckpt, tmp, builder, progress)
+    # PyTorch, safetensors, npz, legacy .h5, or rules given: paired by name
+    if builder is None:
+        raise UsageError(
+            f"{ckpt.path}: a .weights.h5 output from a {ckpt.format} source needs --builder "
+            "module:function (the Keras model its values go into)"
+        )
+    from .convert import write_weights_by_names  # noqa: PLC0415 - TF, Keras
+
+    return write_weights_by_names(ckpt, tmp, out, builder, rules, layout, progress)
 
 
 def _refuse_unreadable(ckpt: m.Checkpoint, keep: Sequence[str]) -> None:
