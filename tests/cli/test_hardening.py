@@ -34,7 +34,7 @@ from cases_ux import CASES as UX_CASES
 from catalogue import BASE_CASES, FIXTURES, KERAS, RUN, SHARDED, Case, _copy_prefix  # noqa: F401
 from cases_torch import CASES as TORCH_CASES
 from ckptinspect.cli import app
-from limits import LIMIT_BYTES
+from limits import LIMIT_BYTES, default_sigint
 
 tf = pytest.importorskip("tensorflow")
 h5py = pytest.importorskip("h5py")
@@ -380,7 +380,8 @@ def test_killed_write_leaves_nothing_under_the_final_name(tmp_path, mode, sig):
         pathlib.Path(f"{dest}.data-00000-of-00001"): (RUN / "ckpt-8.data-00000-of-00001").read_bytes()}
     for p, data in old.items():
         p.write_bytes(data)
-    proc = subprocess.Popen([sys.executable, "-c", SLOW_WRITER, str(dest), mode], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_WRITER, str(dest), mode], stdout=subprocess.PIPE, text=True,
+                            preexec_fn=default_sigint)
     try:
         assert proc.stdout.readline().strip() == "writing"
         proc.send_signal(sig)
@@ -402,7 +403,7 @@ def test_killed_extract_leaves_no_output(tmp_path):
     out = tmp_path / "out" / "model"
     proc = subprocess.Popen(
         [sys.executable, "-m", "ckptinspect", "extract", str(SHARDED), "-o", str(out), "--max-shard-size", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint,
     )
     # Wait until the output directory has its temporary folder, then kill.
     deadline = time.monotonic() + 60

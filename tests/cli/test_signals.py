@@ -18,6 +18,8 @@ import time
 import numpy as np
 import pytest
 
+from limits import default_sigint
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TMP_MARK = ".ckptinspect-tmp-"
 
@@ -49,7 +51,7 @@ def interrupted(args: list[str], out: pathlib.Path, sig: int) -> subprocess.Comp
     """Run ``ckptinspect ARGS``; send ``sig`` once a temporary output exists in ``out``; None when
     the command finished first."""
     proc = subprocess.Popen([sys.executable, "-m", "ckptinspect", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=out)
+                            stderr=subprocess.PIPE, text=True, cwd=out, preexec_fn=default_sigint)
     deadline = time.monotonic() + 120
     sent = False
     while time.monotonic() < deadline and proc.poll() is None:

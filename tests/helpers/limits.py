@@ -15,6 +15,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import signal
 import queue
 import subprocess
 import sys
@@ -133,3 +134,10 @@ class LimitedRunner:
                 stream.close()
             except OSError:
                 pass
+
+
+def default_sigint() -> None:
+    """``preexec_fn`` for a child that must meet SIGINT as a terminal's process does: a process
+    started with SIGINT ignored (a pytest-xdist worker, ``nohup``, a background job) passes the
+    ignoring on to its children, and Python then installs no KeyboardInterrupt handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

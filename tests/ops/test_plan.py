@@ -17,6 +17,7 @@ import textwrap
 import time
 
 import pytest
+from limits import default_sigint
 from click.testing import CliRunner
 
 import ckptinspect
@@ -389,7 +390,7 @@ def test_cli_probe_killed_mid_write_leaves_nothing(tmp_path, sig, code):
     before = listing(tmp_path)
     proc = subprocess.Popen([sys.executable, "-m", "ckptinspect", "plan", str(tmp_path / "model.safetensors"), "--probe"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=default_sigint)
     try:
         deadline = time.monotonic() + 30
         while not any(p.name.endswith(".write-probe") for p in tmp_path.iterdir()):
