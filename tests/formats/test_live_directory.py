@@ -86,11 +86,17 @@ def test_commands_on_a_directory_being_rotated(live_directory, limited):
     outcomes: dict[str, list] = {"verify": [], "diff": [], "ls-stats": []}
     first = _saves_so_far(d)
     for _ in range(ROUNDS):
+        round_start = _saves_so_far(d)
         for name, args in (("verify", ["verify", d]), ("diff", ["diff", d, d]), ("ls-stats", ["ls", "--stats", d])):
             result = limited.run(args)
             assert not result.timed_out and not result.crashed, (name, result.describe())
             outcomes[name].append(result)
         assert proc.poll() is None, "the writer stopped early"
+        # Whatever the machine's speed, each round sees at least two saves (rotations) before the
+        # next one starts: wait for a writer the commands outran (bounded: the writer runs MAX_SECONDS).
+        deadline = time.monotonic() + 60
+        while _saves_so_far(d) < round_start + 2 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
     saved = _saves_so_far(d) - first
     assert saved >= 2 * ROUNDS, f"the writer saved only {saved} checkpoints meanwhile: no rotation to test"
 
