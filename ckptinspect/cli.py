@@ -338,19 +338,20 @@ def extract_command(src: str, output: str, to: Optional[str], builder: Optional[
 @option("--role", multiple=True, metavar="[model|optimizer|metadata]", help="Keep only variables of this role (repeatable).")
 @option("--cast", metavar="[float16|bfloat16|float32|float64]", help="Cast the model's float variables (and their optimizer slots) to this type.")
 @option("--cast-filter", metavar="REGEX", help="Cast only the model variables whose (new) name matches (re.search).")
+@option("--allow-overflow", is_flag=True, help="Write a cast that turns finite values into Inf (refused otherwise).")
 @force_option
 @format_option()
 @debug_option
 @handle_errors
 def rewrite_command(src: str, output: str, rename: list[str], drop: list[str], role: list[str], cast: Optional[str],
-                    cast_filter: Optional[str], force: bool, format: OutputFormat) -> None:  # noqa: A002
+                    cast_filter: Optional[str], allow_overflow: bool, force: bool, format: OutputFormat) -> None:  # noqa: A002
     """Rename, drop and cast variables (in that order), writing a checked, restorable copy."""
     from .ops.rewrite.operation import rewrite  # noqa: PLC0415
     from .render import rewrite_view  # noqa: PLC0415
 
     with progress("rewrite") as shown:
         report = rewrite(src, output, rename=rename, drop=drop, role=role, cast=cast, cast_filter=cast_filter,
-                         force=force, progress=shown)
+                         allow_overflow=allow_overflow, force=force, progress=shown)
     emit(rewrite_view(report, format))
 
 

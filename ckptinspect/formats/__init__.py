@@ -197,6 +197,9 @@ def detect(path: str) -> tuple[FormatSpec, str]:
     if found is not None:
         return found
     if not probe.exists:
+        why = _fs.too_long(path)
+        if why is not None:  # the system cannot look the path up at all: not "no such file"
+            raise CheckpointNotFoundError(f"{path}: name too long: {why}")
         _refuse(probe, MISSING)
         raise CheckpointNotFoundError(f"{path}: no such file, directory or checkpoint prefix")
     if probe.isdir:

@@ -18,6 +18,7 @@ checked before reading, and read in bounded chunks.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import posixpath
 import stat
@@ -177,6 +178,33 @@ def dirname(path: str) -> str:
 
 def basename(path: str) -> str:
     return posixpath.basename(path) if is_remote(path) else os.path.basename(path)
+
+
+def too_long(path: str) -> str | None:
+    """Why a local path cannot even be looked up because of its length (the system answers
+    ENAMETOOLONG, which ``os.path.exists`` reports as "no such file"), or None."""
+    if is_remote(path):
+        return None
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno != errno.ENAMETOOLONG:
+            return None
+    else:
+        return None
+    raw = os.fsencode(path)
+    try:
+        name_max = os.pathconf(os.path.dirname(os.path.abspath(path)) or "/", "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    longest = max((len(part) for part in raw.split(b"/")), default=0)
+    if longest > name_max:
+        return f"a name in it is {longest} bytes, longer than the file system's {name_max}"
+    try:
+        path_max = os.pathconf("/", "PC_PATH_MAX")
+    except (OSError, ValueError):
+        path_max = 4096
+    return f"it is {len(raw)} bytes, longer than the system's {path_max}; use a shorter (relative) path"
 
 
 def exists(path: str) -> bool:

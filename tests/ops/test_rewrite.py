@@ -170,8 +170,10 @@ def test_output_refused_without_force_and_bad_arguments(run, tmp_path):
     ckptinspect.rewrite(run, out, force=True, drop=["^adam/"])
     with pytest.raises(UsageError, match="float type"):
         ckptinspect.rewrite(run, tmp_path / "x", cast="int8")
-    with pytest.raises(UsageError, match="bad --map rule"):
+    with pytest.raises(UsageError, match="bad --rename rule"):  # the option given, not --map
         ckptinspect.rewrite(run, tmp_path / "x", rename=["norule"])
+    with pytest.raises(UsageError, match=r"bad --rename regex '\['"):
+        ckptinspect.rewrite(run, tmp_path / "x", rename=["[=x"])
     with pytest.raises(UsageError, match="every variable would be dropped"):
         ckptinspect.rewrite(run, tmp_path / "x", drop=["."])
     assert not (tmp_path / "x.index").exists()

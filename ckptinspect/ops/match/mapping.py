@@ -22,7 +22,7 @@ RulesLike = Union[Mapping[str, str], Iterable[Union[str, tuple[str, str]]], None
 RULE_SEPARATOR = "="
 
 
-def parse_mapping(rules: RulesLike) -> Rules:
+def parse_mapping(rules: RulesLike, option: str = "--map") -> Rules:
     """Compile and check mapping rules.
 
     Both the regex and the replacement are checked here (a replacement naming a group the
@@ -31,6 +31,8 @@ def parse_mapping(rules: RulesLike) -> Rules:
     Args:
         rules: ``"REGEX=REPLACEMENT"`` strings (split at the first ``=``), ``(regex,
             replacement)`` pairs, or a dict of them.
+        option: The option the rules were given with, named by the errors (``rewrite``'s are
+            ``--rename``).
 
     Returns:
         Compiled ``(pattern, replacement)`` pairs, in order.
@@ -45,18 +47,18 @@ def parse_mapping(rules: RulesLike) -> Rules:
     for rule in items:
         if isinstance(rule, str):
             if RULE_SEPARATOR not in rule:
-                raise UsageError(f"bad --map rule {rule!r}: expected 'REGEX=REPLACEMENT'")
+                raise UsageError(f"bad {option} rule {rule!r}: expected 'REGEX=REPLACEMENT'")
             pattern, repl = rule.split(RULE_SEPARATOR, 1)
         else:
             pattern, repl = rule
         try:
             rx = re.compile(pattern)
         except re.error as e:
-            raise UsageError(f"bad --map regex {pattern!r}: {e}") from None
+            raise UsageError(f"bad {option} regex {pattern!r}: {e}") from None
         try:
             rx.sub(repl, "")  # parses the replacement template, with or without a match
         except (re.error, IndexError) as e:
-            raise UsageError(f"bad --map replacement {repl!r} for {pattern!r}: {e}") from None
+            raise UsageError(f"bad {option} replacement {repl!r} for {pattern!r}: {e}") from None
         out.append((rx, repl))
     return out
 

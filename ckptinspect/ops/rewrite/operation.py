@@ -61,6 +61,7 @@ __all__ = ["rewrite", "CAST_DTYPES", "RewriteReport", "RewrittenVariable"]
 CAST_DTYPES = ("float16", "bfloat16", "float32", "float64")
 KERAS_REWRITABLE = frozenset({"keras-layout", "writable"})  # Keras HDF5 files (.h5, .weights.h5), not .keras zips
 VARIABLE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
+MAX_NAMED = 5  # variables a refusal names
 BLOCK_ELEMENTS = 1 << 20  # elements per streamed block (cast and read-back)
 Progress = Callable[[int, int, m.Variable], None]
 
@@ -181,7 +182,82 @@ def _cast_plan(plans: list[_Plan], cast: str, rx: re.Pattern[str] | None) -> Non
 
 
 def _cast_blocks(ckpt: m.Checkpoint, var: m.Variable, dtype: np.dtype) -> Callable[[], Iterable[np.ndarray]]:
-    return lambda: (block.astype(dtype) for block in ckpt.iter_blocks(var, BLOCK_ELEMENTS))
+    def blocks() -> Iterable[np.ndarray]:
+        for block in ckpt.iter_blocks(var, BLOCK_ELEMENTS):
+            with np.errstate(over="ignore", under="ignore"):  # counted and refused by _cast_losses
+                yield block.astype(dtype)
+
+    return blocks
+
+
+@dataclasses.dataclass(frozen=True)
+class CastLoss:
+    """What a cast does to one variable's finite values.
+
+    Attributes:
+        name: The variable's (new) name.
+        dtype: The type it is cast to.
+        overflow: Finite values that become +/-Inf (their magnitude is past the type's maximum).
+        zero: Nonzero values that become zero.
+        subnormal: Values that become subnormal (below the type's smallest normal number:
+            precision lost).
+    """
+
+    name: str
+    dtype: str
+    overflow: int
+    zero: int
+    subnormal: int
+
+    def note(self) -> str:
+        parts = [f"{n} {what}" for n, what in ((self.overflow, "became +/-Inf"), (self.zero, "became zero"),
+                                                (self.subnormal, "became subnormal")) if n]
+        return f"--cast {self.dtype}: {self.name}: " + ", ".join(parts) + " (finite values of the source)"
+
+
+def _smallest_normal(dtype: np.dtype) -> float:
+    try:
+        return float(np.finfo(dtype).tiny)
+    except ValueError:  # bfloat16: numpy's finfo does not know it, ml_dtypes' does
+        import ml_dtypes  # noqa: PLC0415 - comes with TensorFlow and Keras
+
+        return float(ml_dtypes.finfo(dtype).tiny)
+
+
+def _cast_losses(ckpt: m.Checkpoint, plans: list[_Plan]) -> list[CastLoss]:
+    """Read each variable planned for a cast once, counting the finite values the cast turns
+    into +/-Inf, zero or subnormals (what ``--cast`` reports, and refuses for overflow)."""
+    losses = []
+    for p in plans:
+        if p.dropped or p.new_dtype == p.var.dtype or p.var.dtype not in CAST_DTYPES:
+            continue
+        target = m.numpy_dtype(p.new_dtype)
+        tiny = _smallest_normal(target)
+        overflow = zero = subnormal = 0
+        for block in ckpt.iter_blocks(p.var, BLOCK_ELEMENTS):
+            source = np.asarray(block).astype(np.float64)
+            with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+                cast = source.astype(target).astype(np.float64)
+            finite = np.isfinite(source)
+            overflow += int(np.count_nonzero(finite & ~np.isfinite(cast)))
+            zero += int(np.count_nonzero(finite & (source != 0) & (cast == 0)))
+            subnormal += int(np.count_nonzero((cast != 0) & (np.abs(cast) < tiny)))
+        if overflow or zero or subnormal:
+            losses.append(CastLoss(p.new_name, p.new_dtype, overflow, zero, subnormal))
+    return losses
+
+
+def _refuse_overflow(path: str, losses: list[CastLoss], cast: str) -> None:
+    """An overflow silently turns weights into Inf: refused unless the user allows it."""
+    over = [x for x in losses if x.overflow]
+    if not over:
+        return
+    named = ", ".join(f"{x.name} ({x.overflow})" for x in over[:MAX_NAMED])
+    more = f" and {len(over) - MAX_NAMED} more" if len(over) > MAX_NAMED else ""
+    raise UsageError(
+        f"{path}: --cast {cast} would turn {sum(x.overflow for x in over)} finite values into +/-Inf, in "
+        f"{len(over)} variable(s): {named}{more}; pass --allow-overflow to write them anyway"
+    )
 
 
 def _same_values(ckpt: m.Checkpoint, src: m.Variable, written: m.Checkpoint, out: m.Variable, dtype: str) -> bool:
@@ -196,7 +272,8 @@ def _same_values(ckpt: m.Checkpoint, src: m.Variable, written: m.Checkpoint, out
         if b is None:
             return False
         if dtype != src.dtype:
-            a = a.astype(np_dtype)
+            with np.errstate(over="ignore", under="ignore"):  # what the cast wrote, overflow allowed
+                a = a.astype(np_dtype)
         if not bit_equal(a.reshape(-1), np.asarray(b).reshape(-1)):
             return False
     return next(blocks_b, None) is None
@@ -327,6 +404,7 @@ def rewrite(
     role: Sequence[str] | str = (),
     cast: str | None = None,
     cast_filter: str | None = None,
+    allow_overflow: bool = False,
     force: bool = False,
     progress: Progress | None = None,
 ) -> RewriteReport:
@@ -344,6 +422,8 @@ def rewrite(
         cast: ``float16``, ``bfloat16``, ``float32`` or ``float64``: cast the model's float
             variables (and their optimizer slots) to it.
         cast_filter: Cast only the model variables whose new name matches (``re.search``).
+        allow_overflow: Write a cast that turns finite values into +/-Inf (refused otherwise).
+            Values that become zero or subnormal are reported in the notes either way.
         force: Replace an existing output (of the same kind only).
         progress: Called as ``progress(done, total, variable)`` while the output is checked.
 
@@ -360,7 +440,7 @@ def rewrite(
     start = time.perf_counter()
     src, out = os.fspath(src), os.fspath(out)
     roles = (role,) if isinstance(role, str) else tuple(dict.fromkeys(role))
-    rules = parse_mapping(rename)
+    rules = parse_mapping(rename, "--rename")
     drops = _compile_all(list(drop), "--drop")
     cast_rx = _check_arguments(roles, cast, cast_filter)
 
@@ -373,8 +453,12 @@ def rewrite(
             p.dropped = any(rx.search(p.new_name) for rx in drops) or bool(roles and p.var.role not in roles)
         if all(p.dropped for p in plans):
             raise UsageError(f"{ckpt.path}: every variable would be dropped; nothing to write")
+        losses: list[CastLoss] = []
         if cast is not None:
             _cast_plan(plans, cast, cast_rx)
+            losses = _cast_losses(ckpt, plans)
+            if not allow_overflow:
+                _refuse_overflow(ckpt.path, losses, cast)
         for path in ckpt.files():  # bytes are copied from them: a FIFO or device would block
             if os.path.lexists(path):
                 check_regular(path)
@@ -423,7 +507,7 @@ def rewrite(
         variables=rows, rules=rules_text(rename), drop=tuple(drop), roles=roles, cast=cast, cast_filter=cast_filter,
         source_file_bytes=source_bytes, output_file_bytes=out_bytes, copied_bytes=copied,
         verified=sum(1 for p in plans if not p.dropped), seconds=time.perf_counter() - start,
-        object_graph=graph_info, notes=tuple(notes),
+        object_graph=graph_info, notes=(*notes, *(x.note() for x in losses)),
     )
 
 
