@@ -10,13 +10,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import signal
 import stat
 import statistics
-import threading
 import time
 import uuid
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from ... import _atomic
 from ... import model as m
@@ -255,29 +253,6 @@ class ProbeResult:
         return out
 
 
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM/SIGHUP during the probe: unwinds like Ctrl-C, so the temporary file goes."""
-
-
-@contextlib.contextmanager
-def _terminate_as_interrupt() -> Iterator[None]:
-    """While the probe's file exists, SIGTERM and SIGHUP (when nothing else handles them)
-    raise instead of killing the process outright, so ``finally`` removes the file."""
-    changed = {}
-    if threading.current_thread() is threading.main_thread():
-        def raise_interrupt(signum: int, frame: Any) -> None:
-            raise _Terminated(f"signal {signum}")
-
-        for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
-            if sig is not None and signal.getsignal(sig) is signal.SIG_DFL:
-                changed[sig] = signal.signal(sig, raise_interrupt)
-    try:
-        yield
-    finally:
-        for sig, previous in changed.items():
-            signal.signal(sig, previous)
-
-
 def _probe_error(directory: str, e: OSError) -> OutputWriteError:
     return OutputWriteError(f"{directory}: cannot measure its write speed: {e.strerror or e}"
                             " (the probe file was removed)")
@@ -320,7 +295,7 @@ def probe_write(directory: str, nbytes: int, *, progress: Callable[[int, int], N
     fd = None
     ours = True
     try:
-        with _terminate_as_interrupt():
+        with _atomic.signals_unwind():  # SIGTERM/SIGHUP unwind: the probe file goes, exit 128+signal
             try:
                 try:
                     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
