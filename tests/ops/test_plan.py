@@ -257,15 +257,16 @@ def test_probe_sigterm_leaves_nothing(tmp_path):
     code = textwrap.dedent(f"""
         import os, signal, sys
         from ckptinspect.ops.plan.measure import probe_write
+        from ckptinspect._atomic import Terminated
         try:
             probe_write({str(tmp_path)!r}, 1 << 20, progress=lambda d, t: os.kill(os.getpid(), signal.SIGTERM))
-        except KeyboardInterrupt:
-            print("interrupted")
+        except Terminated as e:  # the writing commands' one signal mechanism: exit 128 + the signal
+            print("terminated", e.code)
         print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)
     """)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert done.stdout.split() == ["interrupted", "True"], done.stderr
+    assert done.stdout.split() == ["terminated", str(128 + signal.SIGTERM), "True"], done.stderr
     assert listing(tmp_path) == []
 
 
