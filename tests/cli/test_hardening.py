@@ -369,10 +369,12 @@ SLOW_WRITER = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("mode", ["file", "prefix"])
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_killed_write_leaves_nothing_under_the_final_name(tmp_path, mode, sig):
-    """A writer killed mid-write (SIGKILL: no cleanup at all; SIGINT: KeyboardInterrupt) leaves
-    the previous output untouched and no partial output under the final name."""
+    """A writer killed mid-write (SIGKILL: no cleanup at all; SIGINT: KeyboardInterrupt;
+    SIGTERM/SIGHUP: unwound by _atomic, exit 128 + the signal) leaves the previous output untouched
+    and no partial output under the final name. atomic_file and atomic_prefix are what every
+    writing command writes through (extract, rewrite, average, transplant, doctor --emit weights)."""
     dest = tmp_path / ("model.weights.h5" if mode == "file" else "ckpt")
     # The previous output is a real one of the same kind: --force replaces nothing else.
     old = {dest: (KERAS / "model.weights.h5").read_bytes()} if mode == "file" else {
@@ -395,7 +397,9 @@ def test_killed_write_leaves_nothing_under_the_final_name(tmp_path, mode, sig):
     finals = [n for n in names if not n.startswith(".ckptinspect-tmp-")]
     assert finals == sorted(p.name for p in old)
     leftovers = [n for n in names if n.startswith(".ckptinspect-tmp-")]
-    assert bool(leftovers) == (sig == signal.SIGKILL)  # SIGINT runs the cleanup
+    assert bool(leftovers) == (sig == signal.SIGKILL)  # SIGINT, SIGTERM and SIGHUP run the cleanup
+    if sig in (signal.SIGTERM, signal.SIGHUP):
+        assert proc.returncode == 128 + sig
 
 
 def test_killed_extract_leaves_no_output(tmp_path):
