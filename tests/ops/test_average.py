@@ -437,3 +437,19 @@ def test_reference_example_is_what_the_command_prints(tmp_path, monkeypatch):
     result = runner.invoke(app, ["average", "--last", "3", "fixtures/run", "-o", str(out)])
     assert result.exit_code == 0, result.stderr
     assert result.stdout.replace(str(out), "runs/avg") == shown
+
+
+def test_a_directory_given_as_one_source_is_refused_pointing_at_last(tmp_path):
+    """Issue 25 item 11: ``average RUN`` averaged only RUN's newest checkpoint and exited 0."""
+    run = FIXTURES / "run"
+    with pytest.raises(UsageError, match=r"a directory of 3 checkpoints, not one; average --last 3 .*run averages them"):
+        ckptinspect.average([run], tmp_path / "avg")
+    assert not list(tmp_path.iterdir())
+
+
+def test_one_checkpoint_named_twice_is_refused(tmp_path):
+    """Issue 25 item 11: ``ckpt-6`` and ``ckpt-6.index`` were one checkpoint weighted double."""
+    run = FIXTURES / "run"
+    with pytest.raises(UsageError, match=r"ckpt-6\.index: the same checkpoint as .*ckpt-6 .*each checkpoint counts once"):
+        ckptinspect.average([run / "ckpt-6", run / "ckpt-6.index"], tmp_path / "avg")
+    assert not list(tmp_path.iterdir())

@@ -60,7 +60,7 @@ import numpy as np
 from ... import _atomic
 from ..._parallel import ordered_map
 from ... import model as m
-from ...errors import CorruptCheckpointError, UsageError, VerificationError
+from ...errors import CkptError, CorruptCheckpointError, UsageError, VerificationError
 from ...formats import (
     TO_WEIGHTS_H5,
     capabilities,
@@ -73,6 +73,7 @@ from ...formats import (
     object_graph_bytes,
     open_checkpoint,
     save_bundle_native,
+    spec_of,
     stored_slice_blocks,
 )
 from .arithmetic import BLOCK_ELEMENTS, Combiner, Computed, averaged_dtype, lockstep
@@ -133,6 +134,32 @@ def _check_arguments(out: str, ema: float | None, role: str | None, last: int | 
         error = _atomic.prefix_suffix_error(out, WRITES, "")
         if error is not None:
             raise error
+
+
+def _refuse_series(sources: Sequence[str]) -> None:
+    """A directory of checkpoints given as one source would be its newest checkpoint alone: say
+    how to average what it holds instead (a path that cannot be told apart is left to opening)."""
+    for source in sources:
+        try:
+            series = spec_of(source).can("series")
+        except CkptError:
+            continue
+        if series:
+            held = [c for c in list_directory(source, steps=False).checkpoints if c.exists]
+            raise UsageError(
+                f"{source}: a directory of {len(held)} checkpoint{'s' if len(held) != 1 else ''}, not one; "
+                f"average --last {max(len(held), 1)} {source} averages them (or name the checkpoints)"
+            )
+
+
+def _refuse_repeats(paths: Sequence[str], ckpts: Sequence[m.Checkpoint]) -> None:
+    """One checkpoint named twice (``ckpt-6`` and ``ckpt-6.index``) would weigh double in the mean."""
+    seen: dict[str, str] = {}
+    for path, ckpt in zip(paths, ckpts):
+        key = os.path.realpath(ckpt.path)
+        if key in seen:
+            raise UsageError(f"{path}: the same checkpoint as {seen[key]} ({ckpt.path}); each checkpoint counts once")
+        seen[key] = path
 
 
 def _describe(ckpt: m.Checkpoint) -> str:
@@ -454,12 +481,15 @@ def average(
     sources = [os.fspath(s) for s in sources]
     out = os.fspath(out)
     _check_arguments(out, ema, role, last, sources)
+    if last is None:
+        _refuse_series(sources)
     paths = _retained(sources[0], last) if last is not None else sources
     ckpts: list[m.Checkpoint] = []
     try:
         for path in paths:
             ckpts.append(open_checkpoint(path))
             _check_readable(ckpts[-1])
+        _refuse_repeats(paths, ckpts)
         notes: list[str] = []
         if all(c.step is not None for c in ckpts):
             order = sorted(range(len(ckpts)), key=lambda i: ckpts[i].step)
