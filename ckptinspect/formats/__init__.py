@@ -1,27 +1,21 @@
-"""The one door from the operations into the formats: detection, opening and checking.
+"""The one door from the operations into the formats: detection, opening, checking, the series
+of a directory, and the writers' names.
 
 Operations import only this package's public names (an import-linter contract): they open a
 :class:`~ckptinspect.model.Checkpoint` with :func:`open_checkpoint` and read through its
-tensor source, or check one with :func:`prepare_check`. One module per format family,
-picked by content (:func:`detect`) and registered once in :data:`_FORMATS`. Detection uses the
-signature modules only (``_layout``, ``_sstable``, ``_torch_layout``); a format's module is
-imported when its format is opened or checked, and the public names that come from the TF
-readers (:data:`_LAZY_NAMES`) on first use, so listing one format loads no other reader:
+tensor source, check one with :func:`prepare_check`, list a directory's checkpoints with
+:func:`list_directory` (the series seam, :mod:`.series`), decide an output's kind with
+:func:`output_kind` (:mod:`.outputs`), and ask what a format can do with :func:`capabilities`
+or :func:`spec_of`. What each format is comes from the registry (:mod:`._registry`, the built-in
+list in :mod:`._catalog`): detection runs the families' sniff modules only, and a format's reader
+is imported when its format is opened or checked; the public names of the readers and writers
+(:data:`_LAZY_NAMES`) load on first use, so listing one format loads no other reader.
 
-* :mod:`.tf_bundle` - TF bundle checkpoints (``.index`` + ``.data-*``), TF1 and TF2, with
-  :mod:`.tf_data` for their data files at the byte level and :mod:`.tf_object_graph` for a
-  TF2 checkpoint's object graph (names and roles).
-* :mod:`.tf_v1` - TF V1 table checkpoints (one file, no ``.index``).
-* :mod:`.tf_state` - checkpoint directories (``checkpoint`` state file).
-* :mod:`.keras_h5` - Keras HDF5 files (legacy ``.h5``, ``.weights.h5``, sharded weights).
-* :mod:`.keras_zip` - ``.keras`` zip archives.
-* :mod:`.npz` - numpy ``.npz`` files (what ``extract -o out.npz`` writes).
-* :mod:`.tf_writer` - writing TF bundles (``extract``, ``transplant``).
-* :mod:`.bundle_writer` - writing TF bundles without TensorFlow, copying unchanged tensors
-  byte for byte.
-* :mod:`.tf_graph_edit` - editing a TF2 object graph without TensorFlow (``rewrite``).
-* :mod:`.keras.write` - writing Keras HDF5 files (``extract``, ``rewrite``, ``average``), and
-  :mod:`.npz`'s writer (``extract``); their names are lazy too.
+Families: :mod:`.tf` (bundles, SavedModels, V1 tables, directories, graph editing, ``write/``),
+:mod:`.keras` (HDF5 files, ``.keras`` zips, the HDF5 writer), :mod:`.torch` (``torch.save``
+files, read without torch or pickle), :mod:`.safetensors`, :mod:`.hf` (Hugging Face folders),
+:mod:`.npz`. Shared pieces: :mod:`._fs` (file access), :mod:`._layout` and
+:mod:`._torch_layout` (signatures), :mod:`._zip`, :mod:`._readcheck`, :mod:`._listing`.
 """
 
 from __future__ import annotations
