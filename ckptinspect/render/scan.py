@@ -165,6 +165,9 @@ def scan_plot(report) -> bytes:
     ax_norm.set_ylabel("L2 norm")
     ax_rel.set_ylabel("relative change ||w - w_prev|| / ||w_prev||")
     ax_rel.set_xlabel("step")
+    from matplotlib.ticker import MaxNLocator  # noqa: PLC0415 - matplotlib only for --plot
+
+    ax_rel.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers: no 2.5
     others = len(layers) - len(top)
     ax_norm.set_title(f"{' '.join(report.source)}: {len(report.steps)} checkpoints, {len(layers)} layers"
                       + (f" ({others} more in grey)" if others > 0 else ""))

@@ -81,3 +81,34 @@ def test_a_tf_checkpoint_cast_overflow_is_refused(tmp_path):
     assert not out.parent.exists() or not list(out.parent.iterdir())
     report = ckptinspect.rewrite(prefix, out, cast="float16", allow_overflow=True)
     assert any("3 became +/-Inf" in n for n in report.notes)
+
+
+FIXTURE_RUN = pathlib.Path(__file__).resolve().parents[2] / "fixtures" / "run"
+HINT = ("cast variables restore only into bfloat16 variables: build the model under"
+        " keras.mixed_precision.set_global_policy('bfloat16')")
+
+
+def test_the_restore_hint_after_a_cast_names_the_dtype_policy(tmp_path):
+    """Issue 25 item 12: after --cast bfloat16 the printed hint alone failed in a float32 model."""
+    report = ckptinspect.rewrite(FIXTURE_RUN, tmp_path / "out" / "model", role="model", cast="bfloat16")
+    assert any(n.startswith(HINT) for n in report.notes), report.notes
+
+
+@pytest.mark.slow  # TensorFlow and Keras build the model twice (~10 s)
+def test_the_hint_restores_and_a_float32_model_refuses(tmp_path):
+    out = tmp_path / "out" / "model"
+    ckptinspect.rewrite(FIXTURE_RUN, out, role="model", cast="bfloat16")
+    code = f"""
+import keras, tensorflow as tf
+from ckptinspect.trainer import build_model
+for policy in ("float32", "bfloat16"):
+    keras.mixed_precision.set_global_policy(policy)
+    model = build_model(0)
+    try:
+        tf.train.Checkpoint(model=model).read({str(out)!r}).assert_consumed()
+        print(policy, "restored")
+    except Exception:
+        print(policy, "refused")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.stdout.split() == ["float32", "refused", "bfloat16", "restored"], done.stderr[-2000:]

@@ -387,10 +387,18 @@ def _read_back(ckpt: m.Checkpoint, plans: list[_Plan], tf2: bool, progress: Prog
     return check
 
 
-def _tf_notes(plans: list[_Plan]) -> list[str]:
+def _tf_notes(plans: list[_Plan], cast: str | None, cast_filter: str | None) -> list[str]:
     notes = []
     if any(p.var.sliced and p.new_dtype != p.var.dtype and not p.dropped for p in plans):
         notes.append("sliced variables that were cast are written whole (TensorFlow restores slices from them)")
+    if cast is not None and any(p.new_dtype != p.var.dtype and not p.dropped for p in plans):
+        # TensorFlow restores a value only into a variable of its dtype (checked: a bfloat16 cast
+        # restores into a model built under the 'bfloat16' policy, not a float32 or mixed one).
+        where = (f"build the model under keras.mixed_precision.set_global_policy('{cast}')" if cast_filter is None
+                 else f"build the layers of the variables --cast-filter matched with dtype='{cast}'")
+        notes.append(f"cast variables restore only into {cast} variables: {where} (float32 and mixed_{cast}"
+                     " models keep float32 variables, which refuse them)" if cast in ("float16", "bfloat16")
+                     else f"cast variables restore only into {cast} variables: {where}")
     return notes
 
 
@@ -477,7 +485,7 @@ def rewrite(
             if error is not None:
                 raise error
             blob, graph_info, notes = _graph_for(ckpt, plans)
-            notes += _tf_notes(plans)
+            notes += _tf_notes(plans, cast, cast_filter)
             tf2 = blob is not None
             summary = _save(ckpt, out, plans, blob, force, protected, _read_back(ckpt, plans, tf2, progress))
             files = tuple(_atomic.prefix_files(out))

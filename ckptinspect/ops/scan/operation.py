@@ -276,9 +276,10 @@ def find_drift(steps: Sequence[StepReport]) -> list[Drift]:
         if len(rows) >= JUMP_MIN_TRANSITIONS and median is not None:
             for _, step, rel in rows:
                 if rel >= JUMP_MIN_REL_CHANGE and rel > JUMP_FACTOR * median:
+                    against = ("while it otherwise did not change (median change 0)" if median == 0
+                               else f"{rel / median:.3g}x its median {median:.3g}")
                     out.append(Drift(layer or "(top)", DRIFT_JUMPED, step, rel, median,
-                                     f"relative change {rel:.3g} at step {step},"
-                                     f" {'inf' if median == 0 else f'{rel / median:.3g}'}x its median {median:.3g}"))
+                                     f"relative change {rel:.3g} at step {step}, {against}"))
     return out
 
 
