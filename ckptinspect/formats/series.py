@@ -126,13 +126,20 @@ def _checkpoint_files(directory: str) -> tuple[str | None, list[str]]:
     return None, []
 
 
+def _series_files(directory: str) -> tuple[str | None, list[str]]:
+    """The file-series kind and checkpoint files of a directory that is a file series (at least
+    one file carries an epoch or step in its name), or (None, []): the one test of what a file
+    series is, for detection, listing and fingerprints alike."""
+    kind, files = _checkpoint_files(directory)
+    if kind is None or not any(name_numbers(n).order is not None for n in files):
+        return None, []
+    return kind, files
+
+
 def file_series_kind(directory: str) -> str | None:
     """:data:`SERIES_KERAS` or :data:`SERIES_TORCH` for a directory of checkpoint files at least one
     of which carries an epoch or step in its name; None otherwise (TF directories included)."""
-    kind, files = _checkpoint_files(directory)
-    if kind is None or not any(name_numbers(n).order is not None for n in files):
-        return None
-    return kind
+    return _series_files(directory)[0]
 
 
 def _list_files(directory: str, kind: str, files: list[str]) -> DirectoryListing:
@@ -162,8 +169,8 @@ def list_series(directory: str, *, steps: bool = True) -> DirectoryListing:
         NotACheckpointError: No checkpoint at all in the directory (saying what it holds
             instead: SavedModel exports, Keras files without an epoch in their names).
     """
-    kind, files = _checkpoint_files(directory)
-    if kind is not None and any(name_numbers(n).order is not None for n in files):
+    kind, files = _series_files(directory)
+    if kind is not None:
         return _list_files(directory, kind, files)
     from .tf.resolve import list_directory  # noqa: PLC0415 - the TF readers load for TF directories only
 
@@ -187,7 +194,7 @@ def open_series(directory: str) -> m.Checkpoint:
 def series_fingerprint(directory: str) -> object:
     """What changes when a process saves into the directory: a TF directory's state file; a file
     series' names, sizes and modification times."""
-    kind, files = _checkpoint_files(directory)
+    kind, files = _series_files(directory)
     if kind is None:
         from .tf.directory import state_fingerprint  # noqa: PLC0415
 
