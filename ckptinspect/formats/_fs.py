@@ -4,8 +4,9 @@ Local paths never import TensorFlow. A path with a scheme (``s3://``, ``gs://``.
 through fsspec when fsspec is installed with an implementation for that scheme (``s3fs``,
 ``gcsfs``, or any registered ``AbstractFileSystem``), else through ``tf.io.gfile``, imported
 (quietly) on first use; :func:`check_remote` says which schemes work when one does not.
-Remote files are opened without read-ahead: every read is a ranged read of the bytes asked
-for, so listing a checkpoint reads its index, never its data files whole.
+Remote files through fsspec are :class:`._remote.RemoteFile` objects (ranged reads shaped for
+latency: small windows for metadata, parallel ranges and read-ahead for values; names answered
+from one listing), so listing a checkpoint reads its index and headers, never its data whole.
 
 Every read of a local file goes through :func:`open_binary`, which opens only regular files:
 a FIFO would block ``open`` (or ``read``) forever and a device such as ``/dev/zero`` never
@@ -26,6 +27,7 @@ import threading
 from typing import Any, BinaryIO, Iterator
 
 from ..errors import CheckpointNotFoundError, UnsafeFileError
+from . import _remote
 
 __all__ = [
     "READ_CHUNK_BYTES",
@@ -45,6 +47,7 @@ __all__ = [
     "getsize",
     "check_regular",
     "open_remote",
+    "file_size",
     "open_binary",
     "read_bytes",
     "read_range",
@@ -81,24 +84,44 @@ def scheme(path: str) -> str:
 
 
 def _fsspec(path: str) -> Any:
-    """The fsspec file system for ``path``'s scheme, or None (fsspec or the scheme's
-    implementation not installed, or a local scheme)."""
-    name = scheme(path)
-    if name in LOCAL_SCHEMES:
+    """The fsspec file system for ``path``'s scheme (see :mod:`._remote`), or None (fsspec or
+    the scheme's implementation not installed, or a local scheme)."""
+    if scheme(path) in LOCAL_SCHEMES:
         return None
     try:
-        import fsspec  # noqa: PLC0415 - remote paths only
-
-        return fsspec.filesystem(name)
-    except (ImportError, ValueError):
+        return _remote.filesystem(path)
+    except _remote.RemoteUnavailable:
         return None
 
 
-def _remote(path: str) -> Any:
-    """The file system object for a remote path: fsspec's, else ``tf.io.gfile`` behind the
-    same few calls (:class:`_GFileFS`)."""
-    fs = _fsspec(path)
-    return fs if fs is not None else _GFileFS()
+def _remote_fs(path: str) -> Any:
+    """The file system object for a remote path: ``_remote``'s calls (fsspec, cached names,
+    ranged reads shaped for latency), else ``tf.io.gfile`` behind the same few calls (:class:`_GFileFS`)."""
+    return _FsspecFS() if _fsspec(path) is not None else _GFileFS()
+
+
+class _FsspecFS:
+    """:mod:`._remote` behind the calls this module uses (one listing answers many names)."""
+
+    def exists(self, path: str) -> bool:
+        return _remote.stat(path) is not None
+
+    def isdir(self, path: str) -> bool:
+        info = _remote.stat(path)
+        return info is not None and info.kind == "dir"
+
+    def isfile(self, path: str) -> bool:
+        info = _remote.stat(path)
+        return info is not None and info.kind == "file"
+
+    def ls(self, path: str, detail: bool = False) -> list[str]:
+        return _remote.listdir(path)
+
+    def size(self, path: str) -> int:
+        info = _remote.stat(path)
+        if info is None or info.size is None:
+            raise FileNotFoundError(path)
+        return info.size
 
 
 class _GFileFS:
@@ -109,6 +132,9 @@ class _GFileFS:
 
     def isdir(self, path: str) -> bool:
         return _gfile().isdir(path)
+
+    def isfile(self, path: str) -> bool:
+        return self.exists(path) and not self.isdir(path)
 
     def ls(self, path: str, detail: bool = False) -> list[str]:
         return list(_gfile().listdir(path))
@@ -144,16 +170,20 @@ def check_remote(path: str) -> None:
     """
     if not is_remote(path):
         return
-    fs = _fsspec(path)
-    if fs is not None:
-        try:
-            fs.exists(path)
-        except Exception as e:  # noqa: BLE001 - whatever the file system raises (network, credentials)
-            text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise CheckpointNotFoundError(f"{path}: cannot access ({text})") from None
-        return
     name = scheme(path)
-    supported = remote_schemes()
+    try:
+        _remote.filesystem(path)
+    except _remote.RemoteUnavailable as e:
+        if name in _remote.EXTRAS and name not in ("gs", "gcs"):  # tf.io.gfile has no s3, hf or http
+            raise CheckpointNotFoundError(f"{path}: {e}") from None
+        missing = str(e)
+    else:
+        _remote.stat(path)  # no such bucket, access denied, no network: one line (CheckpointNotFoundError)
+        return
+    try:
+        supported = remote_schemes()
+    except Exception:  # noqa: BLE001 - no TensorFlow: fsspec was the only way
+        raise CheckpointNotFoundError(f"{path}: {missing}") from None
     if name not in supported:
         raise CheckpointNotFoundError(
             f"{path}: the {name}:// scheme is not supported; remote paths work with "
@@ -208,15 +238,17 @@ def too_long(path: str) -> str | None:
 
 
 def exists(path: str) -> bool:
-    return _remote(path).exists(path) if is_remote(path) else os.path.exists(path)
+    return _remote_fs(path).exists(path) if is_remote(path) else os.path.exists(path)
 
 
 def isdir(path: str) -> bool:
-    return _remote(path).isdir(path) if is_remote(path) else os.path.isdir(path)
+    return _remote_fs(path).isdir(path) if is_remote(path) else os.path.isdir(path)
 
 
 def isfile(path: str) -> bool:
     """Exists and is not a directory (FIFOs and devices included: :func:`open_binary` refuses them)."""
+    if is_remote(path):
+        return _remote_fs(path).isfile(path)
     return exists(path) and not isdir(path)
 
 
@@ -232,13 +264,13 @@ def is_regular(path: str) -> bool:
 
 def listdir(path: str) -> list[str]:
     if is_remote(path):
-        return sorted(posixpath.basename(p.rstrip("/")) for p in _remote(path).ls(path, detail=False))
+        return sorted(posixpath.basename(p.rstrip("/")) for p in _remote_fs(path).ls(path, detail=False))
     return sorted(os.listdir(path))
 
 
 def getsize(path: str) -> int:
     if is_remote(path):
-        return int(_remote(path).size(path))
+        return int(_remote_fs(path).size(path))
     return os.path.getsize(path)
 
 
@@ -266,6 +298,8 @@ def _reading(path: str) -> Iterator[None]:
     """Turn the OS's errors for an unreadable file into one-line CheckpointNotFoundErrors."""
     try:
         yield
+    except (CheckpointNotFoundError, UnsafeFileError):
+        raise  # already one line (a remote store's answer: no such bucket, access denied...)
     except FileNotFoundError as e:
         raise CheckpointNotFoundError(f"{path}: no such file") from e
     except IsADirectoryError as e:
@@ -335,11 +369,10 @@ def check_shard_name(index_path: str, name: str) -> None:
 
 
 def open_remote(path: str):
-    """A binary file object for a remote path (fsspec's without read-ahead: each read is a
-    ranged read of what is asked; else ``tf.io.gfile``)."""
-    fs = _fsspec(path)
-    if fs is not None:
-        return fs.open(path, "rb", cache_type="none")
+    """A binary file object for a remote path: :class:`._remote.RemoteFile` (ranged reads shaped
+    for latency, ``size`` and thread-safe ``pread``) through fsspec, else ``tf.io.gfile``'s."""
+    if _fsspec(path) is not None:
+        return _remote.open_file(path)
     return _gfile().GFile(path, "rb")
 
 
@@ -373,7 +406,15 @@ def open_binary(path: str) -> BinaryIO:
 
 def _size_of(f: BinaryIO, path: str) -> int:
     if is_remote(path):
-        return getsize(path)
+        return int(getattr(f, "size", None) or getsize(path))
+    return os.fstat(f.fileno()).st_size
+
+
+def file_size(f: BinaryIO) -> int:
+    """The size of an open file from :func:`open_binary` (local: ``fstat``; remote: the object's)."""
+    size = getattr(f, "size", None)
+    if isinstance(size, int):
+        return size
     return os.fstat(f.fileno()).st_size
 
 
@@ -409,6 +450,8 @@ def read_bytes(path: str, *, limit: int = DEFAULT_READ_LIMIT, what: str = "file"
                     f"{path}: {what} is {size} bytes ({human_size(size)}), more than the {human_size(limit)} a {what}"
                     " may take; refusing to read"
                 )
+            if isinstance(f, _remote.RemoteFile):  # one request (or parallel ranges), not a loop of reads
+                return f.pread(0, size)
             chunks = []
             left = size
             while left > 0:
@@ -432,6 +475,8 @@ def read_range(path: str, offset: int, size: int) -> bytes:
             total = _size_of(f, path)
             if offset >= total or size <= 0:
                 return b""
+            if isinstance(f, _remote.RemoteFile):
+                return f.pread(offset, min(size, total - offset))
             f.seek(offset)
             return f.read(min(size, total - offset))
 
@@ -555,10 +600,15 @@ class DataFiles:
     def pread_into(self, path: str, buffer: memoryview, offset: int) -> int:
         """Fill ``buffer`` from ``offset``; returns the bytes read (fewer at the end of the file)."""
         if is_remote(path):
-            with self._lock:  # one file object, one position: one reader at a time
+            with self._lock:
                 f = self._remote.get(path)
                 if f is None:
                     f = self._remote[path] = open_binary(path)
+            if isinstance(f, _remote.RemoteFile):  # positioned reads: several threads at once
+                data = f.pread(offset, len(buffer))
+                buffer[: len(data)] = data
+                return len(data)
+            with self._lock:  # one file object, one position: one reader at a time
                 with _reading(path):
                     f.seek(offset)
                     data = f.read(len(buffer))  # one ranged read of exactly these bytes

@@ -60,10 +60,8 @@ def is_torch_zip(path: str) -> bool:
     first = head[ZIP_LOCAL_HEADER.size : ZIP_LOCAL_HEADER.size + name_len].decode("utf-8", "replace")
     if is_data_pkl(first):
         return True
-    if _fs.is_remote(path):
-        return False
     try:
-        with zipfile.ZipFile(path) as zf:
+        with _fs.open_binary(path) as raw, zipfile.ZipFile(raw) as zf:  # the central directory alone
             return any(is_data_pkl(n) for n in zf.namelist())
     except (zipfile.BadZipFile, OSError, ValueError, EOFError):
         return False

@@ -46,7 +46,6 @@ MAX_INFLATE_SNAPSHOTS = 512
 RAW_DEFLATE_WBITS = -15
 ZIP_FLAG_ENCRYPTED = 0x1
 MEMBER_CHUNK_BYTES = 8 << 20  # bytes of a member held at a time when checking its CRC
-MAX_REMOTE_ARCHIVE_BYTES = 2 << 30  # a remote archive is read into memory whole (zipfile needs seeks)
 WINDOWS_DRIVE_RE = re.compile(r"^[A-Za-z]:")
 
 
@@ -306,7 +305,7 @@ def member_head(path: str, f: BinaryIO, info: zipfile.ZipInfo, size: int) -> byt
 
 def open_zip_archive(path: str, what: str = ".keras archive") -> tuple[zipfile.ZipFile, BinaryIO]:
     """A zip archive read in place (regular local files only: zipfile on a FIFO would block
-    forever), or a remote one read whole (at most :data:`MAX_REMOTE_ARCHIVE_BYTES`).
+    forever; remote archives through ranged reads, never whole).
 
     Args:
         path: The archive.
@@ -319,12 +318,9 @@ def open_zip_archive(path: str, what: str = ".keras archive") -> tuple[zipfile.Z
         NotACheckpointError: A directory.
         CorruptCheckpointError: Not a readable zip archive.
     """
-    if _fs.is_remote(path):
-        f: BinaryIO = io.BytesIO(_fs.read_bytes(path, limit=MAX_REMOTE_ARCHIVE_BYTES, what=f"remote {what}"))
-    else:
-        if _fs.isdir(path):
-            raise NotACheckpointError(f"{path}: is a directory, not a {what}")
-        f = _fs.open_binary(path)
+    if _fs.isdir(path):
+        raise NotACheckpointError(f"{path}: is a directory, not a {what}")
+    f: BinaryIO = _fs.open_binary(path)  # remote: ranged reads (the tail holds the central directory)
     try:
         return zipfile.ZipFile(f), f
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
@@ -370,7 +366,7 @@ def member_damage(path: str) -> list[m.Damage]:
     the reader's safety checks, which opening the archive ran): one damage entry per member
     that does not read. Memory: one chunk of :data:`MEMBER_CHUNK_BYTES`."""
     damaged: list[m.Damage] = []
-    with zipfile.ZipFile(path) as zf:
+    with _fs.open_binary(path) as raw, zipfile.ZipFile(raw) as zf:
         for info in zf.infolist():
             try:
                 with zf.open(info) as member:
@@ -386,7 +382,7 @@ def check_archive_by_reading(path: str, opener: Callable[[str], m.Checkpoint]) -
     """``verify``'s plan for a zip-based checkpoint (``.keras``, ``.npz``): every value read, and
     for a local archive every member's CRC-32 checked."""
     def opened(p: str) -> Opened:
-        more = None if _fs.is_remote(p) else (lambda: member_damage(p))
+        more = lambda: member_damage(p)  # noqa: E731
         return Opened(opener(p), more=more)
 
     return ReadCheck(path, opened)

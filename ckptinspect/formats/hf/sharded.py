@@ -296,8 +296,6 @@ def open_hf_sharded(path: str) -> m.Checkpoint:
         NotACheckpointError: A shard that is not safetensors or torch.
     """
     path = str(path)
-    if _fs.is_remote(path):
-        raise NotACheckpointError(f"{path}: sharded weights are read from local paths only")
     return _opened(path, strict=True)[0]
 
 

@@ -5,7 +5,6 @@ straight at their file offset). Part of :mod:`.keras_h5`.
 
 from __future__ import annotations
 
-import io
 import math
 import threading
 from typing import Any, Callable, Iterator, Sequence
@@ -25,7 +24,6 @@ from .h5_walk import (
 )
 from .._layout import HDF5_HEAD_BYTES, is_hdf5_head
 
-MAX_REMOTE_H5_BYTES = 2 << 30  # a remote HDF5 file is read into memory whole (h5py needs random access)
 
 # Reading: variable-length values (strings, vlen sequences, references) become one Python
 # object each; a dataset holding more than MAX_OBJECT_ELEMENTS of them is refused.
@@ -160,11 +158,18 @@ def _read_high_level(dsid: Any, variable: m.Variable, label: str) -> np.ndarray:
 def _open_file(path: str, label: str | None = None) -> Any:
     """``h5py.File`` for a local or remote path, with h5py's errors turned into ours."""
     label = label or path
-    if _fs.is_remote(path):
-        data = _fs.read_bytes(path, limit=MAX_REMOTE_H5_BYTES, what="remote HDF5 file")
-        if not is_hdf5_head(data[:HDF5_HEAD_BYTES]):
+    if _fs.is_remote(path):  # h5py over a file object of ranged reads (metadata windows, values streamed)
+        f = _fs.open_binary(path)
+        try:
+            head = f.read(HDF5_HEAD_BYTES)
+            f.seek(0)
+        except BaseException:
+            f.close()
+            raise
+        if not is_hdf5_head(head):
+            f.close()
             raise NotACheckpointError(f"{label}: not an HDF5 file (no HDF5 signature)")
-        return open_h5py(io.BytesIO(data), label)
+        return open_h5py(f, label, owned=f)
     if not _fs.exists(path):
         raise CheckpointNotFoundError(f"{label}: no such file")
     if _fs.isdir(path):

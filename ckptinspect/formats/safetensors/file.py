@@ -354,8 +354,6 @@ class SafetensorsSource(m.BaseSource):
 
 
 def _opened(path: str, strict: bool) -> tuple[m.Checkpoint, Header]:
-    if _fs.is_remote(path):
-        raise NotACheckpointError(f"{path}: safetensors files are read from local paths only")
     header = read_header(path, strict=strict)
     variables = variables_of(header)
     step, step_source = metadata_step(header.metadata)

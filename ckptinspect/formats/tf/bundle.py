@@ -239,6 +239,10 @@ class BundleSource(m.BaseSource):
         self._check_shards(variable)
         if self._reader_aborts:
             return self._restore(variable)
+        if _fs.is_remote(self.prefix):  # TensorFlow may have no file system for the scheme (s3://)
+            assembled = self._assemble(variable)
+            if assembled is not None:
+                return assembled
         try:
             return get_tensor(self._open(), self.prefix, variable.key)
         except Exception:
@@ -265,6 +269,34 @@ class BundleSource(m.BaseSource):
             out[done : done + block.size] = block
             done += block.size
         return out.reshape(variable.shape)
+
+    def _assemble(self, variable: m.Variable) -> np.ndarray | None:
+        """A value read without TensorFlow: a whole entry's bytes, or a sliced variable put
+        together from its stored slices; None when neither applies (TensorFlow's reader then)."""
+        import numpy as np  # noqa: PLC0415
+
+        raw = self._raw_entry(variable)
+        if raw is not None:
+            out = np.empty(variable.size, dtype=raw[2])
+            done = 0
+            for block in tf_data.iter_raw_blocks(raw[0], raw[1], raw[2], 1 << 20, self._files):
+                out[done : done + block.size] = block
+                done += block.size
+            return out.reshape(variable.shape)
+        parts = self.slice_blocks(variable, 1 << 20)
+        dtype = m.numpy_dtype(variable.dtype)
+        if not parts or dtype is None:
+            return None
+        out = np.zeros(variable.shape, dtype=dtype)
+        for part in parts:
+            flat = np.empty(int(np.prod(part.shape, dtype=np.int64)), dtype=dtype)
+            done = 0
+            for block in part.blocks():
+                flat[done : done + block.size] = block
+                done += block.size
+            index = tuple(slice(None) if n == -1 else slice(s, s + n) for s, n in zip(part.starts, part.lengths))
+            out[index] = flat.reshape(part.shape)
+        return out
 
     def _check_shards(self, variable: m.Variable) -> None:
         """Refuse at once (before TensorFlow is loaded) a value whose local data file is not
@@ -379,9 +411,14 @@ class BundleSource(m.BaseSource):
             The runs, or None when they cannot be copied directly (a remote checkpoint, a key
             the index does not hold, slices declared but not stored).
         """
+        if _fs.is_remote(self.prefix):
+            return None
+        return self._runs(variable)
+
+    def _runs(self, variable: m.Variable) -> tuple[StoredRun, ...] | None:
         self._check_readable(variable)  # bytes TensorFlow cannot read are not copied on
         entry = self._entries.get(variable.key)
-        if entry is None or _fs.is_remote(self.prefix):
+        if entry is None:
             return None
         if not entry.slices:
             return (StoredRun(data_path(self.prefix, entry.shard_id, self.num_shards), entry),)
@@ -395,7 +432,7 @@ class BundleSource(m.BaseSource):
     def slice_blocks(self, variable: m.Variable, elements: int) -> tuple[StoredSliceBlocks, ...] | None:
         """A sliced variable's stored slices, each streamed on its own (see
         :func:`stored_slice_blocks`); None when it is not sliced or cannot be streamed."""
-        runs = self.stored_runs(variable)
+        runs = self._runs(variable)  # remote ones too: the slices stream through DataFiles
         if not runs or not runs[0].starts:
             return None
         out = []

@@ -77,8 +77,6 @@ def _no_storages(label: str) -> Callable[[Any], Any]:
 def legacy_opened(path: str, strict: bool) -> TorchOpened:
     """Open a legacy-layout file: strict (``open``) raises the first problem, otherwise
     (``verify``) problems are recorded per tensor."""
-    if _fs.is_remote(path):
-        raise NotACheckpointError(f"{path}: torch files are read from local paths only")
     head = _Growing(path)
     magic, pos = head.unpickle(0, _no_storages(path), "magic number")
     if magic != LEGACY_MAGIC:

@@ -200,7 +200,7 @@ class TorchSource(m.BaseSource):
     def _offset(self, record: Record) -> int:
         """Where a stored record's bytes start (its local header read on first use)."""
         if record.offset is None:
-            record.offset = member_offset(self._file(), record.member, os.fstat(self._file().fileno()).st_size,
+            record.offset = member_offset(self._file(), record.member, _fs.file_size(self._file()),
                                            self._path)
         return record.offset
 
@@ -210,7 +210,7 @@ class TorchSource(m.BaseSource):
         if size == 0:
             return out
         if not record.stored:  # a compressed member: inflated whole (bounded when opened)
-            with zipfile.ZipFile(self._path) as zf, zf.open(record.member) as f:
+            with _fs.open_binary(self._path) as raw, zipfile.ZipFile(raw) as zf, zf.open(record.member) as f:
                 f.read(start)
                 got = f.readinto(memoryview(out))
         else:

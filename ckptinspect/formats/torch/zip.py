@@ -11,7 +11,6 @@ code never read. ``verify`` checks the stored records' CRC-32s (:func:`zip_crc_d
 from __future__ import annotations
 
 import collections
-import os
 import zipfile
 import zlib
 from typing import Any
@@ -67,7 +66,7 @@ def _open_zipfile(path: str, f: Any) -> zipfile.ZipFile:
     try:
         return zipfile.ZipFile(f)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, EOFError, OSError) as e:
-        size = os.fstat(f.fileno()).st_size
+        size = _fs.file_size(f)
         raise CorruptCheckpointError(
             f"{path}: not a readable zip archive ({size} bytes), truncated or damaged: {one_line(e)}"
         ) from None
@@ -76,11 +75,9 @@ def _open_zipfile(path: str, f: Any) -> zipfile.ZipFile:
 def zip_opened(path: str, strict: bool) -> TorchOpened:
     """Open a zip-layout file: strict (``open``) raises the first problem, otherwise (``verify``)
     problems are recorded per tensor and the stored records' CRC-32s are checked later."""
-    if _fs.is_remote(path):
-        raise NotACheckpointError(f"{path}: torch files are read from local paths only")
     _fs.read_range(path, 0, 1)  # the usual not-found / permission messages
     with _fs.open_binary(path) as f:  # regular files only (a FIFO would block)
-        size = os.fstat(f.fileno()).st_size
+        size = _fs.file_size(f)
         zf = _open_zipfile(path, f)
         counts = collections.Counter(i.filename for i in zf.infolist())
         for name, count in counts.items():
