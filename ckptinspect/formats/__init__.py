@@ -94,6 +94,12 @@ __all__ = [
     "checkpoint_present",
     "is_remote",
     "check_regular",
+    # paths local or remote (s3://, gs://...): what operations ask of a directory
+    "path_exists",
+    "path_isdir",
+    "path_listdir",
+    "path_join",
+    "path_basename",
     "DATA_FILE_RE",
     "INDEX_SUFFIX",
     "STATE_FILE",
@@ -145,6 +151,11 @@ __all__ = [
     "stream_blocks",
 ]
 check_regular = _fs.check_regular  # outputs copy from source files: refuse FIFOs and devices first
+path_exists = _fs.exists  # local or remote: one listing answers for a remote directory's names
+path_isdir = _fs.isdir
+path_listdir = _fs.listdir
+path_join = _fs.join
+path_basename = _fs.basename
 FORMATS = _registry.format_names()  # every Checkpoint.format name, in registry order
 
 
