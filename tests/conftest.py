@@ -43,3 +43,56 @@ def limited():
     runner = LimitedRunner()
     yield runner
     runner.close()
+
+
+class ObjectStore:
+    """A real S3-compatible server (moto's, a subprocess on 127.0.0.1), ``proxy`` in front of it
+    (delays, counts, cuts; see ``object_store.py``), and the committed fixtures uploaded under
+    ``s3://fixtures/`` (``url(rel)`` names one). ``env`` points the standard variables at the
+    proxy, for subprocesses; the ``s3`` fixture sets them in this process."""
+
+    def __init__(self, endpoint, proxy):
+        self.endpoint = endpoint
+        self.proxy = proxy
+        from object_store import DUMMY_ENV  # noqa: PLC0415
+
+        self.env = {**os.environ, **DUMMY_ENV, "AWS_ENDPOINT_URL": proxy.endpoint}
+
+    def url(self, rel: str) -> str:
+        return f"s3://fixtures/{rel}"
+
+
+@pytest.fixture(scope="session")
+def object_store():
+    """One moto server for the session (skipped when moto's server or s3fs is not installed)."""
+    pytest.importorskip("moto.server")
+    pytest.importorskip("s3fs")
+    pytest.importorskip("flask")
+    from object_store import Proxy, moto_server, upload_tree  # noqa: PLC0415
+
+    with moto_server() as endpoint:
+        proxy = Proxy(endpoint)
+        upload_tree(endpoint, FIXTURES, "fixtures")
+        try:
+            yield ObjectStore(endpoint, proxy)
+        finally:
+            proxy.close()
+
+
+@pytest.fixture
+def s3(object_store, monkeypatch):
+    """The object store, with this process's environment pointed at it (through the proxy, no
+    delay) and ckptinspect's remembered names forgotten."""
+    from object_store import DUMMY_ENV  # noqa: PLC0415
+
+    from ckptinspect.formats import _remote  # noqa: PLC0415
+
+    for k, v in DUMMY_ENV.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", object_store.proxy.endpoint)
+    object_store.proxy.delay = 0.0
+    object_store.proxy.cut(0)
+    _remote.clear()
+    yield object_store
+    object_store.proxy.cut(0)
+    _remote.clear()

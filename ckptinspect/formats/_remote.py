@@ -60,6 +60,7 @@ __all__ = [
     "stat",
     "listdir",
     "forget",
+    "clear",
     "open_file",
     "RemoteFile",
     "read_all",
@@ -366,6 +367,16 @@ def forget(path: str) -> None:
     invalidate = getattr(fs, "invalidate_cache", None)
     if invalidate is not None:
         invalidate(parent)
+
+
+def clear() -> None:
+    """Forget every remembered name and fetched byte (tests; a long-lived process that must see
+    a change at once)."""
+    with _lock:
+        _stats.clear()
+        _complete.clear()
+        _blobs.clear()
+        _filesystems.clear()
 
 
 def request_count() -> dict[str, int]:

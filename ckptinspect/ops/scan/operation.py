@@ -27,7 +27,7 @@ from typing import Any, Sequence
 
 from ... import model as m
 from ...errors import CkptError
-from ...formats import capabilities, directory_fingerprint, open_checkpoint
+from ...formats import capabilities, directory_fingerprint, is_remote, open_checkpoint, path_exists, path_isdir
 from ..verify import STATUS_ROTATED, check_checkpoint, rotated_out
 from .measure import STATS_DTYPES, measure_chains
 from .series import HEALTH_DAMAGED, HEALTH_MISSING, SERIES_DIRECTORY, Entry, Problem, Series, find_series, shard_problems
@@ -426,7 +426,8 @@ def scan(paths: str | Sequence[str], *, role: str | None = None, progress: m.Pro
     if not source:
         raise UsageError("nothing to scan: give a directory or checkpoint paths")
     # the state file before the directory is listed: verify's rule for rotated checkpoints
-    before = directory_fingerprint(source[0]) if len(source) == 1 and os.path.isdir(source[0]) else None
+    before = (directory_fingerprint(source[0]) if len(source) == 1 and not is_remote(source[0])
+              and os.path.isdir(source[0]) else None)
     series: Series = find_series(source)
     health: list[Problem] = list(series.problems)
     # Steps first, to put the checkpoints in order: each checkpoint is opened (its index: metadata
@@ -472,7 +473,7 @@ def _measure_windows(opened: list[tuple[int, Entry, int | None, m.Checkpoint | N
                 error = None
                 if ckpt is None:
                     ckpt, step, error = _open_step(entry)
-                missing = [f for f in ckpt.files() if not os.path.exists(f)] if ckpt is not None else []
+                missing = [f for f in ckpt.files() if not path_exists(f)] if ckpt is not None else []
                 opened[w + n] = (i, entry, step, None)  # closed here or by the window from now on
                 if missing:  # verify's check says what is wrong, without reading through TensorFlow's reader
                     ckpt.close()
@@ -535,6 +536,6 @@ def _scan_planned(source: tuple[str, ...], series: Series, role: str | None, pro
             more = f" (+{len(r.problems) - 1} more)" if len(r.problems) > 1 else ""
             health.append(Problem(HEALTH_DAMAGED, r.path, f"{r.path}: fails verify: {r.problems[0]}{more}"))
     if series.kind == SERIES_DIRECTORY and series.directory is not None:
-        if os.path.isdir(series.directory):
+        if path_isdir(series.directory):
             health += shard_problems(series.directory, shards)
     return ScanReport(source, series.kind, role, tuple(steps), tuple(health), tuple(find_drift(steps)))

@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import posixpath
 import re
 from typing import Any, Sequence
 
 from ..._atomic import leftover_temporaries
-from ...formats import DATA_FILE_RE, INDEX_SUFFIX, STATE_FILE, list_directory, name_numbers
+from ...formats import (DATA_FILE_RE, INDEX_SUFFIX, STATE_FILE, is_remote, list_directory, name_numbers, path_basename,
+                         path_exists, path_isdir, path_join, path_listdir)
 
 __all__ = [
     "SERIES_DIRECTORY",
@@ -128,10 +130,10 @@ def name_step(path: str) -> int | None:
 
 def _temporaries(directory: str) -> list[Problem]:
     found = [Problem(HEALTH_TEMP, p, f"{p}: left over from an interrupted ckptinspect write (safe to delete)")
-             for p in leftover_temporaries(directory)]
-    for name in sorted(os.listdir(directory)):
+             for p in ([] if is_remote(directory) else leftover_temporaries(directory))]
+    for name in path_listdir(directory):
         if TF_TEMP_RE.match(name):
-            p = os.path.join(directory, name)
+            p = path_join(directory, name)
             found.append(Problem(HEALTH_TEMP, p, f"{p}: a temporary of an interrupted TensorFlow save"))
     return found
 
@@ -141,15 +143,15 @@ def _directory_series(directory: str) -> Series:
     if listing.kind != SERIES_DIRECTORY:  # a folder of checkpoint files, in step order
         entries = tuple(Entry(c.path, c.step, order=i) for i, c in enumerate(listing.checkpoints))
         return Series(listing.kind, directory, entries, tuple(_temporaries(directory)))
-    problems = [Problem(HEALTH_STATE_FILE, os.path.join(directory, STATE_FILE), p) for p in listing.problems]
-    state_path = os.path.join(directory, STATE_FILE)
+    problems = [Problem(HEALTH_STATE_FILE, path_join(directory, STATE_FILE), p) for p in listing.problems]
+    state_path = path_join(directory, STATE_FILE)
     if not listing.has_state_file and not listing.problems:
         problems.append(Problem(HEALTH_STATE_FILE, state_path, f"{directory}: no '{STATE_FILE}' state file;"
                                 " tf.train.latest_checkpoint finds nothing here"))
     for raw in listing.foreign:
         problems.append(Problem(HEALTH_FOREIGN, state_path, (
             f"{state_path}: names {raw!r}, an absolute path that does not exist here (written on another"
-            f" machine?); TensorFlow restores from that path as written; read as {os.path.basename(raw)} in the directory")))
+            f" machine?); TensorFlow restores from that path as written; read as {path_basename(raw)} in the directory")))
     entries = []
     if listing.v1 is not None:
         entries.append(Entry(listing.v1, name_step(listing.v1)))
@@ -160,7 +162,7 @@ def _directory_series(directory: str) -> Series:
         elif listing.has_state_file and not c.in_state_file:
             problems.append(Problem(HEALTH_UNLISTED, c.path, f"{c.path}: on disk but not listed by {state_path}"
                                     " (CheckpointManager neither restores nor deletes it)"))
-    if not os.path.isdir(directory):  # pragma: no cover - remote directories
+    if not path_isdir(directory):  # pragma: no cover - gone meanwhile
         return Series(SERIES_DIRECTORY, directory, tuple(entries), tuple(problems))
     return Series(SERIES_DIRECTORY, directory, tuple(entries), tuple(problems + _temporaries(directory)))
 
@@ -176,7 +178,7 @@ def find_series(paths: Sequence[str]) -> Series:
         CheckpointNotFoundError, NotACheckpointError: From the listing.
     """
     paths = [str(p) for p in paths]
-    if len(paths) == 1 and os.path.isdir(paths[0]) and not os.path.exists(paths[0] + INDEX_SUFFIX):
+    if len(paths) == 1 and path_isdir(paths[0]) and not path_exists(paths[0] + INDEX_SUFFIX):
         from ...formats import spec_of  # noqa: PLC0415
 
         if spec_of(paths[0]).can("series"):
@@ -192,15 +194,16 @@ def shard_problems(directory: str, shards: dict[str, int | None]) -> list[Proble
         shards: The number of shards each checkpoint's index names, by prefix (None: its
             index could not be read: its shards are not judged).
     """
-    known = {os.path.normpath(p): n for p, n in shards.items()}
+    norm = posixpath.normpath if is_remote(directory) else os.path.normpath
+    known = {norm(p): n for p, n in shards.items()}
     out = []
-    for name in sorted(os.listdir(directory)):
+    for name in path_listdir(directory):
         match = DATA_FILE_RE.match(name)
         if not match:
             continue
-        path = os.path.join(directory, name)
-        prefix = os.path.normpath(os.path.join(directory, match.group("prefix")))
-        if prefix not in known and not os.path.exists(prefix + INDEX_SUFFIX):
+        path = path_join(directory, name)
+        prefix = norm(path_join(directory, match.group("prefix")))
+        if prefix not in known and not path_exists(prefix + INDEX_SUFFIX):
             out.append(Problem(HEALTH_STALE_SHARD, path, f"{path}: a data shard with no {match.group('prefix')}{INDEX_SUFFIX}"
                                " (left by a deleted or interrupted checkpoint)"))
         elif prefix in known and known[prefix] is not None and int(match.group("num")) != known[prefix]:
