@@ -100,6 +100,7 @@ __all__ = [
     "path_listdir",
     "path_join",
     "path_basename",
+    "path_size",
     "DATA_FILE_RE",
     "INDEX_SUFFIX",
     "STATE_FILE",
@@ -156,6 +157,7 @@ path_isdir = _fs.isdir
 path_listdir = _fs.listdir
 path_join = _fs.join
 path_basename = _fs.basename
+path_size = _fs.getsize
 FORMATS = _registry.format_names()  # every Checkpoint.format name, in registry order
 
 
