@@ -25,7 +25,14 @@ Two shapes of output::
         write_bundle(tmp_prefix)      # writes tmp_prefix.index, tmp_prefix.data-00000-of-00001, ...
         check(tmp_prefix)             # the files are moved to out/model.*, data first, index last
 
-Local paths only (a rename on object stores is not atomic).
+Remote outputs (``s3://``, ``gs://``...; :func:`_remote_check_output` and the remote branches of
+:func:`atomic_file` and :func:`atomic_prefix`): the same ``--force`` rules, judged on the objects
+there; the output is written to a local temporary directory (``TMPDIR``), checked there, then
+uploaded (``formats.remote.upload``: one PUT, or a multipart upload the store shows only once
+complete), so each object appears whole or not at all and a failed or interrupted command
+leaves the old objects as they were. A TF bundle's data objects go first and its ``.index``
+last (an earlier output's ``.index`` is deleted first): a reader never pairs an index with
+another bundle's data; between that delete and the new index, the prefix has no checkpoint.
 """
 
 from __future__ import annotations
@@ -36,8 +43,10 @@ import glob
 import os
 import re
 import shutil
+import posixpath
 import signal
 import stat
+import tempfile
 import threading
 import uuid
 import zipfile
@@ -106,6 +115,8 @@ _REFUSE = "--force replaces only an earlier output of the same kind, refusing"
 
 def prefix_files(prefix: str) -> list[str]:
     """The files of a TF bundle prefix on disk: ``PREFIX.index`` and ``PREFIX.data-*``."""
+    if "://" in prefix:
+        return _remote_prefix_files(prefix)
     pattern = re.compile(re.escape(os.path.basename(prefix)) + _PREFIX_FILE_RE)
     directory = os.path.dirname(prefix) or "."
     if not os.path.isdir(directory):
@@ -300,7 +311,7 @@ def check_output(
     dest = os.fspath(dest)
     protected = [os.fspath(p) for p in protected]
     if "://" in dest:
-        raise UsageError(f"{dest}: outputs must be local paths (a rename on object stores is not atomic)")
+        return _remote_check_output(dest, force=force, prefix=prefix, kind=kind, protected=protected)
     if not os.path.basename(dest):
         raise UsageError(f"{dest}: the output needs a file name, not a directory")
     if os.path.isdir(dest) and not os.path.islink(dest):
@@ -491,6 +502,17 @@ def atomic_file(
     """
     dest = os.fspath(dest)
     check_output(dest, force=force, kind=kind, protected=protected)
+    if "://" in dest:
+        with _remote_temporary() as tmp_dir:
+            tmp = os.path.join(tmp_dir, f"{TMP_MARK}{uuid.uuid4().hex[:12]}.{posixpath.basename(dest)}")
+            with signals_unwind():
+                yield tmp
+                if not os.path.exists(tmp):
+                    raise UsageError(f"{dest}: nothing was written")
+                check_output(dest, force=force, kind=kind, protected=protected)  # someone may have written it meanwhile
+                with _signals_wait():
+                    _remote_api().upload(tmp, dest)
+        return
     directory, created = _make_directory(dest)
     tmp = os.path.join(directory, f"{TMP_MARK}{uuid.uuid4().hex[:12]}.{os.path.basename(dest)}")
     try:
@@ -532,6 +554,28 @@ def atomic_prefix(dest: str, *, force: bool = False, protected: Iterable[str] = 
     """
     dest = os.fspath(dest)
     check_output(dest, force=force, prefix=True, protected=protected)
+    if "://" in dest:
+        with _remote_temporary() as tmp_dir, signals_unwind():
+            tmp_prefix = os.path.join(tmp_dir, posixpath.basename(dest))
+            yield tmp_prefix
+            written = prefix_files(tmp_prefix)
+            if tmp_prefix + INDEX_SUFFIX not in written:
+                raise UsageError(f"{dest}: nothing was written (no {posixpath.basename(dest)}.index)")
+            old = check_output(dest, force=force, prefix=True, protected=protected)
+            remote = _remote_api()
+            with _signals_wait():  # as locally: the old index goes first, the new one comes last
+                if dest + INDEX_SUFFIX in old:
+                    remote.remove(dest + INDEX_SUFFIX)
+                written.sort(key=lambda p: p.endswith(INDEX_SUFFIX))
+                new_names = set()
+                for path in written:
+                    target = dest + path[len(tmp_prefix):]
+                    new_names.add(target)
+                    remote.upload(path, target)
+                for path in old:
+                    if path not in new_names:
+                        remote.remove(path)
+        return
     directory, created = _make_directory(dest)
     tmp_dir = os.path.join(directory, f"{TMP_MARK}{uuid.uuid4().hex[:12]}")
     tmp_prefix = os.path.join(tmp_dir, os.path.basename(dest))
@@ -570,6 +614,105 @@ def atomic_prefix(dest: str, *, force: bool = False, protected: Iterable[str] = 
         if not done:
             _remove_created(created)
         unwind.__exit__(None, None, None)
+
+
+# -- remote outputs --------------------------------------------------------------------------
+def _remote_api() -> Any:
+    from .formats import remote  # noqa: PLC0415 - object stores only
+
+    return remote
+
+
+@contextlib.contextmanager
+def _remote_temporary() -> Iterator[str]:
+    """A local temporary directory for an output on its way to an object store, removed after."""
+    tmp_dir = tempfile.mkdtemp(prefix=TMP_MARK)
+    try:
+        yield tmp_dir
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def _remote_prefix_files(prefix: str) -> list[str]:
+    remote = _remote_api()
+    directory = posixpath.dirname(prefix)
+    info = remote.stat(directory) if "://" in directory and not directory.endswith("://") else None
+    if info is None or info.kind != "dir":
+        return []
+    pattern = re.compile(re.escape(posixpath.basename(prefix)) + _PREFIX_FILE_RE)
+    return sorted(posixpath.join(directory, n) for n in remote.listdir(directory) if pattern.fullmatch(n))
+
+
+def _remote_is_kind(path: str, size: int, kind: str | None) -> bool:
+    remote = _remote_api()
+    try:
+        with remote.open_file(path) as f:
+            if kind == "index":
+                return size >= TABLE_FOOTER_SIZE and f.pread(size - len(TABLE_MAGIC), len(TABLE_MAGIC)) == TABLE_MAGIC
+            if kind == "data":
+                return True
+            if kind == KIND_HDF5:
+                return any(f.pread(o, len(HDF5_SIGNATURE)) == HDF5_SIGNATURE for o in HDF5_USERBLOCK_OFFSETS)
+            if kind == KIND_PNG:
+                return f.pread(0, len(PNG_SIGNATURE)) == PNG_SIGNATURE
+            if kind == KIND_SAFETENSORS:
+                return size > 8 and f.pread(8, 1) == b"{"
+            if kind in (KIND_NPZ, KIND_ZIP):
+                if f.pread(0, 4) not in ZIP_SIGNATURES:
+                    return False
+                if kind == KIND_ZIP:
+                    return True
+                with zipfile.ZipFile(f) as archive:
+                    return all(name.endswith(NPY_SUFFIX) for name in archive.namelist())
+    except (OSError, ValueError, zipfile.BadZipFile):
+        return False
+    return False
+
+
+def _remote_check_output(dest: str, *, force: bool, prefix: bool, kind: str | None, protected: list[str]) -> list[str]:
+    """:func:`check_output` for an output on an object store (the same rules, on its objects)."""
+    remote = _remote_api()
+    if not posixpath.basename(dest) or dest.endswith("/"):
+        raise UsageError(f"{dest}: the output needs a file name, not a directory")
+    here = remote.stat(dest)
+    if here is not None and here.kind == "dir":
+        raise UsageError(f"{dest}: is a directory; give an output file name or prefix inside it")
+    kind = KIND_TF if prefix else (kind or output_kind_for(dest))
+    existing = _remote_prefix_files(dest) if prefix else ([dest] if here is not None else [])
+    targets = existing + ([dest + INDEX_SUFFIX] if prefix else [dest])
+    def norm(p: str) -> str:  # posixpath.normpath would turn s3://b into s3:/b
+        scheme, _, rest = p.partition("://")
+        return f"{scheme}://{posixpath.normpath(rest)}"
+
+    guarded = {norm(p) for p in protected if "://" in p}
+    guarded |= {norm(f) for p in protected if "://" in p for f in _remote_prefix_files(p)}
+    for target in targets:
+        if norm(target) in guarded:
+            raise UsageError(f"{dest}: is the input {target}; refusing to overwrite an input")
+    if prefix and here is not None:
+        raise UsageError(f"{dest}: exists and is an object, not {_KIND_NAMES[KIND_TF]}; {_REFUSE}")
+    for path in existing:
+        size = (remote.stat(path) or remote.Stat("file", 0)).size or 0
+        if prefix:
+            part, what = ("index", _INDEX_NAME) if path.endswith(INDEX_SUFFIX) else ("data", _DATA_NAME)
+        else:
+            part, what = kind, _KIND_NAMES[kind]
+        if not _remote_is_kind(path, size, part):
+            raise UsageError(f"{path}: exists and is an object of {size} bytes, not {what}; {_REFUSE}")
+    directory = norm(posixpath.dirname(dest))
+    for p in protected:
+        if "://" not in p:
+            continue
+        info = remote.stat(p)
+        source_dir = norm(p) if info is not None and info.kind == "dir" else (
+            norm(posixpath.dirname(p)) if _remote_prefix_files(p) else None)
+        if prefix and source_dir == directory:
+            raise UsageError(f"{dest}: would change {source_dir}, the source checkpoint's directory; write the output"
+                             " elsewhere")
+    if existing and not force:
+        what = dest if not prefix else f"{dest} ({', '.join(posixpath.basename(p) for p in existing)})"
+        raise OutputExistsError(f"{what}: output exists; pass --force (force=True) to replace it")
+    return existing
 
 
 def leftover_temporaries(directory: str) -> list[str]:

@@ -85,7 +85,7 @@ def s3(object_store, monkeypatch):
     delay) and ckptinspect's remembered names forgotten."""
     from object_store import DUMMY_ENV  # noqa: PLC0415
 
-    from ckptinspect.formats import _remote  # noqa: PLC0415
+    from ckptinspect.formats import remote as _remote  # noqa: PLC0415
 
     for k, v in DUMMY_ENV.items():
         monkeypatch.setenv(k, v)

@@ -4,7 +4,7 @@ Local paths never import TensorFlow. A path with a scheme (``s3://``, ``gs://``.
 through fsspec when fsspec is installed with an implementation for that scheme (``s3fs``,
 ``gcsfs``, or any registered ``AbstractFileSystem``), else through ``tf.io.gfile``, imported
 (quietly) on first use; :func:`check_remote` says which schemes work when one does not.
-Remote files through fsspec are :class:`._remote.RemoteFile` objects (ranged reads shaped for
+Remote files through fsspec are :class:`.remote.RemoteFile` objects (ranged reads shaped for
 latency: small windows for metadata, parallel ranges and read-ahead for values; names answered
 from one listing), so listing a checkpoint reads its index and headers, never its data whole.
 
@@ -27,7 +27,7 @@ import threading
 from typing import Any, BinaryIO, Iterator
 
 from ..errors import CheckpointNotFoundError, UnsafeFileError
-from . import _remote
+from . import remote as _remote
 
 __all__ = [
     "READ_CHUNK_BYTES",
@@ -369,7 +369,7 @@ def check_shard_name(index_path: str, name: str) -> None:
 
 
 def open_remote(path: str):
-    """A binary file object for a remote path: :class:`._remote.RemoteFile` (ranged reads shaped
+    """A binary file object for a remote path: :class:`.remote.RemoteFile` (ranged reads shaped
     for latency, ``size`` and thread-safe ``pread``) through fsspec, else ``tf.io.gfile``'s."""
     if _fsspec(path) is not None:
         return _remote.open_file(path)

@@ -79,8 +79,9 @@ STREAM_RUN_BYTES = 1 << 20  # bytes read in a row (each read within STREAM_GAP_B
 STREAM_GAP_BYTES = 1 << 20
 MAX_WINDOWS = 64
 STAT_SECONDS = 5.0  # how long what a store said about a name is believed
-ATTEMPTS = 3  # tries of one ranged GET (after the file system package's own retries)
+ATTEMPTS = 2  # tries of one request here, each after the file system package's own (s3fs: 3 x botocore's 2)
 BACKOFF_SECONDS = 0.25
+S3FS_RETRIES = 3
 WORKERS = 8  # ranged GETs in flight across the process
 MAX_BLOBS = 32
 
@@ -146,11 +147,13 @@ def filesystem(path: str) -> Any:
             endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
             if endpoint:
                 options["endpoint_url"] = endpoint
-            options["config_kwargs"] = {"retries": {"max_attempts": 4, "mode": "standard"}}
+            options["config_kwargs"] = {"retries": {"max_attempts": 2, "mode": "standard"}}
         try:
             fs = cls(skip_instance_cache=True, **options)
         except TypeError:
             fs = cls(**options)
+        if "retries" in options.get("config_kwargs", {}):
+            fs.retries = S3FS_RETRIES  # s3fs's own tries of a request cut short (then ours: ATTEMPTS)
         _filesystems[key] = fs
         return fs
 
@@ -306,7 +309,10 @@ def stat(path: str) -> Stat | None:
             if hit is None or hit[0] != until:  # not in this listing: nothing by that name
                 _stats[name] = (until, None)
             _complete[name] = until
-            return _stats[name][1]
+            value = _stats[name][1]
+        if value is not None and value.kind == "dir":
+            listdir(path)  # whoever asks about a directory looks inside next: one listing answers it all
+        return value
 
     def info() -> Stat | None:
         _requests["info"] += 1
@@ -328,7 +334,12 @@ def listdir(path: str) -> list[str]:
     """The names directly inside remote directory ``path`` (one listing, remembered by :func:`stat`)."""
     fs = filesystem(path)
     name = _key(fs, path)
-    until = time.monotonic() + STAT_SECONDS
+    now = time.monotonic()
+    until = now + STAT_SECONDS
+    with _lock:
+        if _complete.get(name + "/", 0) > now:  # listed a moment ago
+            return sorted(k[len(name) + 1:] for k, (t, v) in _stats.items()
+                          if v is not None and t > now and k.startswith(name + "/") and "/" not in k[len(name) + 1:])
 
     def listing() -> list[dict]:
         _requests["list"] += 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from typing import Iterable
 
+from ..formats import is_remote, path_exists, path_size
 from ..model import Checkpoint
 
 __all__ = ["source_files", "files_size"]
@@ -13,10 +14,14 @@ __all__ = ["source_files", "files_size"]
 
 def source_files(ckpt: Checkpoint) -> list[str]:
     """The checkpoint's files that exist as regular files now (``Checkpoint.files()`` less
-    what is gone, remote or not a file), in its order."""
-    return [f for f in ckpt.files() if os.path.isfile(f)]
+    what is gone or not a file; a remote object counts), in its order."""
+    return [f for f in ckpt.files() if _is_file(f)]
+
+
+def _is_file(path: str) -> bool:
+    return path_exists(path) if is_remote(path) else os.path.isfile(path)
 
 
 def files_size(paths: Iterable[str]) -> int:
-    """The bytes of those of ``paths`` that are regular files (the rest count nothing)."""
-    return sum(os.path.getsize(p) for p in paths if os.path.isfile(p))
+    """The bytes of those of ``paths`` that are regular files or remote objects (the rest count nothing)."""
+    return sum(path_size(p) if is_remote(p) else os.path.getsize(p) for p in paths if _is_file(p))

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 import ckptinspect
 from ckptinspect.cli import app
-from ckptinspect.formats._remote import WINDOW_BYTES
+from ckptinspect.formats.remote import WINDOW_BYTES
 from ckptinspect.formats.tf.index import OBJECT_GRAPH_KEY, read_index
 
 fsspec = pytest.importorskip("fsspec")

@@ -77,6 +77,7 @@ class Proxy:
         self.delay = delay
         self.requests = 0
         self.methods: dict[str, int] = {}
+        self.lines: list[str] = []  # each request's first line
         self.bytes_out = 0
         self._cuts = 0
         self._lock = threading.Lock()
@@ -89,6 +90,7 @@ class Proxy:
         with self._lock:
             self.requests = 0
             self.methods = {}
+            self.lines = []
             self.bytes_out = 0
 
     def cut(self, n: int) -> None:
@@ -127,6 +129,7 @@ class Proxy:
                         with self._lock:
                             self.requests += 1
                             self.methods[method] = self.methods.get(method, 0) + 1
+                            self.lines.append(data.split(b"\r\n", 1)[0].decode("latin-1"))
                             if self._cuts > 0 and method == "GET":
                                 self._cuts -= 1
                                 state["cut"] = True
