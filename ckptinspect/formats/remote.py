@@ -370,7 +370,12 @@ def forget(path: str) -> None:
     name = _key(fs, path)
     parent = name.rpartition("/")[0]
     with _lock:
-        for k in [k for k in _stats if k == name or k.startswith(name)]:
+        ancestors = set()
+        up = name
+        while "/" in up:
+            up = up.rpartition("/")[0]
+            ancestors.add(up)
+        for k in [k for k in _stats if k.startswith(name) or k in ancestors]:  # a new key makes its folders
             del _stats[k]
         for k in [k for k in _complete if name.startswith(k.rstrip("/")) or k.startswith(parent)]:
             del _complete[k]

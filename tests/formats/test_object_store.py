@@ -202,3 +202,39 @@ def test_access_denied_in_one_line_without_secrets():
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "access denied" in lines[0], lines
     assert DUMMY_ENV["AWS_SECRET_ACCESS_KEY"] not in proc.stderr
+
+
+# -- outputs on the object store ----------------------------------------------------------------
+@pytest.mark.parametrize(("rel", "out"), [("run/ckpt-8", "weights"), ("torch/state_dict.pt", "w.npz"),
+                                          ("keras/model.h5", "k.h5"), ("torch/model.safetensors", "m.safetensors")])
+def test_extract_to_the_object_store_gives_what_it_gives_locally(s3, tmp_path, rel, out):
+    dest = f"s3://fixtures/outputs/{tmp_path.name}/{out}"
+    far = cli("extract", s3.url(rel), "-o", dest, "--format", "json")
+    near = cli("extract", str(FIXTURES / rel), "-o", str(tmp_path / out), "--format", "json")
+    assert far.exit_code == near.exit_code == 0, far.stderr
+    # remote sources stream instead of copying files; outputs record their source's name (longer here)
+    strip = ("seconds", "copied", "copied_bytes", "source_file_bytes", "output_file_bytes", "saving")
+    a, b = json.loads(far.stdout), json.loads(near.stdout)
+    for d in (a, b):
+        for k in strip:
+            d.pop(k, None)
+    far_roots, near_roots = (dest[: -len(out)], "s3://fixtures/"), (str(tmp_path) + "/", str(FIXTURES) + "/")
+    assert same(json.dumps(a), *far_roots) == same(json.dumps(b), *near_roots)
+    listed = cli("ls", dest, "--stats", "--format", "json")
+    local = cli("ls", str(tmp_path / out), "--stats", "--format", "json")
+    assert json.loads(same(listed.stdout, *far_roots))["variables"] == json.loads(same(local.stdout, *near_roots))["variables"]
+    assert cli("diff", dest, str(tmp_path / out)).exit_code == 0
+    # --force rules as locally: refused without it, replaced with it, never another kind
+    again = cli("extract", s3.url(rel), "-o", dest)
+    assert again.exit_code == 2 and "output exists" in again.stderr
+    assert cli("extract", s3.url(rel), "-o", dest, "--force").exit_code == 0
+
+
+def test_an_output_never_replaces_an_input_or_another_kind(s3, tmp_path):
+    src = s3.url("torch/model.safetensors")
+    result = cli("extract", src, "-o", src, "--force")
+    assert result.exit_code == 2 and "refusing to overwrite an input" in result.stderr
+    result = cli("extract", s3.url("run/ckpt-8"), "-o", s3.url("keras/model.h5"), "--to", "npz", "--force")
+    assert result.exit_code == 2 and "--force replaces only an earlier output of the same kind" in result.stderr
+    result = cli("extract", s3.url("run/ckpt-8"), "-o", s3.url("run/other"))
+    assert result.exit_code == 2 and "source checkpoint's directory" in result.stderr
