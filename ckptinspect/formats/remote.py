@@ -423,7 +423,22 @@ class _Blob:
         self.tag = tag
         self._windows: collections.OrderedDict[int, bytes] = collections.OrderedDict()
         self._chunks: collections.OrderedDict[int, concurrent.futures.Future] = collections.OrderedDict()
+        self._runs: collections.OrderedDict[int, int] = collections.OrderedDict()  # end of a run of reads -> its bytes
         self._lock = threading.Lock()
+
+    def note(self, offset: int, n: int) -> int:
+        """Record a read; returns the bytes of the run of reads in storage order it continues
+        (several runs are followed at once: ``diff`` reads two variables of a file in two threads)."""
+        with self._lock:
+            run = 0
+            for end in reversed(self._runs):
+                if 0 <= offset - end <= STREAM_GAP_BYTES:
+                    run = self._runs.pop(end)
+                    break
+            self._runs[offset + n] = run + n
+            while len(self._runs) > 8:
+                self._runs.popitem(last=False)
+            return run + n
 
     def get(self, start: int, end: int) -> bytes:
         """Bytes [start, end) in one ranged GET (retried)."""
@@ -557,8 +572,6 @@ class RemoteFile(io.RawIOBase):
         self.size = self._blob.size
         self.name = path
         self._pos = 0
-        self._last_end: int | None = None
-        self._run = 0
 
     def readable(self) -> bool:
         return True
@@ -588,10 +601,8 @@ class RemoteFile(io.RawIOBase):
         if n <= 0 or offset >= self.size:
             return b""
         n = min(n, self.size - offset)
-        sequential = self._last_end is not None and 0 <= offset - self._last_end <= STREAM_GAP_BYTES
-        self._run = self._run + n if sequential else n
-        self._last_end = offset + n
-        if self._run >= STREAM_RUN_BYTES and sequential:  # reading on in storage order: stream, read ahead
+        run = self._blob.note(offset, n)
+        if run >= STREAM_RUN_BYTES:  # reading on in storage order: stream, read ahead
             return self._blob.stream(offset, n)
         if n >= STREAM_READ_BYTES:  # one large read: its own bytes, in parallel ranges
             return self._blob.exact(offset, n)
