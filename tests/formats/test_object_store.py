@@ -37,6 +37,13 @@ CHECKPOINTS = [
     "torch/expected.npz",
     "series/keras3_weights",
 ]
+# The default run keeps one of each family (and stays fast); the slow run has them all.
+FAST = {"run/ckpt-8", "keras/model.keras", "torch/state_dict.pt", "torch/hf_sharded"}
+
+
+def some(items, fast=FAST):
+    return [item if (item[0] if isinstance(item, tuple) else item) in fast else pytest.param(
+        *(item if isinstance(item, tuple) else (item,)), marks=pytest.mark.slow) for item in items]
 
 
 def same(text: str, *roots: str) -> str:
@@ -57,14 +64,14 @@ def both(s3, args_of) -> tuple[str, str]:
     return same(far.stdout, "s3://fixtures/"), same(near.stdout, str(FIXTURES) + "/")
 
 
-@pytest.mark.parametrize("rel", CHECKPOINTS)
+@pytest.mark.parametrize("rel", some(CHECKPOINTS))
 def test_ls_is_the_same_remote_and_local(s3, rel):
     far, near = both(s3, lambda root: ["ls", root + rel, "--format", "json"])
     assert json.loads(far)["variables"], far
     assert far == near
 
 
-@pytest.mark.parametrize("rel", CHECKPOINTS)
+@pytest.mark.parametrize("rel", some(CHECKPOINTS, {"torch/model.safetensors"}))
 def test_stats_and_verify_are_the_same_remote_and_local(s3, rel):
     far, near = both(s3, lambda root: ["ls", root + rel, "--stats", "--format", "json"])
     assert far == near
@@ -72,9 +79,9 @@ def test_stats_and_verify_are_the_same_remote_and_local(s3, rel):
     assert far == near
 
 
-@pytest.mark.parametrize("rel", ["run/ckpt-8", "sharded", "keras/model.keras", "keras/model.h5", "torch/state_dict.pt",
-                                 "torch/training_legacy.pt", "torch/model.safetensors", "torch/hf_sharded",
-                                 "torch/expected.npz"])
+@pytest.mark.parametrize("rel", some(["run/ckpt-8", "sharded", "keras/model.keras", "keras/model.h5", "torch/state_dict.pt",
+                                      "torch/training_legacy.pt", "torch/model.safetensors", "torch/hf_sharded",
+                                      "torch/expected.npz"], {"run/ckpt-8"}))
 def test_diff_remote_against_local_is_a_self_diff(s3, rel):
     local = str(FIXTURES / rel)
     far = cli("diff", s3.url(rel), local, "--format", "json")
@@ -83,6 +90,7 @@ def test_diff_remote_against_local_is_a_self_diff(s3, rel):
     assert same(far.stdout, s3.url(rel), local) == same(near.stdout, local)
 
 
+@pytest.mark.slow
 def test_diff_of_two_remote_checkpoints_finds_the_changes(s3):
     far = cli("diff", s3.url("run/ckpt-4"), s3.url("run/ckpt-8"), "--format", "json")
     near = cli("diff", str(FIXTURES / "run/ckpt-4"), str(FIXTURES / "run/ckpt-8"), "--format", "json")
@@ -90,6 +98,7 @@ def test_diff_of_two_remote_checkpoints_finds_the_changes(s3):
     assert same(far.stdout, "s3://fixtures/") == same(near.stdout, str(FIXTURES) + "/")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rel", ["run", "series/keras3_weights", "series/lightning"])
 def test_scan_of_a_remote_series(s3, rel):
     far, near = both(s3, lambda root: ["scan", root + rel, "--format", "json"])
@@ -107,7 +116,7 @@ def run_counted(s3, *args: str, delay: float = 0.02) -> tuple[subprocess.Complet
     return proc, s3.proxy.requests
 
 
-@pytest.mark.parametrize(("rel", "most"), [
+@pytest.mark.parametrize(("rel", "most"), some([
     ("torch/model.safetensors", 3),  # the header: one LIST (name, size), one GET of the first window
     ("run/ckpt-8", 3),  # one LIST (index, shards), the index, the object graph's window
     ("keras/model.keras", 3),  # the zip's tail (central directory), the weights' HDF5 metadata window
@@ -115,7 +124,7 @@ def run_counted(s3, *args: str, delay: float = 0.02) -> tuple[subprocess.Complet
     ("torch/hf_sharded", 6),  # the name and the folder listed, the index JSON, each of 3 shards' header
     ("run", 9),  # the name, the folder listed once, the state file, each of 3 checkpoints' index and step
     ("series/keras3_weights", 3),  # the name, the folder listed once, the newest file's metadata window
-])
+], {"torch/model.safetensors", "run/ckpt-8"}))
 def test_ls_request_count(s3, rel, most):
     proc, requests = run_counted(s3, "ls", s3.url(rel), "--format", "json")
     assert proc.returncode == 0, proc.stderr
@@ -123,6 +132,7 @@ def test_ls_request_count(s3, rel, most):
     assert 1 <= requests <= most, requests
 
 
+@pytest.mark.slow
 def test_values_stream_in_few_requests_not_one_per_block(s3, tmp_path):
     """``ls --stats`` of a 48 MiB safetensors file: the values in 8 MiB ranges, not 1 MiB reads."""
     np = pytest.importorskip("numpy")
@@ -161,6 +171,7 @@ def test_a_connection_lost_mid_read_is_retried(s3):
     assert same(far.stdout, "s3://fixtures/") == same(near.stdout, str(FIXTURES) + "/")
 
 
+@pytest.mark.slow
 def test_a_connection_that_keeps_dropping_is_one_error_line_in_bounded_time(s3):
     s3.proxy.cut(10_000)
     start = time.monotonic()
@@ -205,8 +216,9 @@ def test_access_denied_in_one_line_without_secrets():
 
 
 # -- outputs on the object store ----------------------------------------------------------------
-@pytest.mark.parametrize(("rel", "out"), [("run/ckpt-8", "weights"), ("torch/state_dict.pt", "w.npz"),
-                                          ("keras/model.h5", "k.h5"), ("torch/model.safetensors", "m.safetensors")])
+@pytest.mark.parametrize(("rel", "out"), some([("run/ckpt-8", "weights"), ("torch/state_dict.pt", "w.npz"),
+                                               ("keras/model.h5", "k.h5"), ("torch/model.safetensors", "m.safetensors")],
+                                              {"run/ckpt-8"}))
 def test_extract_to_the_object_store_gives_what_it_gives_locally(s3, tmp_path, rel, out):
     dest = f"s3://fixtures/outputs/{tmp_path.name}/{out}"
     far = cli("extract", s3.url(rel), "-o", dest, "--format", "json")
