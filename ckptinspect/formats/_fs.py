@@ -48,6 +48,7 @@ __all__ = [
     "check_regular",
     "open_remote",
     "file_size",
+    "prefetch",
     "open_binary",
     "read_bytes",
     "read_range",
@@ -406,16 +407,22 @@ def open_binary(path: str) -> BinaryIO:
 
 def _size_of(f: BinaryIO, path: str) -> int:
     if is_remote(path):
-        return int(getattr(f, "size", None) or getsize(path))
+        return f.size if isinstance(f, _remote.RemoteFile) else getsize(path)
     return os.fstat(f.fileno()).st_size
 
 
 def file_size(f: BinaryIO) -> int:
     """The size of an open file from :func:`open_binary` (local: ``fstat``; remote: the object's)."""
-    size = getattr(f, "size", None)
-    if isinstance(size, int):
-        return size
+    if isinstance(f, _remote.RemoteFile):
+        return f.size
     return os.fstat(f.fileno()).st_size
+
+
+def prefetch(f: BinaryIO, spans: list[tuple[int, int]]) -> None:
+    """Tell an open file which (offset, size) spans will be read next: a remote file fetches them
+    at once (one round trip, not one per span); a local file ignores it."""
+    if isinstance(f, _remote.RemoteFile) and spans:
+        f.prefetch(spans)
 
 
 def human_size(n: int) -> str:

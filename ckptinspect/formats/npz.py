@@ -37,7 +37,8 @@ import numpy as np
 from .. import model as m
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError, UnsafeFileError, one_line
 from ._readcheck import ReadCheck
-from ._zip import check_archive_by_reading, check_bomb, check_duplicates, member_head, open_zip_archive
+from . import _fs
+from ._zip import ZIP_LOCAL_HEADER, check_archive_by_reading, check_bomb, check_duplicates, member_head, open_zip_archive
 from .tf.variables import TF1_OPTIMIZER_NAMES, TF1_SLOT_RE
 
 __all__ = ["NPY_SUFFIX", "KERAS_MEMBERS", "is_npz", "open_npz", "NpzSource", "npy_array", "NpzWriter", "write_npz",
@@ -51,6 +52,7 @@ KERAS_MEMBERS = ("config.json", "metadata.json", "model.weights.h5", "model.weig
 MAX_MEMBERS = 1 << 20
 MAX_DECLARED_BYTES = 1 << 40
 MAX_NPY_HEADER_BYTES = 1 << 16  # numpy itself refuses headers over 10,000 bytes
+NPY_HEADER_GUESS = 4096  # read first: numpy's headers are 128 bytes or a few times that
 # Names of counters (metadata) and of TF1 optimizer state, as the TF reader's rules know them.
 COUNTER_NAMES = frozenset({"save_counter", "global_step", "step", "epoch", "epochs"})
 
@@ -105,14 +107,18 @@ def _header(path: str, f: BinaryIO, info: zipfile.ZipInfo) -> tuple[tuple[int, .
         CorruptCheckpointError: The header does not parse, or does not match the member's size.
     """
     key = info.filename[: -len(NPY_SUFFIX)]
-    head = io.BytesIO(member_head(path, f, info, MAX_NPY_HEADER_BYTES))
-    try:
-        version = np.lib.format.read_magic(head)
-        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-        shape, _, dtype = read(head)
-        header_bytes = head.tell()
-    except (OSError, ValueError, EOFError, SyntaxError, RuntimeError) as e:
-        raise CorruptCheckpointError(f"{path}: array {key!r}: not a readable .npy header: {one_line(e)}") from None
+    for limit in (NPY_HEADER_GUESS, MAX_NPY_HEADER_BYTES):  # the usual few hundred bytes first
+        head = io.BytesIO(member_head(path, f, info, limit))
+        try:
+            version = np.lib.format.read_magic(head)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _, dtype = read(head)
+            header_bytes = head.tell()
+            break
+        except (OSError, ValueError, EOFError, SyntaxError, RuntimeError) as e:
+            if limit < MAX_NPY_HEADER_BYTES and info.file_size > limit:
+                continue  # a longer header than guessed: read up to the limit
+            raise CorruptCheckpointError(f"{path}: array {key!r}: not a readable .npy header: {one_line(e)}") from None
     if dtype.hasobject:
         raise UnsafeFileError(
             f"{path}: array {key!r} holds pickled Python objects (dtype {dtype}); ckptinspect never loads"
@@ -140,6 +146,9 @@ def _list(path: str, zf: zipfile.ZipFile, f: BinaryIO) -> tuple[list[m.Variable]
     check_duplicates(path, zf)
     variables: list[m.Variable] = []
     others: list[str] = []
+    # each member's local header and the start of its .npy header, fetched together (remote files)
+    _fs.prefetch(f, [(i.header_offset, ZIP_LOCAL_HEADER.size + len(i.orig_filename.encode()) + 64 + NPY_HEADER_GUESS)
+                     for i in infos if i.filename.endswith(NPY_SUFFIX)])
     for info in infos:
         check_bomb(path, info)
         if not info.filename.endswith(NPY_SUFFIX):

@@ -37,16 +37,18 @@ object or the new one, never part of one.
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import io
 import os
 import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import CheckpointNotFoundError, OutputWriteError
+
+if TYPE_CHECKING:  # concurrent.futures only when a remote object is read (local `ls` never imports it)
+    import concurrent.futures
 
 __all__ = [
     "WINDOW_BYTES",
@@ -77,7 +79,9 @@ AHEAD_CHUNKS = 4  # ...this many in flight ahead of the reader
 STREAM_READ_BYTES = 256 << 10  # a read this large streams at once; smaller ones after a sequential run
 STREAM_RUN_BYTES = 1 << 20  # bytes read in a row (each read within STREAM_GAP_BYTES of the last) that start streaming
 STREAM_GAP_BYTES = 1 << 20
-MAX_WINDOWS = 64
+MAX_WINDOWS = 4096
+MAX_WINDOW_BYTES = 32 << 20  # metadata windows kept per object
+PREFETCH_GAP_BYTES = 16 << 10  # spans closer than this are fetched in one range
 STAT_SECONDS = 5.0  # how long what a store said about a name is believed
 ATTEMPTS = 2  # tries of one request here, each after the file system package's own (s3fs: 3 x botocore's 2)
 BACKOFF_SECONDS = 0.25
@@ -401,14 +405,16 @@ def request_count() -> dict[str, int]:
 
 
 # -- reading --------------------------------------------------------------------------------
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pool: "concurrent.futures.ThreadPoolExecutor | None" = None
 
 
-def _executor() -> concurrent.futures.ThreadPoolExecutor:
+def _executor() -> "concurrent.futures.ThreadPoolExecutor":
     global _pool
     with _lock:
         if _pool is None:
-            _pool = concurrent.futures.ThreadPoolExecutor(WORKERS, thread_name_prefix="ckptinspect-remote")
+            from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415 - remote reads only
+
+            _pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="ckptinspect-remote")
         return _pool
 
 
@@ -474,11 +480,35 @@ class _Blob:
         else:
             start, stop = offset, min(self.size, offset + max(n, WINDOW_BYTES))
         data = self.get(start, stop)
+        self._keep(start, data)
+        return data[offset - start : end - start]
+
+    def _keep(self, start: int, data: bytes) -> None:
         with self._lock:
             self._windows[start] = data
-            while len(self._windows) > MAX_WINDOWS:
-                self._windows.popitem(last=False)
-        return data[offset - start : end - start]
+            self._window_bytes = getattr(self, "_window_bytes", 0) + len(data)
+            while len(self._windows) > MAX_WINDOWS or self._window_bytes > MAX_WINDOW_BYTES:
+                self._window_bytes -= len(self._windows.popitem(last=False)[1])
+
+    def prefetch(self, spans: list[tuple[int, int]]) -> None:
+        """Fetch the (offset, size) spans not in memory yet, all at once (near ones in one range):
+        a reader that knows where its metadata lies (an archive's member headers) asks for it in
+        one round trip instead of one per span."""
+        todo = []
+        with self._lock:
+            for offset, n in sorted(spans):
+                end = min(self.size, offset + n)
+                if end > offset and self._from_windows(offset, end) is None:
+                    todo.append((offset, end))
+        merged: list[list[int]] = []
+        for start, end in todo:
+            if merged and start - merged[-1][1] <= PREFETCH_GAP_BYTES:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        futs = [(start, _executor().submit(self.get, start, end)) for start, end in merged]
+        for start, fut in futs:
+            self._keep(start, fut.result())
 
     # streaming chunks
     def _chunk_future(self, index: int) -> concurrent.futures.Future:
@@ -607,6 +637,10 @@ class RemoteFile(io.RawIOBase):
         if n >= STREAM_READ_BYTES:  # one large read: its own bytes, in parallel ranges
             return self._blob.exact(offset, n)
         return self._blob.window(offset, n)
+
+    def prefetch(self, spans: list[tuple[int, int]]) -> None:
+        """See :meth:`_Blob.prefetch`."""
+        self._blob.prefetch(spans)
 
     def read(self, n: int = -1) -> bytes:
         if self.closed:
