@@ -250,3 +250,23 @@ def test_an_output_never_replaces_an_input_or_another_kind(s3, tmp_path):
     assert result.exit_code == 2 and "--force replaces only an earlier output of the same kind" in result.stderr
     result = cli("extract", s3.url("run/ckpt-8"), "-o", s3.url("run/other"))
     assert result.exit_code == 2 and "source checkpoint's directory" in result.stderr
+
+
+@pytest.mark.slow
+def test_average_and_rewrite_to_the_object_store(s3, tmp_path):
+    """average and rewrite of remote TF bundles, written to the store: what they write locally."""
+    out = f"s3://fixtures/outputs/{tmp_path.name}"
+    sources = [s3.url("run/ckpt-4"), s3.url("run/ckpt-8")]
+    far = cli("average", *sources, "-o", f"{out}/avg", "--format", "json")
+    near = cli("average", str(FIXTURES / "run/ckpt-4"), str(FIXTURES / "run/ckpt-8"), "-o", str(tmp_path / "avg"),
+               "--format", "json")
+    assert far.exit_code == near.exit_code == 0, far.stderr
+    a, b = json.loads(far.stdout), json.loads(near.stdout)
+    assert [p.rsplit("/", 1)[1] for p in a["files"]] == [p.rsplit("/", 1)[1] for p in b["files"]]
+    assert a["variables"] == b["variables"]
+    assert cli("diff", f"{out}/avg", str(tmp_path / "avg")).exit_code == 0
+    far = cli("rewrite", s3.url("run/ckpt-8"), "-o", f"{out}/rw", "--drop", "optimizer/.*")
+    near = cli("rewrite", str(FIXTURES / "run/ckpt-8"), "-o", str(tmp_path / "rw"), "--drop", "optimizer/.*")
+    assert far.exit_code == near.exit_code == 0, far.stderr
+    assert cli("diff", f"{out}/rw", str(tmp_path / "rw")).exit_code == 0
+    assert cli("verify", f"{out}/rw").exit_code == 0
