@@ -68,13 +68,14 @@ class Proxy:
     the server last answered, so each one is counted (``requests``, by method in ``methods``) and
     held ``delay`` seconds before it is forwarded (a store's round trip). ``cut(n)`` makes the
     next ``n`` responses stop after their first bytes, the connection closed (a connection lost
-    mid-read).
+    mid-read). ``bandwidth`` (bytes/s) caps each connection's answers, as a store's single stream.
     """
 
-    def __init__(self, upstream: str, delay: float = 0.0):
+    def __init__(self, upstream: str, delay: float = 0.0, bandwidth: float = 0.0):
         host, port = upstream.rsplit("//", 1)[1].split(":")
         self.upstream = (host, int(port))
         self.delay = delay
+        self.bandwidth = bandwidth  # bytes per second per connection (0: unlimited), a store's single-stream rate
         self.requests = 0
         self.methods: dict[str, int] = {}
         self.lines: list[str] = []  # each request's first line
@@ -155,6 +156,8 @@ class Proxy:
                     with self._lock:
                         self.bytes_out += len(data)
                     client.sendall(data)
+                    if self.bandwidth:
+                        time.sleep(len(data) / self.bandwidth)
             except OSError:
                 pass
             finally:
