@@ -13,7 +13,7 @@ handle opened on the same object in this process (:class:`_Blob`):
 * a run of reads in storage order (``diff``, ``verify``, ``--stats`` and ``extract`` read that way)
   switches to streaming once :data:`STREAM_RUN_BYTES` have been read in a row: aligned chunks of
   :data:`CHUNK_BYTES`, :data:`AHEAD_CHUNKS` of them in flight on worker threads ahead of the
-  reader; memory per object stays at about ``(AHEAD_CHUNKS + 2) * CHUNK_BYTES``;
+  reader, each dropped once read through; memory per object stays under ``MAX_CHUNKS * CHUNK_BYTES``;
 * nothing is downloaded whole unless every byte is asked for.
 
 What an object store says about names (does it exist, a file or a "directory", its size) comes
@@ -76,6 +76,7 @@ __all__ = [
 WINDOW_BYTES = 64 << 10  # a metadata miss fetches at least this much
 CHUNK_BYTES = 8 << 20  # streaming reads fetch aligned chunks of this size...
 AHEAD_CHUNKS = 4  # ...this many in flight ahead of the reader
+MAX_CHUNKS = 2 * (AHEAD_CHUNKS + 2)  # chunks kept per object until read through (two readers: diff's threads)
 STREAM_READ_BYTES = 256 << 10  # a read this large streams at once; smaller ones after a sequential run
 STREAM_RUN_BYTES = 1 << 20  # bytes read in a row (each read within STREAM_GAP_BYTES of the last) that start streaming
 STREAM_GAP_BYTES = 1 << 20
@@ -430,6 +431,7 @@ class _Blob:
         self._windows: collections.OrderedDict[int, bytes] = collections.OrderedDict()
         self._chunks: collections.OrderedDict[int, concurrent.futures.Future] = collections.OrderedDict()
         self._runs: collections.OrderedDict[int, int] = collections.OrderedDict()  # end of a run of reads -> its bytes
+        self._consumed: dict[int, int] = {}  # chunk -> bytes read from it so far
         self._lock = threading.Lock()
 
     def note(self, offset: int, n: int) -> int:
@@ -546,13 +548,25 @@ class _Blob:
             futs = [self._chunk_future(i) for i in range(first, last + 1)]
             for i in range(last + 1, stop + 1):  # read ahead, in storage order
                 self._chunk_future(i)
-            keep = (last - first + 1) + AHEAD_CHUNKS + 2
-            for index in list(self._chunks):
-                if len(self._chunks) <= keep:
+            for index in list(self._chunks):  # a bound for chunks read ahead that nobody came for
+                if len(self._chunks) <= MAX_CHUNKS:
                     break
                 if index < first or index > stop:
-                    del self._chunks[index]  # never cancelled: another reader may wait on it
-        return self._join(futs, offset, end, first)
+                    self._drop(index)  # never cancelled: another reader may wait on it
+        data = self._join(futs, offset, end, first)
+        with self._lock:  # a chunk whose every byte was read is done with (reads in storage order)
+            for index in range(first, last + 1):
+                base = index * CHUNK_BYTES
+                got = self._consumed.get(index, 0) + min(end, base + CHUNK_BYTES) - max(offset, base)
+                if got >= min(CHUNK_BYTES, self.size - base):
+                    self._drop(index)
+                elif index in self._chunks:
+                    self._consumed[index] = got
+        return data
+
+    def _drop(self, index: int) -> None:
+        self._chunks.pop(index, None)
+        self._consumed.pop(index, None)
 
     def exact(self, offset: int, n: int) -> bytes:
         """Bytes [offset, offset + n) in ranged GETs of at most :data:`CHUNK_BYTES`, all in flight
