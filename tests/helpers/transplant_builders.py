@@ -155,3 +155,18 @@ def flat_model() -> Any:
 def flat_wide_head_model() -> Any:
     """:func:`flat_model` with a head of 5 units where the fixture's has 4."""
     return _flat(WIDE_HEAD_UNITS)
+
+
+def headless_model() -> Any:
+    """The fixture architecture without its ``head`` layer (a backbone: the source has more)."""
+    import keras
+
+    from ckptinspect.trainer import net as t
+
+    inputs = keras.Input(shape=(t.INPUT_DIM,), name="features")
+    h = keras.Sequential([keras.layers.Dense(t.HIDDEN_DIM, activation="relu", name="enc_dense")], name="encoder")(inputs)
+    h = keras.layers.Dense(t.HIDDEN_DIM, name="frozen")(h)
+    outputs = keras.layers.BatchNormalization(name="bn")(h)
+    model = keras.Model(inputs, outputs, name=t.MODEL_NAME)
+    BUILT.append(model)
+    return model

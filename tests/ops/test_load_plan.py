@@ -181,3 +181,24 @@ def test_the_three_commands_take_the_same_pairing_flags():
             assert flag in params, (command, flag)
         assert params["--by-order"].default is False and params["--allow-reshape"].default is False
         assert params["--conv-layout"].default == "hwio" and params["--transpose-dense"].default is False
+
+
+# -- a backbone: every weight has a value, source variables are left over ---------------------
+def test_unused_source_variables_fail_doctor_as_they_stop_transplant_and_extract(tmp_path):
+    done = three(RUN, f"{BUILDERS}:headless_model", tmp_path)
+    doc = json.loads(done["doctor"].stdout)
+    assert done["doctor"].exit_code == 1 and doc["ok"] is False  # was 0: doctor listed them without failing
+    assert doc["summary"]["matched"] == 8 and doc["reasons"]["unused"] == [
+        "head/kernel [16,4] matches no model variable", "head/bias [4] matches no model variable"]
+    assert doc["fix"]["flags"] == ["transplant --no-strict loads every weight and leaves the 2 unused source "
+                                   "variable(s) out (extract --builder refuses them)"]
+    table = invoke("doctor", RUN, "--builder", f"{BUILDERS}:headless_model").stdout
+    assert table.rstrip().splitlines()[-1] == ("verdict:  FAIL: every model weight has a source value that fits "
+                                               "(8 of 8), but 2 source variables would be left unused")
+    assert done["transplant"].exit_code == 2 and "2 problems (2 unused in the source)" in done["transplant"].stderr
+    assert done["extract"].exit_code == 2 and "2 problems (2 unused in the source)" in done["extract"].stderr
+    for problem in doc["problems"]:
+        assert problem in done["extract"].stderr and problem in done["transplant"].stderr
+    loose = invoke("transplant", RUN, tmp_path / "loose.weights.h5", "--builder", f"{BUILDERS}:headless_model",
+                   "--no-strict")
+    assert loose.exit_code == 0, loose.output  # what the fix says

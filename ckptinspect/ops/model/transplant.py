@@ -1,8 +1,11 @@
 """``transplant``: put a checkpoint's weights into a built model, inside its distribution strategy.
 
-Source variables (the checkpoint's model weights; optimizer state and counters are left out)
-are paired with the model's variables by the one matcher (:mod:`ckptinspect.ops.match.matcher`),
-each stage seeing only what the stages before it left unpaired (``matched_by`` in the report):
+Source variables (the checkpoint's model weights; optimizer state, counters and PyTorch
+BatchNorm's ``num_batches_tracked`` are skipped by rule) are paired with the model's variables
+by the one plan ``doctor`` and ``extract --builder`` use too, with the same options and defaults
+(:func:`ckptinspect.ops.model.plan.plan_load`, through the one matcher,
+:mod:`ckptinspect.ops.match.matcher`), each stage seeing only what the stages before it left
+unpaired (``matched_by`` in the report):
 
 1. ``graph-path``: when the source is a TF2 checkpoint of the same architecture, every model
    variable's path in the source's object graph (below the node the model was saved as,
