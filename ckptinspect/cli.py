@@ -111,6 +111,18 @@ def layout_options(whose: str = "The source's", when: str = "") -> Callable:
     return decorate
 
 
+def by_order_option(when: str = "") -> Callable:
+    """``--by-order``: the layer-order rule of the one pairing plan (doctor, transplant, extract)."""
+    return option("--by-order", is_flag=True,
+                  help=f"Also pair layers nothing else paired by layer order and shape{when}.")
+
+
+def allow_reshape_option(when: str = "") -> Callable:
+    """``--allow-reshape``: a source value of as many elements fits (doctor, transplant, extract)."""
+    return option("--allow-reshape", is_flag=True,
+                  help=f"A source value with as many elements as the model variable fits (it is reshaped){when}.")
+
+
 def fail(message: str, details: tuple[str, ...] | list[str] = ()) -> None:
     """Print one ``Error:`` line (control characters escaped, so a name from a file cannot
     break the line or drive the terminal), then any ``details`` lines (escaped alike), and exit 2."""
@@ -273,7 +285,6 @@ def verify_command(path: str, format: OutputFormat) -> None:  # noqa: A002
         raise click.exceptions.Exit(EXIT_DIFFERENT)
 
 
-ALLOW_RESHAPE_HELP = "A source value with as many elements as the model variable fits (it is reshaped)."
 
 
 class Emit(str, enum.Enum):
@@ -306,7 +317,9 @@ WITH_BUILDER = " (.weights.h5 with --builder)"
 @option("--to", metavar="[tf|weights-h5|h5|npz|safetensors]", help="Output file type (default: from OUT's suffix; needed for any other suffix).")
 @builder_option(required=False, when="; needed for .weights.h5 from a TF, PyTorch or safetensors checkpoint")
 @map_option(when=WITH_BUILDER)
+@by_order_option(when=WITH_BUILDER)
 @layout_options(when=WITH_BUILDER)
+@allow_reshape_option(when=WITH_BUILDER)
 @option("--keep-metadata", is_flag=True, help="Also keep step counters, save_counter, TF1 global_step.")
 @option("--max-shard-size", metavar="SIZE", help="TF output: bytes per data shard (e.g. 256MiB), filled in turn. Default: one data file; 0: one tensor (or slice) per shard.")
 @force_option
@@ -315,8 +328,9 @@ WITH_BUILDER = " (.weights.h5 with --builder)"
 @debug_option
 @handle_errors
 def extract_command(src: str, output: str, to: Optional[str], builder: Optional[str], maps: list[str],
-                    transpose_dense: bool, conv_layout: str, keep_metadata: bool, max_shard_size: Optional[str],
-                    force: bool, optimizer_pattern: Optional[str], format: OutputFormat) -> None:  # noqa: A002
+                    by_order: bool, transpose_dense: bool, conv_layout: str, allow_reshape: bool,
+                    keep_metadata: bool, max_shard_size: Optional[str], force: bool, optimizer_pattern: Optional[str],
+                    format: OutputFormat) -> None:  # noqa: A002
     """Write the model's weights alone (optimizer state stripped), still restorable, and check them."""
     from .ops.extract.operation import extract  # noqa: PLC0415
     from .render import extract_view  # noqa: PLC0415
@@ -326,7 +340,8 @@ def extract_command(src: str, output: str, to: Optional[str], builder: Optional[
                          keep=("model", "metadata") if keep_metadata else ("model",),
                          max_shard_bytes=None if max_shard_size is None else parse_size(max_shard_size),
                          progress=shown, optimizer_pattern=optimizer_pattern, mapping=maps,
-                         transpose_dense=transpose_dense, conv_layout=conv_layout)
+                         transpose_dense=transpose_dense, conv_layout=conv_layout, by_order=by_order,
+                         allow_reshape=allow_reshape)
     emit(extract_view(report, format))
 
 
@@ -364,11 +379,11 @@ def rewrite_command(src: str, output: str, rename: list[str], drop: list[str], r
 @map_option()
 @option("--skip-mismatch", is_flag=True, help="Leave variables whose shape/dtype differ at init instead of failing.")
 @option("--strict/--no-strict", default=True, help="Fail on any problem (default), or transplant what matches.")
-@option("--by-order", is_flag=True, help="Also pair layers nothing else paired by layer order and shape.")
+@by_order_option()
 @option("--dry-run", is_flag=True, help="Show the plan; assign and write nothing.")
 @force_option
 @layout_options()
-@option("--allow-reshape", is_flag=True, help=ALLOW_RESHAPE_HELP)
+@allow_reshape_option()
 @format_option()
 @debug_option
 @handle_errors
@@ -436,7 +451,8 @@ def train_command(out: str, steps: int, save_every: int, replicas: int, max_to_k
 @argument("src", "SRC", help="Source checkpoint: TF prefix or directory, SavedModel, Keras .h5/.weights.h5/.keras.")
 @builder_option(required=True)
 @map_option()
-@option("--allow-reshape", is_flag=True, help=ALLOW_RESHAPE_HELP)
+@by_order_option()
+@allow_reshape_option()
 @layout_options()
 @option("--emit", "emit_fix", type=EnumChoice(Emit), metavar="[map|assignment-map|weights]",
         help="Print the --map rules, print the init_from_checkpoint assignment map, or write the weights (-o).")
@@ -445,7 +461,7 @@ def train_command(out: str, steps: int, save_every: int, replicas: int, max_to_k
 @format_option()
 @debug_option
 @handle_errors
-def doctor_command(src: str, builder: str, maps: list[str], allow_reshape: bool, transpose_dense: bool,
+def doctor_command(src: str, builder: str, maps: list[str], by_order: bool, allow_reshape: bool, transpose_dense: bool,
                    conv_layout: str, emit_fix: Optional[Emit], output: Optional[str], force: bool,
                    format: OutputFormat) -> None:  # noqa: A002
     """Explain how a checkpoint's weights would load into a model, and the fix (exit 0 all load, 1 not)."""
@@ -463,8 +479,8 @@ def doctor_command(src: str, builder: str, maps: list[str], allow_reshape: bool,
     Layout(conv_layout=conv_layout)
     with open_checkpoint(src) as ckpt, progress("doctor") as shown:
         model = tp.build_in_scope(builder, tp.make_strategy("default", None))
-        report = doctor(ckpt, model, mapping=maps, allow_reshape=allow_reshape, transpose_dense=transpose_dense,
-                        conv_layout=conv_layout, out=output if emit_fix == Emit.weights else None, force=force,
+        report = doctor(ckpt, model, mapping=maps, by_order=by_order, allow_reshape=allow_reshape,
+                        transpose_dense=transpose_dense, conv_layout=conv_layout, out=output if emit_fix == Emit.weights else None, force=force,
                         progress=shown)
     if emit_fix == Emit.map:
         emit(doctor_map_view(report, format))

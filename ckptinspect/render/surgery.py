@@ -295,6 +295,11 @@ def doctor_verdict(report) -> str:
     if report.ok:
         return f"verdict:  OK: every model weight has a source value that fits ({s['matched']} of {total})"
     parts = [f"{DOCTOR_REASON_TITLES[k]} {s[k]}" for k in ("missing", "shape_mismatch", "dtype_mismatch", "ambiguous") if s[k]]
+    if not parts:  # every weight has a value; source variables are left over (transplant and extract refuse it)
+        return (f"verdict:  FAIL: every model weight has a source value that fits ({s['matched']} of {total}), but "
+                f"{s['unused']} source variable{'s' if s['unused'] != 1 else ''} would be left unused")
+    if s["unused"]:
+        parts.append(f"{DOCTOR_REASON_TITLES['unused']} {s['unused']}")
     return f"verdict:  FAIL: {total - s['matched']} of {total} model weights cannot be loaded ({', '.join(parts)})"
 
 
@@ -345,13 +350,13 @@ def doctor_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
             if len(lines) > DOCTOR_MAX_REASONS:
                 footer.append(f"    ... and {len(lines) - DOCTOR_MAX_REASONS} more (--format json lists them all)")
     footer.append("")
-    if report.matched and report.output is None:
+    if report.output is None:
         renames = len(report.map_rules) - len(report.mapping)
-        fixes = []
+        fixes = list(report.flags)
         if renames > 0:
             fixes.append(f"--emit map ({renames} --map rule{'s' if renames != 1 else ''}"
                          f"{', checked' if report.map_verified else ', NOT reproducing every pair'})")
-        if report.assignment_map is not None:
+        if report.assignment_map is not None and report.complete:
             fixes.append("--emit assignment-map (tf.compat.v1.train.init_from_checkpoint)")
         if report.ok:
             fixes.append("--emit weights -o OUT.weights.h5 (then model.load_weights(OUT))")

@@ -1,16 +1,20 @@
 """``doctor``: why a checkpoint's weights will not load into a model, and the fix.
 
-For every variable of a built model, where its value would come from and how it was matched
-(object-graph path, exact name, name after normalisation, layer order and shape: the one
-matcher, :func:`~ckptinspect.ops.model.targets.pair_with_model` with layer order on), and every
-source model variable left over. The verdict is :attr:`DoctorReport.ok`: every model weight has
-a source of a fitting shape (equal, or through the layout rules given) and a castable dtype.
-Otherwise the reasons are grouped: missing in the source, shape mismatch, dtype mismatch,
-ambiguous; unused source variables are listed too (a backbone taken from a bigger checkpoint
-leaves some, which does not stop the load).
+For every variable of a built model, where its value would come from and how it was matched,
+and every source model variable left over: the one plan of
+:func:`~ckptinspect.ops.model.plan.plan_load`, with the options ``transplant`` and
+``extract --builder`` take (``mapping``, ``by_order``, the layout rules) and the same defaults.
+The verdict is :attr:`DoctorReport.ok`, the plan's: every model weight has a source of a fitting
+shape (equal, or through the layout rules given) and a castable dtype, and every source model
+variable goes into a weight; so ``doctor`` says OK exactly when ``transplant`` (strict) and
+``extract --builder`` with the same options load everything. Otherwise the reasons are grouped:
+missing in the source, shape mismatch, dtype mismatch, ambiguous, unused. Optimizer state,
+metadata and PyTorch BatchNorm's ``num_batches_tracked`` are skipped by rule, never problems.
 
 The fix, ready to use:
 
+* :attr:`DoctorReport.flags`: the flags it needs by their command-line names, with what they do
+  (``--by-order``, when layer order would pair more weights: the plan is made again with it);
 * :attr:`DoctorReport.map_rules`: ``--map`` rules (the user's own first) under which the name
   stages alone make every pair the doctor found, checked by running the matcher with them;
 * :attr:`DoctorReport.assignment_map`: ``{checkpoint key: model variable name}`` for
@@ -35,20 +39,35 @@ from ... import model as m
 from ...errors import UsageError
 from ..model.devices import import_tf
 from .rules import propose, propose_rules, rules_as_given
-from ..match.layouts import CONV_HWIO, FIT_EQUAL, Fit, Layout
-from ..match.mapping import Rules, RulesLike, parse_mapping, rules_text
-from ..match.matcher import HOW_LAYER_ORDER, Match
+from ..match.layouts import CONV_HWIO, FIT_EQUAL, Fit
+from ..match.mapping import RulesLike, rules_text
+from ..match.matcher import HOW_LAYER_ORDER
 from ..sources import source_files
 from ..model.weights_io import OUTPUT_WEIGHTS_H5, WEIGHTS_H5_SUFFIX, WriteResult
 from ...formats import FORMAT_OF, capabilities
+from ..model.plan import (
+    BY_ORDER_FLAG,
+    SKIP_COUNTER,
+    SKIP_METADATA,
+    SKIP_OPTIMIZER,
+    STATUS_AMBIGUOUS,
+    STATUS_DTYPE_MISMATCH,
+    STATUS_MATCHED,
+    STATUS_MISSING,
+    STATUS_SHAPE_MISMATCH,
+    STATUS_UNUSED,
+    LoadPlan,
+    PairingOptions,
+    by_order_gain,
+    describe_counts,
+    plan_load,
+    refusal,
+)
 from ..model.targets import (
-    FLOAT_DTYPES,
     TF_RESTORABLE,
     Target,
-    fit_of,
     is_keras,
     model_variables,
-    pair_with_model,
     targets,
 )
 
@@ -68,12 +87,6 @@ __all__ = [
     "propose_rules",
 ]
 
-STATUS_MATCHED = "matched"
-STATUS_SHAPE_MISMATCH = "shape-mismatch"
-STATUS_DTYPE_MISMATCH = "dtype-mismatch"
-STATUS_AMBIGUOUS = "ambiguous"
-STATUS_MISSING = "missing"
-STATUS_UNUSED = "unused"
 # The reasons a load fails, grouped, in the order they are shown.
 REASON_MISSING = "missing"
 REASON_SHAPE = "shape_mismatch"
@@ -172,6 +185,11 @@ class DoctorReport:
         assignment_map: ``{checkpoint key: model variable name}`` for
             ``tf.compat.v1.train.init_from_checkpoint`` (TF sources; None otherwise).
         output: The ``.weights.h5`` written (``out=``), or None.
+        by_order: ``--by-order`` was given.
+        rule_skipped: Source model variables skipped by rule (PyTorch BatchNorm's
+            ``num_batches_tracked``): never problems.
+        problems: Every problem, in the words ``transplant`` and ``extract`` use.
+        flags: Command-line flags the fix needs, each with what it does (``--by-order pairs ...``).
     """
 
     source: str
@@ -189,10 +207,22 @@ class DoctorReport:
     map_verified: bool = False
     assignment_map: dict[str, str] | None = None
     output: WriteResult | None = None
+    by_order: bool = False
+    rule_skipped: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()
+    flags: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
-        """Every model weight has a source value that fits (the verdict: exit 0)."""
+        """The verdict (exit 0), the one :class:`~ckptinspect.ops.model.plan.LoadPlan` gives:
+        every model weight has a source value that fits and every source model variable goes
+        into a weight, so ``transplant`` and ``extract --builder`` with the same options load
+        everything."""
+        return not self.problems
+
+    @property
+    def complete(self) -> bool:
+        """Every model weight has a source value that fits (source variables may be left over)."""
         return all(w.status == STATUS_MATCHED for w in self.weights)
 
     @property
@@ -221,6 +251,7 @@ class DoctorReport:
             "unused": len(self.leftovers),
             "optimizer_skipped": self.optimizer_skipped,
             "metadata_skipped": self.metadata_skipped,
+            "skipped_by_rule": len(self.rule_skipped),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -232,12 +263,16 @@ class DoctorReport:
             "model_class": self.model_class,
             "layout": list(self.layout),
             "mapping": list(self.mapping),
+            "by_order": self.by_order,
             "ok": self.ok,
             "summary": self.summary(),
             "weights": [w.to_dict() for w in self.weights],
             "unused": [s.to_dict() for s in self.leftovers],
+            "skipped_by_rule": list(self.rule_skipped),
             "reasons": self.reasons(),
+            "problems": list(self.problems),
             "fix": {
+                "flags": list(self.flags),
                 "map": list(self.map_rules),
                 "map_verified": self.map_verified,
                 "assignment_map": self.assignment_map,
@@ -256,6 +291,7 @@ def doctor(
     allow_reshape: bool = False,
     transpose_dense: bool = False,
     conv_layout: str = CONV_HWIO,
+    by_order: bool = False,
     out: str | os.PathLike[str] | None = None,
     force: bool = False,
     progress: Progress | None = None,
@@ -270,6 +306,9 @@ def doctor(
         allow_reshape: A source value with as many elements as the weight fits (reshaped).
         transpose_dense: Source 2-D kernels are ``[out, in]`` (PyTorch ``Linear``).
         conv_layout: ``oihw`` when source conv kernels are ``[out, in, *spatial]`` (PyTorch).
+        by_order: Also pair layers nothing else paired by layer order and shape (``--by-order``,
+            as ``transplant`` and ``extract`` take it). Without it, the report says what it
+            would pair (:attr:`DoctorReport.flags`).
         out: Also write a ``.weights.h5`` that ``model.load_weights(out)`` loads (the model's
             weights receive the source values). Refused unless every weight is matched.
         force: Replace an earlier ``out`` (an HDF5 file; nothing else).
@@ -285,8 +324,8 @@ def doctor(
         OutputExistsError: ``out`` exists and not ``force``.
         CkptError: The source cannot be opened or read.
     """
-    rules = parse_mapping(mapping)
-    layout = Layout(transpose_dense=transpose_dense, conv_layout=conv_layout, allow_reshape=allow_reshape)
+    options = PairingOptions.make(mapping, by_order=by_order, transpose_dense=transpose_dense,
+                                  conv_layout=conv_layout, allow_reshape=allow_reshape)
     if out is not None:
         out = os.fspath(out)
         if not out.endswith(WEIGHTS_H5_SUFFIX):
@@ -305,7 +344,7 @@ def doctor(
     try:
         if out is not None:  # before any work: an existing output, or one that would overwrite an input
             _atomic.check_output(out, force=force, kind=_atomic.KIND_HDF5, protected=_protected(ckpt))
-        report, plan = _diagnose(ckpt, model, model_targets, rules, layout)
+        report, plan = _diagnose(ckpt, model, model_targets, options)
         if out is None:
             return report
         entries = _entries(report, plan, model, out, "run doctor without --emit weights for the reasons")
@@ -320,33 +359,26 @@ def doctor(
             ckpt.close()
 
 
-def _entries(
-    report: DoctorReport, plan: Sequence[tuple[Target, m.Variable, Fit]], model: Any, out: str, hint: str
-) -> list[tuple[Any, m.Variable, Fit]]:
-    """``(model weight, source variable, fit)`` for every weight, or the refusal naming why not."""
-    if not report.ok:
-        groups = {g: len(v) for g, v in report.reasons().items() if v and g != REASON_UNUSED}
-        raise UsageError(
-            f"{out}: not written: {len(report.weights) - len(report.matched)} of {len(report.weights)} model "
-            "weight(s) have no source value that fits ("
-            + ", ".join(f"{g.replace('_', ' ')} {n}" for g, n in groups.items())
-            + f"); {hint}"
-        )
+def _entries(report: DoctorReport, plan: LoadPlan, model: Any, out: str, hint: str) -> list[tuple[Any, m.Variable, Fit]]:
+    """``(model weight, source variable, fit)`` for every weight, or the refusal naming why not
+    (the plan's problems, in the words every command uses)."""
+    if not plan.ok:
+        raise UsageError(f"{refusal(plan, f'{out}: not written')}; {hint}")
     variables, _ = model_variables(model)
-    return [(variables[t.index], s, f) for t, s, f in plan]
+    return [(variables[t.index], s, f) for t, s, f in plan.entries]
 
 
 def weight_plan(
-    ckpt: m.Checkpoint, model: Any, *, rules: Rules, layout: Layout, out: str, hint: str
+    ckpt: m.Checkpoint, model: Any, *, options: PairingOptions, out: str, hint: str
 ) -> tuple[DoctorReport, list[tuple[Any, m.Variable, Fit]]]:
-    """Pair every weight of a built model with a source value, as :func:`doctor` does, for a
-    writer (``doctor --emit weights``, ``extract --builder`` from another framework).
+    """Pair every weight of a built model with a source value, as :func:`doctor` does (the one
+    plan, :func:`~ckptinspect.ops.model.plan.plan_load`), for a writer (``doctor --emit weights``,
+    ``extract --builder``).
 
     Args:
         ckpt: The open source checkpoint.
         model: A built Keras 3 model.
-        rules: Compiled ``--map`` rules (:func:`~ckptinspect.ops.match.mapping.parse_mapping`).
-        layout: The layout rules.
+        options: The pairing options.
         out: The output, as error messages name it.
         hint: What the refusal suggests (where to see the reasons).
 
@@ -354,10 +386,10 @@ def weight_plan(
         The :class:`DoctorReport` and ``(model weight, source variable, fit)`` for every weight.
 
     Raises:
-        UsageError: A weight has no source value that fits (the reasons are counted).
+        UsageError: The plan has problems (counted by kind, the first ones named).
     """
     tf = import_tf()
-    report, plan = _diagnose(ckpt, model, targets(tf, model), rules, layout)
+    report, plan = _diagnose(ckpt, model, targets(tf, model), options)
     return report, _entries(report, plan, model, out, hint)
 
 
@@ -365,39 +397,47 @@ def _protected(ckpt: m.Checkpoint) -> list[str]:
     return [ckpt.path, *source_files(ckpt)]
 
 
-def _cast_ok(source_dtype: str, target_dtype: str) -> bool:
-    return source_dtype == target_dtype or (source_dtype in FLOAT_DTYPES and target_dtype in FLOAT_DTYPES)
-
-
 def _diagnose(
-    ckpt: m.Checkpoint, model: Any, model_targets: Sequence[Target], rules: Rules, layout: Layout
-) -> tuple[DoctorReport, list[tuple[Target, m.Variable, Fit]]]:
-    """Pair the source's model variables with the model's weights and say what each weight,
-    each leftover source variable and the pairing as a whole come to; the plan is the
-    (weight, source, fit) triples a load would assign."""
-    sources = [v for v in ckpt.variables if v.role == m.ROLE_MODEL]
-    paired = pair_with_model(sources, ckpt.format, model_targets, rules=rules, by_order=True, layout=layout)
-    ambiguous_a, ambiguous_b = _ambiguous_by_side(paired)
-    weights, plan, matched_pairs = _diagnose_weights(model_targets, paired, ambiguous_b, layout)
-    leftovers = _leftovers(sources, paired, ambiguous_a)
-
-    notes = list(paired.notes)
-    by_order = sum(1 for w in weights if w.matched_by == HOW_LAYER_ORDER)
-    if by_order:
-        notes.append(f"{by_order} weight(s) paired by layer order and shape alone: transplant needs --by-order "
-                     "or the --map rules (--emit map) to take them")
-    given = rules_text(rules_as_given(rules))
-    proposal, verified, more = propose(ckpt, sources, model_targets, matched_pairs, rules, layout)
-    notes += more
-    amap, map_note = _assignment_map(ckpt, plan)
+    ckpt: m.Checkpoint, model: Any, model_targets: Sequence[Target], options: PairingOptions
+) -> tuple[DoctorReport, LoadPlan]:
+    """The plan (:func:`~ckptinspect.ops.model.plan.plan_load`) as a report: each weight, each
+    leftover source variable, what was skipped by rule, the fix (the flags it needs, ``--map``
+    rules, the assignment map)."""
+    plan = plan_load(ckpt, model_targets, options)
+    weights = [_weight(w) for w in plan.weights]
+    leftovers = [SourceLeftover(x.source.name, x.source.key, tuple(x.source.shape), x.source.dtype, x.status, x.detail)
+                 for x in plan.leftovers]
+    notes = list(plan.notes)
+    flags: list[str] = []
+    complete_plan = plan if all(w.status == STATUS_MATCHED for w in plan.weights) else None
+    alt = by_order_gain(ckpt, model_targets, plan)
+    if alt is not None:
+        gained = sum(1 for w in alt.weights if w.how == HOW_LAYER_ORDER)
+        then = "then every weight loads" if alt.ok else f"then: {describe_counts(alt)}"
+        flags.append(f"{BY_ORDER_FLAG} pairs {gained} more weight(s) by layer order and shape ({then})")
+        if all(w.status == STATUS_MATCHED for w in alt.weights):
+            complete_plan = complete_plan or alt
+    if complete_plan is plan and plan.leftovers:
+        flags.append(f"transplant --no-strict loads every weight and leaves the {len(plan.leftovers)} unused source "
+                     "variable(s) out (extract --builder refuses them)")
+    skipped = {x.source.key for x in plan.skipped}
+    sources = [v for v in ckpt.variables if v.key not in skipped]
+    if complete_plan is not None:
+        wanted = {w.target.index for w in complete_plan.matched}
+        matched_pairs = [p for p in complete_plan.match.pairs if p.b.ref.index in wanted]
+        proposal, verified, more = propose(ckpt, sources, model_targets, matched_pairs, options.rules, options.layout)
+        notes += more
+    else:  # a rename cannot make every weight load: no rules proposed
+        proposal, verified = rules_as_given(options.rules), False
+    given = rules_text(rules_as_given(options.rules))
+    amap, map_note = _assignment_map(ckpt, plan.entries)
     if map_note:
         notes.append(map_note)
     casts = [w for w in weights if w.status == STATUS_MATCHED and w.source_dtype != w.dtype]
     if casts:
         notes.append(f"{len(casts)} weight(s) cast between float dtypes (e.g. {casts[0].target}: "
                      f"{casts[0].source_dtype} -> {casts[0].dtype})")
-    optimizer_skipped = sum(1 for v in ckpt.variables if v.role == m.ROLE_OPTIMIZER)
-    metadata_skipped = sum(1 for v in ckpt.variables if v.role == m.ROLE_METADATA)
+    optimizer_skipped = plan.skipped_count(SKIP_OPTIMIZER)
     if optimizer_skipped:
         notes.append(f"{optimizer_skipped} optimizer variable(s) of the source are not model weights (never loaded)")
     report = DoctorReport(
@@ -405,87 +445,31 @@ def _diagnose(
         source_format=ckpt.format,
         model=getattr(model, "name", None) or type(model).__name__,
         model_class=type(model).__name__,
-        layout=layout.describe(),
+        layout=options.layout.describe(),
         mapping=given,
         weights=tuple(weights),
         leftovers=tuple(leftovers),
         optimizer_skipped=optimizer_skipped,
-        metadata_skipped=metadata_skipped,
+        metadata_skipped=plan.skipped_count(SKIP_METADATA),
         notes=tuple(notes),
         map_rules=tuple(proposal),
         map_verified=verified,
         assignment_map=amap,
+        by_order=options.by_order,
+        rule_skipped=tuple(x.source.name for x in plan.skipped if x.reason == SKIP_COUNTER),
+        problems=tuple(plan.problems),
+        flags=tuple(flags),
     )
     return report, plan
 
 
-def _ambiguous_by_side(paired: Match) -> tuple[dict[str, Any], dict[int, Any]]:
-    """Each ambiguity the pairing left, by source key and by model weight index (the first
-    ambiguity naming each)."""
-    ambiguous_a: dict[str, Any] = {}
-    ambiguous_b: dict[int, Any] = {}
-    for amb in paired.ambiguous:
-        for y in amb.b:
-            ambiguous_b.setdefault(y.ref.index, amb)
-        for x in amb.a:
-            ambiguous_a.setdefault(x.ref.key, amb)
-    return ambiguous_a, ambiguous_b
-
-
-def _diagnose_weights(
-    model_targets: Sequence[Target], paired: Match, ambiguous_b: dict[int, Any], layout: Layout
-) -> tuple[list[WeightDiagnosis], list[tuple[Target, m.Variable, Fit]], list]:
-    """Each model weight's status: matched (its source fits it, a float cast at most), shape
-    or dtype mismatch, ambiguous, or missing. Returns (the diagnoses, the plan of matched
-    weights, the pairs matched)."""
-    by_target = {p.b.ref.index: p for p in paired.pairs}
-    weights: list[WeightDiagnosis] = []
-    plan: list[tuple[Target, m.Variable, Fit]] = []
-    matched_pairs = []
-    for t in model_targets:
-        p = by_target.get(t.index)
-        if p is not None:
-            s: m.Variable = p.a.ref
-            base = dict(source=s.name, key=s.key, source_shape=tuple(s.shape), source_dtype=s.dtype, matched_by=p.how)
-            f = fit_of(s.shape, t, layout)
-            if f is None:
-                detail = (f"{t.name} is {m.format_shape(t.shape)} in the model, {m.format_shape(s.shape)} in the source "
-                          f"({s.name}, paired by {p.how})")
-                weights.append(WeightDiagnosis(t.name, t.shape, t.dtype, STATUS_SHAPE_MISMATCH, **base, detail=detail))
-            elif not _cast_ok(s.dtype, t.dtype):
-                detail = f"{t.name} is {t.dtype} in the model, {s.dtype} in the source ({s.name})"
-                weights.append(WeightDiagnosis(t.name, t.shape, t.dtype, STATUS_DTYPE_MISMATCH, **base, fit=f.kind, detail=detail))
-            else:
-                weights.append(WeightDiagnosis(t.name, t.shape, t.dtype, STATUS_MATCHED, **base, fit=f.kind))
-                plan.append((t, s, f))
-                matched_pairs.append(p)
-            continue
-        amb = ambiguous_b.get(t.index)
-        if amb is not None:
-            cands = tuple(x.ref.name for x in amb.a)
-            detail = f"{t.name} {m.format_shape(t.shape)}: {amb.reason}"
-            weights.append(WeightDiagnosis(t.name, t.shape, t.dtype, STATUS_AMBIGUOUS, detail=detail, candidates=cands))
-            continue
-        detail = f"{t.name} {m.format_shape(t.shape)} has no source variable"
-        weights.append(WeightDiagnosis(t.name, t.shape, t.dtype, STATUS_MISSING, detail=detail))
-    return weights, plan, matched_pairs
-
-
-def _leftovers(sources: list[m.Variable], paired: Match, ambiguous_a: dict[str, Any]) -> list[SourceLeftover]:
-    """The source variables no weight took: ambiguous, or matching no model weight."""
-    used = {p.a.ref.key for p in paired.pairs}
-    leftovers = []
-    for s in sources:
-        if s.key in used:
-            continue
-        amb = ambiguous_a.get(s.key)
-        if amb is not None:
-            leftovers.append(SourceLeftover(s.name, s.key, tuple(s.shape), s.dtype, STATUS_AMBIGUOUS,
-                                            f"{s.name} {m.format_shape(s.shape)}: {amb.reason}"))
-        else:
-            leftovers.append(SourceLeftover(s.name, s.key, tuple(s.shape), s.dtype, STATUS_UNUSED,
-                                            f"{s.name} {m.format_shape(s.shape)} matches no model weight"))
-    return leftovers
+def _weight(w: Any) -> WeightDiagnosis:
+    t, s = w.target, w.source
+    base: dict[str, Any] = {}
+    if s is not None:
+        base = dict(source=s.name, key=s.key, source_shape=tuple(s.shape), source_dtype=s.dtype, matched_by=w.how)
+    return WeightDiagnosis(t.name, t.shape, t.dtype, w.status, **base, fit=None if w.fit is None else w.fit.kind,
+                           detail=w.detail, candidates=tuple(x.name for x in w.candidates))
 
 
 def _assignment_map(ckpt: m.Checkpoint, plan: list[tuple[Target, m.Variable, Fit]]) -> tuple[dict[str, str] | None, str | None]:

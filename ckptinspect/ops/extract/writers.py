@@ -5,7 +5,8 @@
   ``formats.write_npz``);
 * :func:`write_h5_copy`: a Keras HDF5 file copied group by group without the optimizer's group
   (the Keras family's writer, ``formats.copy_h5``);
-* :func:`write_weights_from_builder`: a Keras 3 ``.weights.h5`` through a built model.
+* :func:`write_weights_through_model`: a Keras 3 ``.weights.h5`` through a built model (the
+  pairing is :mod:`ckptinspect.ops.model.plan`'s, in :mod:`.convert`).
 """
 
 from __future__ import annotations
@@ -27,8 +28,6 @@ from ...formats import (
 )
 from ..bit_equality import bit_equal
 from ..match.layouts import Fit, apply_fit
-from ..match.matcher import Item, graph_path_stage, items, match
-from ..model.targets import graph_paths, tf_variable
 
 from .report import ExtractedVariable
 
@@ -38,7 +37,6 @@ __all__ = [
     "write_safetensors_output",
     "gather_blocks",
     "write_h5_copy",
-    "write_weights_from_builder",
     "call_builder",
     "write_weights_through_model",
     "source_matcher",
@@ -322,46 +320,6 @@ def _sentinel(value: np.ndarray) -> np.ndarray:
     return value
 
 
-def _pair_with_built_model(ckpt: m.Checkpoint, model: Any) -> dict[int, m.Variable]:
-    """Each weight of the built model (by id) -> the checkpoint's model variable at the same
-    object-graph path (below the root, or below the node the model was saved as).
-
-    Raises:
-        UsageError: A weight is not reachable in the model's object graph, the two structures
-            differ (what does not match is named, in both directions), or a shape/dtype differs.
-    """
-    paths = graph_paths(import_tf(), model)
-    weights = []
-    for i, w in enumerate(model.weights):
-        path = paths.get(id(w), paths.get(id(tf_variable(w))))
-        if path is None:
-            raise UsageError(f"weight {getattr(w, 'path', w.name)!r} of the built model is not reachable in its object graph")
-        name = str(getattr(w, "path", w.name))
-        weights.append(Item(name, name, tuple(w.shape), np.dtype(w.dtype).name, m.ROLE_MODEL, path, i, (), w))
-    sources = items(v for v in ckpt.variables if v.graph_path is not None and v.role == m.ROLE_MODEL)
-    paired = match(sources, weights, (graph_path_stage(complete=False),), labels=("the checkpoint", "the built model"))
-    # What is unused counts only below the node the model was found under (other root children
-    # of a tf.train.Checkpoint are not the model's).
-    lead = ""
-    if paired.pairs:
-        first = paired.pairs[0]
-        lead = first.a.graph_path[: len(first.a.graph_path) - len(first.b.graph_path)]
-    unmatched = [y.name for y in paired.only_b]
-    unused = [x.name for x in paired.only_a if x.graph_path.startswith(lead)]
-    if unmatched or unused or paired.ambiguous:
-        parts = [a.reason for a in paired.ambiguous]
-        if unmatched:
-            parts.append(f"{len(unmatched)} weight(s) of the built model are not in the checkpoint (e.g. {unmatched[0]!r})")
-        if unused:
-            parts.append(f"{len(unused)} model variable(s) of the checkpoint are not in the built model (e.g. {unused[0]!r})")
-        raise UsageError(f"{ckpt.path}: the builder's architecture does not match: " + "; ".join(parts))
-    for p in paired.pairs:
-        v, w = p.a.ref, p.b
-        if w.shape != v.shape or w.dtype != v.dtype:
-            raise UsageError(f"{v.name}: the checkpoint has {v.dtype}{list(v.shape)}, the built model {w.dtype}{list(w.shape)}")
-    return {id(p.b.ref): p.a.ref for p in paired.pairs}
-
-
 def write_weights_through_model(
     ckpt: m.Checkpoint, tmp: str, model: Any, plan: Sequence[tuple[Any, m.Variable, Fit | None]], progress: Progress | None
 ) -> int:
@@ -431,27 +389,3 @@ def call_builder(builder: Builder) -> Any:
     if not model.weights:
         raise UsageError("the builder returned a model without weights; build it (call it on an input or model.build(shape))")
     return model
-
-
-def write_weights_from_builder(
-    ckpt: m.Checkpoint, tmp: str, builder: Builder, progress: Progress | None
-) -> tuple[list[ExtractedVariable], int, list[str]]:
-    if ckpt.info.get("kind") != "tf2-object":
-        raise UsageError(
-            f"{ckpt.path}: a .weights.h5 output needs a TF2 object-based source (its object graph "
-            "maps weights to the built model); this one is name-based"
-        )
-    need_object_graph(ckpt)
-    model = call_builder(builder)
-    matches = _pair_with_built_model(ckpt, model)
-    model_vars = list(model.weights)
-    verified = write_weights_through_model(ckpt, tmp, model, [(w, matches[id(w)], None) for w in model_vars], progress)
-    # The file's dataset paths are Keras's positional ones; name each kept value by its Keras path.
-    keras_path = {matches[id(w)].key: str(getattr(w, "path", w.name)) for w in model_vars}
-    planned = [
-        ExtractedVariable(v.name, v.key, keras_path.get(v.key), v.role, v.shape, v.dtype, v.nbytes)
-        for v in ckpt.variables
-    ]
-    notes = ["Keras 3 weights file written by model.save_weights of the builder's model: load with model.load_weights(OUT)"]
-    return planned, verified, notes
-
