@@ -45,7 +45,8 @@ written (by the writer's I/O thread; by this module for streamed ones) and compa
 computed ones, every copied tensor's recorded checksum with the newest's) and only then renamed
 into place. ``ckptinspect verify OUT`` re-reads every byte.
 
-Keras ``.weights.h5`` files of one run average into a ``.weights.h5`` (:mod:`.average_h5`).
+Keras ``.weights.h5`` files of one run average into a ``.weights.h5``, legacy ``.h5`` files (full
+models or weights, ``tf_keras`` or Keras 3's legacy writer) into a ``.h5`` (:mod:`.keras_h5`).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from ..._parallel import ordered_map
 from ... import model as m
 from ...errors import CkptError, CorruptCheckpointError, UsageError, VerificationError
 from ...formats import (
+    TO_H5,
     TO_WEIGHTS_H5,
     capabilities,
     output_kind,
@@ -96,7 +98,10 @@ SPOT_READERS = 4  # threads reading the first values back (waiting on the device
 TF_NEEDS = ("tf-restorable", "stored-bytes")  # a TF bundle: values streamed from its data files (not a V1 table)
 KIND_TF2 = "tf2-object"
 ROLE_CHOICES = (m.ROLE_MODEL,)
-WRITES = "average writes a TF prefix (no suffix, .ckpt or .ckpt-N), or a .weights.h5 from .weights.h5 inputs"
+WRITES = ("average writes a TF prefix (no suffix, .ckpt or .ckpt-N), a .weights.h5 from .weights.h5 inputs or a"
+          " .h5 from legacy .h5 inputs")
+# Keras HDF5 inputs: the output kind each format averages into (the newest file's layout, copied).
+KERAS_OUTPUTS = {m.FORMAT_KERAS_WEIGHTS_H5: TO_WEIGHTS_H5, m.FORMAT_KERAS_H5: TO_H5}
 
 Progress = Callable[[int, int, m.Variable], None]
 
@@ -130,7 +135,7 @@ def _check_arguments(out: str, ema: float | None, role: str | None, last: int | 
             raise UsageError(f"--last N takes one checkpoint directory. Received: {len(sources)} paths")
     elif not sources:
         raise UsageError("average needs at least one checkpoint (or --last N DIR)")
-    if output_kind(out) != TO_WEIGHTS_H5:
+    if output_kind(out) not in KERAS_OUTPUTS.values():
         error = _atomic.prefix_suffix_error(out, WRITES, "")
         if error is not None:
             raise error
@@ -167,9 +172,9 @@ def _describe(ckpt: m.Checkpoint) -> str:
 
 
 def _check_readable(ckpt: m.Checkpoint) -> None:
-    if not capabilities(ckpt.format).issuperset(TF_NEEDS) and ckpt.format != m.FORMAT_KERAS_WEIGHTS_H5:
+    if not capabilities(ckpt.format).issuperset(TF_NEEDS) and ckpt.format not in KERAS_OUTPUTS:
         raise UsageError(f"{ckpt.path}: is {ckpt.format}; average reads TF bundle checkpoints (.index + .data) or"
-                         " Keras .weights.h5 files")
+                         " Keras .weights.h5 and legacy .h5 files")
     unreadable = ckpt.info.get("unreadable") or {}
     if unreadable:
         key = next(iter(unreadable))
@@ -501,10 +506,11 @@ def average(
         inputs = tuple(AverageInput(c.path, c.step, newest=i == len(ckpts) - 1) for i, c in enumerate(ckpts))
         method = METHOD_MEAN if ema is None else METHOD_EMA
         decay = None if ema is None else float(ema)
-        h5_out = output_kind(out) == TO_WEIGHTS_H5
-        if h5_out != (ckpts[-1].format == m.FORMAT_KERAS_WEIGHTS_H5):
-            raise UsageError(f"{out}: .weights.h5 inputs average into a .weights.h5 output, TF checkpoints into a TF"
-                             f" prefix (the inputs are {ckpts[-1].format})")
+        kind = output_kind(out)
+        h5_out = kind in KERAS_OUTPUTS.values()
+        if kind != KERAS_OUTPUTS.get(ckpts[-1].format, None if h5_out else kind):
+            raise UsageError(f"{out}: .weights.h5 inputs average into a .weights.h5 output, legacy .h5 inputs into a"
+                             f" .h5, TF checkpoints into a TF prefix (the inputs are {ckpts[-1].format})")
         if h5_out:
             variables, verified, size = average_weights_h5(ckpts, out, ema, role, force, protected, progress)
             return AverageReport(
