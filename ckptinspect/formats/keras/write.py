@@ -1,5 +1,6 @@
-"""Writing Keras HDF5 files (h5py): what ``extract``, ``rewrite`` and ``average`` write, the
-operations deciding only what goes in (which groups, which names, which values).
+"""Writing Keras files (HDF5 through h5py, ``.keras`` archives around them): what ``extract``,
+``rewrite`` and ``average`` write, the operations deciding only what goes in (which groups,
+which names, which values).
 
 * :func:`copy_h5`: a file copied group by group, root attributes with their stored HDF5 types,
   one top-level group left out, datasets written with new values (``rewrite --cast``), an
@@ -7,6 +8,8 @@ operations deciding only what goes in (which groups, which names, which values).
 * :func:`weights_h5_renames` and :func:`legacy_h5_renames`: the edits a rename is in each Keras
   layout (the ``name`` attribute of a Keras 3 ``vars`` group; a legacy file's datasets,
   ``weight_names`` and ``layer_names``), refusing what the layout cannot express;
+* :func:`copy_keras_zip`: a ``.keras`` archive copied member by member, its weights file
+  written anew (``rewrite --cast`` of a ``.keras``);
 * :func:`read_h5_output`: a written file opened to be read back (datasets, root attributes);
 * :func:`update_h5_copy`: a copy of a file whose datasets are overwritten in row blocks
   (``average``).
@@ -17,8 +20,10 @@ Outputs are written to the temporary name the operation got from :mod:`ckptinspe
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import shutil
+import zipfile
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import h5py
@@ -31,6 +36,7 @@ __all__ = [
     "OPTIMIZER_GROUP",
     "LEGACY_OPTIMIZER_GROUP",
     "copy_h5",
+    "copy_keras_zip",
     "h5_value",
     "read_h5_output",
     "H5Output",
@@ -150,6 +156,31 @@ class H5Output:
 def read_h5_output(path: str) -> H5Output:
     """``path`` opened to be read back: ``with read_h5_output(tmp) as out: out.datasets()...``"""
     return H5Output(path)
+
+
+# -- .keras archives ----------------------------------------------------------------------
+KERAS_ZIP_WEIGHTS = "model.weights.h5"  # the weights member of a .keras archive
+COPY_CHUNK = 1 << 20
+
+
+def copy_keras_zip(src: str, path: str, write_weights: Callable[[str], None]) -> None:
+    """Write the ``.keras`` archive ``path``: the members of the archive ``src`` copied in their
+    order, with their names, dates and compression (``config.json``, ``metadata.json``, assets,
+    streamed), its ``model.weights.h5`` replaced by the file ``write_weights(tmp)`` writes (under
+    ``path``'s name plus a suffix, removed afterwards)."""
+    weights_tmp = f"{path}.{KERAS_ZIP_WEIGHTS}"
+    try:
+        with zipfile.ZipFile(src) as zin, zipfile.ZipFile(path, "w") as zout:
+            for info in zin.infolist():
+                if info.filename == KERAS_ZIP_WEIGHTS:
+                    write_weights(weights_tmp)
+                    zout.write(weights_tmp, arcname=KERAS_ZIP_WEIGHTS, compress_type=info.compress_type)
+                    continue
+                with zin.open(info) as fin, zout.open(info, "w") as fout:
+                    shutil.copyfileobj(fin, fout, COPY_CHUNK)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(weights_tmp)
 
 
 # -- renames in the Keras layouts ----------------------------------------------------------
