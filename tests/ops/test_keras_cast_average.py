@@ -109,6 +109,35 @@ def test_cast_and_rename_together(tmp_path):
     assert names["optimizer/vars/0"] == "int64"
 
 
+def keras_zip_weights(path, tmp_path) -> dict[str, np.ndarray]:
+    import zipfile  # noqa: PLC0415
+
+    with zipfile.ZipFile(path) as z:
+        inner = tmp_path / f"{pathlib.Path(path).name}.weights.h5"
+        inner.write_bytes(z.read("model.weights.h5"))
+        return datasets(inner)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_keras_archive_is_cast_into_a_keras_archive(tmp_path, dtype):
+    import zipfile  # noqa: PLC0415
+
+    src = KERAS / "model.keras"
+    out = tmp_path / "half.keras"
+    report = ckptinspect.rewrite(src, out, cast=dtype)
+    before, after = keras_zip_weights(src, tmp_path), keras_zip_weights(out, tmp_path)
+    cast = {v.key for v in report.variables if v.new_dtype == dtype}
+    assert len(cast) == 10 and before.keys() == after.keys()
+    for key, value in before.items():
+        assert same_bits(after[key], value.astype(NUMPY[dtype]) if key in cast else value), key
+    with zipfile.ZipFile(src) as a, zipfile.ZipFile(out) as b:
+        assert a.namelist() == b.namelist()
+        for name in ("config.json", "metadata.json"):  # the config as it was
+            assert a.read(name) == b.read(name)
+    with pytest.raises(UsageError, match="rewritten with --cast only"):
+        ckptinspect.rewrite(src, tmp_path / "renamed.keras", rename=["^head/=out/"], cast=dtype)
+
+
 # -- average of legacy .h5 -------------------------------------------------------------------
 def expected_mean(files) -> dict[str, np.ndarray]:
     inputs = [datasets(f) for f in files]
@@ -149,9 +178,13 @@ import numpy as np, keras
 from ckptinspect.trainer import build_model
 out = {}
 for path, policy in json.loads(sys.argv[1]):
-    keras.mixed_precision.set_global_policy(policy)
-    model = build_model(0)
-    model.load_weights(path)
+    if policy == "load_model":  # a .keras archive: the model its config describes
+        keras.mixed_precision.set_global_policy("float32")
+        model = keras.models.load_model(path)
+    else:
+        keras.mixed_precision.set_global_policy(policy)
+        model = build_model(0)
+        model.load_weights(path)
     out[path + " " + policy] = [[w.path, str(w.dtype), np.asarray(w.numpy(), np.float64).tolist()] for w in model.weights]
 print(json.dumps(out))
 """
@@ -177,7 +210,7 @@ def run_loader(code: str, jobs) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.slow  # Keras 3 builds the model six times (~15 s)
+@pytest.mark.slow  # Keras 3 builds the model eight times (~20 s)
 def test_keras3_loads_the_cast_weights_under_any_policy(tmp_path):
     jobs, wants = [], {}
     for dtype in ("float16", "bfloat16"):
@@ -191,6 +224,11 @@ def test_keras3_loads_the_cast_weights_under_any_policy(tmp_path):
     ckptinspect.rewrite(KERAS / "model.h5", legacy, cast="float16")
     jobs.append((legacy, "float32"))
     wants[f"{legacy} float32"] = ("float32", None)
+    archive = tmp_path / "half.keras"
+    ckptinspect.rewrite(KERAS / "model.keras", archive, cast="float16")
+    jobs.append((archive, "load_model"))
+    wants[f"{archive} load_model"] = ("float32", {k: v for k, v in keras_zip_weights(archive, tmp_path).items()
+                                                  if not k.startswith("optimizer/")})
     got = run_loader(KERAS3_LOAD, jobs)
     for job, (dtype, cast) in wants.items():
         weights = got[job]

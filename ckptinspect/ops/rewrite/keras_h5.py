@@ -98,6 +98,44 @@ def rewrite_keras(ckpt: m.Checkpoint, out: str, plans: list, force: bool, protec
     return (out,), ckpt.format, 0, notes, None
 
 
+def rewrite_keras_zip(ckpt: m.Checkpoint, out: str, plans: list, force: bool, protected: list[str]):
+    """Write the ``.keras`` archive ``out``: the source's members copied, its weights cast (the
+    source's ``config.json`` as it was: ``keras.models.load_model`` builds the model with the dtype
+    policy saved there and converts the values to it).
+
+    Returns:
+        (files, output format, copied bytes, notes, None).
+
+    Raises:
+        UsageError: A rename or drop (the archive's names come from its config: write a
+            ``.weights.h5`` or ``.safetensors`` for those), or no cast.
+        VerificationError: The output does not read back as planned.
+    """
+    from ...formats import copy_h5, copy_keras_zip  # noqa: PLC0415 - the Keras writer (h5py)
+
+    if ckpt.format != m.FORMAT_KERAS_ZIP:
+        raise UsageError(f"{out}: a .keras output is written from a .keras source; {ckpt.path} is {ckpt.format}")
+    if any(p.dropped or p.new_name != p.var.name for p in plans):
+        raise UsageError(f"{ckpt.path}: a .keras archive is rewritten with --cast only (its names come from its"
+                         " config); for renames or drops write a .safetensors, or extract a .weights.h5 first")
+    cast = {p.var.key: p for p in plans if p.new_dtype != p.var.dtype}
+    if not cast:
+        raise UsageError(f"{ckpt.path}: nothing to rewrite: a .keras archive is rewritten with --cast")
+    values = {key: _cast_value(ckpt, p) for key, p in cast.items()}
+    src_h5 = ckpt.source.open_hdf5()
+    try:
+        with _atomic.atomic_file(out, force=force, kind=_atomic.KIND_ZIP, protected=protected) as tmp:
+            copy_keras_zip(ckpt.path, tmp, lambda weights: copy_h5(src_h5, weights, values=values))
+            _check(ckpt, tmp, plans)
+    finally:
+        src_h5.close()
+    dtype = sorted({p.new_dtype for p in cast.values()})[0]
+    notes = [f"keras.models.load_model(OUT) builds the model with the dtype policy its config names (as the"
+             f" source's) and converts the {dtype} values to it; or build the model and model.load_weights(OUT)",
+             _cast_note(dtype)]
+    return (out,), ckpt.format, 0, notes, None
+
+
 def _cast_value(ckpt: m.Checkpoint, plan: Any) -> Callable[[], np.ndarray]:
     """The cast value of one variable, read when it is written (one value in memory at a time)."""
     def value() -> np.ndarray:
