@@ -166,14 +166,12 @@ def _check_directory(dest: str, prefix: bool, protected: list[str]) -> None:
     if os.path.basename(dest) == STATE_FILE and not prefix:
         raise UsageError(f"{dest}: would be the checkpoint state file of {shown}, the source's directory; "
                          "write the output elsewhere")
-    name = os.path.basename(dest)
-    if real_dir in sources:
-        _check_file_series(dest, shown, name, prefix)
     if not prefix:
         return
     from .formats.tf.directory import PLACED_LATEST, PLACED_LISTED, placement  # noqa: PLC0415 - TF's resolution rule
 
-    placed = placement(shown, os.path.join(shown, name))
+    placed = placement(shown, os.path.join(shown, os.path.basename(dest)))
+    name = os.path.basename(dest)
     if placed == PLACED_LISTED:
         if os.path.lexists(dest + INDEX_SUFFIX):
             raise UsageError(f"{dest}: would replace {name}, a checkpoint the state file of {shown} (the source "
@@ -188,29 +186,6 @@ def _check_directory(dest: str, prefix: bool, protected: list[str]) -> None:
                          "output elsewhere")
     raise UsageError(f"{dest}: would replace a checkpoint of {shown}, the source directory, which resolves by its "
                      f"*{INDEX_SUFFIX} files (no '{STATE_FILE}' state file naming a checkpoint); write the output elsewhere")
-
-
-def _check_file_series(dest: str, shown: str, name: str, prefix: bool) -> None:
-    """Refuse an output that would change what ``shown``, a source directory of checkpoint files
-    (``ModelCheckpoint``, Lightning), resolves to: a TF prefix (the directory would become a TF
-    checkpoint directory), a file that would be the newest of the series or change its kind, or
-    one of its checkpoints."""
-    from .formats.series import file_series_latest, list_series  # noqa: PLC0415 - the series' one rule
-
-    latest = file_series_latest(shown)
-    if latest is None:
-        return
-    if prefix:
-        raise UsageError(f"{dest}: would add {name}{INDEX_SUFFIX} to {shown}, the source directory (a series of "
-                         "checkpoint files), and make it a TF checkpoint directory; write the output elsewhere")
-    if any(os.path.basename(c.path) == name for c in list_series(shown).checkpoints):
-        raise UsageError(f"{dest}: would replace a checkpoint of {shown}, the source directory (a series of "
-                         "checkpoint files); write the output elsewhere")
-    after = file_series_latest(shown, added=name)
-    if after != latest:
-        now = f"resolve to {name}" if after is not None else "no longer a series"
-        raise UsageError(f"{dest}: would make {shown}, the source directory (a series of checkpoint files), {now}"
-                         f" instead of {os.path.basename(latest)}; write the output elsewhere")
 
 
 def _describe(path: str, st: os.stat_result) -> str:

@@ -23,7 +23,6 @@ from click.testing import CliRunner
 
 from catalogue import FIXTURES, KERAS, RUN, _copy_prefix
 from ckptinspect.cli import app
-from ckptinspect.errors import UsageError
 
 tf = pytest.importorskip("tensorflow")
 h5py = pytest.importorskip("h5py")
@@ -146,31 +145,11 @@ def existing_checkpoint_in_unmanaged_source_directory(tmp):
         f"Error: {d}/ckpt-4: would replace a checkpoint of {d}, the source directory, which resolves by its *.index files"]
 
 
-def keras_series(tmp):
-    d = tmp / "weights"
-    shutil.copytree(SERIES / "keras3_weights", d)  # ModelCheckpoint's weights.01-03.weights.h5: resolves to 03
-    return d
-
-
 def prefix_into_keras_series_directory(tmp):
-    d = keras_series(tmp)  # an *.index would make it a TF directory
+    d = tmp / "weights"
+    shutil.copytree(SERIES / "keras3_weights", d)  # a Keras file series: an *.index would make it a TF directory
     return ["extract", str(d), "-o", str(d / "model")], [
-        f"Error: {d}/model: would add model.index to {d}, the source directory (a series of checkpoint files), and "
-        "make it a TF checkpoint directory"]
-
-
-def newer_file_into_keras_series_directory(tmp):
-    d = keras_series(tmp)
-    return ["extract", str(d), "-o", str(d / "weights.09.weights.h5")], [
-        f"Error: {d}/weights.09.weights.h5: would make {d}, the source directory (a series of checkpoint files), "
-        "resolve to weights.09.weights.h5 instead of weights.03.weights.h5"]
-
-
-def member_of_keras_series_directory(tmp):
-    d = keras_series(tmp)
-    return ["extract", str(d), "-o", str(d / "weights.01.weights.h5"), "--force"], [
-        f"Error: {d}/weights.01.weights.h5: would replace a checkpoint of {d}, the source directory (a series of "
-        "checkpoint files)"]
+        f"Error: {d}/model: would add model.index to {d}, the source directory, and make it resolve to model"]
 
 
 def index_not_an_index(tmp):
@@ -265,7 +244,6 @@ REFUSALS = [
     new_index_in_source_directory_other_spelling, existing_checkpoint_in_source_directory,
     listed_checkpoint_beside_source_prefix, missing_listed_checkpoint_beside_source_prefix,
     existing_checkpoint_in_unmanaged_source_directory, prefix_into_keras_series_directory,
-    newer_file_into_keras_series_directory, member_of_keras_series_directory,
     index_not_an_index, index_is_a_directory, index_is_a_symlink,
     npz_is_text, npz_is_hdf5, npz_is_keras_zip, weights_h5_is_zip, h5_is_text, weights_h5_is_a_symlink,
     format_option_existing_other_kind, transplant_plain_file_at_prefix, transplant_state_file,
@@ -339,13 +317,7 @@ def into_a_savedmodel_variables_directory(tmp):
     return tmp / "sm", [["extract", str(tmp / "sm"), "-o", str(tmp / "sm" / "variables" / "slim")]]
 
 
-def beside_a_keras_series(tmp):
-    d = keras_series(tmp)  # an unnumbered file is not part of the series; an older number is not its newest
-    return d, [["extract", str(d), "-o", str(d / "slim.weights.h5")],
-               ["extract", str(d), "-o", str(d / "weights.00.weights.h5")]]
-
-
-WRITES = [beside_a_keras_series, ship_directory, beside_a_listed_prefix, into_a_managed_source_directory,
+WRITES = [ship_directory, beside_a_listed_prefix, into_a_managed_source_directory,
           older_number_into_an_unmanaged_source_directory, into_a_savedmodel_variables_directory]
 
 
@@ -357,23 +329,9 @@ def test_an_output_beside_its_source_is_written_when_nothing_resolves_elsewhere(
         result = runner.invoke(app, argv)
         assert result.exit_code == 0, result.output
         out = pathlib.Path(argv[argv.index("-o") + 1])
-        assert out.suffix == ".h5" or (out.parent / (out.name + ".index")).is_file()
+        assert (out.parent / (out.name + ".index")).is_file()
         assert resolved(out) == str(out)  # a checkpoint, readable
     assert resolved(source) == before  # the source still names the same checkpoint
-
-
-def test_a_file_that_would_end_a_file_series_is_refused(tmp_path):
-    """A Keras file beside Lightning's files: the folder would be read as Keras files, none of them
-    numbered, and be no series at all."""
-    from ckptinspect import _atomic
-
-    d = tmp_path / "lightning"
-    shutil.copytree(SERIES / "lightning", d)
-    with pytest.raises(UsageError, match=f"would make {d}, the source directory .*, no longer a series instead of "
-                                         "epoch=1-step=8.ckpt"):
-        _atomic.check_output(str(d / "model.h5"), protected=[str(d)])
-    assert _atomic.check_output(str(d / "model.safetensors"), protected=[str(d)]) == []  # not a series file
-    assert _atomic.check_output(str(d / "best.ckpt"), protected=[str(d)]) == []  # unnumbered: not in the series
 
 
 # -- what --force does replace -------------------------------------------------------------
