@@ -38,7 +38,6 @@ __all__ = [
     "NameNumbers",
     "name_numbers",
     "file_series_kind",
-    "file_series_latest",
     "list_series",
     "open_series",
     "series_fingerprint",
@@ -107,16 +106,13 @@ def name_numbers(path: str) -> NameNumbers:
     return NameNumbers(number=int(tokens[0])) if tokens else NameNumbers()
 
 
-def _checkpoint_files(directory: str, added: str | None = None) -> tuple[str | None, list[str]]:
+def _checkpoint_files(directory: str) -> tuple[str | None, list[str]]:
     """The file-series kind of a directory and its checkpoint files (sorted names), or (None, [])
-    for a directory holding TF checkpoint files or no checkpoint files; with ``added``, as if a
-    regular file of that name were there too."""
+    for a directory holding TF checkpoint files or no checkpoint files."""
     try:
         names = _fs.listdir(directory)
     except (OSError, CkptError):
         return None, []
-    if added is not None and added not in names:
-        names = [*names, added]
     if len(names) > MAX_SERIES_FILES:
         return None, []
     present = set(names)
@@ -124,17 +120,17 @@ def _checkpoint_files(directory: str, added: str | None = None) -> tuple[str | N
         return None, []
     for kind, suffixes in FILE_SERIES_SUFFIXES.items():
         files = sorted(n for n in names if n.endswith(suffixes) and not n.startswith("."))
-        files = [n for n in files if n == added or _fs.is_regular(_fs.join(directory, n))]
+        files = [n for n in files if _fs.is_regular(_fs.join(directory, n))]
         if files:
             return kind, files
     return None, []
 
 
-def _series_files(directory: str, added: str | None = None) -> tuple[str | None, list[str]]:
+def _series_files(directory: str) -> tuple[str | None, list[str]]:
     """The file-series kind and checkpoint files of a directory that is a file series (at least
     one file carries an epoch or step in its name), or (None, []): the one test of what a file
-    series is, for detection, listing and fingerprints alike (``added``: see :func:`_checkpoint_files`)."""
-    kind, files = _checkpoint_files(directory, added)
+    series is, for detection, listing and fingerprints alike."""
+    kind, files = _checkpoint_files(directory)
     if kind is None or not any(name_numbers(n).order is not None for n in files):
         return None, []
     return kind, files
@@ -144,14 +140,6 @@ def file_series_kind(directory: str) -> str | None:
     """:data:`SERIES_KERAS` or :data:`SERIES_TORCH` for a directory of checkpoint files at least one
     of which carries an epoch or step in its name; None otherwise (TF directories included)."""
     return _series_files(directory)[0]
-
-
-def file_series_latest(directory: str, added: str | None = None) -> str | None:
-    """The file a directory of checkpoint files resolves to (the newest of its series), or None
-    when it is no file series; with ``added`` (a file name), what it would resolve to once a file
-    of that name is written there (an output beside its source must not change it)."""
-    kind, files = _series_files(directory, added)
-    return None if kind is None else _list_files(directory, kind, files).latest
 
 
 def _list_files(directory: str, kind: str, files: list[str]) -> DirectoryListing:
