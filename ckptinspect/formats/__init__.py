@@ -28,6 +28,7 @@ from ..errors import CheckpointNotFoundError, NotACheckpointError
 from . import _catalog, _fs, _registry  # noqa: F401 - importing _catalog registers the built-in formats
 from ._layout import DATA_FILE_RE, INDEX_SUFFIX, STATE_FILE
 from ._readcheck import Check, Opened, ReadCheck
+from ._step import apply_step_rule
 from .outputs import (  # the one vocabulary of output kinds (standard library only)
     FORMAT_OF,
     OUTPUT_KINDS,
@@ -221,8 +222,10 @@ def spec_of(path: str) -> FormatSpec:
 
 
 def _opener(spec: FormatSpec):
-    """The opening function of a kind (the spec registered first for it carries it)."""
-    return _registry.resolve(_registry.spec_for(spec.kind).open)
+    """The opening function of a kind (the spec registered first for it carries it), its
+    checkpoint's step decided by the one step rule (:func:`~ckptinspect.formats._step.apply_step_rule`)."""
+    open_ = _registry.resolve(_registry.spec_for(spec.kind).open)
+    return lambda target: apply_step_rule(open_(target))
 
 
 def open_checkpoint(path: str) -> m.Checkpoint:
@@ -329,6 +332,7 @@ _LAZY_NAMES = {
     "legacy_h5_renames": ("keras.write", "legacy_h5_renames"),
     "update_h5_copy": ("keras.write", "update_h5_copy"),
     "row_block_elements": ("keras.write", "row_block_elements"),
+    "safetensors_run_metadata": ("safetensors.file", "run_metadata"),
     "npy_array": ("npz", "npy_array"),
     "write_npz": ("npz", "write_npz"),
     "read_npz": ("npz", "read_npz"),

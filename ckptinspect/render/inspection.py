@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import model as m
 from ._core import (
     AUTO,
     Column,
@@ -112,10 +113,19 @@ def _clip(text: str) -> str:
     return text if len(text) <= INFO_CLIP else text[: INFO_CLIP - 3] + "..."
 
 
+def _step_field(ckpt) -> str:
+    """The training step with its source, and the checkpoint's number as what it is:
+    ``9360 (from optimizer:optimizer/iter); checkpoint 7``, ``- (no step variable; epoch 3)``."""
+    number = m.place_in_run(None, ckpt.number, ckpt.number_source)
+    if ckpt.step is not None:
+        return f"{ckpt.step} (from {ckpt.step_source})" + (f"; {number}" if number else "")
+    return f"- (no step variable; {number})" if number else "-"
+
+
 def _header_fields(ckpt) -> list[tuple[str, Any]]:
     """The header's ``label: value`` lines: path, format, step, shards, totals, then what the
     format knows (model, optimizer, Keras version, save date, unallocated datasets, metadata, ties)."""
-    step = "-" if ckpt.step is None else f"{ckpt.step} (from {ckpt.step_source})"
+    step = _step_field(ckpt)
     totals = ckpt.totals()
     info = ckpt.info
     fields = [
@@ -155,12 +165,13 @@ def _checkpoint_lines(ckpt, width: int | None) -> list[str]:
     if not ckpt.checkpoints:
         return []
     return ["", "checkpoints:", *_table_lines(
-        ["", "prefix", "step", "saved", "exists", "in state file"],
+        ["", "prefix", "step", "number", "saved", "exists", "in state file"],
         [
             [
                 "*" if c.latest else "",
                 c.path,
                 "-" if c.step is None else c.step,
+                "-" if c.number is None else c.number,
                 _fmt_time(c.timestamp),
                 "yes" if c.exists else "MISSING",
                 "yes" if c.in_state_file else "no",
@@ -299,9 +310,10 @@ def verify_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
 
     header += ["", "checkpoints:"]
     header += _table_lines(
-        ["", "checkpoint", "step", "status", "tensors", "checked", "damaged", "problem"],
+        ["", "checkpoint", "step", "number", "status", "tensors", "checked", "damaged", "problem"],
         [
-            ["*" if c.latest else "", c.path, "-" if c.step is None else c.step, c.status, c.tensors,
+            ["*" if c.latest else "", c.path, "-" if c.step is None else c.step,
+             "-" if c.number is None else c.number, c.status, c.tensors,
              human_bytes(c.nbytes), len(c.damaged), problem_cell(c)]
             for c in report.checkpoints
         ],

@@ -10,6 +10,7 @@ import io
 import math
 from typing import Any
 
+from .. import model as m
 from ._core import (
     AUTO,
     OutputFormat,
@@ -29,7 +30,7 @@ PLOT_DPI = 100
 PLAIN_TICK_DECADES = 2.0  # a log axis spanning up to this many decades gets plain tick labels
 TAB10_RED = 3  # the palette's red, kept for NaN/Inf
 NO_CHANGE = " (no change)"  # a legend label's mark: a layer whose relative change is 0 throughout
-SCAN_CSV_COLUMNS = ["step", "path", "status", "name", "layer", "role", "shape", "dtype", "norm", "nan", "inf",
+SCAN_CSV_COLUMNS = ["step", "number", "path", "status", "name", "layer", "role", "shape", "dtype", "norm", "nan", "inf",
                     "max_abs_change", "rel_change", "cosine"]
 MAX_HEALTH_SHOWN = 20  # health lines shown in a table (JSON lists them all)
 
@@ -40,6 +41,19 @@ class PlotUnavailable(RuntimeError):
 
 def _step_text(step: Any) -> str:
     return "-" if step is None else str(step)
+
+
+def _place(s) -> str:
+    """A checkpoint's place in the run for the step column: its training step, else its number
+    as what it is (``epoch 3``, ``checkpoint 7``), else ``-``."""
+    if s.step is not None:
+        return str(s.step)
+    return m.place_in_run(None, s.number, s.number_source) or "-"
+
+
+def _at(s) -> str:
+    """``step 24``, ``epoch 3``... for sentences; ``step -`` when nothing places it."""
+    return m.place_in_run(s.step, s.number, s.number_source) or "step -"
 
 
 def _total(step) -> tuple[float | None, int, int]:
@@ -67,7 +81,7 @@ def scan_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
     the report's document.
     """
     if fmt == OutputFormat.csv:
-        rows = [{"step": s.step, "path": s.path, "status": s.status, **v.to_dict(), "shape": fmt_shape(v.shape)}
+        rows = [{"step": s.step, "number": s.number, "path": s.path, "status": s.status, **v.to_dict(), "shape": fmt_shape(v.shape)}
                 for s in report.steps for v in s.variables]
         return render(fmt, doc={}, rows=rows, columns=[(k, k) for k in SCAN_CSV_COLUMNS])
     if fmt != OutputFormat.table:  # json: the document only (no rows built)
@@ -81,7 +95,7 @@ def scan_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
     else:
         parts = []
         if first is not None:
-            parts.append(f"non-finite values from step {_step_text(first.step)}")
+            parts.append(f"non-finite values from {_at(first)}")
         if report.health:
             parts.append(f"{len(report.health)} health problem{'s' if len(report.health) != 1 else ''}")
         verdict = "UNHEALTHY: " + ", ".join(parts)
@@ -90,12 +104,12 @@ def scan_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
     if first is not None:
         names = first.nonfinite
         shown = ", ".join(names[:5]) + (f" (+{len(names) - 5} more)" if len(names) > 5 else "")
-        header.append(f"first non-finite: step {_step_text(first.step)} ({first.path}): {shown}")
+        header.append(f"first non-finite: {_at(first)} ({first.path}): {shown}")
     table_rows = []
     for s in report.steps:
         norm, nan, inf = _total(s)
         layer, rel = _widest_change(s)
-        table_rows.append([_step_text(s.step), s.path, s.status, fmt_float(norm), layer, fmt_float(rel),
+        table_rows.append([_place(s), s.path, s.status, fmt_float(norm), layer, fmt_float(rel),
                            nan, inf])
     lines = list(fit_lines(header, width)) + ["", "steps:"]
     lines += _table_lines(["step", "checkpoint", "status", "norm", "most changed layer", "rel change", "nan", "inf"],
@@ -112,13 +126,26 @@ def scan_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _layer_series(report) -> tuple[list[str], dict[str, list[tuple[float, float, float | None]]]]:
-    """Per layer, (x, norm, rel change) over the steps (x: the step, or the position)."""
+def _x_axis(report) -> tuple[list[float], str]:
+    """Each checkpoint's x and the axis' label (the rule every command places checkpoints by,
+    :func:`~ckptinspect.model.run_positions`): training steps, else the numbers in the names,
+    else positions."""
+    positions, axis = m.run_positions([s.step for s in report.steps], [s.number for s in report.steps])
+    if axis is None:
+        return [float(i) for i in range(len(report.steps))], "checkpoint (in order)"
+    if axis == "step":
+        return [float(x) for x in positions], "step"
+    kinds = {(s.number_source or "").partition(":")[2] for s in report.steps}
+    label = {"checkpoint": "checkpoint number", "epoch": "epoch", "step": "step (from the names)"}.get(
+        kinds.pop() if len(kinds) == 1 else "", "number in the name")
+    return [float(x) for x in positions], label
+
+
+def _layer_series(report) -> tuple[list[float], dict[str, list[tuple[float, float, float | None]]]]:
+    """Per layer, (x, norm, rel change) over the checkpoints (x: :func:`_x_axis`)."""
     out: dict[str, list[tuple[float, float, float | None]]] = {}
-    xs = []
-    for i, s in enumerate(report.steps):
-        x = float(s.step) if s.step is not None else float(i)
-        xs.append(x)
+    xs, _ = _x_axis(report)
+    for x, s in zip(xs, report.steps):
         for layer in s.layers:
             out.setdefault(layer.layer or "(top)", []).append((x, layer.figures.norm, layer.figures.rel_change))
     return xs, out
@@ -194,7 +221,7 @@ def scan_figure(report) -> Any:
     from matplotlib.lines import Line2D  # noqa: PLC0415
     from matplotlib.ticker import MaxNLocator  # noqa: PLC0415
 
-    _, layers = _layer_series(report)
+    xs, layers = _layer_series(report)
 
     def peak(points) -> float:
         rels = [r for _, _, r in points if r is not None and math.isfinite(r)]
@@ -229,7 +256,7 @@ def scan_figure(report) -> Any:
     ax_rel.set_yscale("log")
     ax_norm.set_ylabel("L2 norm")
     ax_rel.set_ylabel("relative change ||w - w_prev|| / ||w_prev||")
-    ax_rel.set_xlabel("step")
+    ax_rel.set_xlabel(_x_axis(report)[1])
     ax_rel.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers: no 2.5
     for ax, values in drawn.items():
         _plain_log_ticks(ax, values)
@@ -238,19 +265,20 @@ def scan_figure(report) -> Any:
                       + (f" ({others} more in grey)" if others > 0 else ""))
     first = report.first_nonfinite
     if first is not None:
-        x = float(first.step) if first.step is not None else float(report.steps.index(first))
+        x = xs[report.steps.index(first)]
         line = dict(color="red", linestyle="--", linewidth=1.5)
         for ax in (ax_norm, ax_rel):
             ax.axvline(x, **line)
-        labelled.append((f"first NaN/Inf: step {_step_text(first.step)}", Line2D([], [], **line)))
+        labelled.append((f"first NaN/Inf: {_at(first)}", Line2D([], [], **line)))
     bad = [(x, name) for name, pts in layers.items() for x, n, _ in pts if not math.isfinite(n)]
     if bad:  # a layer whose values are non-finite has no norm to draw: a red x at the top of the panel
         marks = ax_norm.scatter([x for x, _ in bad], [0.97] * len(bad), transform=ax_norm.get_xaxis_transform(),
                                 marker="x", color="red", zorder=5)
         labelled.append((f"NaN/Inf ({len({n for _, n in bad})} layers)", marks))
     for d in report.drift:
-        if d.kind == "jumped" and d.step is not None and d.rel_change:
-            ax_rel.annotate("jump", xy=(float(d.step), d.rel_change), xytext=(0, 8), textcoords="offset points",
+        at = next((x for x, s in zip(xs, report.steps) if s.path == d.path), None)
+        if d.kind == "jumped" and at is not None and d.rel_change:
+            ax_rel.annotate("jump", xy=(at, d.rel_change), xytext=(0, 8), textcoords="offset points",
                             ha="center", color="darkred", fontsize=8)
     if labelled:
         ax_norm.legend([h for _, h in labelled], [label for label, _ in labelled], loc="upper left",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import model as m
 from ._core import (
     AUTO,
     Column,
@@ -243,7 +244,7 @@ def average_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
     header = [f"inputs:   {len(report.inputs)}, {method} in float64, oldest first"]
     newest = "  <- newest: integers, strings, metadata" + (", object graph" if report.object_graph else "")
     for i in report.inputs:
-        step = "step ?" if i.step is None else f"step {i.step}"
+        step = m.place_in_run(i.step, i.number, i.number_source) or "step ?"
         header.append(f"          {i.path} ({step}){newest if i.newest else ''}")
     header += [
         f"output:   {report.output} ({report.num_shards} data shard{'s' if report.num_shards != 1 else ''}"

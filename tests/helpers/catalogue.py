@@ -229,7 +229,7 @@ BASE_CASES = [
         "extract": (2, f"Error: {{p}}.data-00000-of-00001: '{FLIPPED_KEY}': checksum does not match: the bytes have crc32c 0x"),
     }),
     Case("state-names-deleted", state_names_deleted, {
-        "ls": (0, "path:    {p}/ckpt-6 … {p}/ckpt-8  8 … MISSING"),
+        "ls": (0, "path:    {p}/ckpt-6 … {p}/ckpt-8  -       8 … MISSING"),
         "verify": (1, "INCOMPLETE: 0 damaged, 2 missing of 3 checkpoints"),
     }),
     Case("state-names-only-deleted", state_names_only_deleted, {

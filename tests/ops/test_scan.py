@@ -92,7 +92,7 @@ def test_nan_onset_exact_step_and_variable(nan_run):
     result = invoke("scan", nan_run, "--format", "json")
     assert result.exit_code == 1, result.output
     doc = json.loads(result.stdout)
-    assert doc["first_nonfinite"] == {"step": NAN_STEP, "path": str(nan_run / f"ckpt-{NAN_STEP}"),
+    assert doc["first_nonfinite"] == {"step": NAN_STEP, "number": NAN_STEP, "path": str(nan_run / f"ckpt-{NAN_STEP}"),
                                       "variables": [NAN_VARIABLE]}
     assert [s["step"] for s in doc["steps"]] == list(STEPS)
     assert doc["health"] == []
@@ -168,7 +168,7 @@ def test_role_filter_and_csv(tmp_path):
     result = invoke("scan", RUN, "--role", "model", "--format", "csv")
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("step,path,status,name,layer,role")
+    assert lines[0].startswith("step,number,path,status,name,layer,role")
     assert len(lines) == 1 + 3 * 10 and all(",model," in line for line in lines[1:])
     assert invoke("scan", RUN, "--role", "nonsense").exit_code == 2
 
@@ -247,7 +247,8 @@ def test_keras_model_checkpoint_series(tmp_path):
               callbacks=[keras.callbacks.ModelCheckpoint(pattern, save_weights_only=True)])
     report = ckptinspect.scan(str(tmp_path))
     assert report.series == "keras-files" and report.healthy
-    assert [s.step for s in report.steps] == [1, 2, 3]
+    # the step is the optimizer's iterations (4 batches an epoch); the epoch is the name's number
+    assert [(s.step, s.number) for s in report.steps] == [(4, 1), (8, 2), (12, 3)]
     weights = []
     for s in report.steps:  # Keras 3 stores layer L's j-th weight as L/vars/j
         model.load_weights(s.path)
@@ -429,7 +430,8 @@ def test_missing_data_shard_is_verify_damage(tmp_path):
     shutil.copytree(RUN, d)
     os.remove(d / "ckpt-6.data-00000-of-00001")
     report = ckptinspect.scan(str(d))
-    assert [(s.step, s.status) for s in report.steps] == [(4, "intact"), (6, "damaged"), (8, "intact")]
+    # the damaged one does not open: no step read from it; the number in its name places it
+    assert [(s.number, s.status) for s in report.steps] == [(4, "intact"), (6, "damaged"), (8, "intact")]
     (problem,) = report.health
     assert problem.kind == "damaged" and problem.path == str(d / "ckpt-6")
     assert "data shard is missing" in problem.problem

@@ -26,6 +26,7 @@ from ...errors import (
     NotACheckpointError,
 )
 from .. import _fs
+from .._step import training_step
 from . import data as tf_data
 from .index import OBJECT_GRAPH_KEY, BundleIndex, IndexEntry, fits_tensorflow, read_index
 from .variables import (
@@ -33,7 +34,6 @@ from .variables import (
     build_variables,
     key_name,
     step_candidates,
-    step_from_name,
     unreadable_entries,
 )
 from .._layout import INDEX_SUFFIX, data_path
@@ -452,8 +452,7 @@ def open_bundle(
     index = read_index(prefix)
     variables, info = build_variables(prefix, index)
     candidates = step_candidates(prefix, index, variables)
-    source = next(iter(candidates), None)
-    step = candidates[source] if source else None
+    step, source = training_step(candidates)
     if candidates:
         info["step_candidates"] = candidates
     if extra_info:
@@ -481,7 +480,7 @@ def check_bundle(prefix: str, *, format: str = m.FORMAT_TF_BUNDLE) -> tf_data.Bu
     Raises:
         CheckpointNotFoundError: The index (or a data shard) exists but cannot be read.
     """
-    step = step_from_name(prefix)
+    step = None  # the training step, from the variables (the step rule), when the index reads
     try:
         index = read_index(prefix)
     except CorruptCheckpointError as e:
@@ -489,8 +488,7 @@ def check_bundle(prefix: str, *, format: str = m.FORMAT_TF_BUNDLE) -> tf_data.Bu
     try:
         variables, _ = build_variables(prefix, index)
         names = {v.key: v.name for v in variables}
-        candidates = step_candidates(prefix, index, variables)
-        step = next(iter(candidates.values()), step)
+        step, _ = training_step(step_candidates(prefix, index, variables))
     except (CkptError, MalformedError, OSError):
         names = {}
     return tf_data.plan_check(prefix, index, names, format=format, step=step,

@@ -275,30 +275,28 @@ def _order(prefix: str, mtime: float) -> tuple[bool, int, float]:
 
 
 def checkpoint_step(prefix: str, *, from_index: bool = True) -> int | None:
-    """The step of one checkpoint, as ``ls`` shows it in its header.
-
-    For a bundle whose index is small (:data:`MAX_STEP_INDEX_BYTES`), the step its variables
-    record (``step``/``global_step``, else its name's number, else optimizer iterations),
-    exactly as :func:`~ckptinspect.formats.tf.bundle.open_bundle` finds it; otherwise, or when
-    the index cannot be read, the number at the end of its name.
+    """The training step of one checkpoint, as ``ls`` shows it in its header (the step rule:
+    a step variable, else the optimizer's iterations), for a bundle whose index is small
+    (:data:`MAX_STEP_INDEX_BYTES`); None when it has none, when the index is larger or cannot
+    be read, or when ``from_index`` is False. The number in its name is the listing's
+    :attr:`~ckptinspect.model.RetainedCheckpoint.number`, not a step.
 
     Args:
         prefix: A bundle prefix or V1 file.
-        from_index: Read the index (False: the name only).
+        from_index: Read the index (False: no step).
     """
-    named = step_from_name(prefix)
     if not from_index:
-        return named
+        return None
     index = prefix + INDEX_SUFFIX
     try:
         if not _fs.is_remote(prefix) and (not _fs.is_regular(index) or _fs.getsize(index) > MAX_STEP_INDEX_BYTES):
-            return named
+            return None
         from .bundle import open_bundle  # noqa: PLC0415
 
         with open_bundle(prefix) as ckpt:
-            return ckpt.step if ckpt.step is not None else named
+            return ckpt.step
     except (CkptError, OSError):
-        return named
+        return None
 
 
 def read_directory(directory: str, *, steps: bool = True) -> DirectoryListing:
@@ -314,7 +312,7 @@ def read_directory(directory: str, *, steps: bool = True) -> DirectoryListing:
     Args:
         directory: The checkpoint directory.
         steps: Read each checkpoint's step from its index when cheap (see
-            :func:`checkpoint_step`); False takes steps from names only.
+            :func:`checkpoint_step`); False: none (the number in each name is read either way).
     """
     state, problems = _read_state(directory)
     state_path = _fs.join(directory, STATE_FILE)
@@ -366,6 +364,7 @@ def read_directory(directory: str, *, steps: bool = True) -> DirectoryListing:
             exists=_exists(p),
             in_state_file=in_state,
             latest=p == latest,
+            number=step_from_name(p),
         )
         for p, stamp, in_state in entries
     )

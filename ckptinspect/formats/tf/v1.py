@@ -16,7 +16,7 @@ from ...errors import CkptError, CorruptCheckpointError
 from .. import _fs
 from .._readcheck import Check
 from .index import IndexEntry, parse_shape
-from .variables import step_from_name, tf1_role
+from .variables import tf1_role
 from .sstable import iter_table
 from .wire import MalformedError, first, parse_message
 from .data import DTYPE_NAMES
@@ -139,13 +139,10 @@ def open_v1(path: str, *, checkpoints: tuple[m.RetainedCheckpoint, ...] = ()) ->
             )
     except MalformedError as e:
         raise CorruptCheckpointError(f"{path}: not a valid V1 checkpoint: {e}") from None
-    step = step_from_name(path)
     return m.Checkpoint(
         path=path,
         format=m.FORMAT_TF_V1,
         variables=tuple(sorted(variables, key=lambda v: v.key)),
-        step=step,
-        step_source="filename" if step is not None else None,
         num_shards=1,
         checkpoints=checkpoints,
         info={"kind": "tf1-name"},
@@ -155,7 +152,7 @@ def open_v1(path: str, *, checkpoints: tuple[m.RetainedCheckpoint, ...] = ()) ->
 
 def check_v1(path: str) -> m.CheckResult:
     """Verify a V1 table checkpoint: every block's checksum (its tensors live in the blocks)."""
-    step = step_from_name(path)
+    step = None  # its name's number is the checkpoint's, not a training step
     try:
         count = 0
         for _ in iter_v1_table(path, check_crc=True):  # one block at a time

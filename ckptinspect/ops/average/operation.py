@@ -114,8 +114,9 @@ def _retained(directory: str, last: int) -> list[str]:
         raise UsageError(f"{directory}: holds TF V1 checkpoint files; average reads TF bundles (.index + .data)")
     present = [c for c in listing.checkpoints if c.exists]
     retained = [c for c in present if c.in_state_file] or present
-    if all(c.step is not None for c in retained):
-        retained = sorted(retained, key=lambda c: c.step)
+    positions, axis = m.run_positions([c.step for c in retained], [c.number for c in retained])
+    if axis is not None:
+        retained = [c for _, _, c in sorted(zip(positions, range(len(retained)), retained))]
     if len(retained) < last:
         raise UsageError(
             f"{directory}: retains {len(retained)} checkpoint{'s' if len(retained) != 1 else ''}; --last asks for {last}"
@@ -168,7 +169,8 @@ def _refuse_repeats(paths: Sequence[str], ckpts: Sequence[m.Checkpoint]) -> None
 
 
 def _describe(ckpt: m.Checkpoint) -> str:
-    return f"{ckpt.path} (step {ckpt.step})" if ckpt.step is not None else ckpt.path
+    place = m.place_in_run(ckpt.step, ckpt.number, ckpt.number_source)
+    return f"{ckpt.path} ({place})" if place else ckpt.path
 
 
 def _check_readable(ckpt: m.Checkpoint) -> None:
@@ -496,14 +498,17 @@ def average(
             _check_readable(ckpts[-1])
         _refuse_repeats(paths, ckpts)
         notes: list[str] = []
-        if all(c.step is not None for c in ckpts):
-            order = sorted(range(len(ckpts)), key=lambda i: ckpts[i].step)
-            ckpts = [ckpts[i] for i in order]
-        else:
-            notes.append("a step is unknown: inputs taken in the order given, the last one as the newest")
+        positions, axis = m.run_positions([c.step for c in ckpts], [c.number for c in ckpts])
+        if axis is not None:
+            ckpts = [c for _, _, c in sorted(zip(positions, range(len(ckpts)), ckpts))]
+        if axis != "step":
+            notes.append("a step is unknown: inputs taken "
+                         + ("in the order of the numbers in their names" if axis else "in the order given")
+                         + ", the last one as the newest")
         _refuse_disagreements(ckpts)
         protected = [*sources, *(c.path for c in ckpts), *(f for c in ckpts for f in c.files())]
-        inputs = tuple(AverageInput(c.path, c.step, newest=i == len(ckpts) - 1) for i, c in enumerate(ckpts))
+        inputs = tuple(AverageInput(c.path, c.step, newest=i == len(ckpts) - 1, number=c.number,
+                                    number_source=c.number_source) for i, c in enumerate(ckpts))
         method = METHOD_MEAN if ema is None else METHOD_EMA
         decay = None if ema is None else float(ema)
         kind = output_kind(out)

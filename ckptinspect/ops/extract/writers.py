@@ -22,6 +22,7 @@ from ...formats import (
     numpy_view,
     open_checkpoint,
     restore_tensor,
+    safetensors_run_metadata,
     write_safetensors,
 )
 from ..bit_equality import bit_equal
@@ -234,9 +235,7 @@ def write_safetensors_output(
     ]
     verifier = Verifier(progress, len(kept_vars))
     read = _value_reader(ckpt)
-    metadata = {"source": ckpt.path, "format": "pt"}
-    if ckpt.step is not None:
-        metadata["step"] = str(ckpt.step)
+    metadata = {"source": ckpt.path, "format": "pt", **safetensors_run_metadata(ckpt)}
     extra = extra_metadata(names) if extra_metadata is not None else {}
     metadata.update(extra)
 
