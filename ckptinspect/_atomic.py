@@ -170,8 +170,8 @@ def _check_directory(dest: str, prefix: bool, protected: list[str]) -> None:
         return
     from .formats.tf.directory import PLACED_LATEST, PLACED_LISTED, placement  # noqa: PLC0415 - TF's resolution rule
 
-    placed = placement(shown, os.path.join(shown, os.path.basename(dest)))
     name = os.path.basename(dest)
+    placed = placement(shown, os.path.join(shown, name))
     if placed == PLACED_LISTED:
         if os.path.lexists(dest + INDEX_SUFFIX):
             raise UsageError(f"{dest}: would replace {name}, a checkpoint the state file of {shown} (the source "

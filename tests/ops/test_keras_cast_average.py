@@ -275,3 +275,15 @@ def test_tf_keras_loads_the_cast_and_the_averaged_files(tmp_path):
     mean = [np.mean([a, b], axis=0, dtype=np.float64).astype(np.float32)
             for a, b in zip(*(model_values(f) for f in TFKERAS_WEIGHTS))]
     assert flat(model_values(avg_weights)) == flat(mean)
+
+
+def test_average_last_of_a_tf_keras_modelcheckpoint_folder(tmp_path):
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from ckptinspect.cli import app  # noqa: PLC0415
+
+    out = tmp_path / "avg.h5"
+    result = CliRunner().invoke(app, ["average", "--last", "2", str(SERIES / "tfkeras_models"), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    got, want = datasets(out), expected_mean(TFKERAS_MODELS)
+    assert got.keys() == want.keys() and all(same_bits(got[k], want[k]) for k in want)

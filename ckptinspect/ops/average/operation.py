@@ -463,7 +463,8 @@ def average(
     Args:
         sources: The checkpoints (TF prefixes, ``.index`` files, directories resolving to
             one), or with ``last`` one checkpoint directory.
-        out: The output prefix (no suffix, ``.ckpt`` or ``.ckpt-N``).
+        out: The output prefix (no suffix, ``.ckpt`` or ``.ckpt-N``); a ``.weights.h5`` for Keras 3
+            ``.weights.h5`` inputs, a ``.h5`` for legacy ``.h5`` inputs.
         last: Average the newest ``last`` checkpoints the directory ``sources`` retains.
         ema: An exponential moving average with this decay (0 to 1) in step order instead of
             the arithmetic mean (see the module's documentation for the exact formulas).
@@ -476,8 +477,8 @@ def average(
         The :class:`AverageReport`.
 
     Raises:
-        UsageError: Bad arguments, inputs that are not TF bundles, or inputs that disagree on
-            keys, shapes, dtypes or slicing (one error listing them).
+        UsageError: Bad arguments, inputs that are neither TF bundles nor Keras HDF5 files, or
+            inputs that disagree on keys, shapes, dtypes or slicing (one error listing them).
         OutputExistsError: ``out`` exists and ``force`` is not set.
         CheckpointNotFoundError, NotACheckpointError, CorruptCheckpointError: Bad inputs.
         VerificationError: The output did not read back as computed (nothing is left behind).
