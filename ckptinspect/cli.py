@@ -573,8 +573,8 @@ def scan_command(paths: list[str], role: Optional[str], plot: Optional[str], for
 
 
 @app.command("average")
-@argument("sources", "SRC", nargs=-1, required=False, help="Checkpoints of one run: TF prefixes, .index files or directories (or --last N DIR).")
-@option("--output", "-o", required=True, metavar="OUT", help="Output TF prefix (no suffix, or .ckpt / .ckpt-N).")
+@argument("sources", "SRC", nargs=-1, required=False, help="Checkpoints of one run: TF prefixes or .index files, Keras .weights.h5 or legacy .h5 files (or --last N DIR).")
+@option("--output", "-o", required=True, metavar="OUT", help="Output TF prefix (no suffix, or .ckpt / .ckpt-N); OUT.weights.h5 or OUT.h5 for Keras inputs.")
 @option("--last", type=(int, str), metavar="N DIR", help="Average the newest N checkpoints the CheckpointManager/Saver directory DIR retains.")
 @option("--ema", type=float, metavar="DECAY", help="Exponential moving average in step order (e_k = DECAY*e_{k-1} + (1-DECAY)*x_k) instead of the mean.")
 @option("--role", metavar="model", help="Write only the model's variables (object graph pruned to them).")

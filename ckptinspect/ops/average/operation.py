@@ -45,7 +45,8 @@ written (by the writer's I/O thread; by this module for streamed ones) and compa
 computed ones, every copied tensor's recorded checksum with the newest's) and only then renamed
 into place. ``ckptinspect verify OUT`` re-reads every byte.
 
-Keras ``.weights.h5`` files of one run average into a ``.weights.h5`` (:mod:`.average_h5`).
+Keras ``.weights.h5`` files of one run average into a ``.weights.h5``, legacy ``.h5`` files (full
+models or weights, ``tf_keras`` or Keras 3's legacy writer) into a ``.h5`` (:mod:`.keras_h5`).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from ..._parallel import ordered_map
 from ... import model as m
 from ...errors import CkptError, CorruptCheckpointError, UsageError, VerificationError
 from ...formats import (
+    TO_H5,
     TO_WEIGHTS_H5,
     capabilities,
     output_kind,
@@ -96,7 +98,10 @@ SPOT_READERS = 4  # threads reading the first values back (waiting on the device
 TF_NEEDS = ("tf-restorable", "stored-bytes")  # a TF bundle: values streamed from its data files (not a V1 table)
 KIND_TF2 = "tf2-object"
 ROLE_CHOICES = (m.ROLE_MODEL,)
-WRITES = "average writes a TF prefix (no suffix, .ckpt or .ckpt-N), or a .weights.h5 from .weights.h5 inputs"
+WRITES = ("average writes a TF prefix (no suffix, .ckpt or .ckpt-N), a .weights.h5 from .weights.h5 inputs or a"
+          " .h5 from legacy .h5 inputs")
+# Keras HDF5 inputs: the output kind each format averages into (the newest file's layout, copied).
+KERAS_OUTPUTS = {m.FORMAT_KERAS_WEIGHTS_H5: TO_WEIGHTS_H5, m.FORMAT_KERAS_H5: TO_H5}
 
 Progress = Callable[[int, int, m.Variable], None]
 
@@ -131,7 +136,7 @@ def _check_arguments(out: str, ema: float | None, role: str | None, last: int | 
             raise UsageError(f"--last N takes one checkpoint directory. Received: {len(sources)} paths")
     elif not sources:
         raise UsageError("average needs at least one checkpoint (or --last N DIR)")
-    if output_kind(out) != TO_WEIGHTS_H5:
+    if output_kind(out) not in KERAS_OUTPUTS.values():
         error = _atomic.prefix_suffix_error(out, WRITES, "")
         if error is not None:
             raise error
@@ -169,9 +174,9 @@ def _describe(ckpt: m.Checkpoint) -> str:
 
 
 def _check_readable(ckpt: m.Checkpoint) -> None:
-    if not capabilities(ckpt.format).issuperset(TF_NEEDS) and ckpt.format != m.FORMAT_KERAS_WEIGHTS_H5:
+    if not capabilities(ckpt.format).issuperset(TF_NEEDS) and ckpt.format not in KERAS_OUTPUTS:
         raise UsageError(f"{ckpt.path}: is {ckpt.format}; average reads TF bundle checkpoints (.index + .data) or"
-                         " Keras .weights.h5 files")
+                         " Keras .weights.h5 and legacy .h5 files")
     unreadable = ckpt.info.get("unreadable") or {}
     if unreadable:
         key = next(iter(unreadable))
@@ -458,7 +463,8 @@ def average(
     Args:
         sources: The checkpoints (TF prefixes, ``.index`` files, directories resolving to
             one), or with ``last`` one checkpoint directory.
-        out: The output prefix (no suffix, ``.ckpt`` or ``.ckpt-N``).
+        out: The output prefix (no suffix, ``.ckpt`` or ``.ckpt-N``); a ``.weights.h5`` for Keras 3
+            ``.weights.h5`` inputs, a ``.h5`` for legacy ``.h5`` inputs.
         last: Average the newest ``last`` checkpoints the directory ``sources`` retains.
         ema: An exponential moving average with this decay (0 to 1) in step order instead of
             the arithmetic mean (see the module's documentation for the exact formulas).
@@ -471,8 +477,8 @@ def average(
         The :class:`AverageReport`.
 
     Raises:
-        UsageError: Bad arguments, inputs that are not TF bundles, or inputs that disagree on
-            keys, shapes, dtypes or slicing (one error listing them).
+        UsageError: Bad arguments, inputs that are neither TF bundles nor Keras HDF5 files, or
+            inputs that disagree on keys, shapes, dtypes or slicing (one error listing them).
         OutputExistsError: ``out`` exists and ``force`` is not set.
         CheckpointNotFoundError, NotACheckpointError, CorruptCheckpointError: Bad inputs.
         VerificationError: The output did not read back as computed (nothing is left behind).
@@ -506,10 +512,11 @@ def average(
                                     number_source=c.number_source) for i, c in enumerate(ckpts))
         method = METHOD_MEAN if ema is None else METHOD_EMA
         decay = None if ema is None else float(ema)
-        h5_out = output_kind(out) == TO_WEIGHTS_H5
-        if h5_out != (ckpts[-1].format == m.FORMAT_KERAS_WEIGHTS_H5):
-            raise UsageError(f"{out}: .weights.h5 inputs average into a .weights.h5 output, TF checkpoints into a TF"
-                             f" prefix (the inputs are {ckpts[-1].format})")
+        kind = output_kind(out)
+        h5_out = kind in KERAS_OUTPUTS.values()
+        if kind != KERAS_OUTPUTS.get(ckpts[-1].format, None if h5_out else kind):
+            raise UsageError(f"{out}: .weights.h5 inputs average into a .weights.h5 output, legacy .h5 inputs into a"
+                             f" .h5, TF checkpoints into a TF prefix (the inputs are {ckpts[-1].format})")
         if h5_out:
             variables, verified, size = average_weights_h5(ckpts, out, ema, role, force, protected, progress)
             return AverageReport(
