@@ -168,7 +168,9 @@ def _check_directory(dest: str, prefix: bool, protected: list[str]) -> None:
                          "write the output elsewhere")
     if not prefix:
         return
-    from .formats.tf.directory import PLACED_LATEST, PLACED_LISTED, placement  # noqa: PLC0415 - TF's resolution rule
+    # TF's resolution rule, from the TF family itself: through the door, the TF family (whose
+    # writers import this module) would depend on every other family (lint-imports' contract)
+    from .formats.tf.directory import PLACED_LATEST, PLACED_LISTED, placement  # noqa: PLC0415
 
     name = os.path.basename(dest)
     placed = placement(shown, os.path.join(shown, name))

@@ -60,6 +60,7 @@ if TYPE_CHECKING:  # imported on first use (see _LAZY_NAMES): `ls x.safetensors`
         weights_h5_renames,
     )
     from .npz import npy_array, read_npz, write_npz
+    from .safetensors.file import run_metadata as safetensors_run_metadata
     from .series import DirectoryListing, name_numbers
     from .tf.object_graph import ATTRIBUTES_MARK, OPTIMIZER_SLOT_MARK
     from .tf.directory import checkpoint_present, checkpoint_step
@@ -118,6 +119,7 @@ __all__ = [
     "compare_copy",
     # writing safetensors (extract, rewrite)
     "write_safetensors",
+    "safetensors_run_metadata",
     # writing Keras HDF5 files (extract, rewrite, average: formats/keras/write.py)
     "KERAS_OPTIMIZER_GROUP",
     "KERAS_LEGACY_OPTIMIZER_GROUP",
