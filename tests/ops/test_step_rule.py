@@ -118,3 +118,13 @@ def test_place_in_run_says_what_the_number_is():
     assert m.place_in_run(None, 3, "name") == "number 3 in its name"
     assert m.place_in_run(None, 4, "save_counter") == "save 4"
     assert m.place_in_run(None, None, None) is None
+
+
+def test_average_of_a_series_without_steps_names_the_numbers_in_the_names(tmp_path):
+    """tf_keras weights files hold no step: average --last orders them by the series' numbers
+    and says that is what they are (was "step ?")."""
+    result = CliRunner().invoke(app, ["average", "--last", "2", str(FIXTURES / "tfkeras_h5"), "-o",
+                                      str(tmp_path / "avg.h5")])
+    assert result.exit_code == 0, result.output
+    assert "weights.01.h5 (number 1 in its name)" in result.stdout
+    assert "weights.02.h5 (number 2 in its name)  <- newest" in result.stdout

@@ -51,6 +51,7 @@ models or weights, ``tf_keras`` or Keras 3's legacy writer) into a ``.h5`` (:mod
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -107,7 +108,7 @@ Progress = Callable[[int, int, m.Variable], None]
 
 
 # -- inputs ----------------------------------------------------------------------------------
-def _retained(directory: str, last: int) -> list[str]:
+def _retained(directory: str, last: int) -> list[m.RetainedCheckpoint]:
     """The newest ``last`` checkpoints ``directory`` retains, oldest first."""
     listing = list_directory(directory)
     if listing.v1 is not None:
@@ -121,7 +122,7 @@ def _retained(directory: str, last: int) -> list[str]:
         raise UsageError(
             f"{directory}: retains {len(retained)} checkpoint{'s' if len(retained) != 1 else ''}; --last asks for {last}"
         )
-    return [c.path for c in retained[-last:]]
+    return retained[-last:]
 
 
 def _check_arguments(out: str, ema: float | None, role: str | None, last: int | None, sources: Sequence[str]) -> None:
@@ -491,11 +492,16 @@ def average(
     _check_arguments(out, ema, role, last, sources)
     if last is None:
         _refuse_series(sources)
-    paths = _retained(sources[0], last) if last is not None else sources
+    listed = _retained(sources[0], last) if last is not None else []
+    paths = [c.path for c in listed] if last is not None else sources
+    numbers = {c.path: c.number for c in listed}  # a series' numbers, from the names (the listing's)
     ckpts: list[m.Checkpoint] = []
     try:
         for path in paths:
-            ckpts.append(open_checkpoint(path))
+            ckpt = open_checkpoint(path)
+            if ckpt.number is None and numbers.get(path) is not None:
+                ckpt = dataclasses.replace(ckpt, number=numbers[path], number_source="name")
+            ckpts.append(ckpt)
             _check_readable(ckpts[-1])
         _refuse_repeats(paths, ckpts)
         notes: list[str] = []
