@@ -123,6 +123,14 @@ def allow_reshape_option(when: str = "") -> Callable:
                   help=f"A source value with as many elements as the model variable fits (it is reshaped){when}.")
 
 
+def strict_option(when: str = "") -> Callable:
+    """``--strict/--no-strict``: what counts as a problem in the one pairing plan (doctor,
+    transplant, extract; ``PairingOptions.strict``)."""
+    return option("--strict/--no-strict", default=True,
+                  help="Fail on any problem, unused source variables included (default); or allow unused source "
+                       f"variables and leave weights without a value that fits at init (exit 1 when one is){when}.")
+
+
 def fail(message: str, details: tuple[str, ...] | list[str] = ()) -> None:
     """Print one ``Error:`` line (control characters escaped, so a name from a file cannot
     break the line or drive the terminal), then any ``details`` lines (escaped alike), and exit 2."""
@@ -320,6 +328,7 @@ WITH_BUILDER = " (.weights.h5 with --builder)"
 @by_order_option(when=WITH_BUILDER)
 @layout_options(when=WITH_BUILDER)
 @allow_reshape_option(when=WITH_BUILDER)
+@strict_option(when=WITH_BUILDER)
 @option("--keep-metadata", is_flag=True, help="Also keep step counters, save_counter, TF1 global_step.")
 @option("--max-shard-size", metavar="SIZE", help="TF output: bytes per data shard (e.g. 256MiB), filled in turn. Default: one data file; 0: one tensor (or slice) per shard.")
 @force_option
@@ -328,10 +337,13 @@ WITH_BUILDER = " (.weights.h5 with --builder)"
 @debug_option
 @handle_errors
 def extract_command(src: str, output: str, to: Optional[str], builder: Optional[str], maps: list[str],
-                    by_order: bool, transpose_dense: bool, conv_layout: str, allow_reshape: bool,
+                    by_order: bool, transpose_dense: bool, conv_layout: str, allow_reshape: bool, strict: bool,
                     keep_metadata: bool, max_shard_size: Optional[str], force: bool, optimizer_pattern: Optional[str],
                     format: OutputFormat) -> None:  # noqa: A002
-    """Write the model's weights alone (optimizer state stripped), still restorable, and check them."""
+    """Write the model's weights alone (optimizer state stripped), still restorable, and check them.
+
+    Exit 1 (after writing) when --builder --no-strict left a model weight at init.
+    """
     from .ops.extract.operation import extract  # noqa: PLC0415
     from .render import extract_view  # noqa: PLC0415
 
@@ -341,8 +353,10 @@ def extract_command(src: str, output: str, to: Optional[str], builder: Optional[
                          max_shard_bytes=None if max_shard_size is None else parse_size(max_shard_size),
                          progress=shown, optimizer_pattern=optimizer_pattern, mapping=maps,
                          transpose_dense=transpose_dense, conv_layout=conv_layout, by_order=by_order,
-                         allow_reshape=allow_reshape)
+                         allow_reshape=allow_reshape, strict=strict)
     emit(extract_view(report, format))
+    if not report.complete:
+        raise click.exceptions.Exit(EXIT_DIFFERENT)
 
 
 @app.command("rewrite")
@@ -378,7 +392,7 @@ def rewrite_command(src: str, output: str, rename: list[str], drop: list[str], r
 @option("--replicas", type=int, metavar="N", help="Logical CPU devices for --strategy mirrored (default 2).")
 @map_option()
 @option("--skip-mismatch", is_flag=True, help="Leave variables whose shape/dtype differ at init instead of failing.")
-@option("--strict/--no-strict", default=True, help="Fail on any problem (default), or transplant what matches.")
+@strict_option()
 @by_order_option()
 @option("--dry-run", is_flag=True, help="Show the plan; assign and write nothing.")
 @force_option
@@ -454,6 +468,7 @@ def train_command(out: str, steps: int, save_every: int, replicas: int, max_to_k
 @by_order_option()
 @allow_reshape_option()
 @layout_options()
+@strict_option()
 @option("--emit", "emit_fix", type=EnumChoice(Emit), metavar="[map|assignment-map|weights]",
         help="Print the --map rules, print the init_from_checkpoint assignment map, or write the weights (-o).")
 @option("--output", "-o", metavar="OUT", help="With --emit weights: the .weights.h5 to write (model.load_weights(OUT) loads it).")
@@ -462,7 +477,7 @@ def train_command(out: str, steps: int, save_every: int, replicas: int, max_to_k
 @debug_option
 @handle_errors
 def doctor_command(src: str, builder: str, maps: list[str], by_order: bool, allow_reshape: bool, transpose_dense: bool,
-                   conv_layout: str, emit_fix: Optional[Emit], output: Optional[str], force: bool,
+                   conv_layout: str, strict: bool, emit_fix: Optional[Emit], output: Optional[str], force: bool,
                    format: OutputFormat) -> None:  # noqa: A002
     """Explain how a checkpoint's weights would load into a model, and the fix (exit 0 all load, 1 not)."""
     from . import open as open_checkpoint  # noqa: PLC0415
@@ -479,7 +494,7 @@ def doctor_command(src: str, builder: str, maps: list[str], by_order: bool, allo
     Layout(conv_layout=conv_layout)
     with open_checkpoint(src) as ckpt, progress("doctor") as shown:
         model = tp.build_in_scope(builder, tp.make_strategy("default", None))
-        report = doctor(ckpt, model, mapping=maps, by_order=by_order, allow_reshape=allow_reshape,
+        report = doctor(ckpt, model, mapping=maps, by_order=by_order, allow_reshape=allow_reshape, strict=strict,
                         transpose_dense=transpose_dense, conv_layout=conv_layout, out=output if emit_fix == Emit.weights else None, force=force,
                         progress=shown)
     if emit_fix == Emit.map:

@@ -129,7 +129,7 @@ FLAT_PAIRS = dict(zip(FLAT_NAMES, ("encoder", "frozen", "bn", "head")))  # flat 
 WIDE_HEAD_UNITS = 5
 
 
-def _flat(head_units: int) -> Any:
+def _flat(head_units: int, head_seed: int | None = None) -> Any:
     import keras
 
     from ckptinspect.trainer import net as t
@@ -139,7 +139,8 @@ def _flat(head_units: int) -> Any:
     h = keras.layers.Dense(t.HIDDEN_DIM, activation="relu", name=fc1)(inputs)
     h = keras.layers.Dense(t.HIDDEN_DIM, name=fixed)(h)
     h = keras.layers.BatchNormalization(name=norm)(h)
-    outputs = keras.layers.Dense(head_units, name=classifier)(h)
+    kernel = keras.initializers.GlorotUniform(seed=head_seed) if head_seed is not None else "glorot_uniform"
+    outputs = keras.layers.Dense(head_units, name=classifier, kernel_initializer=kernel)(h)
     model = keras.Model(inputs, outputs, name="flat")
     BUILT.append(model)
     return model
@@ -153,8 +154,9 @@ def flat_model() -> Any:
 
 
 def flat_wide_head_model() -> Any:
-    """:func:`flat_model` with a head of 5 units where the fixture's has 4."""
-    return _flat(WIDE_HEAD_UNITS)
+    """:func:`flat_model` with a head of 5 units where the fixture's has 4; the head's initial
+    kernel is seeded (:data:`FRESH_SEED`), so every build holds the same initial head."""
+    return _flat(WIDE_HEAD_UNITS, head_seed=FRESH_SEED)
 
 
 def headless_model() -> Any:

@@ -5,16 +5,21 @@ and every source model variable left over: the one plan of
 :func:`~ckptinspect.ops.model.plan.plan_load`, with the options ``transplant`` and
 ``extract --builder`` take (``mapping``, ``by_order``, the layout rules) and the same defaults.
 The verdict is :attr:`DoctorReport.ok`, the plan's: every model weight has a source of a fitting
-shape (equal, or through the layout rules given) and a castable dtype, and every source model
-variable goes into a weight; so ``doctor`` says OK exactly when ``transplant`` (strict) and
-``extract --builder`` with the same options load everything. Otherwise the reasons are grouped:
-missing in the source, shape mismatch, dtype mismatch, ambiguous, unused. Optimizer state,
+shape (equal, or through the layout rules given) and a castable dtype, and (strict, the default)
+every source model variable goes into a weight; so ``doctor`` says OK exactly when ``transplant``
+and ``extract --builder`` with the same options load everything. With ``strict=False``
+(``--no-strict``) unused source variables are allowed (a note) and the verdict is OK exactly when
+every weight receives a value; otherwise it names the weights ``transplant --no-strict`` and
+``extract --builder --no-strict`` would leave at init. The reasons are grouped: missing in the
+source, shape mismatch, dtype mismatch, ambiguous, unused (strict only). Optimizer state,
 metadata and PyTorch BatchNorm's ``num_batches_tracked`` are skipped by rule, never problems.
 
 The fix, ready to use:
 
 * :attr:`DoctorReport.flags`: the flags it needs by their command-line names, with what they do
-  (``--by-order``, when layer order would pair more weights: the plan is made again with it);
+  (``--by-order``, when layer order would pair more weights: the plan is made again with it;
+  ``--no-strict``, when every weight would receive a value and only unused source variables
+  stand in the way);
 * :attr:`DoctorReport.map_rules`: ``--map`` rules (the user's own first) under which the name
   stages alone make every pair the doctor found, checked by running the matcher with them;
 * :attr:`DoctorReport.assignment_map`: ``{checkpoint key: model variable name}`` for
@@ -47,6 +52,7 @@ from ..model.weights_io import OUTPUT_WEIGHTS_H5, WEIGHTS_H5_SUFFIX, WriteResult
 from ...formats import FORMAT_OF, capabilities
 from ..model.plan import (
     BY_ORDER_FLAG,
+    NO_STRICT_FLAG,
     SKIP_COUNTER,
     SKIP_METADATA,
     SKIP_OPTIMIZER,
@@ -73,6 +79,7 @@ from ..model.targets import (
 
 __all__ = [
     "weight_plan",
+    "WritePlan",
     "STATUS_MATCHED",
     "STATUS_SHAPE_MISMATCH",
     "STATUS_DTYPE_MISMATCH",
@@ -186,9 +193,11 @@ class DoctorReport:
             ``tf.compat.v1.train.init_from_checkpoint`` (TF sources; None otherwise).
         output: The ``.weights.h5`` written (``out=``), or None.
         by_order: ``--by-order`` was given.
+        strict: ``--strict`` (default) or not (``--no-strict``).
         rule_skipped: Source model variables skipped by rule (PyTorch BatchNorm's
             ``num_batches_tracked``): never problems.
-        problems: Every problem, in the words ``transplant`` and ``extract`` use.
+        problems: Every problem, in the words ``transplant`` and ``extract`` use (with
+            ``--no-strict``: the weights that would be left at init).
         flags: Command-line flags the fix needs, each with what it does (``--by-order pairs ...``).
     """
 
@@ -211,14 +220,20 @@ class DoctorReport:
     rule_skipped: tuple[str, ...] = ()
     problems: tuple[str, ...] = ()
     flags: tuple[str, ...] = ()
+    strict: bool = True
 
     @property
     def ok(self) -> bool:
         """The verdict (exit 0), the one :class:`~ckptinspect.ops.model.plan.LoadPlan` gives:
-        every model weight has a source value that fits and every source model variable goes
-        into a weight, so ``transplant`` and ``extract --builder`` with the same options load
-        everything."""
+        every model weight has a source value that fits and (strict) every source model variable
+        goes into a weight, so ``transplant`` and ``extract --builder`` with the same options
+        load everything."""
         return not self.problems
+
+    @property
+    def left_at_init(self) -> tuple[WeightDiagnosis, ...]:
+        """The weights without a source value that fits: ``--no-strict`` leaves them at init."""
+        return tuple(w for w in self.weights if w.status != STATUS_MATCHED)
 
     @property
     def complete(self) -> bool:
@@ -236,7 +251,8 @@ class DoctorReport:
             group = _REASON_OF_STATUS.get(w.status)
             if group is not None:
                 out[group].append(w.detail)
-        out[REASON_UNUSED] = [s.detail for s in self.leftovers]
+        if self.strict:  # --no-strict allows them (a note says so)
+            out[REASON_UNUSED] = [s.detail for s in self.leftovers]
         return out
 
     def summary(self) -> dict[str, int]:
@@ -264,6 +280,7 @@ class DoctorReport:
             "layout": list(self.layout),
             "mapping": list(self.mapping),
             "by_order": self.by_order,
+            "strict": self.strict,
             "ok": self.ok,
             "summary": self.summary(),
             "weights": [w.to_dict() for w in self.weights],
@@ -292,6 +309,7 @@ def doctor(
     transpose_dense: bool = False,
     conv_layout: str = CONV_HWIO,
     by_order: bool = False,
+    strict: bool = True,
     out: str | os.PathLike[str] | None = None,
     force: bool = False,
     progress: Progress | None = None,
@@ -309,8 +327,12 @@ def doctor(
         by_order: Also pair layers nothing else paired by layer order and shape (``--by-order``,
             as ``transplant`` and ``extract`` take it). Without it, the report says what it
             would pair (:attr:`DoctorReport.flags`).
+        strict: ``--strict`` (default): unused source variables are problems, as they stop
+            ``transplant`` and ``extract --builder``. False (``--no-strict``): they are allowed
+            (a note), and the verdict is OK exactly when every weight receives a value (the
+            problems are the weights ``--no-strict`` would leave at init).
         out: Also write a ``.weights.h5`` that ``model.load_weights(out)`` loads (the model's
-            weights receive the source values). Refused unless every weight is matched.
+            weights receive the source values). Refused unless the verdict is OK.
         force: Replace an earlier ``out`` (an HDF5 file; nothing else).
         progress: Called as ``progress(done, total, weight)`` while ``out`` is written.
 
@@ -325,7 +347,7 @@ def doctor(
         CkptError: The source cannot be opened or read.
     """
     options = PairingOptions.make(mapping, by_order=by_order, transpose_dense=transpose_dense,
-                                  conv_layout=conv_layout, allow_reshape=allow_reshape)
+                                  conv_layout=conv_layout, allow_reshape=allow_reshape, strict=strict)
     if out is not None:
         out = os.fspath(out)
         if not out.endswith(WEIGHTS_H5_SUFFIX):
@@ -368,12 +390,29 @@ def _entries(report: DoctorReport, plan: LoadPlan, model: Any, out: str, hint: s
     return [(variables[t.index], s, f) for t, s, f in plan.entries]
 
 
-def weight_plan(
-    ckpt: m.Checkpoint, model: Any, *, options: PairingOptions, out: str, hint: str
-) -> tuple[DoctorReport, list[tuple[Any, m.Variable, Fit]]]:
+@dataclasses.dataclass(frozen=True)
+class WritePlan:
+    """What a writer through a built model assigns (:func:`weight_plan`).
+
+    Attributes:
+        report: The doctor's report of the plan.
+        entries: ``(model weight, source variable, fit)`` of every weight that receives a value.
+        left_at_init: The model weights that keep their initial values (``--no-strict`` only).
+    """
+
+    report: DoctorReport
+    entries: list[tuple[Any, m.Variable, Fit]]
+    left_at_init: list[Any]
+
+
+def weight_plan(ckpt: m.Checkpoint, model: Any, *, options: PairingOptions, out: str, hint: str) -> WritePlan:
     """Pair every weight of a built model with a source value, as :func:`doctor` does (the one
-    plan, :func:`~ckptinspect.ops.model.plan.plan_load`), for a writer (``doctor --emit weights``,
-    ``extract --builder``).
+    plan, :func:`~ckptinspect.ops.model.plan.plan_load`), for a writer (``extract --builder``).
+
+    Strict: every weight must receive a value and every source model variable be used. With
+    ``options.strict`` False (``--no-strict``), as ``transplant --no-strict``: the weights that
+    match receive their values, the others keep the model's initial values (listed), unused
+    source variables are left out; refused only when no weight receives a value.
 
     Args:
         ckpt: The open source checkpoint.
@@ -383,14 +422,19 @@ def weight_plan(
         hint: What the refusal suggests (where to see the reasons).
 
     Returns:
-        The :class:`DoctorReport` and ``(model weight, source variable, fit)`` for every weight.
+        The :class:`WritePlan`.
 
     Raises:
-        UsageError: The plan has problems (counted by kind, the first ones named).
+        UsageError: Strict and the plan has problems, or no weight receives a value (counted by
+            kind, the first ones named).
     """
     tf = import_tf()
     report, plan = _diagnose(ckpt, model, targets(tf, model), options)
-    return report, _entries(report, plan, model, out, hint)
+    if options.strict or not plan.entries:
+        return WritePlan(report, _entries(report, plan, model, out, hint), [])
+    variables, _ = model_variables(model)
+    return WritePlan(report, [(variables[t.index], s, f) for t, s, f in plan.entries],
+                      [variables[w.target.index] for w in plan.left_at_init])
 
 
 def _protected(ckpt: m.Checkpoint) -> list[str]:
@@ -417,9 +461,9 @@ def _diagnose(
         flags.append(f"{BY_ORDER_FLAG} pairs {gained} more weight(s) by layer order and shape ({then})")
         if all(w.status == STATUS_MATCHED for w in alt.weights):
             complete_plan = complete_plan or alt
-    if complete_plan is plan and plan.leftovers:
-        flags.append(f"transplant --no-strict loads every weight and leaves the {len(plan.leftovers)} unused source "
-                     "variable(s) out (extract --builder refuses them)")
+    unused = complete_plan.count(STATUS_UNUSED) if complete_plan is not None else 0
+    if options.strict and unused:  # only unused source variables stand in the way
+        flags.append(f"{NO_STRICT_FLAG} leaves the {unused} unused source variable(s) out (then every weight loads)")
     skipped = {x.source.key for x in plan.skipped}
     sources = [v for v in ckpt.variables if v.key not in skipped]
     if complete_plan is not None:
@@ -456,6 +500,7 @@ def _diagnose(
         map_verified=verified,
         assignment_map=amap,
         by_order=options.by_order,
+        strict=options.strict,
         rule_skipped=tuple(x.source.name for x in plan.skipped if x.reason == SKIP_COUNTER),
         problems=tuple(plan.problems),
         flags=tuple(flags),

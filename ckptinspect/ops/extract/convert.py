@@ -6,12 +6,15 @@ use, with the same options and defaults (:func:`ckptinspect.ops.model.plan.plan_
 :func:`ckptinspect.ops.doctor.operation.weight_plan`: the object-graph path, then the ``layers``
 stage with PyTorch's dotted names split, leaf spellings such as ``weight``/``kernel``,
 ``running_var``/``moving_variance``, ``--map`` rules, ``--by-order``, and the layout rules
-``--transpose-dense`` / ``--conv-layout oihw`` / ``--allow-reshape``). The plan must have no
-problem (every weight paired with a value that fits, every source model variable used; counters
-such as ``num_batches_tracked`` are skipped by rule); each value is rearranged by its layout fit, assigned, and
-the file is written by ``model.save_weights`` and read back through ``model.load_weights``
-(:func:`ckptinspect.ops.extract.writers.write_weights_through_model`), so a plain
-``model.load_weights(OUT)`` loads it.
+``--transpose-dense`` / ``--conv-layout oihw`` / ``--allow-reshape``, ``--strict``). Strict (the
+default), the plan must have no problem (every weight paired with a value that fits, every
+source model variable used; counters such as ``num_batches_tracked`` are skipped by rule). With
+``--no-strict`` it writes what ``transplant --no-strict`` would: unused source variables left
+out, weights without a value that fits at the builder model's initial values (refused only when
+no weight receives a value). Each value is rearranged by its layout fit, assigned, and the file
+is written by ``model.save_weights`` and read back through ``model.load_weights``
+(:func:`ckptinspect.ops.extract.writers.write_weights_through_model`: the weights left at init
+read back equal to their initial values too), so a plain ``model.load_weights(OUT)`` loads it.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ REFUSAL_HINT = "`ckptinspect doctor SRC --builder ...` with the same options lis
 def write_weights_by_names(
     ckpt: m.Checkpoint, tmp: str, out: str, builder: Callable[[], Any], options: PairingOptions,
     progress: Progress | None,
-) -> tuple[list[ExtractedVariable], int, list[str]]:
+) -> tuple[list[ExtractedVariable], int, list[str], list[str]]:
     """Write ``tmp`` (a ``.weights.h5``) from ``ckpt`` through the builder's model.
 
     Args:
@@ -48,16 +51,19 @@ def write_weights_by_names(
 
     Returns:
         The planned variables (each source variable with the Keras path it went to, or None),
-        how many weights were read back and checked, and notes.
+        how many weights were read back and checked, notes, and the Keras paths of the weights
+        left at init (``--no-strict``).
 
     Raises:
-        UsageError: The builder failed, or the plan has problems (named as ``transplant`` names them).
+        UsageError: The builder failed, or the plan has problems (named as ``transplant`` names
+            them; with ``--no-strict``, only when no weight receives a value).
         VerificationError: The written file did not load back equal to the source.
     """
     model = call_builder(builder)
-    report, entries = weight_plan(ckpt, model, options=options, out=out, hint=REFUSAL_HINT)
-    verified = write_weights_through_model(ckpt, tmp, model, entries, progress)
-    keras_path = {v.key: str(getattr(w, "path", w.name)) for w, v, _ in entries}
+    planned_write = weight_plan(ckpt, model, options=options, out=out, hint=REFUSAL_HINT)
+    report, entries, left = planned_write.report, planned_write.entries, planned_write.left_at_init
+    verified = write_weights_through_model(ckpt, tmp, model, entries, progress, left_at_init=left)
+    keras_path = {v.key: _path(w) for w, v, _ in entries}
     planned = [
         ExtractedVariable(v.name, v.key, keras_path.get(v.key), v.role, v.shape, v.dtype, v.nbytes)
         for v in ckpt.variables
@@ -70,4 +76,11 @@ def write_weights_by_names(
     ]
     if rearranged:
         notes.append(f"{rearranged} weight(s) rearranged by the layout rules ({' '.join(options.layout.describe())})")
-    return planned, verified, notes
+    if left:
+        notes.append(f"--no-strict: {len(left)} weight(s) left at the builder model's initial values (read back equal)")
+    return planned, verified, notes, [_path(w) for w in left]
+
+
+def _path(weight: Any) -> str:
+    """A Keras weight's path (``layer/kernel``)."""
+    return str(getattr(weight, "path", weight.name))

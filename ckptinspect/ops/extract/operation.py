@@ -22,7 +22,10 @@ Output formats (chosen from the output's suffix unless ``format`` says otherwise
   checkpoint it needs ``builder`` (a function building the same architecture): every weight of
   the built model is matched to the checkpoint by its object-graph path, assigned, and Keras
   writes the file. From a ``.keras`` / ``.weights.h5`` source it is copied group by group
-  without the ``optimizer`` group (no builder needed).
+  without the ``optimizer`` group (no builder needed). ``strict=False`` (``--no-strict``, as
+  ``transplant`` and ``doctor`` take it) writes what ``transplant --no-strict`` would: unused
+  source variables left out, weights without a value that fits at the builder model's initial
+  values (:attr:`ExtractReport.left_at_init`; the CLI exits 1 after writing).
 * ``h5`` (``.h5`` / ``.hdf5``, legacy Keras source only): the file copied group by group (the
   Keras family's writer), without ``optimizer_weights``; ``model_config`` and the other root attributes kept.
 * ``npz`` (``.npz``): numpy's ``savez`` layout, one ``<readable name>.npy`` per model variable,
@@ -95,7 +98,7 @@ OUTPUT_FORMATS = (FORMAT_TF, FORMAT_WEIGHTS_H5, FORMAT_H5, FORMAT_NPZ, FORMAT_SA
 
 KEEPABLE_ROLES = (m.ROLE_MODEL, m.ROLE_METADATA)
 # The pairing flags (doctor's and transplant's too), for the messages that name them.
-PAIRING_FLAGS = ("--map", "--by-order", "--transpose-dense", "--conv-layout", "--allow-reshape")
+PAIRING_FLAGS = ("--map", "--by-order", "--transpose-dense", "--conv-layout", "--allow-reshape", "--no-strict")
 KERAS3_SOURCE_FORMATS = (m.FORMAT_KERAS_WEIGHTS_H5, m.FORMAT_KERAS_ZIP)
 
 Progress = Callable[[int, int, m.Variable], None]
@@ -158,6 +161,7 @@ def extract(
     conv_layout: str = CONV_HWIO,
     by_order: bool = False,
     allow_reshape: bool = False,
+    strict: bool = True,
 ) -> ExtractReport:
     """Write the model's weights of ``src`` to ``out``, optimizer state stripped.
 
@@ -184,6 +188,10 @@ def extract(
         conv_layout: Likewise: ``oihw`` when the source's conv kernels are ``[out, in, *spatial]``.
         by_order: Likewise: also pair layers nothing else paired by layer order and shape.
         allow_reshape: Likewise: a source value with as many elements as the weight is reshaped.
+        strict: Likewise (``--strict``, default): any problem refuses the output, unused source
+            variables included. False (``--no-strict``): unused source variables are left out
+            and weights without a value that fits keep the builder model's initial values
+            (named in :attr:`ExtractReport.left_at_init`); refused when no weight receives a value.
 
     Returns:
         The :class:`ExtractReport`.
@@ -202,8 +210,8 @@ def extract(
     if max_shard_bytes is not None and max_shard_bytes < 0:
         raise UsageError(f"max_shard_bytes must be >= 0. Received: {max_shard_bytes}")
     options = PairingOptions.make(mapping, by_order=by_order, transpose_dense=transpose_dense,
-                                  conv_layout=conv_layout, allow_reshape=allow_reshape)
-    if options.names_decide and fmt != FORMAT_WEIGHTS_H5:
+                                  conv_layout=conv_layout, allow_reshape=allow_reshape, strict=strict)
+    if (options.names_decide or not options.strict) and fmt != FORMAT_WEIGHTS_H5:
         raise UsageError(f"{', '.join(PAIRING_FLAGS)} apply to a .weights.h5 output (with --builder)")
     if isinstance(builder, str):
         builder = load_builder(builder)
@@ -220,8 +228,8 @@ def extract(
         else:
             kind = {FORMAT_NPZ: _atomic.KIND_NPZ, FORMAT_SAFETENSORS: _atomic.KIND_SAFETENSORS}.get(fmt, _atomic.KIND_HDF5)
             with _atomic.atomic_file(out, force=force, kind=kind, protected=protected) as tmp:
-                planned, verified, notes = _write_file(fmt, ckpt, tmp, out, keep, builder, options, progress)
-                written = _Written(planned, verified, notes, [out], os.path.getsize(tmp))
+                planned, verified, notes, left = _write_file(fmt, ckpt, tmp, out, keep, builder, options, progress)
+                written = _Written(planned, verified, notes, [out], os.path.getsize(tmp), left_at_init=left)
     finally:
         ckpt.close()
     return ExtractReport(
@@ -240,6 +248,7 @@ def extract(
         notes=tuple(written.notes),
         copied=written.copied,
         copied_bytes=written.copied_bytes,
+        left_at_init=tuple(written.left_at_init),
     )
 
 
@@ -256,6 +265,7 @@ class _Written:
     object_graph: Any = None
     copied: int = 0
     copied_bytes: int = 0
+    left_at_init: list[str] = dataclasses.field(default_factory=list)
 
 
 def _check_source(ckpt: m.Checkpoint, keep: tuple[str, ...], fmt: str) -> None:
@@ -279,13 +289,13 @@ def _write_prefix(ckpt: m.Checkpoint, out: str, keep: tuple[str, ...], max_shard
 
 
 def _write_file(fmt: str, ckpt: m.Checkpoint, tmp: str, out: str, keep: tuple[str, ...], builder: Builder | None,
-                options: PairingOptions, progress: Progress | None) -> tuple[list, int, list[str]]:
+                options: PairingOptions, progress: Progress | None) -> tuple[list, int, list[str], list[str]]:
     """A one-file output (npz, safetensors, legacy .h5, .weights.h5) written to ``tmp``:
-    (the planned variables, how many were verified, notes)."""
+    (the planned variables, how many were verified, notes, the model weights left at init)."""
     if fmt == FORMAT_NPZ:
-        return write_npz(ckpt, tmp, keep, progress)
+        return (*write_npz(ckpt, tmp, keep, progress), [])
     if fmt == FORMAT_SAFETENSORS:
-        return write_safetensors_output(ckpt, tmp, keep, progress, lambda names: tf_metadata(ckpt, keep, names))
+        return (*write_safetensors_output(ckpt, tmp, keep, progress, lambda names: tf_metadata(ckpt, keep, names)), [])
     if fmt == FORMAT_H5:
         if ckpt.format != m.FORMAT_KERAS_H5:
             raise UsageError(
@@ -295,21 +305,21 @@ def _write_file(fmt: str, ckpt: m.Checkpoint, tmp: str, out: str, keep: tuple[st
         from ...formats import KERAS_LEGACY_OPTIMIZER_GROUP  # noqa: PLC0415 - h5py for HDF5 outputs only
 
         planned, verified = write_h5_copy(ckpt, tmp, KERAS_LEGACY_OPTIMIZER_GROUP, ckpt.source.open_hdf5, progress)
-        return planned, verified, ["legacy Keras .h5 without optimizer_weights; model_config and training_config kept"]
+        return planned, verified, ["legacy Keras .h5 without optimizer_weights; model_config and training_config kept"], []
     return _write_weights_h5(ckpt, tmp, out, builder, options, progress)
 
 
 def _write_weights_h5(ckpt: m.Checkpoint, tmp: str, out: str, builder: Builder | None, options: PairingOptions,
-                      progress: Progress | None) -> tuple[list, int, list[str]]:
+                      progress: Progress | None) -> tuple[list, int, list[str], list[str]]:
     """A ``.weights.h5``: a Keras 3 source copied without its optimizer; anything else through
     the built model, paired by the one plan doctor and transplant use."""
     if ckpt.format in KERAS3_SOURCE_FORMATS:
-        if options.names_decide:
+        if options.names_decide or not options.strict:
             raise UsageError(f"{ckpt.path}: a Keras 3 source is copied as it is: {', '.join(PAIRING_FLAGS)} do not apply")
         from ...formats import KERAS_OPTIMIZER_GROUP  # noqa: PLC0415 - h5py for HDF5 outputs only
 
         planned, verified = write_h5_copy(ckpt, tmp, KERAS_OPTIMIZER_GROUP, ckpt.source.open_hdf5, progress)
-        return planned, verified, ["Keras 3 weights without the optimizer group: load with model.load_weights(OUT)"]
+        return planned, verified, ["Keras 3 weights without the optimizer group: load with model.load_weights(OUT)"], []
     if builder is None:
         why = ("Keras 3's positional layout comes from the model's structure" if "tf-restorable" in capabilities(ckpt.format)
                else "the Keras model its values go into")

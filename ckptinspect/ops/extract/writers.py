@@ -321,25 +321,29 @@ def _sentinel(value: np.ndarray) -> np.ndarray:
 
 
 def write_weights_through_model(
-    ckpt: m.Checkpoint, tmp: str, model: Any, plan: Sequence[tuple[Any, m.Variable, Fit | None]], progress: Progress | None
+    ckpt: m.Checkpoint, tmp: str, model: Any, plan: Sequence[tuple[Any, m.Variable, Fit | None]], progress: Progress | None,
+    left_at_init: Sequence[Any] = (),
 ) -> int:
     """Assign each source value to its model weight, ``model.save_weights(tmp)``, and check the
     file through Keras: every weight is poisoned, ``model.load_weights(tmp)`` is called, and each
     weight must then equal its source value (rearranged by its layout fit, cast to the weight's
-    float dtype), bit for bit.
+    float dtype), bit for bit; each weight ``left_at_init`` must equal the value it held before.
 
     Args:
         ckpt: The source checkpoint.
         tmp: The ``.weights.h5`` path to write (a temporary name).
         model: A built Keras 3 model.
-        plan: ``(model weight, source variable, fit or None)`` for every weight of the model.
+        plan: ``(model weight, source variable, fit or None)`` for every weight that receives a
+            source value (every weight of the model, unless ``left_at_init`` names the others).
         progress: Called after each weight.
+        left_at_init: The weights that keep their initial values (``--no-strict``).
 
     Returns:
-        How many weights were checked.
+        How many weights were checked (those given a source value).
 
     Raises:
-        VerificationError: A weight read back differs from its source value.
+        VerificationError: A weight read back differs from its source value (or from its
+            initial value).
     """
     from ..model.assign import expected_value  # noqa: PLC0415 - assign imports the model side (targets)
 
@@ -354,12 +358,17 @@ def write_weights_through_model(
         w.assign(expected_value(np.asarray(value), dtype))
         verifier.record(v.key, v)
         del value
+    initial = [np.array(w.numpy()) for w in left_at_init]
     model.save_weights(tmp)
     # Read back through Keras: poison every weight, load the file, compare with the source.
-    weights = [w for w, _, _ in plan]
+    weights = [w for w, _, _ in plan] + list(left_at_init)
     for w in weights:
         w.assign(_sentinel(np.asarray(w.numpy())))
     model.load_weights(tmp)
+    for w, value in zip(left_at_init, initial):
+        if not bit_equal(np.asarray(w.numpy()), value):
+            raise VerificationError(f"{tmp}: read-back check failed: {getattr(w, 'path', w.name)!r} (left at init) differs from the "
+                                    "model's initial value; nothing was written")
     values = {v.key: w for w, v, _ in plan}
     fits = {v.key: f for _, v, f in plan}
     if exact:

@@ -13,8 +13,16 @@ returns a :class:`LoadPlan`:
 * the source variables skipped by rule, never problems: optimizer state, metadata (counters),
   and PyTorch BatchNorm's ``num_batches_tracked`` (bookkeeping with no Keras counterpart);
 * :attr:`LoadPlan.problems`, one sentence each, in the words every command uses, and the
-  verdict :attr:`LoadPlan.ok` (no problem at all: what strict ``transplant`` and
-  ``extract --builder`` require, and ``doctor``'s exit 0).
+  verdict :attr:`LoadPlan.ok`, ``doctor``'s exit 0.
+
+``--strict`` (the default, :attr:`PairingOptions.strict`) and ``--no-strict`` mean the same in
+all three commands. Strict: every problem counts, unused source variables included; the verdict is
+OK only when every weight has a value that fits and every source model variable goes into one
+(what ``transplant`` and ``extract --builder`` require to write anything). ``--no-strict``:
+unused source variables are allowed (one note names them), and a weight without a value that
+fits keeps the model's initial value; the problems are those weights alone (in the same words),
+so the verdict is OK exactly when every weight receives a value, and ``transplant`` /
+``extract --builder`` write what matched, exiting 1 when a weight was left at init.
 
 Pairing is the one matcher's (:func:`~ckptinspect.ops.model.targets.pair_with_model`: the
 object-graph path, then the ``layers`` stage; layer order only with ``by_order``). Pure: no
@@ -43,6 +51,7 @@ __all__ = [
     "STATUS_UNUSED",
     "PROBLEM_WORDS",
     "BY_ORDER_FLAG",
+    "NO_STRICT_FLAG",
     "SKIP_OPTIMIZER",
     "SKIP_METADATA",
     "SKIP_COUNTER",
@@ -57,6 +66,7 @@ __all__ = [
     "missing_text",
     "unused_text",
     "skipped_note",
+    "unused_note",
     "by_order_gain",
     "describe_counts",
     "refusal",
@@ -86,6 +96,8 @@ COUNT_WORDS = {
 }
 # The command-line flag of the layer-order rule (doctor's fix names it).
 BY_ORDER_FLAG = "--by-order"
+# The flag that allows unused source variables and leaves weights without a value at init.
+NO_STRICT_FLAG = "--no-strict"
 # Why a source variable is skipped by rule.
 SKIP_OPTIMIZER = "optimizer"
 SKIP_METADATA = "metadata"
@@ -103,22 +115,26 @@ class PairingOptions:
         rules: Compiled ``--map`` rules.
         by_order: ``--by-order``: also pair layers nothing else paired by layer order and shape.
         layout: ``--transpose-dense``, ``--conv-layout``, ``--allow-reshape``.
+        strict: ``--strict`` (default) / ``--no-strict``: whether unused source variables and
+            weights left at init are problems, or unused ones are allowed and the weights
+            without a value keep their initial values (see the module docstring).
     """
 
     rules: Rules = ()
     by_order: bool = False
     layout: Layout = PLAIN
+    strict: bool = True
 
     @classmethod
     def make(cls, mapping: RulesLike = None, *, by_order: bool = False, transpose_dense: bool = False,
-             conv_layout: str = CONV_HWIO, allow_reshape: bool = False) -> "PairingOptions":
+             conv_layout: str = CONV_HWIO, allow_reshape: bool = False, strict: bool = True) -> "PairingOptions":
         """Options from the commands' arguments.
 
         Raises:
             UsageError: A bad ``--map`` rule or ``--conv-layout``.
         """
         layout = Layout(transpose_dense=transpose_dense, conv_layout=conv_layout, allow_reshape=allow_reshape)
-        return cls(rules=tuple(parse_mapping(mapping)), by_order=by_order, layout=layout)
+        return cls(rules=tuple(parse_mapping(mapping)), by_order=by_order, layout=layout, strict=strict)
 
     @property
     def names_decide(self) -> bool:
@@ -206,23 +222,36 @@ class LoadPlan:
         return sum(1 for s in self.skipped if s.reason == reason)
 
     @property
+    def left_at_init(self) -> tuple[WeightPlan, ...]:
+        """The weights without a source value that fits (missing, mismatched, ambiguous): with
+        ``--no-strict`` they keep the model's initial values."""
+        return tuple(w for w in self.weights if w.status != STATUS_MATCHED)
+
+    @property
+    def complete(self) -> bool:
+        """Every model weight has a source value that fits (source variables may be left over)."""
+        return not self.left_at_init
+
+    @property
     def problems(self) -> list[str]:
-        """Every problem, one sentence each: the weights without a value that fits, then the
-        source variables no weight takes (ambiguous ones once, with their weights)."""
-        out = [f"{PROBLEM_WORDS[w.status]}: {w.detail}" for w in self.weights if w.status != STATUS_MATCHED]
-        out += [f"{PROBLEM_WORDS[s.status]}: {s.detail}" for s in self.leftovers if s.status == STATUS_UNUSED]
+        """Every problem, one sentence each: the weights without a value that fits, then (strict
+        only) the source variables no weight takes (ambiguous ones once, with their weights)."""
+        out = [f"{PROBLEM_WORDS[w.status]}: {w.detail}" for w in self.left_at_init]
+        if self.options.strict:
+            out += [f"{PROBLEM_WORDS[s.status]}: {s.detail}" for s in self.leftovers if s.status == STATUS_UNUSED]
         return out
 
     def problem_counts(self) -> dict[str, int]:
         """How many problems of each kind (``PROBLEM_WORDS`` keys), the kinds present only."""
-        counts = collections.Counter(w.status for w in self.weights if w.status != STATUS_MATCHED)
-        counts[STATUS_UNUSED] = self.count(STATUS_UNUSED)
+        counts = collections.Counter(w.status for w in self.left_at_init)
+        if self.options.strict:
+            counts[STATUS_UNUSED] = self.count(STATUS_UNUSED)
         return {k: counts[k] for k in PROBLEM_WORDS if counts[k]}
 
     @property
     def ok(self) -> bool:
-        """The verdict: every model weight has a source value that fits, and every source model
-        variable (not skipped by rule) goes into a weight."""
+        """The verdict: every model weight has a source value that fits, and (strict) every
+        source model variable not skipped by rule goes into a weight."""
         return not self.problems
 
 
@@ -241,6 +270,16 @@ def missing_text(target: str, shape: Sequence[int]) -> str:
 
 def unused_text(source: str, shape: Sequence[int]) -> str:
     return f"{source} {m.format_shape(shape)} matches no model variable"
+
+
+def unused_note(leftovers: Sequence[SourcePlan], shown: int = 3) -> str | None:
+    """``--no-strict``'s note naming the unused source variables it allows, or None."""
+    unused = [s.source for s in leftovers if s.status == STATUS_UNUSED]
+    if not unused:
+        return None
+    names = ", ".join(f"{v.name} {m.format_shape(v.shape)}" for v in unused[:shown])
+    more = f" and {len(unused) - shown} more" if len(unused) > shown else ""
+    return f"{NO_STRICT_FLAG}: {len(unused)} unused source variable(s) left out ({names}{more})"
 
 
 def skipped_note(skipped: Sequence[Skipped]) -> str | None:
@@ -330,9 +369,9 @@ def plan_load(ckpt: m.Checkpoint, model_targets: Sequence[Target], options: Pair
             leftovers.append(SourcePlan(s, STATUS_UNUSED, unused_text(s.name, s.shape)))
 
     notes = list(paired.notes)
-    note = skipped_note(skipped)
-    if note:
-        notes.append(note)
+    for note in (skipped_note(skipped), None if options.strict else unused_note(leftovers)):
+        if note:
+            notes.append(note)
     return LoadPlan(options=options, weights=tuple(weights), leftovers=tuple(leftovers), skipped=tuple(skipped),
                     notes=tuple(notes), match=paired)
 

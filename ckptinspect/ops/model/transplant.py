@@ -57,8 +57,8 @@ from ...errors import TransplantError, VerificationError
 from .assign import assign_and_check, problems_text
 from .builder import load_builder
 from .devices import STRATEGIES, import_tf, make_strategy
-from ..match.layouts import CONV_HWIO, FIT_EQUAL, Fit, Layout
-from ..match.mapping import Rules, RulesLike, parse_mapping
+from ..match.layouts import CONV_HWIO, FIT_EQUAL, Fit
+from ..match.mapping import RulesLike, parse_mapping
 from ..match.matcher import HOW_GRAPH_PATH, HOW_LAYER_ORDER, HOW_MAPPING, HOW_NAME, HOW_NORMALIZED, HOW_ORDER
 from .weights_io import OUTPUT_KERAS, OUTPUT_TF, OUTPUT_WEIGHTS_H5, WriteResult, build_in_scope, output_kind, write_model
 from .plan import (
@@ -278,18 +278,21 @@ class TransplantReport:
 
     @property
     def problems(self) -> list[str]:
-        """What ``strict`` refuses: mismatches (unless ``skip_mismatch``), variables left at
-        init, unused source variables. One string each."""
+        """The problems under the options used, one string each, as the one plan counts them
+        (:attr:`ckptinspect.ops.model.plan.LoadPlan.problems`): mismatches (unless
+        ``skip_mismatch``), variables left at init, and, ``strict`` only, unused source
+        variables (``--no-strict`` allows them). What ``strict`` refuses."""
         out: list[str] = []
         if not self.skip_mismatch:
             out += [x.describe() for x in self.mismatches]
         out += [f"left at init: {missing_text(t.target, t.shape)}" for t in self.left_at_init]
-        out += [f"unused source variable: {unused_text(s.source, s.shape)}" for s in self.unused]
+        if self.strict:
+            out += [f"unused source variable: {unused_text(s.source, s.shape)}" for s in self.unused]
         return out
 
     @property
     def ok(self) -> bool:
-        """No problems (see :attr:`problems`)."""
+        """No problems (see :attr:`problems`): ``doctor``'s verdict with the same options."""
         return not self.problems
 
     def summary(self) -> dict[str, int]:
@@ -369,7 +372,10 @@ def transplant(
         strategy: The ``tf.distribute`` strategy to assign in; default: the one the model's
             variables were created under (or the current one).
         strict: Raise :class:`TransplantError` listing every problem (mismatches, variables left at
-            init, unused source variables) instead of transplanting what matches.
+            init, unused source variables) instead of transplanting what matches. False
+            (``--no-strict``, :attr:`ckptinspect.ops.model.plan.PairingOptions.strict`, as
+            ``doctor`` and ``extract`` take it): unused source variables are allowed (a note),
+            and variables without a value that fits keep their initial values.
         skip_mismatch: With ``strict``, tolerate shape/dtype mismatches (those variables keep their
             initial values; the report lists them).
         dry_run: Plan only: nothing is read or assigned, and nothing is raised for problems
@@ -391,8 +397,8 @@ def transplant(
         VerificationError: A value differs from the source on some replica after assignment.
         CkptError: The source cannot be opened or read.
     """
-    rules = parse_mapping(mapping)
-    layout = Layout(transpose_dense=transpose_dense, conv_layout=conv_layout, allow_reshape=allow_reshape)
+    options = PairingOptions.make(mapping, by_order=by_order, transpose_dense=transpose_dense,
+                                  conv_layout=conv_layout, allow_reshape=allow_reshape, strict=strict)
     tf = import_tf()
     model_targets = targets(tf, model)
     strat = resolve_strategy(tf, model_targets, strategy)
@@ -405,8 +411,7 @@ def transplant(
     else:
         ckpt = source
     try:
-        report, plan = _plan(ckpt, model, model_targets, strat, rules, strict=strict, skip_mismatch=skip_mismatch,
-                             dry_run=dry_run, by_order=by_order, layout=layout)
+        report, plan = _plan(ckpt, model, model_targets, strat, options, skip_mismatch=skip_mismatch, dry_run=dry_run)
         if dry_run:
             return report
         if strict and report.problems:
@@ -518,15 +523,12 @@ def _plan(
     model: Any,
     model_targets: Sequence[Target],
     strat: Any,
-    rules: Rules,
+    options: PairingOptions,
     *,
-    strict: bool,
     skip_mismatch: bool,
     dry_run: bool,
-    by_order: bool,
-    layout: Layout,
 ) -> tuple[TransplantReport, list[tuple[Target, m.Variable, Fit | None]]]:
-    plan = plan_load(ckpt, model_targets, PairingOptions(rules=tuple(rules), by_order=by_order, layout=layout))
+    plan = plan_load(ckpt, model_targets, options)
     assigned, mismatches = [], []
     for w in plan.weights:
         t, s = w.target, w.source
@@ -560,9 +562,9 @@ def _plan(
         replicas=int(strat.num_replicas_in_sync),
         local_replicas=local,
         dry_run=dry_run,
-        strict=strict,
+        strict=options.strict,
         skip_mismatch=skip_mismatch,
-        by_order=by_order,
+        by_order=options.by_order,
         assigned=tuple(assigned),
         mismatches=tuple(mismatches),
         left_at_init=tuple(left),
@@ -571,7 +573,7 @@ def _plan(
         metadata_skipped=plan.skipped_count(SKIP_METADATA),
         verified=False,
         notes=tuple(notes),
-        layout=layout.describe(),
+        layout=options.layout.describe(),
         rule_skipped=tuple(x.source.name for x in plan.skipped if x.reason == SKIP_COUNTER),
     )
     return report, plan.entries
