@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-INPUTS, HIDDEN, OUTPUTS = 32, 64, 8
+INPUTS, HIDDEN, OUTPUTS = 32, 32, 8
 
 
 def build_model():

@@ -30,7 +30,7 @@ def _oracle(step: pathlib.Path, key: str) -> np.ndarray:
 
 def test_scan_finds_the_planted_nan_step():
     report = ckptinspect.scan(str(FIX / "nan_run"))
-    assert [s.step for s in report.steps] == [1, 2, 3, 4, 5]
+    assert [s.step for s in report.steps] == [1, 2, 3, 4]
     assert report.first_nonfinite.step == 3
     nan_steps = {s for s, d in EXPECTED["nan_run"].items() if any(a["has_nan"] for a in d["arrays"].values())}
     assert min(int(s) for s in nan_steps) == 3
@@ -43,11 +43,11 @@ def test_last_step_equals_the_same_model_in_other_formats(other):
     assert len(pairs) == 8, [(v.name_a, v.name_b, v.status) for v in report.variables]
     assert report.identical
     kernel = next(v for v in pairs if v.name_a == "sequential/dense_1/kernel")
-    assert kernel.shape_b == (32, 64)
+    assert kernel.shape_b == (32, 32)
 
 
 def test_diff_between_steps_of_a_run():
-    report = ckptinspect.diff(str(RUN / "4"), str(RUN / "6"))
+    report = ckptinspect.diff(str(RUN / "3"), str(RUN / "6"))
     assert not report.identical
     by_name = {v.name: v for v in report.variables}
     assert by_name["sequential/dense_1/kernel"].status == "changed"
