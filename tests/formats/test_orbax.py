@@ -123,6 +123,8 @@ def test_verify_run_intact_and_interrupted_step_damaged():
     report = ckptinspect.verify(str(RUN))
     assert report.intact and len(report.checkpoints) == 2
     assert any("interrupted" in n for n in report.notes)
+    step_report = ckptinspect.verify(str(RUN / "6"))
+    assert step_report.intact and any("not the chunk data" in n for n in step_report.notes)
     _, check = prepare_check(str(RUN / "9.orbax-checkpoint-tmp"))
     result = check.run()
     assert result.status == "damaged"
