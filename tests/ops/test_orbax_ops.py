@@ -85,3 +85,17 @@ def test_extracted_weights_h5_loads_with_model_load_weights(tmp_path, monkeypatc
         for i, name in enumerate(names):
             key = f"trainable_variables.sequential.{layer}.{name}"
             np.testing.assert_array_equal(np.asarray(model.get_layer(layer).weights[i]), _oracle(RUN / "6", key))
+
+
+@pytest.mark.slow
+def test_transplant_an_orbax_step_into_the_keras_model(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "helpers"))
+    from orbax_builders import build_model
+
+    model = build_model()
+    report = ckptinspect.transplant(str(RUN / "6"), model)
+    assert len(report.assigned) == 8
+    for layer in ("dense_1", "batch_normalization", "dense_2"):
+        for w in model.get_layer(layer).weights:
+            key = f"{'non_' if not w.trainable else ''}trainable_variables.sequential.{layer}.{w.name}"
+            np.testing.assert_array_equal(np.asarray(w), _oracle(RUN / "6", key))
