@@ -4,8 +4,8 @@ Two steps of about 1 GB each (16 float32 kernels of 4096x4096 and their biases, 
 ``pytree``), written once by orbax itself in an environment that has it:
 
     python -m venv /tmp/venv-orbax && /tmp/venv-orbax/bin/pip install jax orbax-checkpoint
-    /tmp/venv-orbax/bin/python benchmarks/orbax_compare.py make /tmp/orbax-bench
-    python benchmarks/orbax_compare.py measure /tmp/orbax-bench --orbax-python /tmp/venv-orbax/bin/python
+    /tmp/venv-orbax/bin/python benchmarks/bench_orbax.py make /tmp/orbax-bench
+    python benchmarks/bench_orbax.py measure /tmp/orbax-bench --orbax-python /tmp/venv-orbax/bin/python
 
 ``measure`` runs each command three times (the median; peak RSS from the child's rusage):
 
