@@ -1,10 +1,12 @@
 """The series seam: which checkpoints a directory holds, in which order, with which step, and
 what is wrong with the directory, without opening a checkpoint.
 
-Two kinds of directory form a series:
+Three kinds of directory form a series:
 
 * a TF checkpoint directory (``CheckpointManager`` / ``Saver``): its state file and files, read by
   the TF family (:func:`ckptinspect.formats.tf.resolve.list_directory`);
+* a Keras 3 ``OrbaxCheckpoint`` run, ``DIR/<step>/`` each an Orbax checkpoint
+  (:func:`ckptinspect.formats.orbax.run.list_run`);
 * a directory of checkpoint files a training callback wrote, one file per save, each with its
   epoch or step in its name: Keras ``ModelCheckpoint`` (``weights.03.weights.h5``,
   ``model.05-0.42.h5``, ``ckpt_7.keras``) and PyTorch / Lightning (``epoch=2-step=60.ckpt``,
@@ -129,6 +131,10 @@ def list_series(directory: str, *, steps: bool = True) -> DirectoryListing:
     kind, files = _series_files(directory)
     if kind is not None:
         return _list_files(directory, kind, files, steps)
+    from .orbax.run import is_run, list_run  # noqa: PLC0415 - names and small files only
+
+    if is_run(directory):
+        return list_run(directory)
     from .tf.resolve import list_directory  # noqa: PLC0415 - the TF readers load for TF directories only
 
     return list_directory(directory, steps=steps)
@@ -156,6 +162,10 @@ def series_fingerprint(directory: str) -> object:
     """What changes when a process saves into the directory: a TF directory's state file; a file
     series' names, sizes and modification times."""
     kind, files = _series_files(directory)
+    from .orbax.run import is_run, run_fingerprint  # noqa: PLC0415
+
+    if kind is None and is_run(directory):
+        return run_fingerprint(directory)
     if kind is None:
         from .tf.directory import state_fingerprint  # noqa: PLC0415
 

@@ -59,7 +59,8 @@ class VerifyReport:
             status ``rotated``.
         problems: Directory-level damage, one line each: a state file TensorFlow cannot
             parse, that is not a regular file, or that names paths outside the directory.
-        notes: Worth knowing, not damage: temporaries left by interrupted ckptinspect writes.
+        notes: Worth knowing, not damage: temporaries left by interrupted ckptinspect writes;
+            what a format's check cannot prove (its check's ``notes``).
     """
 
     path: str
@@ -229,4 +230,5 @@ def verify(path: str, progress: Progress | None = None) -> VerifyReport:
         raise NotACheckpointError(f"{path}: not a checkpoint")
     result = check.run(progress)
     fallback = kind.label
-    return VerifyReport(path, result.format or fallback, False, (result,))
+    # what the format's check cannot prove (Orbax: chunk data without checksums), if it says
+    return VerifyReport(path, result.format or fallback, False, (result,), notes=tuple(getattr(check, "notes", ())))

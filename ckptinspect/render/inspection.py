@@ -148,6 +148,12 @@ def _header_fields(ckpt) -> list[tuple[str, Any]]:
         fields.append(("keras", info["keras_version"] + (f" ({info['backend']} backend)" if info.get("backend") else "")))
     if info.get("date_saved"):
         fields.append(("saved", info["date_saved"]))
+    if info.get("date_committed"):  # Orbax: when every host had finished
+        fields.append(("committed", info["date_committed"]))
+    if info.get("mesh"):  # Orbax: the device mesh the arrays were sharded over
+        processes = info.get("processes") or []
+        fields.append(("mesh", info["mesh"] + (f" ({len(processes)} process database{'s' if len(processes) != 1 else ''})"
+                                               if processes else "")))
     if info.get("unallocated"):  # datasets declared but never written: no values, no stats
         empty = info["unallocated"]
         more = f" (+{len(empty) - 3} more)" if len(empty) > 3 else ""
@@ -187,6 +193,7 @@ def _variable_rows(listing, fmt: OutputFormat, tree: bool) -> list[dict[str, Any
     stats = listing.stats
     unreadable = listing.checkpoint.info.get("unreadable") or {}
     rows = []
+    specs = listing.checkpoint.info.get("partition_specs") or {}  # Orbax: each array's partition spec
     shapes: dict[tuple, str] = {}  # thousands of variables, a few distinct shapes and sizes
     sizes: dict[int, str] = {}
     for v in (sorted(listing.variables, key=lambda v: v.name) if tree else listing.variables):
@@ -207,6 +214,8 @@ def _variable_rows(listing, fmt: OutputFormat, tree: bool) -> list[dict[str, Any
             "shards": ",".join(str(s) for s in v.shards) or "-",
             "role": v.role,
         }
+        if specs:
+            row["partition"] = specs.get(v.key, "-")
         if stats is not None:
             s = stats.get(v.key)
             for f in ("min", "max", "mean", "std"):
@@ -233,6 +242,9 @@ def ls_view(listing, fmt: OutputFormat, tree: bool = False, width: int | None = 
     columns: list[Column] = [("name", "name"), ("shape", "shape"), ("dtype", "dtype"), ("size", "size"),
                              ("shards", "shard"), ("role", "role")]
     csv_cols = ["key", "name", "shape", "dtype", "nbytes", "shards", "role"]
+    if ckpt.info.get("partition_specs"):
+        columns.insert(5, ("partition", "partition"))
+        csv_cols.append("partition")
     if listing.stats is not None:
         columns += [("min", "min"), ("max", "max"), ("mean", "mean"), ("std", "std"), ("nan", "nan"), ("inf", "inf")]
         csv_cols += ["min", "max", "mean", "std", "nan", "inf"]
