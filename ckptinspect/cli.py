@@ -22,6 +22,7 @@ import click
 
 from . import errors, formats
 from ._cli_app import Argument, EnumChoice, Group, Option
+from ._tf import require_tf
 from .render import OutputFormat
 
 EXIT_OK = 0
@@ -318,6 +319,8 @@ def extract_command(src: str, output: str, to: Optional[str], builder: Optional[
                     transpose_dense: bool, conv_layout: str, keep_metadata: bool, max_shard_size: Optional[str],
                     force: bool, optimizer_pattern: Optional[str], format: OutputFormat) -> None:  # noqa: A002
     """Write the model's weights alone (optimizer state stripped), still restorable, and check them."""
+    if builder:
+        require_tf("extract --builder")
     from .ops.extract.operation import extract  # noqa: PLC0415
     from .render import extract_view  # noqa: PLC0415
 
@@ -381,6 +384,7 @@ def transplant_command(src: str, dst: str, builder: str, strategy: str, replicas
     Exit 1 (after writing) when not every model variable received a value (--no-strict,
     --skip-mismatch); nothing is written when nothing was assigned.
     """
+    require_tf("transplant")
     from .ops.model.transplant import transplant_and_write  # noqa: PLC0415
     from .render import transplant_refusal, transplant_view  # noqa: PLC0415
 
@@ -420,6 +424,7 @@ def train_command(out: str, steps: int, save_every: int, replicas: int, max_to_k
                   max_shard_bytes: Optional[int], seed: int, keras: bool, force: bool, nan_at: Optional[int],
                   nan_variable: Optional[str]) -> None:
     """Train the small fixture model under MirroredStrategy and save real checkpoints into OUT."""
+    require_tf("train")
     from . import trainer  # noqa: PLC0415
 
     trainer.configure_devices(replicas)  # first: logical devices must exist before TF initialises
@@ -449,6 +454,7 @@ def doctor_command(src: str, builder: str, maps: list[str], allow_reshape: bool,
                    conv_layout: str, emit_fix: Optional[Emit], output: Optional[str], force: bool,
                    format: OutputFormat) -> None:  # noqa: A002
     """Explain how a checkpoint's weights would load into a model, and the fix (exit 0 all load, 1 not)."""
+    require_tf("doctor --builder")
     from . import open as open_checkpoint  # noqa: PLC0415
     from .ops.model import transplant as tp  # noqa: PLC0415
     from .ops.doctor.operation import doctor  # noqa: PLC0415

@@ -293,7 +293,7 @@ class BundleSource(m.BaseSource):
         out = np.empty(shape, dtype=dtype)
         for box, (_, _, se) in zip(boxes, stored):
             part = self._read_run(variable, se, _count(se.shape)).reshape(se.shape)
-            out[tuple(slice(lo, hi) for lo, hi in box)] = part
+            out[(*(slice(lo, hi) for lo, hi in box), Ellipsis)] = part
         return out
 
     def _check_shards(self, variable: m.Variable) -> None:

@@ -19,9 +19,7 @@ from ..._tf import import_tf
 from ...errors import CkptError, CorruptCheckpointError, UsageError, VerificationError
 from ...formats import (
     capabilities,
-    numpy_view,
     open_checkpoint,
-    restore_tensor,
     write_safetensors,
 )
 from ..bit_equality import bit_equal
@@ -76,9 +74,9 @@ def source_matcher(ckpt: m.Checkpoint) -> Callable[[Any, m.Variable], bool]:
 
 
 def _value_reader(ckpt: m.Checkpoint) -> Callable[[m.Variable], np.ndarray]:
-    """Reads one source value. TF sources: a whole numeric tensor from its data file in blocks
-    (crc-checked, no TensorFlow), anything else (strings, slices) through RestoreV2 into
-    TensorFlow's buffer, viewed without a copy; other formats through their own reader."""
+    """Reads one source value. TF bundles: a whole numeric tensor from its data file in blocks
+    (crc-checked), anything else (strings, slices, V1 tables) through the checkpoint's own
+    decoder; other formats through their own reader. No TensorFlow."""
     can = capabilities(ckpt.format)
     if "tf-restorable" not in can:
         return ckpt.read
@@ -87,7 +85,7 @@ def _value_reader(ckpt: m.Checkpoint) -> Callable[[m.Variable], np.ndarray]:
     def read(v: m.Variable) -> np.ndarray:
         dtype = m.numpy_dtype(v.dtype)
         if not streamed or v.sliced or dtype is None:
-            return numpy_view(restore_tensor(ckpt.path, v.key, v.dtype))
+            return ckpt.read(v)
         return gather_blocks(ckpt, v, COMPARE_CHUNK // max(1, dtype.itemsize),
                              lambda n: CorruptCheckpointError(f"{ckpt.path}: {v.key!r} holds {n} of {v.size} values"))
 
