@@ -57,6 +57,21 @@ def silenced_stderr():
         os.close(devnull)
 
 
+def optional_tf():
+    """TensorFlow (imported quietly) where it is installed, else None: for what works with
+    any Keras 3 backend and uses TensorFlow only when the model is TensorFlow's (object-graph
+    paths, strategies)."""
+    return import_tf() if tensorflow_available() else None
+
+
+def missing_tensorflow(e: BaseException, what: str) -> MissingDependencyError | None:
+    """The error to raise instead of ``e`` when ``e`` is the import of TensorFlow failing (a
+    ``--builder`` module or its Keras backend importing it), else None."""
+    if isinstance(e, ModuleNotFoundError) and (e.name or "").split(".")[0] == "tensorflow":
+        return MissingDependencyError(f"{what} needs TensorFlow, which is not installed: {TF_EXTRA}")
+    return None
+
+
 def import_tf(what: str = "this operation"):
     """Import TensorFlow with its chatter silenced (set CKPTINSPECT_TF_LOGS=1 to see it): the
     start-up lines, and the C++ log lines it prints later (``failed call to cuInit`` on a

@@ -22,7 +22,7 @@ import click
 
 from . import errors, formats
 from ._cli_app import Argument, EnumChoice, Group, Option
-from ._tf import require_tf
+from ._tf import require_tf, tensorflow_available
 from .render import OutputFormat
 
 EXIT_OK = 0
@@ -319,8 +319,6 @@ def extract_command(src: str, output: str, to: Optional[str], builder: Optional[
                     transpose_dense: bool, conv_layout: str, keep_metadata: bool, max_shard_size: Optional[str],
                     force: bool, optimizer_pattern: Optional[str], format: OutputFormat) -> None:  # noqa: A002
     """Write the model's weights alone (optimizer state stripped), still restorable, and check them."""
-    if builder:
-        require_tf("extract --builder")
     from .ops.extract.operation import extract  # noqa: PLC0415
     from .render import extract_view  # noqa: PLC0415
 
@@ -454,7 +452,6 @@ def doctor_command(src: str, builder: str, maps: list[str], allow_reshape: bool,
                    conv_layout: str, emit_fix: Optional[Emit], output: Optional[str], force: bool,
                    format: OutputFormat) -> None:  # noqa: A002
     """Explain how a checkpoint's weights would load into a model, and the fix (exit 0 all load, 1 not)."""
-    require_tf("doctor --builder")
     from . import open as open_checkpoint  # noqa: PLC0415
     from .ops.model import transplant as tp  # noqa: PLC0415
     from .ops.doctor.operation import doctor  # noqa: PLC0415
@@ -468,7 +465,9 @@ def doctor_command(src: str, builder: str, maps: list[str], allow_reshape: bool,
     tp.parse_mapping(maps)  # bad rules and layouts fail before any work
     Layout(conv_layout=conv_layout)
     with open_checkpoint(src) as ckpt, progress("doctor") as shown:
-        model = tp.build_in_scope(builder, tp.make_strategy("default", None))
+        # TensorFlow's default strategy where it is installed; a Keras 3 model of another backend
+        # is built without it
+        model = tp.build_in_scope(builder, tp.make_strategy("default", None) if tensorflow_available() else None)
         report = doctor(ckpt, model, mapping=maps, allow_reshape=allow_reshape, transpose_dense=transpose_dense,
                         conv_layout=conv_layout, out=output if emit_fix == Emit.weights else None, force=force,
                         progress=shown)

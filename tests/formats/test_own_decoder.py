@@ -236,3 +236,56 @@ def test_v1_tables_equal_tensorflow(tmp_path):
             want = tf.raw_ops.RestoreV2(prefix=path, tensor_names=[v.key], shape_and_slices=[""], dtypes=[dtype])[0]
             assert same_value(ckpt.source.read(v), want.numpy()), v.key
         assert ckpt.read("parts").shape == (7, 3) and len(next(v for v in ckpt.variables if v.key == "parts").slices) == 3
+
+
+# -- what needs TensorFlow, where it is not installed -------------------------------------------
+NO_TF = textwrap.dedent("""
+    import sys
+    sys.modules["tensorflow"] = None  # as if TensorFlow were not installed: its import fails
+    from ckptinspect.__main__ import run
+    sys.argv = ["ckptinspect", *sys.argv[1:]]
+    try:
+        run()
+    finally:
+        print("tensorflow imported:", sys.modules.get("tensorflow") is not None, file=sys.stderr)
+""")
+
+
+def run_without_tf(*args: str, backend: str = "tensorflow") -> subprocess.CompletedProcess:
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    return subprocess.run([sys.executable, "-c", NO_TF, *args], capture_output=True, text=True, timeout=300, env=env)
+
+
+NEEDS_TF = "needs TensorFlow, which is not installed: pip install 'ckptinspect[tf]'"
+
+
+@pytest.mark.parametrize("args, what", [
+    (["transplant", "fixtures/run/ckpt-8", "{out}/t", "--builder", "ckptinspect.trainer.net:build_model"], "transplant"),
+    (["train", "{out}/run"], "train"),
+    # a builder whose Keras backend is TensorFlow's
+    (["doctor", "fixtures/run/ckpt-8", "--builder", "ckptinspect.trainer.net:build_model"],
+     "--builder ckptinspect.trainer.net:build_model"),
+    # the object graph of a TF checkpoint pairs the weights: TensorFlow's TrackableView
+    (["extract", "fixtures/run/ckpt-8", "-o", "{out}/w.weights.h5", "--builder", "ckptinspect.trainer.net:build_model"],
+     "extract --builder from a TF checkpoint (its object graph pairs the built model's weights)"),
+])
+def test_what_needs_tensorflow_says_which_extra_before_any_work(tmp_path, args, what):
+    proc = run_without_tf(*(a.format(out=tmp_path).replace("fixtures/", f"{ROOT}/fixtures/") for a in args))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    assert proc.stderr.splitlines() == [f"Error: {what} {NEEDS_TF}", "tensorflow imported: False"]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_doctor_and_its_weights_with_a_keras_model_of_another_backend(tmp_path):
+    """A Keras 3 model on the torch backend: doctor pairs it and writes its weights without TensorFlow."""
+    pytest.importorskip("torch")
+    out = tmp_path / "fixed.weights.h5"
+    proc = run_without_tf("doctor", str(ROOT / "fixtures/keras/model.weights.h5"), "--builder",
+                          "ckptinspect.trainer.net:build_model", "--emit", "weights", "-o", str(out), backend="torch")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines()[-1] == "tensorflow imported: False"
+    with ckptinspect.open(str(out)) as fixed, ckptinspect.open(str(ROOT / "fixtures/keras/model.weights.h5")) as src:
+        for v in fixed.variables:
+            assert same_value(fixed.read(v), src.read(v.key)), v.key

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from ... import model as m
-from ..._tf import import_tf
+from ..._tf import import_tf, missing_tensorflow, optional_tf, require_tf
 from ...errors import CkptError, CorruptCheckpointError, UsageError, VerificationError
 from ...formats import (
     capabilities,
@@ -413,17 +413,22 @@ def write_weights_through_model(
 
 
 def call_builder(builder: Builder) -> Any:
-    """The built Keras model ``builder()`` returns (TensorFlow imported quietly first).
+    """The built Keras model ``builder()`` returns (TensorFlow, where it is installed, imported
+    quietly first; a Keras 3 model of any backend is built without it).
 
     Raises:
         UsageError: The builder failed, or did not return a built Keras model.
+        MissingDependencyError: The builder imports TensorFlow, which is not installed.
     """
-    import_tf()  # quietly, before the builder touches TensorFlow
+    optional_tf()  # quietly, before the builder touches TensorFlow
     try:
         model = builder()
     except CkptError:
         raise
     except Exception as e:  # noqa: BLE001 - the user's builder failed
+        missing = missing_tensorflow(e, "the --builder model")
+        if missing is not None:
+            raise missing from None
         raise UsageError(f"the builder failed: {type(e).__name__}: {e}") from None
     if not hasattr(model, "save_weights") or not hasattr(model, "weights"):
         raise UsageError(f"the builder returned {type(model).__name__}, not a Keras model")
@@ -441,6 +446,7 @@ def write_weights_from_builder(
             "maps weights to the built model); this one is name-based"
         )
     need_object_graph(ckpt)
+    require_tf("extract --builder from a TF checkpoint (its object graph pairs the built model's weights)")
     model = call_builder(builder)
     matches = _pair_with_built_model(ckpt, model)
     model_vars = list(model.weights)
