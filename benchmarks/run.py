@@ -287,7 +287,10 @@ class Pair:
 
 @functools.lru_cache(maxsize=None)
 def largest_key(prefix: str) -> str:
-    """The key of a bundle's largest tensor (from its index, in a child: no import here)."""
+    """The key of a bundle's largest tensor (from its index, in a child: no import here); a
+    placeholder before the checkpoints are generated (the pairs are made again after)."""
+    if not os.path.exists(prefix + ".index"):
+        return "?"
     code = ("import ckptinspect\nwith ckptinspect.open(%r) as c:\n"
             "    print(max(c.variables, key=lambda v: (v.nbytes, v.key)).key)\n" % prefix)
     return subprocess.run(py(code), capture_output=True, text=True, check=True).stdout.strip()
