@@ -52,10 +52,7 @@ def _crc32c_library() -> Any:
                 *sorted(glob.glob(os.path.join(here, ".dylibs", "libcrc32c*"))),  # macOS
                 *sorted(glob.glob(os.path.join(here, "*crc32c*.dll"))),  # Windows
             ]
-            found = ctypes.util.find_library("crc32c")
-            if found:
-                candidates.append(found)
-            for path in candidates:
+            for path in _then_system(candidates, ctypes.util.find_library):
                 try:
                     candidate = ctypes.CDLL(path)
                     fn = candidate.crc32c_extend
@@ -71,6 +68,15 @@ def _crc32c_library() -> Any:
             lib = None
         _LIB.append(lib)
         return lib
+
+
+def _then_system(candidates: list[str], find_library: Callable[[str], str | None]) -> Any:
+    """The wheel's libraries, then the system's: ``find_library`` runs ``ldconfig`` (tens of
+    milliseconds at the first read of a value), so only when the wheel's did not do."""
+    yield from candidates
+    found = find_library("crc32c")
+    if found:
+        yield found
 
 
 def buffer_crc32c() -> Callable[..., int]:
