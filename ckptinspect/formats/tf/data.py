@@ -263,13 +263,13 @@ def read_value(path: str, entry: IndexEntry, count: int, files: _fs.DataFiles) -
             " tf.data iterator's state) has no numpy value"
         )
     if entry.dtype == "string":
-        raw = _read_whole(path, entry, files)
+        raw = bytes(_read_whole(path, entry, files))
         try:
-            actual = tensor_crc32c("string", entry.shape, bytes(raw))
+            actual = tensor_crc32c("string", entry.shape, raw)
             if entry.crc32c is not None and actual != entry.crc32c:
                 raise CorruptCheckpointError(f"{path}: {entry.key!r}: {crc_mismatch(entry.crc32c, actual)}")
             out = np.empty(count, dtype=object)
-            out[:] = decode_string_tensor(bytes(raw), count) if count else []
+            out[:] = decode_string_tensor(raw, count) if count else []
         except MalformedError as e:
             raise CorruptCheckpointError(f"{path}: cannot read {entry.key!r}: {e}") from None
         return out
