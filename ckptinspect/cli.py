@@ -22,6 +22,7 @@ import click
 
 from . import errors, formats
 from ._cli_app import Argument, EnumChoice, Group, Option
+from ._tf import require_tf, tensorflow_available
 from .render import OutputFormat
 
 EXIT_OK = 0
@@ -410,6 +411,7 @@ def transplant_command(src: str, dst: str, builder: str, strategy: str, replicas
     Exit 1 (after writing) when not every model variable received a value (--no-strict,
     --skip-mismatch); nothing is written when nothing was assigned.
     """
+    require_tf("transplant")
     from .ops.model.transplant import transplant_and_write  # noqa: PLC0415
     from .render import transplant_refusal, transplant_view  # noqa: PLC0415
 
@@ -449,6 +451,7 @@ def train_command(out: str, steps: int, save_every: int, replicas: int, max_to_k
                   max_shard_bytes: Optional[int], seed: int, keras: bool, force: bool, nan_at: Optional[int],
                   nan_variable: Optional[str]) -> None:
     """Train the small fixture model under MirroredStrategy and save real checkpoints into OUT."""
+    require_tf("train")
     from . import trainer  # noqa: PLC0415
 
     trainer.configure_devices(replicas)  # first: logical devices must exist before TF initialises
@@ -493,7 +496,9 @@ def doctor_command(src: str, builder: str, maps: list[str], by_order: bool, allo
     tp.parse_mapping(maps)  # bad rules and layouts fail before any work
     Layout(conv_layout=conv_layout)
     with open_checkpoint(src) as ckpt, progress("doctor") as shown:
-        model = tp.build_in_scope(builder, tp.make_strategy("default", None))
+        # TensorFlow's default strategy where it is installed; a Keras 3 model of another backend
+        # is built without it
+        model = tp.build_in_scope(builder, tp.make_strategy("default", None) if tensorflow_available() else None)
         report = doctor(ckpt, model, mapping=maps, by_order=by_order, allow_reshape=allow_reshape, strict=strict,
                         transpose_dense=transpose_dense, conv_layout=conv_layout, out=output if emit_fix == Emit.weights else None, force=force,
                         progress=shown)

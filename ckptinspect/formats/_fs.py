@@ -95,8 +95,8 @@ def _fsspec(path: str) -> Any:
 
 
 def _remote(path: str) -> Any:
-    """The file system object for a remote path: fsspec's, else ``tf.io.gfile`` behind the
-    same few calls (:class:`_GFileFS`)."""
+    """The file system object for a remote path: fsspec's, else (TensorFlow installed, fsspec
+    not, or not for this scheme) ``tf.io.gfile`` behind the same few calls (:class:`_GFileFS`)."""
     fs = _fsspec(path)
     return fs if fs is not None else _GFileFS()
 
@@ -153,6 +153,13 @@ def check_remote(path: str) -> None:
             raise CheckpointNotFoundError(f"{path}: cannot access ({text})") from None
         return
     name = scheme(path)
+    from .._tf import tensorflow_available  # noqa: PLC0415 - tf.io.gfile only where TensorFlow is installed
+
+    if not tensorflow_available():
+        raise CheckpointNotFoundError(
+            f"{path}: the {name}:// scheme needs an fsspec implementation: pip install 'ckptinspect[gcs]' (gs://)"
+            " or 'ckptinspect[s3]' (s3://)"
+        )
     supported = remote_schemes()
     if name not in supported:
         raise CheckpointNotFoundError(

@@ -42,7 +42,7 @@ from typing import Any, Callable, Sequence
 from ... import _atomic
 from ... import model as m
 from ...errors import UsageError
-from ..model.devices import import_tf
+from ..model.devices import optional_tf
 from .rules import propose, propose_rules, rules_as_given
 from ..match.layouts import CONV_HWIO, FIT_EQUAL, Fit
 from ..match.mapping import RulesLike, rules_text
@@ -354,7 +354,7 @@ def doctor(
             raise UsageError(f"{out}: doctor writes Keras 3 weights: name the output *{WEIGHTS_H5_SUFFIX}")
         if not is_keras(model):
             raise UsageError(f"{out}: a .weights.h5 output needs a Keras 3 model (model.save_weights)")
-    tf = import_tf()
+    tf = optional_tf()  # any Keras 3 backend; TensorFlow's object graph when it is there
     model_targets = targets(tf, model)
     owns = not isinstance(source, m.Checkpoint)
     if owns:
@@ -428,7 +428,7 @@ def weight_plan(ckpt: m.Checkpoint, model: Any, *, options: PairingOptions, out:
         UsageError: Strict and the plan has problems, or no weight receives a value (counted by
             kind, the first ones named).
     """
-    tf = import_tf()
+    tf = optional_tf()  # any Keras 3 backend; TensorFlow's object graph when it is there
     report, plan = _diagnose(ckpt, model, targets(tf, model), options)
     if options.strict or not plan.entries:
         return WritePlan(report, _entries(report, plan, model, out, hint), [])

@@ -16,13 +16,11 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from ... import model as m
-from ..._tf import import_tf
+from ..._tf import missing_tensorflow, optional_tf
 from ...errors import CkptError, CorruptCheckpointError, UsageError, VerificationError
 from ...formats import (
     capabilities,
-    numpy_view,
     open_checkpoint,
-    restore_tensor,
     safetensors_run_metadata,
     write_safetensors,
 )
@@ -75,9 +73,9 @@ def source_matcher(ckpt: m.Checkpoint) -> Callable[[Any, m.Variable], bool]:
 
 
 def _value_reader(ckpt: m.Checkpoint) -> Callable[[m.Variable], np.ndarray]:
-    """Reads one source value. TF sources: a whole numeric tensor from its data file in blocks
-    (crc-checked, no TensorFlow), anything else (strings, slices) through RestoreV2 into
-    TensorFlow's buffer, viewed without a copy; other formats through their own reader."""
+    """Reads one source value. TF bundles: a whole numeric tensor from its data file in blocks
+    (crc-checked), anything else (strings, slices, V1 tables) through the checkpoint's own
+    decoder; other formats through their own reader. No TensorFlow."""
     can = capabilities(ckpt.format)
     if "tf-restorable" not in can:
         return ckpt.read
@@ -86,7 +84,7 @@ def _value_reader(ckpt: m.Checkpoint) -> Callable[[m.Variable], np.ndarray]:
     def read(v: m.Variable) -> np.ndarray:
         dtype = m.numpy_dtype(v.dtype)
         if not streamed or v.sliced or dtype is None:
-            return numpy_view(restore_tensor(ckpt.path, v.key, v.dtype))
+            return ckpt.read(v)
         return gather_blocks(ckpt, v, COMPARE_CHUNK // max(1, dtype.itemsize),
                              lambda n: CorruptCheckpointError(f"{ckpt.path}: {v.key!r} holds {n} of {v.size} values"))
 
@@ -381,17 +379,22 @@ def write_weights_through_model(
 
 
 def call_builder(builder: Builder) -> Any:
-    """The built Keras model ``builder()`` returns (TensorFlow imported quietly first).
+    """The built Keras model ``builder()`` returns (TensorFlow, where it is installed, imported
+    quietly first; a Keras 3 model of any backend is built without it).
 
     Raises:
         UsageError: The builder failed, or did not return a built Keras model.
+        MissingDependencyError: The builder imports TensorFlow, which is not installed.
     """
-    import_tf()  # quietly, before the builder touches TensorFlow
+    optional_tf()  # quietly, before the builder touches TensorFlow
     try:
         model = builder()
     except CkptError:
         raise
     except Exception as e:  # noqa: BLE001 - the user's builder failed
+        missing = missing_tensorflow(e, "the --builder model")
+        if missing is not None:
+            raise missing from None
         raise UsageError(f"the builder failed: {type(e).__name__}: {e}") from None
     if not hasattr(model, "save_weights") or not hasattr(model, "weights"):
         raise UsageError(f"the builder returned {type(model).__name__}, not a Keras model")
