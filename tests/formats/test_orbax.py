@@ -295,3 +295,24 @@ def test_orbax_fixtures_are_small():
     # Orbax writes a few small files per step whatever the model (metadata, sharding, manifests,
     # one b-tree per process database): the folder has its own bound, as fixtures/series does.
     assert sum(p.stat().st_size for p in FIX.rglob("*") if p.is_file()) < 700 * 1024
+
+
+def test_every_value_has_its_declared_shape_scalars_included(tmp_path):
+    """Orbax stores a scalar (a metric's count) as one element of shape [1]: read() gives the
+    declared shape (), so rewrite to safetensors takes the whole step (it refused on the
+    scalar: 'read float32[1], expected float32[]')."""
+    with open_checkpoint(str(RUN / "6")) as ckpt:
+        scalars = [v for v in ckpt.variables if v.shape == ()]
+        assert scalars
+        for v in ckpt.variables:
+            assert ckpt.read(v).shape == tuple(v.shape), v.name
+    out = tmp_path / "step6.safetensors"
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from ckptinspect.cli import app  # noqa: PLC0415
+
+    result = CliRunner().invoke(app, ["rewrite", str(RUN / "6"), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    with open_checkpoint(str(out)) as written, open_checkpoint(str(RUN / "6")) as ckpt:
+        for v in scalars:
+            assert written.read(v.name).shape == () and written.read(v.name) == ckpt.read(v)

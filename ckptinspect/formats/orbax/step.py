@@ -254,7 +254,13 @@ class OrbaxSource(m.BaseSource):
     def read(self, variable: m.Variable) -> np.ndarray:
         if m.numpy_dtype(variable.dtype) is None:
             raise CorruptCheckpointError(f"{self.step}: {variable.key}: dtype {variable.dtype} cannot be read")
-        return self._read(self._store(variable), variable, None)
+        value = self._read(self._store(variable), variable, None)
+        if value.shape != tuple(variable.shape):
+            if value.size != variable.size:
+                raise CorruptCheckpointError(f"{self.step}: {variable.key}: holds {value.size} values, its metadata"
+                                             f" declares {m.format_shape(variable.shape)}")
+            value = value.reshape(variable.shape)  # a scalar is stored as one element of shape [1]
+        return value
 
     def iter_blocks(self, variable: m.Variable, elements: int) -> Iterator[np.ndarray]:
         """The flattened value in row bands of whole chunk rows where they fit in ``elements``
