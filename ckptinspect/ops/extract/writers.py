@@ -392,7 +392,8 @@ def call_builder(builder: Builder) -> Any:
     except CkptError:
         raise
     except Exception as e:  # noqa: BLE001 - the user's builder failed
-        missing = missing_tensorflow(e, "the --builder model")
+        spec = getattr(builder, "spec", None)  # as the command line named it
+        missing = missing_tensorflow(e, f"--builder {spec}" if spec else "the --builder model")
         if missing is not None:
             raise missing from None
         raise UsageError(f"the builder failed: {type(e).__name__}: {e}") from None

@@ -75,4 +75,5 @@ def _no_exit(spec: str, fn: Callable[[], Any]) -> Callable[[], Any]:
 
     builder.__name__ = getattr(fn, "__name__", "builder")
     builder.__wrapped__ = fn  # type: ignore[attr-defined]
+    builder.spec = spec  # type: ignore[attr-defined] - how errors name it (--builder SPEC)
     return builder
