@@ -68,6 +68,10 @@ FILE_LABELS = {
 
 # -- the alternatives, as scripts a user would write ----------------------------------------
 TF_LIST = "import tensorflow as tf\nprint(len(tf.train.list_variables({p!r})))\n"
+# issue 26: one tensor's value, from a fresh process (start-up included): our decoder vs TF's reader.
+READ_OURS = "import ckptinspect\nwith ckptinspect.open({p!r}) as c:\n    print(c.read({k!r}).shape)\n"
+READ_TF = "import tensorflow as tf\nprint(tf.train.load_checkpoint({p!r}).get_tensor({k!r}).shape)\n"
+READ_TARGET_S = 0.3  # read() of one tensor of the 1 GB checkpoint, start-up included (issue 26)
 TF_STATS = """import numpy as np, tensorflow as tf
 r = tf.train.load_checkpoint({p!r})
 for key in sorted(r.get_variable_to_shape_map()):
@@ -281,6 +285,17 @@ class Pair:
     tools: list[c.Tool]
 
 
+@functools.lru_cache(maxsize=None)
+def largest_key(prefix: str) -> str:
+    """The key of a bundle's largest tensor (from its index, in a child: no import here); a
+    placeholder before the checkpoints are generated (the pairs are made again after)."""
+    if not os.path.exists(prefix + ".index"):
+        return "?"
+    code = ("import ckptinspect\nwith ckptinspect.open(%r) as c:\n"
+            "    print(max(c.variables, key=lambda v: (v.nbytes, v.key)).key)\n" % prefix)
+    return subprocess.run(py(code), capture_output=True, text=True, check=True).stdout.strip()
+
+
 def make_pairs(s: c.CheckpointSet, out: pathlib.Path) -> list[Pair]:
     """Every pair on the checkpoint set ``s``; outputs of writing commands go under ``out``."""
     h5ls = None if shutil.which("h5ls") else f"h5ls {HDF5_TOOLS_HINT}"
@@ -297,6 +312,10 @@ def make_pairs(s: c.CheckpointSet, out: pathlib.Path) -> list[Pair]:
             c.Tool("ckptinspect ls", [*CKPT, "ls", s.a], **ours),
             c.Tool("tf.train.list_variables", py(TF_LIST.format(p=s.a))),
             c.Tool("inspect_checkpoint", [PY, "-m", "tensorflow.python.tools.inspect_checkpoint", f"--file_name={s.a}"]),
+        ]),
+        Pair("read", "ls", "read() of the largest tensor, in a fresh process (issue 26)", [
+            c.Tool("ckptinspect.open(p).read(name)", py(READ_OURS.format(p=s.a, k=largest_key(s.a))), **ours),
+            c.Tool("tf.train.load_checkpoint(p).get_tensor(key)", py(READ_TF.format(p=s.a, k=largest_key(s.a)))),
         ]),
         Pair("ls-sharded", "ls", "list a multi-shard TF bundle (MaxShardSizePolicy)", [
             c.Tool("ckptinspect ls", [*CKPT, "ls", s.sharded], **ours),
@@ -542,6 +561,10 @@ def evaluate_targets(results: dict[str, dict[str, Any]], s: c.CheckpointSet, flo
     add(f"ls >= 10x faster than tf.train.list_variables ({s.meta['entries']} variables)",
         f"{lv.median / ls.median:.1f}x ({ls.median:.3f} s vs {lv.median:.3f} s)" if ls and lv else None,
         lv.median / ls.median >= 10 if ls and lv else None)
+    r, g = med(results, "read", "ckptinspect.open(p).read(name)"), med(results, "read", "tf.train.load_checkpoint(p).get_tensor(key)")
+    add(f"read() of one tensor under {READ_TARGET_S} s, start-up included ({s.layout.size_mb} MB; issue 26)",
+        f"{r.median:.3f} s ({mib(r.peak)} MiB) vs get_tensor {g.median:.3f} s ({mib(g.peak)} MiB)" if r and g else
+        (f"{r.median:.3f} s" if r else None), r.median < READ_TARGET_S if r else None)
     peaks = [(p, med(results, p, "ckptinspect ls")) for p in ("ls", "ls-sharded", "ls-h5", "ls-weights-h5")]
     peaks = [(p, m) for p, m in peaks if m]
     add("ls peak memory < 100 MiB",

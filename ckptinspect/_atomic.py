@@ -144,22 +144,61 @@ def _protected_files(protected: Iterable[str]) -> list[str]:
     return out
 
 
-def _guarded_directories(protected: Iterable[str]) -> dict[str, str]:
-    """Directories whose resolution an output must not change, by real path: a checkpoint
-    directory given as the source (not a SavedModel root, which resolves through its
-    ``variables/``), and the directory holding a source TF prefix."""
-    out: dict[str, str] = {}
+def _guarded_directories(protected: Iterable[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """The directories an output must not change, by real path: (source directories, their
+    holders). A source directory is a checkpoint directory given as the source (not a
+    SavedModel root, which resolves through its ``variables/``): what it resolves to must not
+    change. The holders are those and the directories holding a source TF prefix: no state
+    file may appear there, and the checkpoints their state file lists are not replaced."""
+    sources: dict[str, str] = {}
+    holders: dict[str, str] = {}
     for p in protected:
         p = os.fspath(p)
         if "://" in p:
             continue
         if os.path.isdir(p):
             if not any(os.path.exists(os.path.join(p, f)) for f in SAVED_MODEL_FILES):
-                out.setdefault(os.path.realpath(p), p)
+                sources.setdefault(os.path.realpath(p), p)
+                holders.setdefault(os.path.realpath(p), p)
         elif prefix_files(p):
             directory = os.path.dirname(p) or "."
-            out.setdefault(os.path.realpath(directory), directory)
-    return out
+            holders.setdefault(os.path.realpath(directory), directory)
+    return sources, holders
+
+
+def _check_directory(dest: str, prefix: bool, protected: list[str]) -> None:
+    """Refuse an output that would change what a source's directory resolves to (see
+    :func:`check_output`)."""
+    sources, holders = _guarded_directories(protected)
+    real_dir = os.path.realpath(os.path.dirname(dest) or ".")
+    if real_dir not in holders:
+        return
+    shown = holders[real_dir]
+    if os.path.basename(dest) == STATE_FILE and not prefix:
+        raise UsageError(f"{dest}: would be the checkpoint state file of {shown}, the source's directory; "
+                         "write the output elsewhere")
+    if not prefix:
+        return
+    # TF's resolution rule, from the TF family itself: through the door, the TF family (whose
+    # writers import this module) would depend on every other family (lint-imports' contract)
+    from .formats.tf.directory import PLACED_LATEST, PLACED_LISTED, placement  # noqa: PLC0415
+
+    name = os.path.basename(dest)
+    placed = placement(shown, os.path.join(shown, name))
+    if placed == PLACED_LISTED:
+        if os.path.lexists(dest + INDEX_SUFFIX):
+            raise UsageError(f"{dest}: would replace {name}, a checkpoint the state file of {shown} (the source "
+                             "checkpoint's directory) lists; write the output elsewhere")
+        raise UsageError(f"{dest}: would write {name}, a checkpoint the state file of {shown} (the source "
+                         "checkpoint's directory) lists, and change what it resolves to; write the output elsewhere")
+    if real_dir not in sources or placed is None:
+        return
+    if placed == PLACED_LATEST:
+        raise UsageError(f"{dest}: would add {name}{INDEX_SUFFIX} to {shown}, the source directory, and make it "
+                         f"resolve to {name} (it has no '{STATE_FILE}' state file naming a checkpoint); write the "
+                         "output elsewhere")
+    raise UsageError(f"{dest}: would replace a checkpoint of {shown}, the source directory, which resolves by its "
+                     f"*{INDEX_SUFFIX} files (no '{STATE_FILE}' state file naming a checkpoint); write the output elsewhere")
 
 
 def _describe(path: str, st: os.stat_result) -> str:
@@ -284,10 +323,13 @@ def check_output(
     the output's kind (HDF5, an ``.npz`` of ``.npy`` members, a zip). Anything else at the
     output's names (a plain file named like the prefix, the ``checkpoint`` state file, a
     directory, a symlink, a FIFO, a file of another kind) is refused, with or without
-    ``force``. So is an output that would change a source checkpoint's directory (the
-    directory given, or the one holding a source prefix): a TF prefix there (a new ``*.index``
-    changes what it resolves to; an existing one is one of its checkpoints), or a file named
-    ``checkpoint`` there.
+    ``force``. So is an output that would change what a source's directory resolves to: a
+    file named ``checkpoint`` (a state file) in a source directory or in the directory of a
+    source prefix; a checkpoint the state file there lists; and, in a checkpoint directory
+    given as the source that no state file decides (it resolves to its newest ``*.index``), a
+    new prefix it would then resolve to or one of its checkpoints. A new prefix beside a
+    source prefix, or in a directory whose state file names an existing checkpoint, changes
+    nothing a directory resolves to and is written.
 
     Args:
         dest: The output file, or the output prefix when ``prefix`` is set.
@@ -297,7 +339,8 @@ def check_output(
             :data:`KIND_ZIP`, :data:`KIND_SAFETENSORS` or :data:`KIND_PNG` (default: from the
             suffix; a PNG only when named).
         protected: Inputs that must never be overwritten (files, directories or TF prefixes);
-            a source directory, and the directory of a source prefix, must not change.
+            what a source directory, and the directory of a source prefix, resolve to must
+            not change.
 
     Returns:
         The existing files the write will replace (empty unless ``force``).
@@ -333,20 +376,7 @@ def check_output(
             _check_replaceable(path, *(("index", _INDEX_NAME) if path.endswith(INDEX_SUFFIX) else ("data", _DATA_NAME)))
         else:
             _check_replaceable(path, kind, _KIND_NAMES[kind])
-    directory = os.path.dirname(dest) or "."
-    guarded_dirs = _guarded_directories(protected)
-    real_dir = os.path.realpath(directory)
-    if real_dir in guarded_dirs:
-        shown = guarded_dirs[real_dir]
-        if os.path.basename(dest) == STATE_FILE and not prefix:
-            raise UsageError(f"{dest}: would be the checkpoint state file of {shown}, the source's directory; "
-                             "write the output elsewhere")
-        if prefix and not os.path.lexists(dest + INDEX_SUFFIX):
-            raise UsageError(f"{dest}: would add {os.path.basename(dest)}{INDEX_SUFFIX} to {shown}, the source "
-                             "checkpoint's directory, and change what it resolves to; write the output elsewhere")
-        if prefix:
-            raise UsageError(f"{dest}: would replace a checkpoint of {shown}, the source checkpoint's directory; "
-                             "write the output elsewhere")
+    _check_directory(dest, prefix, protected)
     if existing and not force:
         what = dest if not prefix else f"{dest} ({', '.join(os.path.basename(p) for p in existing)})"
         raise OutputExistsError(f"{what}: output exists; pass --force (force=True) to replace it")

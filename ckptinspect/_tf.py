@@ -1,18 +1,45 @@
-"""The one place that imports TensorFlow for reading values.
+"""The one place that imports TensorFlow (``transplant``, ``train``, ``--builder`` models,
+writing through TensorFlow): an optional dependency, the ``[tf]`` extra.
 
-TensorFlow's C++ logging is quietened before the import, and its errors are turned into
-ckptinspect's own, naming the file.
+Reading checkpoints never needs it (TF bundles are decoded by ``formats.tf``). Without it,
+:func:`require_tf` and :func:`import_tf` raise one :class:`~.errors.MissingDependencyError`
+naming ``pip install 'ckptinspect[tf]'``. TensorFlow's C++ logging is quietened before the
+import.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import sys
 
-import numpy as np
+from .errors import MissingDependencyError
 
-from .errors import CheckpointNotFoundError, CorruptCheckpointError
+TF_EXTRA = "pip install 'ckptinspect[tf]'"
+
+
+def tensorflow_available() -> bool:
+    """Whether TensorFlow can be imported here (without importing it)."""
+    if sys.modules.get("tensorflow") is not None:
+        return True
+    try:
+        return importlib.util.find_spec("tensorflow") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def require_tf(what: str) -> None:
+    """Refuse, before any work, what needs TensorFlow where it is not installed.
+
+    Args:
+        what: What needs it, as the message names it (``transplant``, ``--builder models``).
+
+    Raises:
+        MissingDependencyError: ``WHAT needs TensorFlow, which is not installed: pip install 'ckptinspect[tf]'``.
+    """
+    if not tensorflow_available():
+        raise MissingDependencyError(f"{what} needs TensorFlow, which is not installed: {TF_EXTRA}")
 
 
 @contextlib.contextmanager
@@ -30,12 +57,28 @@ def silenced_stderr():
         os.close(devnull)
 
 
-def import_tf():
+def optional_tf():
+    """TensorFlow (imported quietly) where it is installed, else None: for what works with
+    any Keras 3 backend and uses TensorFlow only when the model is TensorFlow's (object-graph
+    paths, strategies)."""
+    return import_tf() if tensorflow_available() else None
+
+
+def missing_tensorflow(e: BaseException, what: str) -> MissingDependencyError | None:
+    """The error to raise instead of ``e`` when ``e`` is the import of TensorFlow failing (a
+    ``--builder`` module or its Keras backend importing it), else None."""
+    if isinstance(e, ModuleNotFoundError) and (e.name or "").split(".")[0] == "tensorflow":
+        return MissingDependencyError(f"{what} needs TensorFlow, which is not installed: {TF_EXTRA}")
+    return None
+
+
+def import_tf(what: str = "this operation"):
     """Import TensorFlow with its chatter silenced (set CKPTINSPECT_TF_LOGS=1 to see it): the
     start-up lines, and the C++ log lines it prints later (``failed call to cuInit`` on a
     machine without a GPU); its errors reach us as Python exceptions, turned into ours."""
-    if "tensorflow" in sys.modules:
+    if sys.modules.get("tensorflow") is not None:
         return sys.modules["tensorflow"]
+    require_tf(what)
     if not os.environ.get("CKPTINSPECT_TF_LOGS"):
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     if os.environ.get("CKPTINSPECT_TF_LOGS"):
@@ -44,52 +87,3 @@ def import_tf():
         with silenced_stderr():
             import tensorflow as tf  # noqa: PLC0415
     return tf
-
-
-def load_checkpoint(prefix: str):
-    """A ``CheckpointReader`` for exactly this prefix or V1 file.
-
-    ``tf.train.load_checkpoint`` resolves a directory argument through its state file, so a
-    prefix whose basename is empty (``dir/``, as ``saver.save(sess, "dir/")`` writes) would
-    silently open another checkpoint; such prefixes go straight to the reader.
-    """
-    tf = import_tf()
-    try:
-        if os.path.basename(prefix) == "" or tf.io.gfile.isdir(prefix):
-            from tensorflow.python.training import py_checkpoint_reader  # noqa: PLC0415
-
-            return py_checkpoint_reader.NewCheckpointReader(prefix)
-        return tf.train.load_checkpoint(prefix)
-    except tf.errors.NotFoundError as e:
-        raise CheckpointNotFoundError(f"{prefix}: {_first_line(e)}") from None
-    except (tf.errors.OpError, ValueError) as e:
-        raise CorruptCheckpointError(f"{prefix}: TensorFlow cannot open it: {_first_line(e)}") from None
-
-
-def get_tensor(reader, prefix: str, key: str) -> np.ndarray:
-    """One tensor's value, with TensorFlow's errors turned into ours."""
-    tf = import_tf()
-    try:
-        # The exact bytes: a key that is not UTF-8 is held as surrogate escapes (formats._bundle_index).
-        value = reader.get_tensor(key.encode("utf-8", "surrogateescape"))
-    except tf.errors.NotFoundError as e:
-        raise CheckpointNotFoundError(f"{prefix}: {key!r}: {_first_line(e)}") from None
-    except IndexError as e:  # TF's reader raises IndexError("Read less bytes than requested")
-        raise CorruptCheckpointError(
-            f"{prefix}: cannot read {key!r}: {_first_line(e)} (a data shard is shorter than the index"
-            " says; `ckptinspect verify` names it)"
-        ) from None
-    except (tf.errors.OpError, ValueError, RuntimeError) as e:
-        raise CorruptCheckpointError(f"{prefix}: cannot read {key!r}: {_first_line(e)}") from None
-    if isinstance(value, bytes):
-        # A scalar string: an object array keeps trailing NUL bytes, which numpy's fixed-width
-        # bytes dtype would drop (serialized protos such as object graphs end in them).
-        out = np.empty((), dtype=object)
-        out[()] = value
-        return out
-    return np.asarray(value)
-
-
-def _first_line(e: BaseException) -> str:
-    text = getattr(e, "message", None) or str(e)
-    return text.strip().splitlines()[0] if text.strip() else type(e).__name__

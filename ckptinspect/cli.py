@@ -22,6 +22,7 @@ import click
 
 from . import errors, formats
 from ._cli_app import Argument, EnumChoice, Group, Option
+from ._tf import require_tf, tensorflow_available
 from .render import OutputFormat
 
 EXIT_OK = 0
@@ -109,6 +110,26 @@ def layout_options(whose: str = "The source's", when: str = "") -> Callable:
         return transpose_dense(conv_layout(fn))  # listed in this order
 
     return decorate
+
+
+def by_order_option(when: str = "") -> Callable:
+    """``--by-order``: the layer-order rule of the one pairing plan (doctor, transplant, extract)."""
+    return option("--by-order", is_flag=True,
+                  help=f"Also pair layers nothing else paired by layer order and shape{when}.")
+
+
+def allow_reshape_option(when: str = "") -> Callable:
+    """``--allow-reshape``: a source value of as many elements fits (doctor, transplant, extract)."""
+    return option("--allow-reshape", is_flag=True,
+                  help=f"A source value with as many elements as the model variable fits (it is reshaped){when}.")
+
+
+def strict_option(when: str = "") -> Callable:
+    """``--strict/--no-strict``: what counts as a problem in the one pairing plan (doctor,
+    transplant, extract; ``PairingOptions.strict``)."""
+    return option("--strict/--no-strict", default=True,
+                  help="Fail on any problem, unused source variables included (default); or allow unused source "
+                       f"variables and leave weights without a value that fits at init (exit 1 when one is){when}.")
 
 
 def fail(message: str, details: tuple[str, ...] | list[str] = ()) -> None:
@@ -273,7 +294,6 @@ def verify_command(path: str, format: OutputFormat) -> None:  # noqa: A002
         raise click.exceptions.Exit(EXIT_DIFFERENT)
 
 
-ALLOW_RESHAPE_HELP = "A source value with as many elements as the model variable fits (it is reshaped)."
 
 
 class Emit(str, enum.Enum):
@@ -306,7 +326,10 @@ WITH_BUILDER = " (.weights.h5 with --builder)"
 @option("--to", metavar="[tf|weights-h5|h5|npz|safetensors]", help="Output file type (default: from OUT's suffix; needed for any other suffix).")
 @builder_option(required=False, when="; needed for .weights.h5 from a TF, PyTorch or safetensors checkpoint")
 @map_option(when=WITH_BUILDER)
+@by_order_option(when=WITH_BUILDER)
 @layout_options(when=WITH_BUILDER)
+@allow_reshape_option(when=WITH_BUILDER)
+@strict_option(when=WITH_BUILDER)
 @option("--keep-metadata", is_flag=True, help="Also keep step counters, save_counter, TF1 global_step.")
 @option("--max-shard-size", metavar="SIZE", help="TF output: bytes per data shard (e.g. 256MiB), filled in turn. Default: one data file; 0: one tensor (or slice) per shard.")
 @force_option
@@ -315,9 +338,13 @@ WITH_BUILDER = " (.weights.h5 with --builder)"
 @debug_option
 @handle_errors
 def extract_command(src: str, output: str, to: Optional[str], builder: Optional[str], maps: list[str],
-                    transpose_dense: bool, conv_layout: str, keep_metadata: bool, max_shard_size: Optional[str],
-                    force: bool, optimizer_pattern: Optional[str], format: OutputFormat) -> None:  # noqa: A002
-    """Write the model's weights alone (optimizer state stripped), still restorable, and check them."""
+                    by_order: bool, transpose_dense: bool, conv_layout: str, allow_reshape: bool, strict: bool,
+                    keep_metadata: bool, max_shard_size: Optional[str], force: bool, optimizer_pattern: Optional[str],
+                    format: OutputFormat) -> None:  # noqa: A002
+    """Write the model's weights alone (optimizer state stripped), still restorable, and check them.
+
+    Exit 1 (after writing) when --builder --no-strict left a model weight at init.
+    """
     from .ops.extract.operation import extract  # noqa: PLC0415
     from .render import extract_view  # noqa: PLC0415
 
@@ -326,8 +353,11 @@ def extract_command(src: str, output: str, to: Optional[str], builder: Optional[
                          keep=("model", "metadata") if keep_metadata else ("model",),
                          max_shard_bytes=None if max_shard_size is None else parse_size(max_shard_size),
                          progress=shown, optimizer_pattern=optimizer_pattern, mapping=maps,
-                         transpose_dense=transpose_dense, conv_layout=conv_layout)
+                         transpose_dense=transpose_dense, conv_layout=conv_layout, by_order=by_order,
+                         allow_reshape=allow_reshape, strict=strict)
     emit(extract_view(report, format))
+    if not report.complete:
+        raise click.exceptions.Exit(EXIT_DIFFERENT)
 
 
 @app.command("rewrite")
@@ -363,12 +393,12 @@ def rewrite_command(src: str, output: str, rename: list[str], drop: list[str], r
 @option("--replicas", type=int, metavar="N", help="Logical CPU devices for --strategy mirrored (default 2).")
 @map_option()
 @option("--skip-mismatch", is_flag=True, help="Leave variables whose shape/dtype differ at init instead of failing.")
-@option("--strict/--no-strict", default=True, help="Fail on any problem (default), or transplant what matches.")
-@option("--by-order", is_flag=True, help="Also pair layers nothing else paired by layer order and shape.")
+@strict_option()
+@by_order_option()
 @option("--dry-run", is_flag=True, help="Show the plan; assign and write nothing.")
 @force_option
 @layout_options()
-@option("--allow-reshape", is_flag=True, help=ALLOW_RESHAPE_HELP)
+@allow_reshape_option()
 @format_option()
 @debug_option
 @handle_errors
@@ -381,6 +411,7 @@ def transplant_command(src: str, dst: str, builder: str, strategy: str, replicas
     Exit 1 (after writing) when not every model variable received a value (--no-strict,
     --skip-mismatch); nothing is written when nothing was assigned.
     """
+    require_tf("transplant")
     from .ops.model.transplant import transplant_and_write  # noqa: PLC0415
     from .render import transplant_refusal, transplant_view  # noqa: PLC0415
 
@@ -420,6 +451,7 @@ def train_command(out: str, steps: int, save_every: int, replicas: int, max_to_k
                   max_shard_bytes: Optional[int], seed: int, keras: bool, force: bool, nan_at: Optional[int],
                   nan_variable: Optional[str]) -> None:
     """Train the small fixture model under MirroredStrategy and save real checkpoints into OUT."""
+    require_tf("train")
     from . import trainer  # noqa: PLC0415
 
     trainer.configure_devices(replicas)  # first: logical devices must exist before TF initialises
@@ -436,8 +468,10 @@ def train_command(out: str, steps: int, save_every: int, replicas: int, max_to_k
 @argument("src", "SRC", help="Source checkpoint: TF prefix or directory, SavedModel, Keras .h5/.weights.h5/.keras.")
 @builder_option(required=True)
 @map_option()
-@option("--allow-reshape", is_flag=True, help=ALLOW_RESHAPE_HELP)
+@by_order_option()
+@allow_reshape_option()
 @layout_options()
+@strict_option()
 @option("--emit", "emit_fix", type=EnumChoice(Emit), metavar="[map|assignment-map|weights]",
         help="Print the --map rules, print the init_from_checkpoint assignment map, or write the weights (-o).")
 @option("--output", "-o", metavar="OUT", help="With --emit weights: the .weights.h5 to write (model.load_weights(OUT) loads it).")
@@ -445,8 +479,8 @@ def train_command(out: str, steps: int, save_every: int, replicas: int, max_to_k
 @format_option()
 @debug_option
 @handle_errors
-def doctor_command(src: str, builder: str, maps: list[str], allow_reshape: bool, transpose_dense: bool,
-                   conv_layout: str, emit_fix: Optional[Emit], output: Optional[str], force: bool,
+def doctor_command(src: str, builder: str, maps: list[str], by_order: bool, allow_reshape: bool, transpose_dense: bool,
+                   conv_layout: str, strict: bool, emit_fix: Optional[Emit], output: Optional[str], force: bool,
                    format: OutputFormat) -> None:  # noqa: A002
     """Explain how a checkpoint's weights would load into a model, and the fix (exit 0 all load, 1 not)."""
     from . import open as open_checkpoint  # noqa: PLC0415
@@ -462,9 +496,11 @@ def doctor_command(src: str, builder: str, maps: list[str], allow_reshape: bool,
     tp.parse_mapping(maps)  # bad rules and layouts fail before any work
     Layout(conv_layout=conv_layout)
     with open_checkpoint(src) as ckpt, progress("doctor") as shown:
-        model = tp.build_in_scope(builder, tp.make_strategy("default", None))
-        report = doctor(ckpt, model, mapping=maps, allow_reshape=allow_reshape, transpose_dense=transpose_dense,
-                        conv_layout=conv_layout, out=output if emit_fix == Emit.weights else None, force=force,
+        # TensorFlow's default strategy where it is installed; a Keras 3 model of another backend
+        # is built without it
+        model = tp.build_in_scope(builder, tp.make_strategy("default", None) if tensorflow_available() else None)
+        report = doctor(ckpt, model, mapping=maps, by_order=by_order, allow_reshape=allow_reshape, strict=strict,
+                        transpose_dense=transpose_dense, conv_layout=conv_layout, out=output if emit_fix == Emit.weights else None, force=force,
                         progress=shown)
     if emit_fix == Emit.map:
         emit(doctor_map_view(report, format))
@@ -557,8 +593,8 @@ def scan_command(paths: list[str], role: Optional[str], plot: Optional[str], for
 
 
 @app.command("average")
-@argument("sources", "SRC", nargs=-1, required=False, help="Checkpoints of one run: TF prefixes, .index files or directories (or --last N DIR).")
-@option("--output", "-o", required=True, metavar="OUT", help="Output TF prefix (no suffix, or .ckpt / .ckpt-N).")
+@argument("sources", "SRC", nargs=-1, required=False, help="Checkpoints of one run: TF prefixes or .index files, Keras .weights.h5 or legacy .h5 files (or --last N DIR).")
+@option("--output", "-o", required=True, metavar="OUT", help="Output TF prefix (no suffix, or .ckpt / .ckpt-N); OUT.weights.h5 or OUT.h5 for Keras inputs.")
 @option("--last", type=(int, str), metavar="N DIR", help="Average the newest N checkpoints the CheckpointManager/Saver directory DIR retains.")
 @option("--ema", type=float, metavar="DECAY", help="Exponential moving average in step order (e_k = DECAY*e_{k-1} + (1-DECAY)*x_k) instead of the mean.")
 @option("--role", metavar="model", help="Write only the model's variables (object graph pruned to them).")

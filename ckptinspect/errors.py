@@ -23,6 +23,7 @@ __all__ = [
     "UsageError",
     "TransplantError",
     "VerificationError",
+    "MissingDependencyError",
     "one_line",
 ]
 
@@ -72,6 +73,11 @@ class OutputWriteError(CkptError, OSError):
 
 class UsageError(CkptError, ValueError):
     """The arguments of a call do not fit together."""
+
+
+class MissingDependencyError(CkptError, ImportError):
+    """What was asked needs an optional dependency that is not installed (TensorFlow for
+    ``transplant``, ``train`` and ``--builder`` models); the message names the extra to install."""
 
 
 class TransplantError(CkptError, ValueError):

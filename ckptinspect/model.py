@@ -31,6 +31,8 @@ __all__ = [
     "Damage",
     "CheckResult",
     "Progress",
+    "run_positions",
+    "place_in_run",
     "strip_output_index",
     "format_shape",
     "ITEMSIZE",
@@ -173,11 +175,14 @@ class RetainedCheckpoint:
 
     Attributes:
         path: The checkpoint prefix.
-        step: Step number from the prefix name, or None.
+        step: Its training step where the listing read it from its variables (a TF
+            directory's newest checkpoints), else None.
         timestamp: Save time from the state file, or None.
         exists: Whether its index (and data) files are on disk.
         in_state_file: Whether the ``checkpoint`` state file lists it.
         latest: Whether this is the checkpoint the directory resolves to.
+        number: The number in its name (``ckpt-7``: 7, ``weights.03.weights.h5``: 3,
+            ``epoch=2-step=60.ckpt``: 60), or None: its place in the series, not a step.
     """
 
     path: str
@@ -186,9 +191,48 @@ class RetainedCheckpoint:
     exists: bool
     in_state_file: bool = True
     latest: bool = False
+    number: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def run_positions(steps: Sequence[int | None], numbers: Sequence[int | None]) -> tuple[list[int | None], str | None]:
+    """The one rule placing the checkpoints of a run in order and on an axis (``scan``,
+    ``average``, ``verify``'s newest, ``plan``'s cadence): their training steps when every one
+    has one; else the numbers in their names (or epochs) when every one has one; else none
+    (the order given stands).
+
+    Args:
+        steps: Each checkpoint's training step (:attr:`Checkpoint.step`), or None.
+        numbers: Each checkpoint's number (:attr:`Checkpoint.number`, the listing's), or None.
+
+    Returns:
+        (positions, ``"step"``, ``"number"`` or None): one position per checkpoint, all None
+        when neither is known for all of them.
+    """
+    if steps and all(s is not None for s in steps):
+        return list(steps), "step"
+    if numbers and all(n is not None for n in numbers):
+        return list(numbers), "number"
+    return [None] * max(len(steps), len(numbers)), None
+
+
+def place_in_run(step: int | None, number: int | None, number_source: str | None) -> str | None:
+    """Where a checkpoint sits in its run, in words: ``step 9360`` (its training step), else its
+    number as what it is (``checkpoint 7``, ``epoch 3``, ``step=60 in its name``, ``save 7``,
+    ``number 3 in its name``); None when neither is known. Every command says it this way."""
+    if step is not None:
+        return f"step {step}"
+    if number is None:
+        return None
+    what, _, where = (number_source or "").partition(":")
+    if what == "name":
+        return {"checkpoint": f"checkpoint {number}", "epoch": f"epoch {number}",
+                "step": f"step={number} in its name"}.get(where, f"number {number} in its name")
+    if number_source == "save_counter":
+        return f"save {number}"
+    return f"{where or 'number'} {number}"
 
 
 Progress = Callable[[int, int, Any], None]
@@ -253,13 +297,14 @@ class CheckResult:
         path: The prefix or file.
         format: A format name (``ckptinspect.formats.FORMATS``, from the format registry), or None when it could not be told.
         status: ``intact``, ``damaged`` or ``missing``.
-        step: Step number, or None.
+        step: Its training step (the step rule), or None.
         latest: The checkpoint a directory resolves to.
         in_state_file: Listed by the directory's ``checkpoint`` state file.
         tensors: Tensors (stored slices, datasets) checked.
         nbytes: Bytes checked.
         problems: File-level problems (index, missing or short shards), one line each.
         damaged: Damaged tensors, in file order.
+        number: In a directory, the number in its name (:attr:`RetainedCheckpoint.number`), or None.
     """
 
     path: str
@@ -272,6 +317,7 @@ class CheckResult:
     nbytes: int = 0
     problems: tuple[str, ...] = ()
     damaged: tuple[Damage, ...] = ()
+    number: int | None = None
 
     @property
     def intact(self) -> bool:
@@ -399,8 +445,16 @@ class Checkpoint:
         path: The resolved path (TF prefix, HDF5 or zip file).
         format: A format name (``ckptinspect.formats.FORMATS``, from the format registry).
         variables: The variables, in file order.
-        step: The step number, or None.
-        step_source: Where the step came from (``filename``, ``variable:global_step``...).
+        step: The training step a variable records, or None (:func:`run_positions` and the
+            formats' step rule: ``global_step``/``step`` first, else the optimizer's
+            iteration count; never a number read from the name).
+        step_source: Where the step came from (``variable:global_step``,
+            ``optimizer:optimizer/iter``, ``metadata:step``...).
+        number: The checkpoint's number when it is not a training step: the number in its
+            name (a ``CheckpointManager``'s ``ckpt-7``, ``epoch=2`` in a Lightning name), else
+            an epoch or save counter a variable records; None when there is none.
+        number_source: What ``number`` is (:data:`NUMBER_SOURCES` phrases: ``name:checkpoint``,
+            ``name:epoch``, ``name:step``, ``variable:epoch``, ``save_counter``...).
         num_shards: Number of data files (1 for single-file formats).
         checkpoints: For a directory, every checkpoint it holds; empty otherwise.
         info: Format-specific header facts (Keras version, model class, ...).
@@ -411,6 +465,8 @@ class Checkpoint:
     variables: tuple[Variable, ...]
     step: int | None = None
     step_source: str | None = None
+    number: int | None = None
+    number_source: str | None = None
     num_shards: int = 1
     checkpoints: tuple[RetainedCheckpoint, ...] = ()
     info: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -523,6 +579,8 @@ class Checkpoint:
             "format": self.format,
             "step": self.step,
             "step_source": self.step_source,
+            "number": self.number,
+            "number_source": self.number_source,
             "num_shards": self.num_shards,
         }
         if self.checkpoints:

@@ -28,6 +28,7 @@ from ..errors import CheckpointNotFoundError, NotACheckpointError
 from . import _catalog, _fs, _registry  # noqa: F401 - importing _catalog registers the built-in formats
 from ._layout import DATA_FILE_RE, INDEX_SUFFIX, STATE_FILE
 from ._readcheck import Check, Opened, ReadCheck
+from ._step import apply_step_rule
 from .outputs import (  # the one vocabulary of output kinds (standard library only)
     FORMAT_OF,
     OUTPUT_KINDS,
@@ -50,6 +51,7 @@ if TYPE_CHECKING:  # imported on first use (see _LAZY_NAMES): `ls x.safetensors`
         LEGACY_OPTIMIZER_GROUP as KERAS_LEGACY_OPTIMIZER_GROUP,
         OPTIMIZER_GROUP as KERAS_OPTIMIZER_GROUP,
         copy_h5,
+        copy_keras_zip,
         h5_value,
         legacy_h5_renames,
         read_h5_output,
@@ -58,6 +60,7 @@ if TYPE_CHECKING:  # imported on first use (see _LAZY_NAMES): `ls x.safetensors`
         weights_h5_renames,
     )
     from .npz import npy_array, read_npz, write_npz
+    from .safetensors.file import run_metadata as safetensors_run_metadata
     from .series import DirectoryListing, name_numbers
     from .tf.object_graph import ATTRIBUTES_MARK, OPTIMIZER_SLOT_MARK
     from .tf.directory import checkpoint_present, checkpoint_step
@@ -123,10 +126,12 @@ __all__ = [
     "compare_copy",
     # writing safetensors (extract, rewrite)
     "write_safetensors",
+    "safetensors_run_metadata",
     # writing Keras HDF5 files (extract, rewrite, average: formats/keras/write.py)
     "KERAS_OPTIMIZER_GROUP",
     "KERAS_LEGACY_OPTIMIZER_GROUP",
     "copy_h5",
+    "copy_keras_zip",
     "h5_value",
     "read_h5_output",
     "weights_h5_renames",
@@ -232,8 +237,10 @@ def spec_of(path: str) -> FormatSpec:
 
 
 def _opener(spec: FormatSpec):
-    """The opening function of a kind (the spec registered first for it carries it)."""
-    return _registry.resolve(_registry.spec_for(spec.kind).open)
+    """The opening function of a kind (the spec registered first for it carries it), its
+    checkpoint's step decided by the one step rule (:func:`~ckptinspect.formats._step.apply_step_rule`)."""
+    open_ = _registry.resolve(_registry.spec_for(spec.kind).open)
+    return lambda target: apply_step_rule(open_(target))
 
 
 def open_checkpoint(path: str) -> m.Checkpoint:
@@ -333,12 +340,14 @@ _LAZY_NAMES = {
     "KERAS_OPTIMIZER_GROUP": ("keras.write", "OPTIMIZER_GROUP"),
     "KERAS_LEGACY_OPTIMIZER_GROUP": ("keras.write", "LEGACY_OPTIMIZER_GROUP"),
     "copy_h5": ("keras.write", "copy_h5"),
+    "copy_keras_zip": ("keras.write", "copy_keras_zip"),
     "h5_value": ("keras.write", "h5_value"),
     "read_h5_output": ("keras.write", "read_h5_output"),
     "weights_h5_renames": ("keras.write", "weights_h5_renames"),
     "legacy_h5_renames": ("keras.write", "legacy_h5_renames"),
     "update_h5_copy": ("keras.write", "update_h5_copy"),
     "row_block_elements": ("keras.write", "row_block_elements"),
+    "safetensors_run_metadata": ("safetensors.file", "run_metadata"),
     "npy_array": ("npz", "npy_array"),
     "write_npz": ("npz", "write_npz"),
     "read_npz": ("npz", "read_npz"),

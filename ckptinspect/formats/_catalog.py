@@ -18,6 +18,7 @@ from ._registry import (
 )
 from .hf import sniff as hf
 from .keras import sniff as keras
+from .orbax import sniff as orbax
 from .safetensors import sniff as safetensors
 from .tf import sniff as tf
 from .torch import sniff as torch
@@ -46,6 +47,11 @@ register(FormatSpec("tf-bundle", "tf", AT_PREFIX, tf.bundle_prefix, open="tf.bun
 register(FormatSpec("tf-savedmodel", "tf", AT_DIRECTORY, tf.savedmodel_directory,
                     open="tf.bundle:open_savedmodel", check="tf.bundle:check_savedmodel",
                     formats=(m.FORMAT_TF_SAVEDMODEL,), capabilities=_TF, describe="a SavedModel directory"))
+register(FormatSpec("orbax", "orbax", AT_DIRECTORY, orbax.step_directory, open="orbax.step:open_orbax",
+                    check="orbax.step:check_orbax", formats=("orbax",), capabilities=("keras-layout",),
+                    describe="a Keras 3 Orbax step directory"))
+register(FormatSpec("orbax-run", "orbax", AT_DIRECTORY, orbax.run_directory, open="orbax.run:open_run",
+                    capabilities=("series",), describe="a directory of Orbax steps"))
 register(FormatSpec("hf-folder", "hf", AT_DIRECTORY, hf.weights_folder, open=None, redirect=True))
 register(FormatSpec("file-series", "series", AT_DIRECTORY, _file_series, open="series:open_series",
                     capabilities=("series",), describe="a folder of Keras or PyTorch checkpoints with the epoch or step in their names"))

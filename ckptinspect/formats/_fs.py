@@ -177,14 +177,19 @@ def check_remote(path: str) -> None:
     except _remote.RemoteUnavailable as e:
         if name in _remote.EXTRAS and name not in ("gs", "gcs"):  # tf.io.gfile has no s3, hf or http
             raise CheckpointNotFoundError(f"{path}: {e}") from None
-        missing = str(e)
+        missing = str(e) if name in _remote.EXTRAS else None
     else:
         _remote.stat(path)  # no such bucket, access denied, no network: one line (CheckpointNotFoundError)
         return
-    try:
-        supported = remote_schemes()
-    except Exception:  # noqa: BLE001 - no TensorFlow: fsspec was the only way
-        raise CheckpointNotFoundError(f"{path}: {missing}") from None
+    from .._tf import tensorflow_available  # noqa: PLC0415 - tf.io.gfile only where TensorFlow is installed
+
+    if not tensorflow_available():
+        raise CheckpointNotFoundError(
+            f"{path}: {missing}" if missing else
+            f"{path}: the {name}:// scheme needs an fsspec implementation: pip install 'ckptinspect[gcs]' (gs://)"
+            " or 'ckptinspect[s3]' (s3://)"
+        )
+    supported = remote_schemes()
     if name not in supported:
         raise CheckpointNotFoundError(
             f"{path}: the {name}:// scheme is not supported; remote paths work with "

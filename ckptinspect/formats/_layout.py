@@ -14,6 +14,19 @@ STATE_FILE = "checkpoint"
 DATA_FILE_RE = re.compile(r"^(?P<prefix>.*)\.data-(?P<shard>\d{5})-of-(?P<num>\d{5})$")
 
 
+# The number at the end of a TF prefix's file name (``ckpt-10``, ``model.ckpt-100``, ``ckpt_1``),
+# after a sharded V1 file's ``-00000-of-00001``.
+TF_PREFIX_NUMBER_RE = re.compile(r"[-_](\d+)$")
+V1_SHARD_SUFFIX_RE = re.compile(r"-(\d{5}|\?{5})-of-\d{5}$")
+
+
+def prefix_number(basename: str) -> int | None:
+    """The number a TF prefix's file name ends in (``ckpt-10`` -> 10; ``model.ckpt-7-00000-of-00001``,
+    a sharded V1 file, -> 7), or None."""
+    match = TF_PREFIX_NUMBER_RE.search(V1_SHARD_SUFFIX_RE.sub("", basename))
+    return int(match.group(1)) if match else None
+
+
 def data_path(prefix: str, shard: int, num_shards: int) -> str:
     """The file holding data shard ``shard`` of a bundle."""
     return f"{prefix}.data-{shard:05d}-of-{num_shards:05d}"

@@ -1,10 +1,12 @@
 """The series seam: which checkpoints a directory holds, in which order, with which step, and
 what is wrong with the directory, without opening a checkpoint.
 
-Two kinds of directory form a series:
+Three kinds of directory form a series:
 
 * a TF checkpoint directory (``CheckpointManager`` / ``Saver``): its state file and files, read by
   the TF family (:func:`ckptinspect.formats.tf.resolve.list_directory`);
+* a Keras 3 ``OrbaxCheckpoint`` run, ``DIR/<step>/`` each an Orbax checkpoint
+  (:func:`ckptinspect.formats.orbax.run.list_run`);
 * a directory of checkpoint files a training callback wrote, one file per save, each with its
   epoch or step in its name: Keras ``ModelCheckpoint`` (``weights.03.weights.h5``,
   ``model.05-0.42.h5``, ``ckpt_7.keras``) and PyTorch / Lightning (``epoch=2-step=60.ckpt``,
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 
 from .. import model as m
 from .._atomic import leftover_temporaries
@@ -28,6 +29,7 @@ from ..errors import CkptError, NotACheckpointError
 from . import _fs
 from ._layout import INDEX_SUFFIX, STATE_FILE
 from ._listing import SERIES_KERAS, SERIES_TF, SERIES_TORCH, DirectoryListing
+from ._names import FILE_SERIES_SUFFIXES, NameNumbers, name_numbers
 
 __all__ = [
     "SERIES_TF",
@@ -44,67 +46,9 @@ __all__ = [
     "series_changed",
 ]
 
-# The file suffixes of each kind of file series, longest first where one ends another.
-FILE_SERIES_SUFFIXES = {
-    SERIES_KERAS: (".weights.h5", ".h5", ".hdf5", ".keras"),
-    SERIES_TORCH: (".ckpt", ".pt", ".pth"),
-}
 TF_MARKERS = (STATE_FILE, "saved_model.pb", "saved_model.pbtxt")
 MAX_SERIES_FILES = 100_000  # names looked at in one directory
-
-# ``epoch=2-step=60``: Lightning's ``{epoch}-{step}`` template writes key=value pairs.
-_KEY_NUMBER_RE = re.compile(r"(?:^|[^A-Za-z0-9])(epoch|step|global_step|iter|iteration)=(\d+)(?![\d.])", re.I)
-# A number standing alone between separators (``weights.03``, ``model-05``, ``ckpt_7``), not part
-# of a word (``keras2``) nor of a decimal (``0.45``).
-_TOKEN_RE = re.compile(r"(?:^|(?<=[._\-=]))(\d+)(?=$|[._\-])")
-
-
-@dataclasses.dataclass(frozen=True)
-class NameNumbers:
-    """The numbers a checkpoint's file name carries.
-
-    Attributes:
-        epoch: ``epoch=N``, or None.
-        step: ``step=N`` (``global_step=``, ``iter=``), or None.
-        number: The name's number when it carries no ``key=value`` (a ``ModelCheckpoint``
-            ``{epoch}``, a ``CheckpointManager`` number), or None.
-    """
-
-    epoch: int | None = None
-    step: int | None = None
-    number: int | None = None
-
-    @property
-    def order(self) -> int | None:
-        """What the series is ordered by: the step, else the epoch, else the number."""
-        for value in (self.step, self.epoch, self.number):
-            if value is not None:
-                return value
-        return None
-
-
-def _stem(name: str) -> str:
-    for suffixes in FILE_SERIES_SUFFIXES.values():
-        for suffix in suffixes:
-            if name.endswith(suffix):
-                return name[: -len(suffix)]
-    return name[: -len(INDEX_SUFFIX)] if name.endswith(INDEX_SUFFIX) else name
-
-
-def name_numbers(path: str) -> NameNumbers:
-    """The epoch, step or number in a checkpoint file's name (its suffix aside).
-
-    ``epoch=2-step=60.ckpt`` -> epoch 2, step 60; ``weights.03.weights.h5`` -> 3;
-    ``model.05-0.42.h5`` -> 5 (the loss is a decimal); ``keras2_model.h5`` -> none.
-    """
-    stem = _stem(os.path.basename(path.rstrip("/")))
-    keyed = {k.lower(): int(v) for k, v in _KEY_NUMBER_RE.findall(stem)}
-    if keyed:
-        step = keyed.get("step", keyed.get("global_step", keyed.get("iter", keyed.get("iteration"))))
-        return NameNumbers(epoch=keyed.get("epoch"), step=step)
-    tokens = _TOKEN_RE.findall(stem)
-    return NameNumbers(number=int(tokens[0])) if tokens else NameNumbers()
-
+MAX_STEP_LOOKUPS = 32  # newest files of a series opened for their training steps (a TF directory's likewise)
 
 def _checkpoint_files(directory: str) -> tuple[str | None, list[str]]:
     """The file-series kind of a directory and its checkpoint files (sorted names), or (None, [])
@@ -142,15 +86,29 @@ def file_series_kind(directory: str) -> str | None:
     return _series_files(directory)[0]
 
 
-def _list_files(directory: str, kind: str, files: list[str]) -> DirectoryListing:
+def _file_step(path: str) -> int | None:
+    """A series file's training step (the step rule: its step variable, else its optimizer's
+    iterations), or None when it has none or does not open."""
+    from . import open_checkpoint  # noqa: PLC0415 - the door opens the member by its own kind
+
+    try:
+        with open_checkpoint(path) as ckpt:
+            return ckpt.step
+    except (CkptError, OSError):
+        return None
+
+
+def _list_files(directory: str, kind: str, files: list[str], steps: bool) -> DirectoryListing:
     numbered = [(name_numbers(n).order, n) for n in files]
     ordered = sorted((order, n) for order, n in numbered if order is not None)
     unordered = tuple(_fs.join(directory, n) for order, n in numbered if order is None)
     paths = [_fs.join(directory, n) for _, n in ordered]
     latest = paths[-1] if paths else None
+    looked_up = set(paths[-MAX_STEP_LOOKUPS:]) if steps else set()
     checkpoints = tuple(
         # No recorded save time (a state file's): plan takes the files' modification times as such.
-        m.RetainedCheckpoint(path=p, step=order, timestamp=None, exists=True, in_state_file=False, latest=p == latest)
+        m.RetainedCheckpoint(path=p, step=_file_step(p) if p in looked_up else None, timestamp=None, exists=True,
+                             in_state_file=False, latest=p == latest, number=order)
         for (order, _), p in zip(ordered, paths)
     )
     leftovers = () if _fs.is_remote(directory) else tuple(leftover_temporaries(directory))
@@ -162,8 +120,9 @@ def list_series(directory: str, *, steps: bool = True) -> DirectoryListing:
 
     Args:
         directory: A TF checkpoint directory or a directory of checkpoint files.
-        steps: For a TF directory, read the last checkpoints' steps from their indexes (as
-            ``ls`` shows them); False: from their names only.
+        steps: Read the newest checkpoints' training steps (:data:`MAX_STEP_LOOKUPS`; a TF
+            directory's from small indexes), as ``ls`` shows them; False: none (the numbers in
+            their names are read either way).
 
     Raises:
         NotACheckpointError: No checkpoint at all in the directory (saying what it holds
@@ -171,7 +130,11 @@ def list_series(directory: str, *, steps: bool = True) -> DirectoryListing:
     """
     kind, files = _series_files(directory)
     if kind is not None:
-        return _list_files(directory, kind, files)
+        return _list_files(directory, kind, files, steps)
+    from .orbax.run import is_run, list_run  # noqa: PLC0415 - names and small files only
+
+    if is_run(directory):
+        return list_run(directory)
     from .tf.resolve import list_directory  # noqa: PLC0415 - the TF readers load for TF directories only
 
     return list_directory(directory, steps=steps)
@@ -188,13 +151,21 @@ def open_series(directory: str) -> m.Checkpoint:
     info = dict(ckpt.info)
     if listing.warnings:
         info["warnings"] = [*listing.warnings, *info.get("warnings", ())]
-    return dataclasses.replace(ckpt, checkpoints=listing.checkpoints, info=info)
+    number, number_source = ckpt.number, ckpt.number_source
+    if number is None:  # in a series, a bare number in the name is its place (a ModelCheckpoint's {epoch})
+        number, number_source = listing.checkpoints[-1].number, "name"
+    return dataclasses.replace(ckpt, checkpoints=listing.checkpoints, info=info, number=number,
+                               number_source=number_source)
 
 
 def series_fingerprint(directory: str) -> object:
     """What changes when a process saves into the directory: a TF directory's state file; a file
     series' names, sizes and modification times."""
     kind, files = _series_files(directory)
+    from .orbax.run import is_run, run_fingerprint  # noqa: PLC0415
+
+    if kind is None and is_run(directory):
+        return run_fingerprint(directory)
     if kind is None:
         from .tf.directory import state_fingerprint  # noqa: PLC0415
 

@@ -59,7 +59,8 @@ class VerifyReport:
             status ``rotated``.
         problems: Directory-level damage, one line each: a state file TensorFlow cannot
             parse, that is not a regular file, or that names paths outside the directory.
-        notes: Worth knowing, not damage: temporaries left by interrupted ckptinspect writes.
+        notes: Worth knowing, not damage: temporaries left by interrupted ckptinspect writes;
+            what a format's check cannot prove (its check's ``notes``).
     """
 
     path: str
@@ -89,12 +90,16 @@ class VerifyReport:
 
     @property
     def newest_intact(self) -> CheckpointResult | None:
-        """The intact checkpoint with the highest step; among equal (or no) steps the one the
-        directory resolves to, else the later-listed one."""
+        """The intact checkpoint placed last in the run (:func:`~ckptinspect.model.run_positions`:
+        by training step, else by the number in its name); among equals (or when neither places
+        them) the one the directory resolves to, else the later-listed one."""
         intact = [(i, c) for i, c in enumerate(self.checkpoints) if c.intact]
         if not intact:
             return None
-        return max(intact, key=lambda ic: (ic[1].step if ic[1].step is not None else -1, ic[1].latest, ic[0]))[1]
+        positions, _ = m.run_positions([c.step for _, c in intact], [c.number for _, c in intact])
+        best = max(range(len(intact)), key=lambda n: (positions[n] if positions[n] is not None else -1,
+                                                       intact[n][1].latest, intact[n][0]))
+        return intact[best][1]
 
     def summary(self) -> dict[str, int]:
         """Counts: checkpoints by status, tensors checked and damaged."""
@@ -153,7 +158,8 @@ def _verify_directory(directory: str, progress: Progress | None) -> VerifyReport
             result = CheckpointResult(c.path, None, STATUS_MISSING, problems=(
                 f"{c.path}: listed by {directory.rstrip('/')}/{STATE_FILE} but its files are missing",))
         step = result.step if result.step is not None else c.step
-        results.append(dataclasses.replace(result, step=step, latest=c.latest, in_state_file=c.in_state_file))
+        results.append(dataclasses.replace(result, step=step, latest=c.latest, in_state_file=c.in_state_file,
+                                           number=c.number))
     gone = rotated_out(directory, before, [r.path for r in results if not r.intact])
     results = [_rotated(r, directory) if r.path in gone else r for r in results]
     return VerifyReport(directory, listing.kind, True, tuple(results), listing.problems, listing.notes)
@@ -224,4 +230,5 @@ def verify(path: str, progress: Progress | None = None) -> VerifyReport:
         raise NotACheckpointError(f"{path}: not a checkpoint")
     result = check.run(progress)
     fallback = kind.label
-    return VerifyReport(path, result.format or fallback, False, (result,))
+    # what the format's check cannot prove (Orbax: chunk data without checksums), if it says
+    return VerifyReport(path, result.format or fallback, False, (result,), notes=tuple(getattr(check, "notes", ())))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import model as m
 from ._core import (
     AUTO,
     Column,
@@ -112,10 +113,19 @@ def _clip(text: str) -> str:
     return text if len(text) <= INFO_CLIP else text[: INFO_CLIP - 3] + "..."
 
 
+def _step_field(ckpt) -> str:
+    """The training step with its source, and the checkpoint's number as what it is:
+    ``9360 (from optimizer:optimizer/iter); checkpoint 7``, ``- (no step variable; epoch 3)``."""
+    number = m.place_in_run(None, ckpt.number, ckpt.number_source)
+    if ckpt.step is not None:
+        return f"{ckpt.step} (from {ckpt.step_source})" + (f"; {number}" if number else "")
+    return f"- (no step variable; {number})" if number else "-"
+
+
 def _header_fields(ckpt) -> list[tuple[str, Any]]:
     """The header's ``label: value`` lines: path, format, step, shards, totals, then what the
     format knows (model, optimizer, Keras version, save date, unallocated datasets, metadata, ties)."""
-    step = "-" if ckpt.step is None else f"{ckpt.step} (from {ckpt.step_source})"
+    step = _step_field(ckpt)
     totals = ckpt.totals()
     info = ckpt.info
     fields = [
@@ -138,6 +148,12 @@ def _header_fields(ckpt) -> list[tuple[str, Any]]:
         fields.append(("keras", info["keras_version"] + (f" ({info['backend']} backend)" if info.get("backend") else "")))
     if info.get("date_saved"):
         fields.append(("saved", info["date_saved"]))
+    if info.get("date_committed"):  # Orbax: when every host had finished
+        fields.append(("committed", info["date_committed"]))
+    if info.get("mesh"):  # Orbax: the device mesh the arrays were sharded over
+        processes = info.get("processes") or []
+        fields.append(("mesh", info["mesh"] + (f" ({len(processes)} process database{'s' if len(processes) != 1 else ''})"
+                                               if processes else "")))
     if info.get("unallocated"):  # datasets declared but never written: no values, no stats
         empty = info["unallocated"]
         more = f" (+{len(empty) - 3} more)" if len(empty) > 3 else ""
@@ -155,12 +171,13 @@ def _checkpoint_lines(ckpt, width: int | None) -> list[str]:
     if not ckpt.checkpoints:
         return []
     return ["", "checkpoints:", *_table_lines(
-        ["", "prefix", "step", "saved", "exists", "in state file"],
+        ["", "prefix", "step", "number", "saved", "exists", "in state file"],
         [
             [
                 "*" if c.latest else "",
                 c.path,
                 "-" if c.step is None else c.step,
+                "-" if c.number is None else c.number,
                 _fmt_time(c.timestamp),
                 "yes" if c.exists else "MISSING",
                 "yes" if c.in_state_file else "no",
@@ -176,6 +193,7 @@ def _variable_rows(listing, fmt: OutputFormat, tree: bool) -> list[dict[str, Any
     stats = listing.stats
     unreadable = listing.checkpoint.info.get("unreadable") or {}
     rows = []
+    specs = listing.checkpoint.info.get("partition_specs") or {}  # Orbax: each array's partition spec
     shapes: dict[tuple, str] = {}  # thousands of variables, a few distinct shapes and sizes
     sizes: dict[int, str] = {}
     for v in (sorted(listing.variables, key=lambda v: v.name) if tree else listing.variables):
@@ -196,6 +214,8 @@ def _variable_rows(listing, fmt: OutputFormat, tree: bool) -> list[dict[str, Any
             "shards": ",".join(str(s) for s in v.shards) or "-",
             "role": v.role,
         }
+        if specs:
+            row["partition"] = specs.get(v.key, "-")
         if stats is not None:
             s = stats.get(v.key)
             for f in ("min", "max", "mean", "std"):
@@ -222,6 +242,9 @@ def ls_view(listing, fmt: OutputFormat, tree: bool = False, width: int | None = 
     columns: list[Column] = [("name", "name"), ("shape", "shape"), ("dtype", "dtype"), ("size", "size"),
                              ("shards", "shard"), ("role", "role")]
     csv_cols = ["key", "name", "shape", "dtype", "nbytes", "shards", "role"]
+    if ckpt.info.get("partition_specs"):
+        columns.insert(5, ("partition", "partition"))
+        csv_cols.append("partition")
     if listing.stats is not None:
         columns += [("min", "min"), ("max", "max"), ("mean", "mean"), ("std", "std"), ("nan", "nan"), ("inf", "inf")]
         csv_cols += ["min", "max", "mean", "std", "nan", "inf"]
@@ -299,9 +322,10 @@ def verify_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
 
     header += ["", "checkpoints:"]
     header += _table_lines(
-        ["", "checkpoint", "step", "status", "tensors", "checked", "damaged", "problem"],
+        ["", "checkpoint", "step", "number", "status", "tensors", "checked", "damaged", "problem"],
         [
-            ["*" if c.latest else "", c.path, "-" if c.step is None else c.step, c.status, c.tensors,
+            ["*" if c.latest else "", c.path, "-" if c.step is None else c.step,
+             "-" if c.number is None else c.number, c.status, c.tensors,
              human_bytes(c.nbytes), len(c.damaged), problem_cell(c)]
             for c in report.checkpoints
         ],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import model as m
 from ._core import (
     AUTO,
     Column,
@@ -19,6 +20,14 @@ __all__ = ['transplant_refusal', 'transplant_summary', 'transplant_view', 'extra
 
 
 REFUSAL_PROBLEMS_SHOWN = 5
+LEFT_AT_INIT_SHOWN = 5  # weights a verdict or footer names before "and N more"
+
+
+def names_shown(names, shown: int = LEFT_AT_INIT_SHOWN) -> str:
+    """``a, b, c and 2 more``."""
+    names = list(names)
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def transplant_refusal(report, problems, *, src: str, builder: str) -> tuple[str, list[str]]:
@@ -154,6 +163,10 @@ def extract_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
         + (f" ({saving * 100:.1f}% smaller)" if saving >= 0 else f" ({-saving * 100:.1f}% larger)"),
     ]
     footer += [f"note:     {n}" for n in report.notes]
+    left = getattr(report, "left_at_init", ())
+    if left:  # the last line says it (exit 1 in the CLI), as transplant's does
+        footer += ["", f"incomplete: {len(left)} of {report.verified + len(left)} model weights did not receive a value "
+                       f"(left at init: {names_shown(left)})"]
     if fmt == OutputFormat.table:
         rows = [
             {
@@ -243,7 +256,7 @@ def average_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
     header = [f"inputs:   {len(report.inputs)}, {method} in float64, oldest first"]
     newest = "  <- newest: integers, strings, metadata" + (", object graph" if report.object_graph else "")
     for i in report.inputs:
-        step = "step ?" if i.step is None else f"step {i.step}"
+        step = m.place_in_run(i.step, i.number, i.number_source) or "step ?"
         header.append(f"          {i.path} ({step}){newest if i.newest else ''}")
     header += [
         f"output:   {report.output} ({report.num_shards} data shard{'s' if report.num_shards != 1 else ''}"
@@ -291,9 +304,21 @@ def doctor_verdict(report) -> str:
     """The verdict line of a :class:`~ckptinspect.ops.doctor.operation.DoctorReport`."""
     s = report.summary()
     total = s["weights"]
+    strict = getattr(report, "strict", True)
     if report.ok:
-        return f"verdict:  OK: every model weight has a source value that fits ({s['matched']} of {total})"
+        left_out = (f"; {s['unused']} unused source variable{'s' if s['unused'] != 1 else ''} left out (--no-strict)"
+                    if not strict and s["unused"] else "")
+        return f"verdict:  OK: every model weight has a source value that fits ({s['matched']} of {total}){left_out}"
     parts = [f"{DOCTOR_REASON_TITLES[k]} {s[k]}" for k in ("missing", "shape_mismatch", "dtype_mismatch", "ambiguous") if s[k]]
+    if not strict:  # what transplant and extract --builder --no-strict do: these weights keep their initial values
+        left = [w.target for w in report.left_at_init]
+        return (f"verdict:  FAIL: {len(left)} of {total} model weights would be left at init with --no-strict "
+                f"({', '.join(parts)}): {names_shown(left)}")
+    if not parts:  # every weight has a value; source variables are left over (transplant and extract refuse it)
+        return (f"verdict:  FAIL: every model weight has a source value that fits ({s['matched']} of {total}), but "
+                f"{s['unused']} source variable{'s' if s['unused'] != 1 else ''} would be left unused")
+    if s["unused"]:
+        parts.append(f"{DOCTOR_REASON_TITLES['unused']} {s['unused']}")
     return f"verdict:  FAIL: {total - s['matched']} of {total} model weights cannot be loaded ({', '.join(parts)})"
 
 
@@ -344,13 +369,13 @@ def doctor_view(report, fmt: OutputFormat, width: int | None = AUTO) -> str:
             if len(lines) > DOCTOR_MAX_REASONS:
                 footer.append(f"    ... and {len(lines) - DOCTOR_MAX_REASONS} more (--format json lists them all)")
     footer.append("")
-    if report.matched and report.output is None:
+    if report.output is None:
         renames = len(report.map_rules) - len(report.mapping)
-        fixes = []
+        fixes = list(report.flags)
         if renames > 0:
             fixes.append(f"--emit map ({renames} --map rule{'s' if renames != 1 else ''}"
                          f"{', checked' if report.map_verified else ', NOT reproducing every pair'})")
-        if report.assignment_map is not None:
+        if report.assignment_map is not None and report.complete:
             fixes.append("--emit assignment-map (tf.compat.v1.train.init_from_checkpoint)")
         if report.ok:
             fixes.append("--emit weights -o OUT.weights.h5 (then model.load_weights(OUT))")

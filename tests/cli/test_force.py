@@ -11,6 +11,7 @@ output, not the temporary file, and leaves nothing behind.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import pathlib
 import shutil
@@ -20,7 +21,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from catalogue import KERAS, RUN, _copy_prefix
+from catalogue import FIXTURES, KERAS, RUN, _copy_prefix
 from ckptinspect.cli import app
 
 tf = pytest.importorskip("tensorflow")
@@ -28,6 +29,7 @@ h5py = pytest.importorskip("h5py")
 
 runner = CliRunner()
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+SERIES = FIXTURES / "series"
 NO_BUILDER = "no_such_module_xyz:build"  # transplant checks its output before it imports the builder
 
 
@@ -88,39 +90,66 @@ def new_state_file_in_source_directory(tmp):
         f"Error: {d}/checkpoint: would be the checkpoint state file of {d}, the source's directory"]
 
 
+def unmanaged_run_dir(tmp):
+    """The run without its state file: it resolves to its newest *.index (ckpt-8)."""
+    d = run_dir(tmp)
+    (d / "checkpoint").unlink()
+    return d
+
+
 def new_index_in_source_directory(tmp):
-    d = run_dir(tmp)
+    d = unmanaged_run_dir(tmp)
     return ["extract", str(d), "-o", str(d / "slim")], [
-        f"Error: {d}/slim: would add slim.index to {d}, the source checkpoint's directory, and change what it "
-        "resolves to; write the output elsewhere"]
+        f"Error: {d}/slim: would add slim.index to {d}, the source directory, and make it resolve to slim (it has no "
+        "'checkpoint' state file naming a checkpoint); write the output elsewhere"]
 
 
-def new_index_beside_source_prefix(tmp):
-    d = run_dir(tmp)
-    return ["extract", str(d / "ckpt-8"), "-o", str(d / "ckpt-8-model"), "--force"], [
-        f"Error: {d}/ckpt-8-model: would add ckpt-8-model.index to {d}, the source checkpoint's directory"]
+def newer_number_in_source_directory(tmp):
+    d = unmanaged_run_dir(tmp)
+    return ["extract", str(d), "-o", str(d / "ckpt-9")], [
+        f"Error: {d}/ckpt-9: would add ckpt-9.index to {d}, the source directory, and make it resolve to ckpt-9"]
 
 
 def new_index_in_source_directory_other_spelling(tmp):
-    d = run_dir(tmp)
+    d = unmanaged_run_dir(tmp)
     (tmp / "sub").mkdir()
     return ["extract", str(d), "-o", str(tmp / "sub" / ".." / "run" / "slim")], [
-        "would add slim.index to", "the source checkpoint's directory"]
+        "would add slim.index to", "the source directory, and make it resolve to slim"]
 
 
 def existing_checkpoint_in_source_directory(tmp):
     d = run_dir(tmp)
     return ["extract", str(d), "-o", str(d / "ckpt-4"), "--force"], [
-        f"Error: {d}/ckpt-4: would replace a checkpoint of {d}, the source checkpoint's directory"]
+        f"Error: {d}/ckpt-4: would replace ckpt-4, a checkpoint the state file of {d} (the source checkpoint's "
+        "directory) lists"]
 
 
-def savedmodel_variables_directory(tmp):
-    module = tf.Module()
-    module.v = tf.Variable([1.0, 2.0])
-    module.f = tf.function(lambda x: x * module.v, input_signature=[tf.TensorSpec([2], tf.float32)])
-    tf.saved_model.save(module, str(tmp / "sm"))
-    return ["extract", str(tmp / "sm"), "-o", str(tmp / "sm" / "variables" / "slim")], [
-        f"Error: {tmp}/sm/variables/slim: would add slim.index to {tmp}/sm/variables, the source checkpoint's directory"]
+def listed_checkpoint_beside_source_prefix(tmp):
+    d = run_dir(tmp)
+    return ["extract", str(d / "ckpt-8"), "-o", str(d / "ckpt-4"), "--force"], [
+        f"Error: {d}/ckpt-4: would replace ckpt-4, a checkpoint the state file of {d}"]
+
+
+def missing_listed_checkpoint_beside_source_prefix(tmp):
+    d = run_dir(tmp)
+    for f in d.glob("ckpt-8.*"):  # the state file still names ckpt-8: the directory resolves to ckpt-6
+        f.unlink()
+    return ["extract", str(d / "ckpt-6"), "-o", str(d / "ckpt-8")], [
+        f"Error: {d}/ckpt-8: would write ckpt-8, a checkpoint the state file of {d} (the source checkpoint's "
+        "directory) lists, and change what it resolves to"]
+
+
+def existing_checkpoint_in_unmanaged_source_directory(tmp):
+    d = unmanaged_run_dir(tmp)
+    return ["extract", str(d), "-o", str(d / "ckpt-4"), "--force"], [
+        f"Error: {d}/ckpt-4: would replace a checkpoint of {d}, the source directory, which resolves by its *.index files"]
+
+
+def prefix_into_keras_series_directory(tmp):
+    d = tmp / "weights"
+    shutil.copytree(SERIES / "keras3_weights", d)  # a Keras file series: an *.index would make it a TF directory
+    return ["extract", str(d), "-o", str(d / "model")], [
+        f"Error: {d}/model: would add model.index to {d}, the source directory, and make it resolve to model"]
 
 
 def index_not_an_index(tmp):
@@ -198,9 +227,9 @@ def transplant_state_file(tmp):
 
 
 def transplant_new_index_in_source_directory(tmp):
-    d = run_dir(tmp)
+    d = unmanaged_run_dir(tmp)
     return ["transplant", str(d), str(d / "moved"), "--builder", NO_BUILDER], [
-        f"Error: {d}/moved: would add moved.index to {d}, the source checkpoint's directory"]
+        f"Error: {d}/moved: would add moved.index to {d}, the source directory, and make it resolve to moved"]
 
 
 def transplant_keras_is_hdf5(tmp):
@@ -211,9 +240,11 @@ def transplant_keras_is_hdf5(tmp):
 
 REFUSALS = [
     plain_file_at_prefix, state_file_as_prefix, state_file_as_prefix_from_directory, state_file_as_npz,
-    new_state_file_in_source_directory, new_index_in_source_directory, new_index_beside_source_prefix,
+    new_state_file_in_source_directory, new_index_in_source_directory, newer_number_in_source_directory,
     new_index_in_source_directory_other_spelling, existing_checkpoint_in_source_directory,
-    savedmodel_variables_directory, index_not_an_index, index_is_a_directory, index_is_a_symlink,
+    listed_checkpoint_beside_source_prefix, missing_listed_checkpoint_beside_source_prefix,
+    existing_checkpoint_in_unmanaged_source_directory, prefix_into_keras_series_directory,
+    index_not_an_index, index_is_a_directory, index_is_a_symlink,
     npz_is_text, npz_is_hdf5, npz_is_keras_zip, weights_h5_is_zip, h5_is_text, weights_h5_is_a_symlink,
     format_option_existing_other_kind, transplant_plain_file_at_prefix, transplant_state_file,
     transplant_new_index_in_source_directory, transplant_keras_is_hdf5,
@@ -244,6 +275,63 @@ def test_force_refuses_a_fifo_named_like_the_index_without_opening_it(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith(f"Error: {fifo}: exists and is a FIFO, not a TF checkpoint index")
     assert sorted(os.listdir(tmp_path)) == ["X.index"] and fifo.is_fifo()
+
+
+# -- writes that change nothing a directory resolves to (issue 25 item 13) -----------------
+def resolved(path) -> str:
+    result = runner.invoke(app, ["ls", str(path), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)["path"]
+
+
+def ship_directory(tmp):
+    """The issue's scene: a model extracted to ship/ (no state file), then cast beside itself."""
+    assert runner.invoke(app, ["extract", str(RUN), "-o", str(tmp / "ship" / "model")]).exit_code == 0
+    src = tmp / "ship" / "model"
+    return src, [["rewrite", str(src), "--cast", "float16", "-o", str(tmp / "ship" / "model_fp16")],
+                 ["extract", str(src), "-o", str(tmp / "ship" / "model_slim")],
+                 ["rewrite", str(src), "--cast", "float16", "-o", str(tmp / "ship" / "model_fp16"), "--force"]]
+
+
+def beside_a_listed_prefix(tmp):
+    d = run_dir(tmp)
+    return d, [["extract", str(d / "ckpt-8"), "-o", str(d / "ckpt-8-model")],
+               ["extract", str(d / "ckpt-8"), "-o", str(d / "ckpt-8-model"), "--force"]]
+
+
+def into_a_managed_source_directory(tmp):
+    d = run_dir(tmp)  # its state file names ckpt-8: a new prefix is not what it resolves to
+    return d, [["extract", str(d), "-o", str(d / "slim")], ["extract", str(d), "-o", str(d / "slim"), "--force"]]
+
+
+def older_number_into_an_unmanaged_source_directory(tmp):
+    d = unmanaged_run_dir(tmp)  # resolves to its highest number, ckpt-8
+    return d, [["extract", str(d), "-o", str(d / "ckpt-3")]]
+
+
+def into_a_savedmodel_variables_directory(tmp):
+    module = tf.Module()
+    module.v = tf.Variable([1.0, 2.0])
+    module.f = tf.function(lambda x: x * module.v, input_signature=[tf.TensorSpec([2], tf.float32)])
+    tf.saved_model.save(module, str(tmp / "sm"))  # resolves to variables/variables, whatever is beside it
+    return tmp / "sm", [["extract", str(tmp / "sm"), "-o", str(tmp / "sm" / "variables" / "slim")]]
+
+
+WRITES = [ship_directory, beside_a_listed_prefix, into_a_managed_source_directory,
+          older_number_into_an_unmanaged_source_directory, into_a_savedmodel_variables_directory]
+
+
+@pytest.mark.parametrize("scene", WRITES, ids=[f.__name__ for f in WRITES])
+def test_an_output_beside_its_source_is_written_when_nothing_resolves_elsewhere(scene, tmp_path):
+    source, commands = scene(tmp_path)
+    before = resolved(source)
+    for argv in commands:
+        result = runner.invoke(app, argv)
+        assert result.exit_code == 0, result.output
+        out = pathlib.Path(argv[argv.index("-o") + 1])
+        assert (out.parent / (out.name + ".index")).is_file()
+        assert resolved(out) == str(out)  # a checkpoint, readable
+    assert resolved(source) == before  # the source still names the same checkpoint
 
 
 # -- what --force does replace -------------------------------------------------------------

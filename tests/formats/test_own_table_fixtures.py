@@ -116,7 +116,7 @@ def test_v1_listing_matches_json(path):
     assert ckpt.path == str(V1_FILE)
     assert listing(ckpt) == recorded("v1")
     if path == V1:  # the state file Saver wrote names it, with a relative path
-        assert [(c.path, c.step, c.exists, c.in_state_file) for c in ckpt.checkpoints] == [(str(V1_FILE), 42, True, True)]
+        assert [(c.path, c.number, c.exists, c.in_state_file) for c in ckpt.checkpoints] == [(str(V1_FILE), 42, True, True)]
 
 
 def test_v1_values_equal_tensorflow_reads():
@@ -201,7 +201,7 @@ def test_cli_verify_sharded_v1_directory():
     assert result.exit_code == 0, result.output
     assert "INTACT" in result.stdout and str(V1_SHARDED_FILE) in result.stdout
     doc = json.loads(invoke("verify", V1_SHARDED, "--format", "json").stdout)
-    assert [(c["path"], c["step"], c["status"]) for c in doc["checkpoints"]] == [(str(V1_SHARDED_FILE), 7, "intact")]
+    assert [(c["path"], c["number"], c["status"]) for c in doc["checkpoints"]] == [(str(V1_SHARDED_FILE), 7, "intact")]
 
 
 def test_v1_flipped_byte_is_reported(tmp_path):

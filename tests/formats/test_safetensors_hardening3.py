@@ -38,14 +38,14 @@ def test_deep_json_in_a_header_is_damage(where, tmp_path):
     deep = b"[" * 100_000 + b"]" * 100_000
     header = b'{"w": ' + deep + b"}" if where == "header" else b'{"__metadata__": {"x": ' + deep + b"}}"
     path = raw_safetensors(tmp_path / "deep.safetensors", header)
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: the bound is the work done, whatever the machine's load
     with pytest.raises(CorruptCheckpointError, match="safetensors header nests 65 levels deep"):
         ckptinspect.open(path)
     verify = cli("verify", path)
     assert verify.exit_code == 1 and "DAMAGED" in verify.stdout and "nests 65 levels deep" in verify.stdout, verify.output
     ls = cli("ls", path)
     assert ls.exit_code == 2 and ls.stderr.startswith(f"Error: {path}: safetensors header nests"), ls.output
-    assert time.perf_counter() - start < 5
+    assert time.process_time() - start < 5
 
 
 def test_deep_json_in_an_hf_index_is_damage(tmp_path):

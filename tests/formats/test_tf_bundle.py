@@ -97,10 +97,11 @@ def test_keras3_weights_under_optimizer_are_model_role_with_readable_names(keras
     assert {v.role for v in ckpt if v.key.startswith(("save_counter", "step"))} == {"metadata"}
 
 
-def test_step_from_step_variable_and_filename(keras3_ckpt):
+def test_step_from_step_variable_and_number_from_filename(keras3_ckpt):
     ckpt = ckptinspect.open(keras3_ckpt["latest"])
     assert (ckpt.step, ckpt.step_source) == (8, "variable:step")
-    assert ckpt.info["step_candidates"]["filename"] == 8
+    assert (ckpt.number, ckpt.number_source) == (8, "name:checkpoint")
+    assert "filename" not in ckpt.info["step_candidates"]  # a name's number is never a step candidate
     assert ckpt.info["step_candidates"]["save_counter"] == 2
 
 
@@ -109,7 +110,7 @@ def test_directory_lists_retained_checkpoints(keras3_ckpt):
     state = tf.train.get_checkpoint_state(str(keras3_ckpt["dir"]))
     assert ckpt.path == state.model_checkpoint_path
     assert [c.path for c in ckpt.checkpoints] == list(state.all_model_checkpoint_paths)
-    assert [c.step for c in ckpt.checkpoints] == [4, 8]
+    assert [(c.step, c.number) for c in ckpt.checkpoints] == [(4, 4), (8, 8)]
     assert [c.timestamp for c in ckpt.checkpoints] == pytest.approx(list(state.all_model_checkpoint_timestamps))
     assert [c.latest for c in ckpt.checkpoints] == [False, True]
     assert all(c.exists for c in ckpt.checkpoints)
@@ -277,13 +278,18 @@ def test_realworld_steps(realworld):
     cases = {
         "tf1-estimator-linear-2shard": (5000, "variable:global_step"),
         "tf1-estimator-tf2-ftrl": (200, "variable:global_step"),
-        "tf2-gan-lstm-2opt/training_checkpoints/btc": (133, "filename"),
-        "tf2-a2c-ckptmanager/training_checkpoints": (4, "filename"),
-        "tf2-wgan-2shard/training_checkpoints": (3149, "filename"),
+        # two optimizers that each count the same iterations: the first one's, named
+        "tf2-gan-lstm-2opt/training_checkpoints/btc": (25935, "optimizer:discriminator_optimizer/iter"),
+        "tf2-a2c-ckptmanager/training_checkpoints": (1096148, "optimizer:actor_optimizer/iter"),
+        "tf2-wgan-2shard/training_checkpoints": (None, None),  # only a save counter: no training step
     }
+    numbers = {"tf1-estimator-linear-2shard": 5000, "tf1-estimator-tf2-ftrl": 200,
+               "tf2-gan-lstm-2opt/training_checkpoints/btc": 133, "tf2-a2c-ckptmanager/training_checkpoints": 4,
+               "tf2-wgan-2shard/training_checkpoints": 3149}
     for path, expected in cases.items():
         ckpt = ckptinspect.open(str(realworld / path))
         assert (ckpt.step, ckpt.step_source) == expected, path
+        assert (ckpt.number, ckpt.number_source) == (numbers[path], "name:checkpoint"), path
     lstm = ckptinspect.open(str(realworld / "tf2-gan-lstm-2opt/training_checkpoints/btc/ckpt-132"))
     assert lstm.info["step_candidates"]["save_counter"] == 132
     assert lstm.info["step_candidates"]["optimizer:generator_optimizer/iter"] == 25740
@@ -336,7 +342,7 @@ def test_realworld_v1_table_files(realworld):
 def test_realworld_stale_state_file_falls_back(realworld):
     """The state file lists ckpt-3145..3149 but only 3149 exists."""
     ckpt = ckptinspect.open(str(realworld / "tf2-wgan-2shard/training_checkpoints"))
-    assert [(c.step, c.exists) for c in ckpt.checkpoints] == [
+    assert [(c.number, c.exists) for c in ckpt.checkpoints] == [
         (3145, False), (3146, False), (3147, False), (3148, False), (3149, True)
     ]
     assert ckpt.path.endswith("ckpt-3149")

@@ -62,6 +62,8 @@ def test_values_equal_torch_load(name, expected_values):
             assert ckpt.step == facts["step"]
         if "step_source" in facts:
             assert ckpt.step_source == facts["step_source"]
+        if "number" in facts:  # an epoch a training dict records: its number, not a training step
+            assert (ckpt.number, ckpt.number_source) == (facts["number"], facts["number_source"])
         if "num_shards" in facts:
             assert ckpt.num_shards == facts["num_shards"]
 
@@ -205,7 +207,7 @@ def test_extract_to_safetensors(source, keys, tmp_path, expected_values):
         assert written.format == "safetensors"
         assert written.info["metadata"]["format"] == "pt"
         assert written.info["metadata"]["source"] == src.path
-        assert written.step == src.step
+        assert (written.step, written.number) == (src.step, src.number)
         prefix = src.info.get("state_dict_prefix", "")
         model = [v for v in src.variables if v.role == "model"]
         assert sorted(written.keys()) == sorted(v.key[len(prefix):] for v in model)

@@ -105,7 +105,8 @@ def test_reads_whole_and_finite(item, corpus):
 def test_training_dict_rnn_adam(corpus):
     with ckptinspect.open(corpus / READABLE[0]) as ckpt:
         assert ckpt.format == "torch-zip" and ckpt.info["zip_root"] == "checkpoint_epoch_199"
-        assert (ckpt.step, ckpt.step_source) == (199, "variable:epoch")
+        # an epoch is the checkpoint's number, not a training step (the step rule)
+        assert (ckpt.step, ckpt.number, ckpt.number_source) == (None, 199, "variable:epoch")
         model = [v for v in ckpt.variables if v.role == "model"]
         assert len(model) == 6 and all(v.key.startswith("model_state_dict/") for v in model)
         assert shapes(ckpt)["model_state_dict/out_proj.weight"][1] == 20

@@ -132,10 +132,10 @@ def test_scan_refuses_before_unpickling(data, message):
 ], ids=["deep-nesting", "billion-laughs"])
 def test_bombs_refused_quickly(data, message, tmp_path):
     path = torch_zip(tmp_path / "bomb.pt", data, {})
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: the bound is the work done, whatever the machine's load
     with pytest.raises(UnsafeFileError, match=message):
         ckptinspect.open(path)
-    assert time.perf_counter() - start < 5
+    assert time.process_time() - start < 5
 
 
 def test_persistent_ids_are_checked(tmp_path):

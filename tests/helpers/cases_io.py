@@ -371,7 +371,7 @@ CASES = [
         "{p}/checkpoint: names 'pipe', which is not a regular file")),
     Case("state-names-fifo-index", state_names_fifo_index, {
         **refused("{p}/ckpt-10.index", "FIFO", ("ls", "ls-stats", "diff", "extract")),
-        "verify": (1, "DAMAGED: 1 damaged, 0 missing of 4 checkpoints … {p}/ckpt-10  10      damaged … ckpt-10.index: not a regular file (FIFO)"),
+        "verify": (1, "DAMAGED: 1 damaged, 0 missing of 4 checkpoints … {p}/ckpt-10  -       10        damaged … ckpt-10.index: not a regular file (FIFO)"),
     }),
     Case("state-names-huge-index", state_names_huge_index, {
         cmd: (2, "Error: {p}/ckpt-10.index: checkpoint index is 3221225472 bytes (3.0 GiB)")

@@ -4,8 +4,9 @@ It imports TensorFlow and runs a few commands on the fixtures first, so TensorFl
 address-space reservations (thread pools, allocator arenas) are part of the baseline; then it
 caps its address space at the baseline plus ``CKPTINSPECT_TEST_MEMORY`` bytes and answers one
 JSON request per line on stdin (``["ls", PATH]``) with one JSON line on stdout: exit code,
-stdout, stderr, an unexpected exception (with traceback) if any, and the peak resident-memory
-growth the command caused (VmHWM after resetting it, minus VmRSS before).
+stdout, stderr, an unexpected exception (with traceback) if any, the peak resident-memory
+growth the command caused (VmHWM after resetting it, minus VmRSS before) and the CPU seconds
+it used (all threads).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pathlib
 import resource
 import sys
 import tempfile
+import time
 import traceback
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -83,14 +85,16 @@ def main() -> None:
         args = json.loads(line)
         _reset_peak()
         before = _status("VmRSS")
+        cpu = time.process_time()
         result = runner.invoke(app, args)
+        cpu = time.process_time() - cpu  # every thread's CPU time: what the command cost, whatever the load
         growth = max(0, _status("VmHWM") - before) if peak_resets else None
         exception = None
         if result.exception is not None and not isinstance(result.exception, SystemExit):
             exception = "".join(traceback.format_exception(*result.exc_info)) if result.exc_info else repr(result.exception)
         print(json.dumps({
             "code": result.exit_code, "stdout": result.stdout, "stderr": result.stderr,
-            "exception": exception, "rss_growth": growth,
+            "exception": exception, "rss_growth": growth, "cpu_seconds": cpu,
         }), flush=True)
 
 

@@ -3,10 +3,13 @@ fails its test instead of stalling or swapping the whole suite.
 
 :class:`LimitedRunner` keeps one worker process (``limited_worker.py``: TensorFlow imported and
 warmed up once, then its address space capped at that baseline plus :data:`LIMIT_BYTES`) and
-sends it one command at a time. A command that does not answer within :data:`LIMIT_SECONDS`
-gets its worker killed (the next command starts a fresh one) and comes back as timed out; a
-worker that dies (a C++ abort inside TensorFlow) comes back as crashed. The resident-memory
-growth of each command is measured too.
+sends it one command at a time. A command that uses more than :data:`LIMIT_SECONDS` of CPU
+time comes back as timed out: CPU time, not wall time, so a machine busy with other work does
+not fail a command that does little (no test may depend on the machine's speed). A command that
+does not answer within :data:`HANG_SECONDS` of wall time (blocked on a FIFO, say) gets its
+worker killed (the next command starts a fresh one) and comes back as timed out too; a worker
+that dies (a C++ abort inside TensorFlow) comes back as crashed. The resident-memory growth of
+each command is measured too.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ import threading
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 WORKER = pathlib.Path(__file__).with_name("limited_worker.py")
-LIMIT_SECONDS = 10.0  # per command
+LIMIT_SECONDS = 10.0  # CPU seconds per command
+HANG_SECONDS = 90.0  # wall seconds per command: a command waiting on something that never comes
 LIMIT_BYTES = 500 << 20  # address space above the warmed-up baseline, and peak RSS growth
 START_SECONDS = 120.0  # TensorFlow's import and the warm-up, on a busy 2-core machine
 _TIMEOUT = "<timeout>"
@@ -54,7 +58,7 @@ class Outcome:
     def describe(self) -> str:
         """One line for assertion messages."""
         if self.timed_out:
-            return f"timed out after {LIMIT_SECONDS:.0f} s"
+            return f"timed out (over {LIMIT_SECONDS:.0f} CPU seconds, or no answer in {HANG_SECONDS:.0f} s)"
         if self.crashed:
             return f"worker crashed: {self.stderr[-500:]}"
         return f"exit {self.exit_code}; stdout {self.stdout[-800:]!r}; stderr {self.stderr[-800:]!r}; {self.exception or ''}"
@@ -111,7 +115,7 @@ class LimitedRunner:
         proc = self._proc
         proc.stdin.write(json.dumps([str(a) for a in args]) + "\n")
         proc.stdin.flush()
-        line = self._next(self.seconds)
+        line = self._next(max(HANG_SECONDS, self.seconds))
         if line is _TIMEOUT:
             self.close()
             return Outcome(None, timed_out=True)
@@ -119,6 +123,8 @@ class LimitedRunner:
             self.close()
             return Outcome(None, stderr=f"worker exited with {proc.returncode}", crashed=True)
         out = json.loads(line)
+        if out["cpu_seconds"] > self.seconds:
+            return Outcome(None, out["stdout"], out["stderr"], timed_out=True)
         return Outcome(out["code"], out["stdout"], out["stderr"], out["exception"], out["rss_growth"])
 
     def close(self) -> None:
@@ -134,6 +140,15 @@ class LimitedRunner:
                 stream.close()
             except OSError:
                 pass
+
+
+def children_cpu_seconds() -> float:
+    """CPU seconds (user + system) used so far by this process's waited-for children: a time
+    bound on a subprocess's work that a busy machine does not stretch, as wall time is."""
+    import resource  # noqa: PLC0415
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def default_sigint() -> None:

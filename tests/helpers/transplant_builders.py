@@ -120,3 +120,55 @@ def textgen_model() -> Any:
     model = keras.Model(inputs, keras.layers.Dense(127, name="dense")(h), name="textgen")
     BUILT.append(model)
     return model
+
+
+# The fixture's layers in the same order and shapes, flat (no nested ``encoder``) and named
+# otherwise (issue 25 item 3): only layer order and shape tell which layer is which.
+FLAT_NAMES = ("fc1", "fixed", "norm", "classifier")
+FLAT_PAIRS = dict(zip(FLAT_NAMES, ("encoder", "frozen", "bn", "head")))  # flat layer -> fixture layer
+WIDE_HEAD_UNITS = 5
+
+
+def _flat(head_units: int, head_seed: int | None = None) -> Any:
+    import keras
+
+    from ckptinspect.trainer import net as t
+
+    fc1, fixed, norm, classifier = FLAT_NAMES
+    inputs = keras.Input(shape=(t.INPUT_DIM,), name="features")
+    h = keras.layers.Dense(t.HIDDEN_DIM, activation="relu", name=fc1)(inputs)
+    h = keras.layers.Dense(t.HIDDEN_DIM, name=fixed)(h)
+    h = keras.layers.BatchNormalization(name=norm)(h)
+    kernel = keras.initializers.GlorotUniform(seed=head_seed) if head_seed is not None else "glorot_uniform"
+    outputs = keras.layers.Dense(head_units, name=classifier, kernel_initializer=kernel)(h)
+    model = keras.Model(inputs, outputs, name="flat")
+    BUILT.append(model)
+    return model
+
+
+def flat_model() -> Any:
+    """The fixture's layers, flat, named ``fc1``, ``fixed``, ``norm``, ``classifier``."""
+    from ckptinspect.trainer import net as t
+
+    return _flat(t.OUTPUT_DIM)
+
+
+def flat_wide_head_model() -> Any:
+    """:func:`flat_model` with a head of 5 units where the fixture's has 4; the head's initial
+    kernel is seeded (:data:`FRESH_SEED`), so every build holds the same initial head."""
+    return _flat(WIDE_HEAD_UNITS, head_seed=FRESH_SEED)
+
+
+def headless_model() -> Any:
+    """The fixture architecture without its ``head`` layer (a backbone: the source has more)."""
+    import keras
+
+    from ckptinspect.trainer import net as t
+
+    inputs = keras.Input(shape=(t.INPUT_DIM,), name="features")
+    h = keras.Sequential([keras.layers.Dense(t.HIDDEN_DIM, activation="relu", name="enc_dense")], name="encoder")(inputs)
+    h = keras.layers.Dense(t.HIDDEN_DIM, name="frozen")(h)
+    outputs = keras.layers.BatchNormalization(name="bn")(h)
+    model = keras.Model(inputs, outputs, name=t.MODEL_NAME)
+    BUILT.append(model)
+    return model

@@ -198,10 +198,14 @@ def test_output_exists_refused_then_force_replaces(run, tmp_path):
         ckptinspect.average([str(run / "ckpt-4"), str(run / "ckpt-6")], str(out))
     report = ckptinspect.average([str(run / "ckpt-6"), str(run / "ckpt-8")], str(out), force=True)
     assert report.newest.step == 8
-    # the output may not join the source directory (it would change what the directory resolves to)
-    result = runner.invoke(app, ["average", "--last", "2", str(run), "-o", str(run / "avg")])
-    assert result.exit_code == 2 and result.stderr.startswith("Error: ")
-    assert not list(run.glob("avg*"))
+    # the output may not change what the source directory resolves to: without its state file the
+    # run resolves to its newest *.index, which a new "avg" would be
+    loose = tmp_path / "loose"
+    shutil.copytree(run, loose)
+    (loose / "checkpoint").unlink()
+    result = runner.invoke(app, ["average", "--last", "2", str(loose), "-o", str(loose / "avg")])
+    assert result.exit_code == 2 and result.stderr.startswith(f"Error: {loose}/avg: would add avg.index to {loose}")
+    assert not list(loose.glob("avg*"))
 
 
 def test_cli_json_and_argument_errors(run, tmp_path):

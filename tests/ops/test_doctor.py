@@ -163,7 +163,7 @@ def test_one_resized_layer_is_reported_exit_1_and_nothing_guessed(keras2_h5, in_
     assert lines[-1] == "verdict:  FAIL: 3 of 10 model weights cannot be loaded (shape mismatch 3)"
     assert "  shape mismatch (3):" in lines
     refused = doctor_cli(keras2_h5, "--builder", builder, "--emit", "weights", "-o", str(out))
-    assert refused.exit_code == 2 and "not written: 3 of 10 model weight(s)" in refused.stderr
+    assert refused.exit_code == 2 and "not written: 3 problems (3 shape mismatch): shape mismatch: " in refused.stderr
     assert not out.exists()
 
     # transplant --no-strict assigns the 7 and says in its last line that 3 got no value (exit 1).
@@ -214,21 +214,26 @@ def tf1_prefix(tmp_path_factory) -> str:
 
 def test_tf1_estimator_checkpoint_into_keras3_with_the_proposed_rules(tf1_prefix, in_root, tmp_path):
     reader = tf.train.load_checkpoint(tf1_prefix)
-    report = ckptinspect.doctor(tf1_prefix, db.tf1_mlp())
-    # The names share nothing: layer order and shape (two hidden layers of one shape, ordered
-    # by their Keras numbering since a TF1 checkpoint sorts its names).
+    # The names share nothing: without --by-order nothing pairs (as transplant and extract say),
+    # and the fix names the flag.
+    plain = ckptinspect.doctor(tf1_prefix, db.tf1_mlp())
+    assert not plain.ok and {w.status for w in plain.weights} == {"missing"}
+    assert plain.flags == ("--by-order pairs 8 more weight(s) by layer order and shape (then every weight loads)",)
+    report = ckptinspect.doctor(tf1_prefix, db.tf1_mlp(), by_order=True)
+    # Layer order and shape (two hidden layers of one shape, ordered by their Keras numbering
+    # since a TF1 checkpoint sorts its names).
     assert report.ok and {w.matched_by for w in report.weights} == {"layer-order"}
     assert {w.target: w.source for w in report.weights if w.target.endswith("kernel")} == {
         "mlp/hidden1/kernel": "dense/kernel", "mlp/hidden2/kernel": "dense_1/kernel",
         "mlp/hidden3/kernel": "dense_2/kernel", "mlp/logits/kernel": "dense_3/kernel"}
     assert report.optimizer_skipped > 0 and report.metadata_skipped == 1  # Adam slots, beta powers; global_step
 
-    # A plain transplant does not trust layer order: every weight is left at init.
+    # A plain transplant does not trust layer order either: every weight is left at init.
     with pytest.raises(ckptinspect.TransplantError, match="left at init: mlp/hidden1/kernel"):
         ckptinspect.transplant(tf1_prefix, db.tf1_mlp())
-    # The rules doctor proposes make it work by names.
+    # The rules doctor proposes (with or without --by-order) make it work by names.
     listed = doctor_cli(tf1_prefix, "--builder", f"{BUILDERS}:tf1_mlp", "--emit", "map", "--format", "json")
-    assert listed.exit_code == 0, listed.output
+    assert listed.exit_code == 1, listed.output  # the rules are printed; the verdict without them is FAIL
     rules = json.loads(listed.stdout)["map"]
     assert rules == ["^dense/=mlp/hidden1/", "^dense_1/=mlp/hidden2/", "^dense_2/=mlp/hidden3/", "^dense_3/=mlp/logits/"]
     model = db.tf1_mlp()
@@ -239,7 +244,7 @@ def test_tf1_estimator_checkpoint_into_keras3_with_the_proposed_rules(tf1_prefix
         np.testing.assert_array_equal(np.asarray(w.numpy()), reader.get_tensor(key), err_msg=w.path)
 
     # The assignment map works with TensorFlow's own init_from_checkpoint.
-    shown = doctor_cli(tf1_prefix, "--builder", f"{BUILDERS}:tf1_mlp", "--emit", "assignment-map")
+    shown = doctor_cli(tf1_prefix, "--builder", f"{BUILDERS}:tf1_mlp", "--by-order", "--emit", "assignment-map")
     assert shown.exit_code == 0, shown.output
     amap = json.loads(shown.stdout)
     assert amap == {"dense/kernel": "mlp/hidden1/kernel", "dense/bias": "mlp/hidden1/bias",

@@ -404,10 +404,33 @@ def test_bad_requests_are_usage_errors(src, tmp_path, out, kwargs, message):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_builder_of_another_architecture_is_refused(src, tmp_path):
-    with pytest.raises(UsageError, match="architecture does not match"):
-        ckptinspect.extract(str(src["k2_tf"]), str(tmp_path / "m.weights.h5"), builder=trainer.build_model)
-    assert list(tmp_path.iterdir()) == []
+def test_builder_pairs_as_transplant_does_and_refuses_in_its_words(src, tmp_path):
+    """extract --builder pairs by the plan transplant and doctor use (issue 25 item 3): a Keras 2
+    TF-format checkpoint (other object graph, same layer names) goes into the Keras 3 model by
+    name, as transplant takes it; another architecture is refused with transplant's problems."""
+    tf_keras = pytest.importorskip("tf_keras")
+    out = tmp_path / "m.weights.h5"
+    report = ckptinspect.extract(str(src["k2_tf"]), str(out), builder=trainer.build_model)
+    assert report.verified == 10
+    fresh = trainer.build_model(seed=9)
+    fresh.load_weights(str(out))
+    ref = trainer_net.build_keras2_model(tf_keras, seed=2)
+    ref.load_weights(str(src["k2_tf"])).expect_partial()
+    for layer in ("encoder", "frozen", "bn", "head"):
+        got, want = fresh.get_layer(layer).get_weights(), ref.get_layer(layer).get_weights()
+        assert len(got) == len(want) > 0 and all(same_bits(a, b) for a, b in zip(got, want)), layer
+
+    import transplant_builders  # noqa: PLC0415 - tests/helpers is on sys.path
+
+    other = tmp_path / "other.weights.h5"
+    with pytest.raises(UsageError) as info:
+        ckptinspect.extract(str(src["run_prefix"]), str(other), builder=transplant_builders.changed_model)
+    with pytest.raises(ckptinspect.TransplantError) as refused:
+        ckptinspect.transplant(str(src["run_prefix"]), transplant_builders.changed_model())
+    assert f"{other}: not written: 4 problems (2 shape mismatch, 2 left at init): " in str(info.value)
+    for problem in refused.value.problems:  # the same problems, in the same words
+        assert problem in str(info.value)
+    assert not other.exists()
 
 
 def test_prune_keeps_every_model_variable_reachable_only_via_model(src):

@@ -251,3 +251,21 @@ def test_the_stage_imports_neither_tensorflow_nor_numpy():
             "print(sorted(m for m in ('tensorflow', 'numpy', 'h5py') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+# -- layer order: what is left on both sides is a shape mismatch, not missing and unused (issue 25) --
+def test_by_order_pairs_the_one_layer_left_on_each_side_without_the_shape_check():
+    a = src(*dense("encoder/enc_dense", 8, 16), *dense("frozen", 16, 16), *dense("head", 16, 4))
+    b = model(*dense("fc1", 8, 16), *dense("fixed", 16, 16), *dense("classifier", 16, 5))
+    result = run(a, b, order=True, order_known=False)
+    got = pairs(result)
+    assert got["fc1/kernel"] == ("encoder/enc_dense/kernel", "layer-order")
+    assert got["classifier/kernel"] == ("head/kernel", "layer-order")  # [16,4] vs [16,5]: the caller reports it
+    assert got["classifier/bias"] == ("head/bias", "layer-order")
+    assert not result.only_a and not result.only_b
+    assert "2 variable(s) paired by layer order have shapes that do not fit" in result.notes
+    # Without layer order nothing pairs; two layers left on each side in an unknown order stay apart.
+    assert not run(a, b).pairs
+    two = run(src(*dense("x", 3, 4), *dense("y", 5, 6)), model(*dense("p", 3, 7), *dense("q", 5, 8)),
+              order=True, order_known=False)
+    assert not two.pairs and len(two.only_a) == len(two.only_b) == 4

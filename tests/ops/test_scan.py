@@ -92,7 +92,7 @@ def test_nan_onset_exact_step_and_variable(nan_run):
     result = invoke("scan", nan_run, "--format", "json")
     assert result.exit_code == 1, result.output
     doc = json.loads(result.stdout)
-    assert doc["first_nonfinite"] == {"step": NAN_STEP, "path": str(nan_run / f"ckpt-{NAN_STEP}"),
+    assert doc["first_nonfinite"] == {"step": NAN_STEP, "number": NAN_STEP, "path": str(nan_run / f"ckpt-{NAN_STEP}"),
                                       "variables": [NAN_VARIABLE]}
     assert [s["step"] for s in doc["steps"]] == list(STEPS)
     assert doc["health"] == []
@@ -168,7 +168,7 @@ def test_role_filter_and_csv(tmp_path):
     result = invoke("scan", RUN, "--role", "model", "--format", "csv")
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("step,path,status,name,layer,role")
+    assert lines[0].startswith("step,number,path,status,name,layer,role")
     assert len(lines) == 1 + 3 * 10 and all(",model," in line for line in lines[1:])
     assert invoke("scan", RUN, "--role", "nonsense").exit_code == 2
 
@@ -247,7 +247,8 @@ def test_keras_model_checkpoint_series(tmp_path):
               callbacks=[keras.callbacks.ModelCheckpoint(pattern, save_weights_only=True)])
     report = ckptinspect.scan(str(tmp_path))
     assert report.series == "keras-files" and report.healthy
-    assert [s.step for s in report.steps] == [1, 2, 3]
+    # the step is the optimizer's iterations (4 batches an epoch); the epoch is the name's number
+    assert [(s.step, s.number) for s in report.steps] == [(4, 1), (8, 2), (12, 3)]
     weights = []
     for s in report.steps:  # Keras 3 stores layer L's j-th weight as L/vars/j
         model.load_weights(s.path)
@@ -282,6 +283,84 @@ def test_plot_png(nan_run, tmp_path):
     refused = invoke("scan", nan_run, "--plot", tmp_path / "not.png", "--force")
     assert refused.exit_code == 2 and (tmp_path / "not.png").read_text() == "mine"
     assert sorted(os.listdir(tmp_path)) == ["not.png", "scan.png"]
+
+
+@pytest.fixture
+def drawn_figure(nan_run, monkeypatch):
+    """The figure ``scan --plot`` saves for the NaN run (matplotlib's Agg backend), kept open."""
+    plt = pytest.importorskip("matplotlib.pyplot")
+    from ckptinspect import render  # noqa: PLC0415
+
+    monkeypatch.setattr(plt, "close", lambda *a, **k: None)  # keep the figure scan_plot draws
+    before = set(plt.get_fignums())
+    assert render.scan_plot(ckptinspect.scan(str(nan_run))).startswith(b"\x89PNG")
+    (num,) = set(plt.get_fignums()) - before
+    fig = plt.figure(num)
+    fig.canvas.draw()
+    yield fig
+    monkeypatch.undo()
+    plt.close(fig)
+
+
+def _marker_boxes(fig):
+    """The display boxes of every marker drawn in the axes (line markers and scatter marks)."""
+    from matplotlib.transforms import Bbox  # noqa: PLC0415
+
+    boxes = []
+    for ax in fig.axes:
+        for line in ax.get_lines():
+            if line.get_marker() in (None, "None", "", " "):
+                continue
+            r = line.get_markersize() * fig.dpi / 72 / 2
+            for x, y in ax.transData.transform(line.get_xydata()):
+                boxes.append(Bbox([[x - r, y - r], [x + r, y + r]]))
+        for coll in ax.collections:
+            r = np.sqrt(coll.get_sizes()[0]) * fig.dpi / 72 / 2
+            for x, y in coll.get_transform().transform(coll.get_offsets()):
+                boxes.append(Bbox([[x - r, y - r], [x + r, y + r]]))
+    return boxes
+
+
+def a_text(artist) -> str:
+    text = artist.get_text()
+    return text if isinstance(text, str) else ""
+
+
+@pytest.mark.slow  # matplotlib draws for ~3 s
+def test_plot_legend_leads_with_the_largest_change_and_marks_the_unchanged_layer(drawn_figure):
+    """Issue 25 item 18: the frozen layer (relative change 0: no line on the log scale below)
+    led the legend; it comes last, marked, after the layers that changed most."""
+    ax_norm, ax_rel = drawn_figure.axes
+    legend = ax_norm.get_legend()
+    labels = [t.get_text() for t in legend.get_texts()]
+    assert labels == ["net/dense_a", "net/dense_b", "net/frozen (no change)", "first NaN/Inf: step 3",
+                      "NaN/Inf (1 layers)"]
+    lower = {line.get_color() for line in ax_rel.get_lines() if len(line.get_xdata()) and line.get_linestyle() == "-"}
+    for label, handle in zip(labels[:3], legend.legend_handles):
+        assert (handle.get_color() in lower) == (not label.endswith("(no change)")), label
+
+
+@pytest.mark.slow  # matplotlib draws for ~3 s
+def test_plot_first_nonfinite_label_is_clear_of_the_markers(drawn_figure):
+    renderer = drawn_figure.canvas.get_renderer()
+    labels = [t for t in drawn_figure.findobj(lambda a: hasattr(a, "get_text")) if "first NaN/Inf" in a_text(t)]
+    assert labels, "the first non-finite step is labelled"
+    markers = _marker_boxes(drawn_figure)
+    assert len(markers) > 10
+    for label in labels:
+        box = label.get_window_extent(renderer).expanded(1.1, 1.3)  # a little air around the words
+        assert not any(box.overlaps(m) for m in markers), label.get_text()
+
+
+@pytest.mark.slow  # matplotlib draws for ~3 s
+def test_plot_y_ticks_within_two_decades_are_plain_numbers(drawn_figure):
+    for ax in drawn_figure.axes:
+        low, high = ax.get_ylim()
+        shown = [t.get_text() for t in ax.yaxis.get_majorticklabels() + ax.yaxis.get_minorticklabels()
+                 if t.get_text() and low <= t.get_position()[1] <= high]
+        assert len(shown) >= 2, shown
+        for text in shown:
+            float(text)  # "4", "0.0105"; not "$\\mathdefault{4\\times10^{0}}$"
 
 
 def test_plot_output_follows_the_atomic_output_rules_before_the_work(tmp_path, monkeypatch):
@@ -351,7 +430,8 @@ def test_missing_data_shard_is_verify_damage(tmp_path):
     shutil.copytree(RUN, d)
     os.remove(d / "ckpt-6.data-00000-of-00001")
     report = ckptinspect.scan(str(d))
-    assert [(s.step, s.status) for s in report.steps] == [(4, "intact"), (6, "damaged"), (8, "intact")]
+    # the damaged one does not open: no step read from it; the number in its name places it
+    assert [(s.number, s.status) for s in report.steps] == [(4, "intact"), (6, "damaged"), (8, "intact")]
     (problem,) = report.health
     assert problem.kind == "damaged" and problem.path == str(d / "ckpt-6")
     assert "data shard is missing" in problem.problem

@@ -112,7 +112,7 @@ def test_one_or_two_workers_same_bits(run, monkeypatch, request, blocks):
     one = _scan(run, monkeypatch, 1)
     two = _scan(run, monkeypatch, 2)
     _same_bits(one, two)
-    assert one["first_nonfinite"]["step"] == NAN_FROM and one["first_nonfinite"]["variables"] == ["nanvar"]
+    assert one["first_nonfinite"]["number"] == NAN_FROM and one["first_nonfinite"]["variables"] == ["nanvar"]
 
 
 def test_identical_spans_give_the_bits_of_the_arithmetic(run, monkeypatch, small_blocks):
@@ -191,7 +191,7 @@ def test_figures_equal_numpy(run, monkeypatch, small_blocks, workers):
                     assert got[k] == pytest.approx(value, rel=1e-12, abs=1e-15), (cur.step, v.name, k, got[k], value)
             checked.add(v.name)
     assert checked == {"moving", "frozen", "partial", "nanvar", "wide", "count", "flags", "zeros"}
-    by = {s.step: {v.name: v.figures for v in s.variables} for s in report.steps}
+    by = {s.number: {v.name: v.figures for v in s.variables} for s in report.steps}
     assert by[3]["partial"].max_abs_change == pytest.approx(1.0, rel=1e-6)
     assert by[4]["partial"].max_abs_change == 0.0 and by[4]["partial"].rel_change == 0.0
     assert by[4]["nanvar"].nan == by[NAN_FROM]["nanvar"].nan == len(range(0, 300, 7))
@@ -229,7 +229,7 @@ def test_damaged_value_is_verify_damage_and_breaks_the_chain(run, tmp_path, monk
     _flip(d / "ckpt-3", offset + 17)
     monkeypatch.setattr(_parallel, "WORKERS", workers)
     report = ckptinspect.scan(str(d))
-    assert [(s.step, s.status) for s in report.steps] == [(1, "intact"), (2, "intact"), (3, "damaged"),
+    assert [(s.number, s.status) for s in report.steps] == [(1, "intact"), (2, "intact"), (3, "damaged"),
                                                           (4, "intact"), (5, "intact")]
     assert any("frozen" in p and "checksum" in p for p in report.steps[2].problems), report.steps[2].problems
     assert [p.kind for p in report.health] == ["damaged"]

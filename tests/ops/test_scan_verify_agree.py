@@ -87,7 +87,7 @@ def test_a_checkpoint_rotated_out_during_scan_is_rotated_as_in_verify(tmp_path, 
     report = ckptinspect.scan(str(run), progress=writer)
     assert writer.seen
     expected = [(n, "rotated" if f"ckpt-{n}" == victim else "intact") for n in (4, 6, 8)]
-    assert [(s.step, s.status) for s in report.steps] == expected
+    assert [(s.number, s.status) for s in report.steps] == expected
     assert report.healthy and report.health == ()
     rotated = next(s for s in report.steps if s.status == "rotated")
     assert rotated.problems == (
@@ -112,7 +112,7 @@ def test_an_idle_directory_missing_a_checkpoint_is_still_unhealthy(tmp_path):
         f.unlink()
     os.utime(run / "checkpoint", (0, 0))  # nobody is saving here
     report = ckptinspect.scan(str(run))
-    assert [(s.step, s.status) for s in report.steps] == [(4, "intact"), (6, "missing"), (8, "intact")]
+    assert [(s.number, s.status) for s in report.steps] == [(4, "intact"), (6, "missing"), (8, "intact")]
     assert [p.kind for p in report.health] == ["missing"]
 
 

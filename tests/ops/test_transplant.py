@@ -397,7 +397,7 @@ def test_cli_strict_failure_is_a_short_error(in_root, tmp_path):
     doc = json.loads(loose.stdout)
     assert doc["complete"] is False
     assert doc["summary"] == {"assigned": 8, "shape_mismatch": 2, "dtype_mismatch": 0, "left_at_init": 2,
-                              "unused": 0, "optimizer_not_transplanted": 14, "metadata_not_transplanted": 2}
+                              "unused": 0, "optimizer_not_transplanted": 14, "metadata_not_transplanted": 2, "skipped_by_rule": 0}
     assert doc["ok"] is False and doc["verified"] is True and len(doc["problems"]) == 4
     assert doc["output"]["checked"] == 12  # every variable of the model is in the written checkpoint
 

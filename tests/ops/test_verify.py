@@ -262,7 +262,7 @@ def test_directory_with_damaged_newest_names_the_newest_intact(tmp_path):
     os.remove(d / "ckpt-4.index")
     os.remove(d / "ckpt-4.data-00000-of-00001")
     report = ckptinspect.verify(str(d))
-    assert [(c.step, c.status) for c in report.checkpoints] == [(4, "missing"), (6, "intact"), (8, "damaged")]
+    assert [(c.number, c.status) for c in report.checkpoints] == [(4, "missing"), (6, "intact"), (8, "damaged")]
     assert report.newest_intact.path == str(d / "ckpt-6")
     assert tf_unreadable_keys(str(d / "ckpt-6")) == set()
     assert tf_unreadable_keys(str(d / "ckpt-8")) == {d_.key for _, d_ in report.damaged}

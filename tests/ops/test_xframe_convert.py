@@ -121,7 +121,7 @@ def test_refusals_are_one_error_line(tmp_path):
     assert result.exit_code == 2 and result.output.startswith("Error:") and "--builder" in result.output
     result = _extract(src, out, "--builder", "xframe_builders:mlp")  # no --transpose-dense: kernels do not fit
     assert result.exit_code == 2, result.output
-    assert "not written: 2 of 8 model weight(s)" in result.output and "shape mismatch 2" in result.output
+    assert "not written: 2 problems (2 shape mismatch): shape mismatch: fc1/kernel is [4,8] in the model" in result.output
     assert not out.exists()
     result = _extract(src, tmp_path / "x.npz", "--transpose-dense")
     assert result.exit_code == 2 and "apply to a .weights.h5 output" in result.output

@@ -1,12 +1,15 @@
-"""Writing Keras HDF5 files (h5py): what ``extract``, ``rewrite`` and ``average`` write, the
-operations deciding only what goes in (which groups, which names, which values).
+"""Writing Keras files (HDF5 through h5py, ``.keras`` archives around them): what ``extract``,
+``rewrite`` and ``average`` write, the operations deciding only what goes in (which groups,
+which names, which values).
 
 * :func:`copy_h5`: a file copied group by group, root attributes with their stored HDF5 types,
-  one top-level group left out, an ``edit`` applied to the copy (``extract``'s optimizer-free
-  copy, ``rewrite``'s renames);
+  one top-level group left out, datasets written with new values (``rewrite --cast``), an
+  ``edit`` applied to the copy (``extract``'s optimizer-free copy, ``rewrite``'s renames);
 * :func:`weights_h5_renames` and :func:`legacy_h5_renames`: the edits a rename is in each Keras
   layout (the ``name`` attribute of a Keras 3 ``vars`` group; a legacy file's datasets,
   ``weight_names`` and ``layer_names``), refusing what the layout cannot express;
+* :func:`copy_keras_zip`: a ``.keras`` archive copied member by member, its weights file
+  written anew (``rewrite --cast`` of a ``.keras``);
 * :func:`read_h5_output`: a written file opened to be read back (datasets, root attributes);
 * :func:`update_h5_copy`: a copy of a file whose datasets are overwritten in row blocks
   (``average``).
@@ -17,9 +20,11 @@ Outputs are written to the temporary name the operation got from :mod:`ckptinspe
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import shutil
-from typing import Any, Callable, Iterable, Iterator, Sequence
+import zipfile
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import h5py
 import numpy as np
@@ -31,6 +36,7 @@ __all__ = [
     "OPTIMIZER_GROUP",
     "LEGACY_OPTIMIZER_GROUP",
     "copy_h5",
+    "copy_keras_zip",
     "h5_value",
     "read_h5_output",
     "H5Output",
@@ -47,23 +53,65 @@ VARS = "/vars/"
 WEIGHT_NAMES = "weight_names"
 LAYER_NAMES = "layer_names"
 WEIGHT_SUFFIX_RE = re.compile(r":\d+$")
+KERAS_DTYPE_ATTR = "dtype"  # on a dataset: "bfloat16" where Keras 3 stored bfloat16 values
+BFLOAT16 = "bfloat16"
 
 Edit = Callable[[Any], None]
 Rename = tuple[str, str, str]  # (variable name, its key, the new name)
 
 
 # -- copies --------------------------------------------------------------------------------
-def copy_h5(src_h5: Any, path: str, *, drop: str | None = None, edit: Edit | None = None) -> None:
+def copy_h5(src_h5: Any, path: str, *, drop: str | None = None, edit: Edit | None = None,
+            values: Mapping[str, Callable[[], np.ndarray]] | None = None) -> None:
     """Write ``path``: the open h5py file ``src_h5`` copied group by group (root attributes with
-    their stored types), without the top-level group ``drop``, then ``edit(dst)`` applied."""
+    their stored types), without the top-level group ``drop``, then ``edit(dst)`` applied.
+
+    ``values`` (dataset path -> a function giving its new value) writes those datasets with the
+    values given instead of the source's bytes (``rewrite --cast``), each with its attributes and
+    stored as Keras stores the value's dtype (bfloat16: 2-byte values h5py stores as opaque,
+    with the ``dtype`` attribute Keras 3 reads them by, :func:`_mark_bfloat16`); the source's bytes are not
+    copied first, so the file holds only the new ones. One value is in memory at a time."""
     with h5py.File(path, "w") as dst:
         copy_attrs(src_h5, dst)
         for name in src_h5:
             if name == drop:
                 continue
-            src_h5.copy(src_h5[name], dst, name=name, without_attrs=False)
+            if values and any(key == name or key.startswith(name + "/") for key in values):
+                _copy_with_values(src_h5[name], dst, name, values)
+            else:
+                src_h5.copy(src_h5[name], dst, name=name, without_attrs=False)
         if edit is not None:
             edit(dst)
+
+
+def _copy_with_values(src: Any, parent: Any, name: str, values: Mapping[str, Callable[[], np.ndarray]]) -> None:
+    """Copy the group ``src`` into ``parent`` as ``name``, walking down to the datasets in
+    ``values`` (by path from the root) and writing those with their new values."""
+    path = src.name.lstrip("/")
+    if isinstance(src, h5py.Dataset):
+        if path in values:
+            created = parent.create_dataset(name, data=values[path]())
+            copy_attrs(src, created)
+            _mark_bfloat16(created)
+        else:
+            src.parent.copy(src, parent, name=name, without_attrs=False)
+        return
+    if not any(key.startswith(path + "/") for key in values):
+        src.parent.copy(src, parent, name=name, without_attrs=False)
+        return
+    group = parent.create_group(name)
+    copy_attrs(src, group)
+    for child in src:
+        _copy_with_values(src[child], group, child, values)
+
+
+def _mark_bfloat16(ds: Any) -> None:
+    """The ``dtype`` attribute Keras 3 reads bfloat16 values by: set when the dataset holds
+    them, removed when it no longer does (a bfloat16 source cast to another type)."""
+    if ds.dtype.kind == "V" and ds.dtype.itemsize == 2 and ds.dtype.names is None:
+        ds.attrs[KERAS_DTYPE_ATTR] = BFLOAT16
+    elif ds.attrs.get(KERAS_DTYPE_ATTR) in (BFLOAT16, BFLOAT16.encode()):
+        del ds.attrs[KERAS_DTYPE_ATTR]
 
 
 def h5_value(h5: Any, key: str) -> np.ndarray:
@@ -108,6 +156,31 @@ class H5Output:
 def read_h5_output(path: str) -> H5Output:
     """``path`` opened to be read back: ``with read_h5_output(tmp) as out: out.datasets()...``"""
     return H5Output(path)
+
+
+# -- .keras archives ----------------------------------------------------------------------
+KERAS_ZIP_WEIGHTS = "model.weights.h5"  # the weights member of a .keras archive
+COPY_CHUNK = 1 << 20
+
+
+def copy_keras_zip(src: str, path: str, write_weights: Callable[[str], None]) -> None:
+    """Write the ``.keras`` archive ``path``: the members of the archive ``src`` copied in their
+    order, with their names, dates and compression (``config.json``, ``metadata.json``, assets,
+    streamed), its ``model.weights.h5`` replaced by the file ``write_weights(tmp)`` writes (under
+    ``path``'s name plus a suffix, removed afterwards)."""
+    weights_tmp = f"{path}.{KERAS_ZIP_WEIGHTS}"
+    try:
+        with zipfile.ZipFile(src) as zin, zipfile.ZipFile(path, "w") as zout:
+            for info in zin.infolist():
+                if info.filename == KERAS_ZIP_WEIGHTS:
+                    write_weights(weights_tmp)
+                    zout.write(weights_tmp, arcname=KERAS_ZIP_WEIGHTS, compress_type=info.compress_type)
+                    continue
+                with zin.open(info) as fin, zout.open(info, "w") as fout:
+                    shutil.copyfileobj(fin, fout, COPY_CHUNK)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(weights_tmp)
 
 
 # -- renames in the Keras layouts ----------------------------------------------------------

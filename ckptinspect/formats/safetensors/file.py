@@ -244,13 +244,21 @@ def _role(t: SafetensorsTensor) -> str:
     return m.ROLE_MODEL
 
 
-def metadata_step(metadata: dict[str, Any] | None) -> tuple[int | None, str | None]:
-    """The step a ``__metadata__`` records (``step``, ``global_step`` or ``epoch``), if any."""
+def metadata_candidates(metadata: dict[str, Any] | None) -> dict[str, int]:
+    """Every step-like number a ``__metadata__`` records (``step``, ``global_step``, ``epoch``),
+    labelled for the step rule (``metadata:step``...)."""
+    out: dict[str, int] = {}
     for key in STEP_METADATA_KEYS:
         value = (metadata or {}).get(key)
         if isinstance(value, (str, int)) and str(value).isdigit() and len(str(value)) < 20:
-            return int(value), f"metadata:{key}"
-    return None, None
+            out[f"metadata:{key}"] = int(value)
+    return out
+
+
+def metadata_step(metadata: dict[str, Any] | None) -> tuple[int | None, str | None]:
+    """The first step-like number a ``__metadata__`` records, and its label, if any."""
+    found = metadata_candidates(metadata)
+    return next(((v, k) for k, v in found.items()), (None, None))
 
 
 def variables_of(header: Header, shard: int | None = None) -> list[m.Variable]:
@@ -360,6 +368,9 @@ def _opened(path: str, strict: bool) -> tuple[m.Checkpoint, Header]:
     info: dict[str, Any] = {"header_bytes": header.header_bytes}
     if header.metadata is not None:
         info["metadata"] = header.metadata
+    candidates = metadata_candidates(header.metadata)
+    if len(candidates) > 1:  # the step rule chooses (a step and an epoch: the step, the epoch as its number)
+        info["step_candidates"] = candidates
     if header.data_start % HEADER_ALIGNMENT:
         info["data_alignment"] = f"unaligned (data starts at byte {header.data_start})"
     source = SafetensorsSource([path], {t.name: (0, t) for t in header.tensors}, problems=header.problems)
@@ -390,6 +401,18 @@ def check_safetensors(path: str) -> ReadCheck:
 
 
 # -- writing ---------------------------------------------------------------------------------------
+def run_metadata(ckpt: m.Checkpoint) -> dict[str, str]:
+    """The ``__metadata__`` entries that keep a checkpoint's place in its run when it is written
+    as safetensors (read back by :func:`metadata_step` and the step rule): ``step`` for its
+    training step, ``epoch`` for an epoch it records or carries in its name."""
+    out: dict[str, str] = {}
+    if ckpt.step is not None:
+        out["step"] = str(ckpt.step)
+    if ckpt.number is not None and (ckpt.number_source or "").endswith(":epoch"):
+        out["epoch"] = str(ckpt.number)
+    return out
+
+
 def write_safetensors(
     path: str,
     tensors: Iterable[tuple[str, str, tuple[int, ...], Callable[[], np.ndarray]]],

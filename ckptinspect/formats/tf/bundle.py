@@ -2,12 +2,12 @@
 
 Listing reads only the ``.index`` file (parsed by :mod:`._bundle_index`) and, for TF2
 object-based checkpoints, the object graph (``_CHECKPOINTABLE_OBJECT_GRAPH``; names and roles
-come from :mod:`._bundle_vars`). TensorFlow is not imported for that. Values come from
-``tf.train.load_checkpoint``, one tensor at a time, or are streamed straight from the data files
-(:class:`BundleSource`).
+come from :mod:`._bundle_vars`). Values are decoded from the data files by
+:class:`BundleSource` (whole, or streamed in blocks), each stored run checked against its
+crc32c, without TensorFlow: they equal ``tf.train.load_checkpoint(...).get_tensor``.
 
 Entries TensorFlow cannot read (:func:`~._bundle_index.entry_problem`) are listed, reported by
-``verify`` (:func:`check_bundle`), and never handed to TensorFlow.
+``verify`` (:func:`check_bundle`), and refused when read.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
-import threading
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from ... import model as m
@@ -26,14 +25,14 @@ from ...errors import (
     NotACheckpointError,
 )
 from .. import _fs
+from .._step import training_step
 from . import data as tf_data
-from .index import OBJECT_GRAPH_KEY, BundleIndex, IndexEntry, fits_tensorflow, read_index
+from .index import OBJECT_GRAPH_KEY, BundleIndex, IndexEntry, read_index
 from .variables import (
     MAX_OBJECT_GRAPH_BYTES,
     build_variables,
     key_name,
     step_candidates,
-    step_from_name,
     unreadable_entries,
 )
 from .._layout import INDEX_SUFFIX, data_path
@@ -169,13 +168,13 @@ def check_bundle_files(prefix: str, num_shards: int | None = None) -> None:
 
 
 class BundleSource(m.BaseSource):
-    """Values of a bundle: whole tensors through TensorFlow's reader (opened on first use);
-    streamed blocks of unsliced numeric tensors straight from the local data files, crc32c
-    checked, without TensorFlow.
+    """Values of a bundle, decoded from the data files without TensorFlow: whole tensors
+    (:func:`~.data.read_value`: numeric, bool, strings; sliced variables assembled from their
+    stored slices), streamed blocks of unsliced numeric tensors; every stored run checked
+    against the crc32c the index records.
 
-    Safe for concurrent reads of different variables: streamed blocks are positioned reads
-    into buffers of their own (:class:`~._fs.DataFiles` is thread-safe), and every use of
-    TensorFlow's reader is serialised by a lock (a failed lookup resets the shared reader).
+    Safe for concurrent reads of different variables: reads are positioned, into buffers of
+    their own (:class:`~._fs.DataFiles` is thread-safe).
     """
 
     concurrent_reads = True
@@ -186,38 +185,23 @@ class BundleSource(m.BaseSource):
         self._entries = {e.key: e for e in index.entries}
         self._slices = index.slice_entries
         self._unreadable = unreadable_entries(index)
-        # TensorFlow's CheckpointReader builds every entry's shape when it opens and aborts the
-        # process on a shape it cannot hold; RestoreV2 looks up one key only.
-        stored = [se for slices in index.slice_entries.values() for *_, se in slices]
-        self._reader_aborts = any(not fits_tensorflow(e.shape) for e in (*index.entries, *stored))
-        self._reader = None
         self._files = _fs.DataFiles()
         self._pinned = False
         self._held: set[str] = set()  # data files held open since pin()
-        self._reader_lock = threading.RLock()
 
     def _check_readable(self, variable: m.Variable) -> None:
-        """Refuse, before TensorFlow sees the key, an entry it cannot read: it would abort the
-        process (unknown dtype, an element count that overflows) or read the wrong bytes."""
+        """Refuse an entry TensorFlow cannot read either (unknown dtype, a resource handle, an
+        element count that overflows, a size other than shape x dtype), with why."""
         why = self._unreadable.get(variable.key)
         if why is not None:
             raise CorruptCheckpointError(
                 f"{self.prefix}{INDEX_SUFFIX}: cannot read {_label(variable)}: {why} (`ckptinspect verify` reports it)"
             )
 
-    def _open(self):
-        if self._reader is None:
-            from ..._tf import load_checkpoint  # noqa: PLC0415 - TensorFlow only for values
-
-            check_bundle_files(self.prefix, self.num_shards)  # TensorFlow's reader would block on a FIFO
-            self._reader = load_checkpoint(self.prefix)
-        return self._reader
-
     def pin(self) -> None:
         """Hold the data shards open from now on (up to :data:`MAX_PINNED_SHARDS`), so the
         checkpoint stays readable if it is deleted meanwhile (a CheckpointManager rotating it
-        out of its directory): streamed reads use the open files, and a whole-tensor read that
-        TensorFlow can no longer do by name falls back to them."""
+        out of its directory): every read uses the open files."""
         if _fs.is_remote(self.prefix) or self.num_shards > MAX_PINNED_SHARDS:
             return
         for path in tf_data.shard_files(self.prefix, self.num_shards):
@@ -229,79 +213,92 @@ class BundleSource(m.BaseSource):
         self._pinned = True
 
     def read(self, variable: m.Variable) -> np.ndarray:
-        with self._reader_lock:
-            return self._read(variable)
+        """The whole value, as ``tf.train.load_checkpoint(...).get_tensor`` returns it (a
+        scalar string as a 0-d object array, its trailing NUL bytes kept).
 
-    def _read(self, variable: m.Variable) -> np.ndarray:
-        from ..._tf import get_tensor  # noqa: PLC0415
-
+        Raises:
+            CorruptCheckpointError: An entry TensorFlow cannot read, a missing data file or
+                stored slice, a truncated file, bytes that do not match their checksum.
+            CheckpointNotFoundError: No such key, or the checkpoint was deleted while being read.
+        """
         self._check_readable(variable)
         self._check_shards(variable)
-        if self._reader_aborts:
-            return self._restore(variable)
-        if _fs.is_remote(self.prefix):  # TensorFlow may have no file system for the scheme (s3://)
-            assembled = self._assemble(variable)
-            if assembled is not None:
-                return assembled
-        try:
-            return get_tensor(self._open(), self.prefix, variable.key)
-        except Exception:
-            # TF's BundleReader keeps the status of a failed sliced read and aborts the whole
-            # process (a C++ CHECK) on its next lookup: never reuse a reader after a failure.
-            self._reader = None
-            if not (self._pinned and self._vanished()):
-                raise
-        import numpy as np  # noqa: PLC0415, F811 - loaded with tf_data already
+        entry = self._entries.get(variable.key)
+        if entry is None:
+            raise CheckpointNotFoundError(f"{self.prefix}: {_label(variable)} is not in the checkpoint")
+        if not entry.slices:
+            return self._read_run(variable, entry, _count(entry.shape)).reshape(entry.shape)
+        return self._assemble(variable, entry)
 
-        raw = self._raw_entry(variable)
-        if raw is None:
-            strings = self._pinned_strings(variable)
-            if strings is not None:
-                return strings
-            directory = _fs.dirname(self.prefix) or "."
-            raise CheckpointNotFoundError(
-                f"{self.prefix}: deleted while being read (rotated out by the process saving into {directory});"
-                " run the command again"
-            ) from None
-        out = np.empty(variable.size, dtype=raw[2])
-        done = 0
-        for block in tf_data.iter_raw_blocks(raw[0], raw[1], raw[2], 1 << 20, self._files):
-            out[done : done + block.size] = block
-            done += block.size
-        return out.reshape(variable.shape)
+    def _read_run(self, variable: m.Variable, entry: IndexEntry, count: int) -> np.ndarray:
+        """One stored run (a whole tensor or a stored slice), flat, from its data file."""
+        return tf_data.read_value(self._located(variable, entry), entry, count, self._files)
 
-    def _assemble(self, variable: m.Variable) -> np.ndarray | None:
-        """A value read without TensorFlow: a whole entry's bytes, or a sliced variable put
-        together from its stored slices; None when neither applies (TensorFlow's reader then)."""
+    def _located(self, variable: m.Variable, entry: IndexEntry) -> str:
+        """The data file of a stored run, checked to hold it (nothing is read or allocated
+        for a run the file cannot hold)."""
+        path = data_path(self.prefix, entry.shard_id, self.num_shards)
+        size = self._files.size(path)
+        if size is None:
+            if _fs.is_remote(path):
+                raise CorruptCheckpointError(
+                    f"{path}: data file is missing ({self.prefix}{INDEX_SUFFIX} names it; cannot read {_label(variable)})")
+            if self._pinned and not os.path.lexists(path):
+                directory = _fs.dirname(self.prefix) or "."
+                raise CheckpointNotFoundError(
+                    f"{self.prefix}: deleted while being read (rotated out by the process saving into {directory});"
+                    " run the command again"
+                )
+            _fs.check_regular(path)  # a FIFO or device: refused with its own error
+            raise CorruptCheckpointError(
+                f"{path}: data file is missing ({self.prefix}{INDEX_SUFFIX} names it; cannot read {_label(variable)})")
+        if size < entry.offset + entry.size:
+            raise tf_data.truncated(path, entry, size)
+        return path
+
+    def _assemble(self, variable: m.Variable, entry: IndexEntry) -> np.ndarray:
+        """A sliced (partitioned) variable from its stored slices, as TensorFlow's
+        ``BundleReader::GetSliceValue`` does: the declared slices must lie within the shape,
+        not overlap and cover it; each stored slice is read (checksum-checked) and placed."""
         import numpy as np  # noqa: PLC0415
 
-        raw = self._raw_entry(variable)
-        if raw is not None:
-            out = np.empty(variable.size, dtype=raw[2])
-            done = 0
-            for block in tf_data.iter_raw_blocks(raw[0], raw[1], raw[2], 1 << 20, self._files):
-                out[done : done + block.size] = block
-                done += block.size
-            return out.reshape(variable.shape)
-        parts = self.slice_blocks(variable, 1 << 20)
-        dtype = m.numpy_dtype(variable.dtype)
-        if not parts or dtype is None:
-            return None
-        out = np.zeros(variable.shape, dtype=dtype)
-        for part in parts:
-            flat = np.empty(int(np.prod(part.shape, dtype=np.int64)), dtype=dtype)
-            done = 0
-            for block in part.blocks():
-                flat[done : done + block.size] = block
-                done += block.size
-            index = tuple(slice(None) if n == -1 else slice(s, s + n) for s, n in zip(part.starts, part.lengths))
-            out[index] = flat.reshape(part.shape)
+        def refuse(why: str) -> CorruptCheckpointError:
+            return CorruptCheckpointError(
+                f"{self.prefix}{INDEX_SUFFIX}: cannot read {_label(variable)}: {why} (`ckptinspect verify` reports it)")
+
+        shape = entry.shape
+        stored = self._slices.get(entry.key, ())
+        if len(stored) != len(entry.slices):
+            raise refuse(f"it declares {len(entry.slices)} slices, the index holds {len(stored)}")
+        boxes = []
+        for starts, lengths, se in stored:
+            where = tf_data.fmt_slice(starts, lengths)
+            if len(starts) != len(shape):
+                raise refuse(f"slice {where} has {len(starts)} dimensions, the tensor {len(shape)}")
+            box = tuple((st, dim) if ln < 0 else (st, st + ln) for st, ln, dim in zip(starts, lengths, shape))
+            if any(lo < 0 or hi > dim or lo > hi for (lo, hi), dim in zip(box, shape)):
+                raise refuse(f"slice {where} lies outside its shape {list(shape)}")
+            if tuple(hi - lo for lo, hi in box) != tuple(se.shape):
+                raise refuse(f"slice {where} is stored with shape {list(se.shape)}")
+            if se.dtype != entry.dtype:
+                raise refuse(f"slice {where} is stored as {se.dtype}, the tensor is {entry.dtype}")
+            boxes.append(box)
+        if _overlap(boxes):
+            raise refuse("two of its slices overlap")
+        if sum(_count(tuple(hi - lo for lo, hi in box)) for box in boxes) != _count(shape):
+            raise refuse(f"its {len(boxes)} slices do not cover its shape {list(shape)}")
+        for _, _, se in stored:
+            self._located(variable, se)  # every slice's bytes are there before the value is allocated
+        dtype = object if entry.dtype == "string" else tf_data.value_dtype(entry.dtype)
+        out = np.empty(shape, dtype=dtype)
+        for box, (_, _, se) in zip(boxes, stored):
+            part = self._read_run(variable, se, _count(se.shape)).reshape(se.shape)
+            out[(*(slice(lo, hi) for lo, hi in box), Ellipsis)] = part
         return out
 
     def _check_shards(self, variable: m.Variable) -> None:
-        """Refuse at once (before TensorFlow is loaded) a value whose local data file is not
-        there and was not held open: a file that never existed (an index copied alone) is
-        missing, not rotated out.
+        """Refuse at once a value whose local data file is not there and was not held open: a
+        file that never existed (an index copied alone) is missing, not rotated out.
 
         Raises:
             CorruptCheckpointError: ``PATH: data file is missing (PREFIX.index names it)``: the
@@ -320,57 +317,6 @@ class BundleSource(m.BaseSource):
                     f"{path}: data file is missing ({self.prefix}{INDEX_SUFFIX} names it; "
                     f"cannot read {_label(variable)})")
 
-    def _vanished(self) -> bool:
-        """Whether the index or a data shard is gone from its path now."""
-        return not _fs.exists(self.prefix + INDEX_SUFFIX) or not all(
-            _fs.exists(p) for p in tf_data.shard_files(self.prefix, self.num_shards))
-
-    def _restore(self, variable: m.Variable) -> np.ndarray:
-        """One value through ``RestoreV2`` (which reads one entry, not the whole index)."""
-        import numpy as np  # noqa: PLC0415
-
-        from .write.through_tf import restore_tensor  # noqa: PLC0415 - TensorFlow only for values
-
-        value = restore_tensor(self.prefix, variable.key, variable.dtype).numpy()
-        if isinstance(value, bytes):  # a scalar string: keep trailing NUL bytes (see _tf.get_tensor)
-            out = np.empty((), dtype=object)
-            out[()] = value
-            return out
-        return np.asarray(value)
-
-    def _pinned_strings(self, variable: m.Variable) -> np.ndarray | None:
-        """An unsliced string tensor read from the held-open data file, after TensorFlow could
-        not read it by name (its files deleted): the stored layout (varint64 lengths, their
-        masked crc32c, the bytes) checked against the entry's checksum and decoded; None when
-        the entry is not such a tensor or the held-open file does not hold it.
-
-        Raises:
-            CorruptCheckpointError: The bytes do not match the recorded checksum or layout.
-        """
-        import numpy as np  # noqa: PLC0415, F811 - loaded with tf_data already
-
-        entry = self._entries.get(variable.key)
-        if entry is None or entry.slices or entry.problem is not None or entry.dtype != "string":
-            return None
-        path = data_path(self.prefix, entry.shard_id, self.num_shards)
-        size = self._files.size(path)
-        if size is None or size < entry.offset + entry.size:
-            return None
-        buf = bytearray(entry.size)
-        if self._files.pread_into(path, memoryview(buf), entry.offset) != entry.size:
-            return None
-        raw = bytes(buf)
-        count = variable.size
-        try:
-            actual = tf_data.tensor_crc32c("string", tuple(entry.shape), raw)
-        except MalformedError as e:
-            raise CorruptCheckpointError(f"{path}: cannot read {_label(variable)}: {e}") from None
-        if entry.crc32c is not None and actual != entry.crc32c:
-            raise CorruptCheckpointError(f"{path}: {_label(variable)}: {tf_data.crc_mismatch(entry.crc32c, actual)}")
-        out = np.empty(count, dtype=object)
-        out[:] = tf_data.decode_string_tensor(raw, count)
-        return out.reshape(variable.shape)
-
     def _raw_entry(self, variable: m.Variable) -> tuple[str, IndexEntry, np.dtype] | None:
         """Where ``variable``'s bytes can be read directly (ranged reads for a remote one): an
         unsliced tensor of a plain numeric dtype whose shard is long enough (else the TF reader
@@ -378,7 +324,7 @@ class BundleSource(m.BaseSource):
         entry = self._entries.get(variable.key)
         if entry is None or entry.slices or entry.problem is not None:
             return None
-        dtype = m.numpy_dtype(entry.dtype)
+        dtype = tf_data.value_dtype(entry.dtype)
         if dtype is None or entry.size != variable.size * dtype.itemsize:
             return None
         path = data_path(self.prefix, entry.shard_id, self.num_shards)
@@ -438,7 +384,7 @@ class BundleSource(m.BaseSource):
         out = []
         for run in runs:
             entry = run.entry
-            dtype = m.numpy_dtype(entry.dtype)
+            dtype = tf_data.value_dtype(entry.dtype)
             count = 1
             for d in entry.shape:
                 count *= d
@@ -467,8 +413,35 @@ class BundleSource(m.BaseSource):
         return decode_string_scalar(read_raw(self.prefix, self.num_shards, entry, limit=MAX_OBJECT_GRAPH_BYTES))
 
     def close(self) -> None:
-        self._reader = None
         self._files.close()
+
+
+def _count(shape: tuple[int, ...]) -> int:
+    count = 1
+    for d in shape:
+        count *= d
+    return count
+
+
+def _overlap(boxes: list[tuple[tuple[int, int], ...]]) -> bool:
+    """Whether two of these boxes (per dimension ``[lo, hi)``) share an element; empty boxes
+    share nothing. Compared all against all, a box at a time in numpy."""
+    import numpy as np  # noqa: PLC0415
+
+    boxes = [b for b in boxes if all(hi > lo for lo, hi in b)]
+    if len(boxes) < 2:
+        return False
+    lo = np.array([[d[0] for d in b] for b in boxes], dtype=object if _huge(boxes) else np.int64)
+    hi = np.array([[d[1] for d in b] for b in boxes], dtype=lo.dtype)
+    for i in range(len(boxes) - 1):
+        shared = (np.maximum(lo[i], lo[i + 1 :]) < np.minimum(hi[i], hi[i + 1 :])).all(axis=1)
+        if shared.any():
+            return True
+    return False
+
+
+def _huge(boxes) -> bool:
+    return any(hi >= 1 << 62 for b in boxes for _, hi in b)
 
 
 def open_bundle(
@@ -489,8 +462,7 @@ def open_bundle(
     index = read_index(prefix)
     variables, info = build_variables(prefix, index)
     candidates = step_candidates(prefix, index, variables)
-    source = next(iter(candidates), None)
-    step = candidates[source] if source else None
+    step, source = training_step(candidates)
     if candidates:
         info["step_candidates"] = candidates
     if extra_info:
@@ -518,7 +490,7 @@ def check_bundle(prefix: str, *, format: str = m.FORMAT_TF_BUNDLE) -> tf_data.Bu
     Raises:
         CheckpointNotFoundError: The index (or a data shard) exists but cannot be read.
     """
-    step = step_from_name(prefix)
+    step = None  # the training step, from the variables (the step rule), when the index reads
     try:
         index = read_index(prefix)
     except CorruptCheckpointError as e:
@@ -526,8 +498,7 @@ def check_bundle(prefix: str, *, format: str = m.FORMAT_TF_BUNDLE) -> tf_data.Bu
     try:
         variables, _ = build_variables(prefix, index)
         names = {v.key: v.name for v in variables}
-        candidates = step_candidates(prefix, index, variables)
-        step = next(iter(candidates.values()), step)
+        step, _ = training_step(step_candidates(prefix, index, variables))
     except (CkptError, MalformedError, OSError):
         names = {}
     return tf_data.plan_check(prefix, index, names, format=format, step=step,

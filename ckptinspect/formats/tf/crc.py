@@ -52,10 +52,7 @@ def _crc32c_library() -> Any:
                 *sorted(glob.glob(os.path.join(here, ".dylibs", "libcrc32c*"))),  # macOS
                 *sorted(glob.glob(os.path.join(here, "*crc32c*.dll"))),  # Windows
             ]
-            found = ctypes.util.find_library("crc32c")
-            if found:
-                candidates.append(found)
-            for path in candidates:
+            for path in _then_system(candidates, ctypes.util.find_library):
                 try:
                     candidate = ctypes.CDLL(path)
                     fn = candidate.crc32c_extend
@@ -73,32 +70,41 @@ def _crc32c_library() -> Any:
         return lib
 
 
-def buffer_crc32c() -> Callable[[int, bytearray, int], int]:
-    """``extend(crc, buffer, nbytes)``: the crc32c of the first ``nbytes`` of a ``bytearray``,
+def _then_system(candidates: list[str], find_library: Callable[[str], str | None]) -> Any:
+    """The wheel's libraries, then the system's: ``find_library`` runs ``ldconfig`` (tens of
+    milliseconds at the first read of a value), so only when the wheel's did not do."""
+    yield from candidates
+    found = find_library("crc32c")
+    if found:
+        yield found
+
+
+def buffer_crc32c() -> Callable[..., int]:
+    """``extend(crc, buffer, nbytes, start=0)``: the crc32c of ``nbytes`` of a ``bytearray`` from ``start``,
     continuing ``crc``, releasing the GIL while it runs when the C library can be called
     directly (else through ``google_crc32c.extend``, on a read-only view: no copy)."""
     fn = _crc32c_library()
     if fn is not None:
         import ctypes  # noqa: PLC0415 - loaded by _crc32c_library already
 
-        def extend(crc: int, buffer: bytearray, nbytes: int) -> int:
-            if not 0 <= nbytes <= len(buffer):
-                raise ValueError(f"{nbytes} bytes asked of a buffer of {len(buffer)}")
+        def extend(crc: int, buffer: bytearray, nbytes: int, start: int = 0) -> int:
+            if not (0 <= start and 0 <= nbytes and start + nbytes <= len(buffer)):
+                raise ValueError(f"bytes {start}..{start + nbytes} asked of a buffer of {len(buffer)}")
             if not nbytes:
                 return crc
             anchor = ctypes.c_char.from_buffer(buffer)  # holds the buffer (no resize) during the call
             try:
-                return fn(crc, ctypes.addressof(anchor), nbytes)
+                return fn(crc, ctypes.addressof(anchor) + start, nbytes)
             finally:
                 del anchor
 
         return extend
     module = crc32c_module()
 
-    def extend_package(crc: int, buffer: bytearray, nbytes: int) -> int:
+    def extend_package(crc: int, buffer: bytearray, nbytes: int, start: int = 0) -> int:
         import numpy as np  # noqa: PLC0415 - only where values are read
 
-        raw = np.frombuffer(buffer, dtype=np.uint8, count=nbytes)
+        raw = np.frombuffer(buffer, dtype=np.uint8, count=nbytes, offset=start)
         raw.flags.writeable = False  # google-crc32c reads a read-only buffer in place (no copy)
         return module.extend(crc, raw)
 

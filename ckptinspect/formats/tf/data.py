@@ -2,6 +2,10 @@
 
 * Positioned reads of a tensor's stored bytes (whole for small tensors, in blocks for
   streaming), from a pool of open files and reused buffers (:class:`~._fs.DataFiles`).
+* The decoder of one stored run into its value, as ``tf.train.load_checkpoint(...).get_tensor``
+  returns it (:func:`read_value`): numeric and bool tensors (bfloat16, float8, int4 through
+  ml_dtypes; quantized types as their plain integers), strings in ``WriteStringTensor``'s
+  layout, each checked against the stored crc32c; variant tensors refused.
 * The checksums TensorFlow records (tensorflow/core/util/tensor_bundle/tensor_bundle.cc,
   ``BundleWriter::Add``): ``BundleEntryProto.crc32c`` is the *masked* crc32c of
 
@@ -48,6 +52,8 @@ __all__ = [
     "decode_string_scalar",
     "decode_string_tensor",
     "iter_raw_blocks",
+    "value_dtype",
+    "read_value",
     "tensor_crc32c",
     "BundleCheck",
     "plan_check",
@@ -77,6 +83,12 @@ CHUNK_BYTES = 8 << 20  # bytes read (and checksummed) at a time when checking
 # in batches of about BATCH_BYTES.
 BATCH_BYTES = 8 << 20
 _UINT32_MAX = 0xFFFFFFFF
+READ_CHUNK_BYTES = 64 << 20  # bytes read (and checksummed) per positioned read of a whole value
+# What TensorFlow's reader returns for the dtypes numpy and the model's table do not name:
+# quantized types as their plain integers, the narrow types as ml_dtypes' (one per byte).
+_VALUE_AS = {"qint8": "int8", "quint8": "uint8", "qint16": "int16", "quint16": "uint16", "qint32": "int32"}
+_ML_DTYPES_ONLY = frozenset({"float8_e4m3fnuz", "float8_e4m3b11fnuz", "float8_e5m2fnuz", "int4", "uint4", "int2",
+                             "uint2", "float4_e2m1fn"})
 
 
 # -- positioned reads ---------------------------------------------------------------------
@@ -199,6 +211,97 @@ def iter_raw_blocks(
     stored = entry.crc32c or 0
     if actual != stored:
         raise CorruptCheckpointError(f"{path}: {entry.key!r}: {crc_mismatch(stored, actual)}")
+
+
+# -- whole values ----------------------------------------------------------------------------
+def value_dtype(dtype: str) -> np.dtype | None:
+    """The numpy dtype of a stored fixed-size dtype, as TensorFlow's reader returns it; None for
+    strings, variants and names it does not know."""
+    found = m.numpy_dtype(_VALUE_AS.get(dtype, dtype))
+    if found is None and dtype in _ML_DTYPES_ONLY:
+        import numpy as np  # noqa: PLC0415
+
+        try:
+            import ml_dtypes  # noqa: PLC0415 - a core dependency; loaded only for these dtypes
+
+            return np.dtype(getattr(ml_dtypes, dtype))
+        except (ImportError, AttributeError):  # pragma: no cover - an ml_dtypes without the type
+            return None
+    return found
+
+
+def truncated(path: str, entry: IndexEntry, size: int) -> CorruptCheckpointError:
+    """The error of a run of bytes that lies past the end of its file."""
+    return CorruptCheckpointError(
+        f"{path}: truncated: {entry.key!r} needs bytes {entry.offset}..{entry.offset + entry.size}, the file has {size}"
+    )
+
+
+def read_value(path: str, entry: IndexEntry, count: int, files: _fs.DataFiles) -> np.ndarray:
+    """One stored run of bytes (a whole tensor, or one stored slice) decoded into its flat
+    value of ``count`` elements, checked against the crc32c the index records.
+
+    Numeric and bool values are read straight into the array returned (positioned reads of
+    :data:`READ_CHUNK_BYTES`, checksummed as they arrive); strings come as an object array of
+    ``bytes`` (trailing NUL bytes kept), as TensorFlow's reader gives them.
+
+    Args:
+        path: The data file.
+        entry: Its index entry (the file is known to hold ``entry.offset + entry.size`` bytes).
+        count: The number of elements (the product of ``entry.shape``).
+        files: The open data files.
+
+    Raises:
+        CorruptCheckpointError: The file ends early, the bytes do not match the stored checksum
+            or layout, or the entry is a variant tensor (no numpy value).
+    """
+    import numpy as np  # noqa: PLC0415 - numpy only where values are read
+
+    if entry.dtype == "variant":
+        raise CorruptCheckpointError(
+            f"{path}: cannot read {entry.key!r}: a variant tensor (TensorFlow objects serialized, such as a"
+            " tf.data iterator's state) has no numpy value"
+        )
+    if entry.dtype == "string":
+        raw = bytes(_read_whole(path, entry, files))
+        try:
+            actual = tensor_crc32c("string", entry.shape, raw)
+            if entry.crc32c is not None and actual != entry.crc32c:
+                raise CorruptCheckpointError(f"{path}: {entry.key!r}: {crc_mismatch(entry.crc32c, actual)}")
+            out = np.empty(count, dtype=object)
+            out[:] = decode_string_tensor(raw, count) if count else []
+        except MalformedError as e:
+            raise CorruptCheckpointError(f"{path}: cannot read {entry.key!r}: {e}") from None
+        return out
+    dtype = value_dtype(entry.dtype)
+    if dtype is None or entry.size != count * dtype.itemsize:
+        raise CorruptCheckpointError(
+            f"{path}: cannot read {entry.key!r}: {entry.size} bytes of dtype {entry.dtype} for {count} elements")
+    return np.frombuffer(_read_whole(path, entry, files, check=True), dtype=dtype)
+
+
+def _read_whole(path: str, entry: IndexEntry, files: _fs.DataFiles, check: bool = False) -> bytearray:
+    """The ``entry.size`` bytes of a run, in a fresh buffer; with ``check``, compared with the
+    stored crc32c (as raw bytes: numeric and bool tensors)."""
+    buf = bytearray(entry.size)
+    view = memoryview(buf)
+    crc_extend = buffer_crc32c()  # releases the GIL: other threads read meanwhile
+    crc = 0
+    done = 0
+    while done < entry.size:
+        n = min(READ_CHUNK_BYTES, entry.size - done)
+        got = files.pread_into(path, view[done : done + n], entry.offset + done)
+        if got <= 0:
+            raise truncated(path, entry, entry.offset + done)
+        if check:
+            crc = crc_extend(crc, buf, got, done)
+        done += got
+    if check:
+        actual = mask(crc)
+        stored = entry.crc32c or 0  # proto3 omits a zero field
+        if actual != stored:
+            raise CorruptCheckpointError(f"{path}: {entry.key!r}: {crc_mismatch(stored, actual)}")
+    return buf
 
 
 # -- checksums ---------------------------------------------------------------------------

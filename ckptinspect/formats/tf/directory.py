@@ -41,6 +41,10 @@ __all__ = [
     "state_fingerprint",
     "state_changed",
     "checkpoint_present",
+    "PLACED_LISTED",
+    "PLACED_MEMBER",
+    "PLACED_LATEST",
+    "placement",
 ]
 
 MAX_STATE_FILE_BYTES = 1 << 20  # ~8,000 retained checkpoints; anything larger is not a state file
@@ -263,31 +267,36 @@ def _mtime(prefix: str) -> float:
         return 0.0
 
 
-def checkpoint_step(prefix: str, *, from_index: bool = True) -> int | None:
-    """The step of one checkpoint, as ``ls`` shows it in its header.
+def _order(prefix: str, mtime: float) -> tuple[bool, int, float]:
+    """Where a checkpoint found only on disk sorts (the last one is what the directory resolves
+    to when no state file decides): numbered ones by number, then unnumbered ones, each by time."""
+    step = step_from_name(prefix)
+    return (step is None, step or 0, mtime)
 
-    For a bundle whose index is small (:data:`MAX_STEP_INDEX_BYTES`), the step its variables
-    record (``step``/``global_step``, else its name's number, else optimizer iterations),
-    exactly as :func:`~ckptinspect.formats.tf.bundle.open_bundle` finds it; otherwise, or when
-    the index cannot be read, the number at the end of its name.
+
+def checkpoint_step(prefix: str, *, from_index: bool = True) -> int | None:
+    """The training step of one checkpoint, as ``ls`` shows it in its header (the step rule:
+    a step variable, else the optimizer's iterations), for a bundle whose index is small
+    (:data:`MAX_STEP_INDEX_BYTES`); None when it has none, when the index is larger or cannot
+    be read, or when ``from_index`` is False. The number in its name is the listing's
+    :attr:`~ckptinspect.model.RetainedCheckpoint.number`, not a step.
 
     Args:
         prefix: A bundle prefix or V1 file.
-        from_index: Read the index (False: the name only).
+        from_index: Read the index (False: no step).
     """
-    named = step_from_name(prefix)
     if not from_index:
-        return named
+        return None
     index = prefix + INDEX_SUFFIX
     try:
         if not _fs.is_remote(prefix) and (not _fs.is_regular(index) or _fs.getsize(index) > MAX_STEP_INDEX_BYTES):
-            return named
+            return None
         from .bundle import open_bundle  # noqa: PLC0415
 
         with open_bundle(prefix) as ckpt:
-            return ckpt.step if ckpt.step is not None else named
+            return ckpt.step
     except (CkptError, OSError):
-        return named
+        return None
 
 
 def read_directory(directory: str, *, steps: bool = True) -> DirectoryListing:
@@ -303,7 +312,7 @@ def read_directory(directory: str, *, steps: bool = True) -> DirectoryListing:
     Args:
         directory: The checkpoint directory.
         steps: Read each checkpoint's step from its index when cheap (see
-            :func:`checkpoint_step`); False takes steps from names only.
+            :func:`checkpoint_step`); False: none (the number in each name is read either way).
     """
     state, problems = _read_state(directory)
     state_path = _fs.join(directory, STATE_FILE)
@@ -341,10 +350,7 @@ def read_directory(directory: str, *, steps: bool = True) -> DirectoryListing:
         latest = admitted.get(state.latest)
         if latest is not None:  # the state file's own spelling of it, as listed
             latest = next(p for p, _, _ in entries if _key(p) == _key(latest))
-    on_disk = sorted(
-        (p for p in scan_prefixes(directory) if _key(p) not in seen),
-        key=lambda p: (step_from_name(p) is None, step_from_name(p) or 0, _mtime(p)),
-    )
+    on_disk = sorted((p for p in scan_prefixes(directory) if _key(p) not in seen), key=lambda p: _order(p, _mtime(p)))
     entries += [(p, None, False) for p in on_disk]
     if latest is None or not _exists(latest):
         existing = [p for p, _, in_state in entries if in_state and _exists(p)]
@@ -358,12 +364,50 @@ def read_directory(directory: str, *, steps: bool = True) -> DirectoryListing:
             exists=_exists(p),
             in_state_file=in_state,
             latest=p == latest,
+            number=step_from_name(p),
         )
         for p, stamp, in_state in entries
     )
     leftovers = () if _fs.is_remote(directory) else tuple(leftover_temporaries(directory))
     return DirectoryListing(directory, checkpoints, latest, tuple(problems), leftovers,
                             foreign=tuple(foreign), has_state_file=state is not None)
+
+
+# What writing a checkpoint at a prefix in a directory would do to the directory (:func:`placement`).
+PLACED_LISTED = "listed"  # it replaces a checkpoint the state file lists
+PLACED_MEMBER = "member"  # it replaces a checkpoint the directory, resolved by its *.index files, holds
+PLACED_LATEST = "latest"  # new, it would be what the directory resolves to
+
+
+def placement(directory: str, prefix: str) -> str | None:
+    """What a checkpoint written now at ``prefix`` (a prefix in ``directory``) would change in
+    what ``directory`` resolves to (:func:`read_directory`'s rule).
+
+    A directory whose state file names an existing checkpoint resolves to it: a new prefix
+    beside it changes nothing (TensorFlow and CheckpointManager read the state file only), and
+    an unlisted one is none of its checkpoints. Without one (no state file, or none of the
+    checkpoints it names exists) the directory resolves to the last of its ``*.index`` files
+    in :func:`_order`, where a checkpoint written now is the newest of its number.
+
+    Returns:
+        :data:`PLACED_LISTED` (a checkpoint the state file lists, its files present or not),
+        :data:`PLACED_MEMBER` (an existing one the directory resolves among, no state file
+        deciding), :data:`PLACED_LATEST` (a new one the directory would then resolve to), or
+        None (nothing the directory resolves to changes).
+    """
+    listing = read_directory(directory, steps=False)
+    here = _key(prefix)
+    state_decides = any(c.latest and c.in_state_file for c in listing.checkpoints)
+    for c in listing.checkpoints:
+        if _key(c.path) == here and c.in_state_file:
+            return PLACED_LISTED  # listed: restored or rotated by name, present or not
+        if _key(c.path) == here and c.exists:
+            return None if state_decides else PLACED_MEMBER
+    if state_decides:
+        return None
+    if listing.latest is None or not _exists(listing.latest):
+        return PLACED_LATEST
+    return PLACED_LATEST if _order(prefix, float("inf")) > _order(listing.latest, _mtime(listing.latest)) else None
 
 
 def list_checkpoints(directory: str) -> tuple[list[m.RetainedCheckpoint], str | None]:

@@ -19,7 +19,7 @@ from ... import model as m
 from ...errors import CorruptCheckpointError
 from .. import _fs
 from .index import OBJECT_GRAPH_KEY, BundleIndex, IndexEntry, fits_tensorflow
-from .._layout import INDEX_SUFFIX, data_path
+from .._layout import INDEX_SUFFIX, data_path, prefix_number
 from .wire import MalformedError
 from .data import decode_string_scalar, read_raw
 from .object_graph import (
@@ -44,11 +44,6 @@ __all__ = [
     "tf1_role",
     "unreadable_entries",
 ]
-
-STEP_SUFFIX_RE = re.compile(r"[-_](\d+)$")
-# A sharded V1 Saver's file names end in the shard (model.ckpt-7-00000-of-00001), or in TF's
-# pattern for all of them in its state file (model.ckpt-7-?????-of-00001).
-V1_SHARD_SUFFIX_RE = re.compile(r"-(\d{5}|\?{5})-of-\d{5}$")
 
 # Names of step / counter variables (metadata).
 STEP_NAMES = ("global_step", "step")
@@ -110,8 +105,7 @@ def tf1_role(key: str, entry: IndexEntry) -> str:
 def step_from_name(prefix: str) -> int | None:
     """The number at the end of a prefix's file name (``ckpt-10``, ``model.ckpt-100``, ``ckpt_1``;
     ``model.ckpt-7-00000-of-00001``, a sharded V1 file, is step 7)."""
-    match = STEP_SUFFIX_RE.search(V1_SHARD_SUFFIX_RE.sub("", _fs.basename(prefix)))
-    return int(match.group(1)) if match else None
+    return prefix_number(_fs.basename(prefix))
 
 
 def _entry_shards(index: BundleIndex, entry: IndexEntry) -> tuple[tuple[int, ...], int, tuple[m.SliceInfo, ...]]:
@@ -286,7 +280,9 @@ def _named_role(entry: IndexEntry, facts: dict[str, KeyFacts] | None, tf2: bool)
 
 
 def step_candidates(prefix: str, index: BundleIndex, variables: Iterable[m.Variable]) -> dict[str, int]:
-    """Every step-like number of a checkpoint, best first."""
+    """Every step-like number the variables of a checkpoint record, best first: explicit step
+    variables, then the optimizer's iteration counters and the save counter (the step rule,
+    :func:`ckptinspect.formats._step.training_step`, chooses among them)."""
     by_key = {e.key: e for e in index.entries}
     found: dict[str, int] = {}
     counters: dict[str, int] = {}
@@ -305,9 +301,4 @@ def step_candidates(prefix: str, index: BundleIndex, variables: Iterable[m.Varia
             value = _read_int_scalar(prefix, index, by_key[v.key])
             if value is not None:
                 target[label] = value
-    out = dict(found)
-    from_name = step_from_name(prefix)
-    if from_name is not None:
-        out["filename"] = from_name
-    out.update(counters)
-    return out
+    return {**found, **counters}

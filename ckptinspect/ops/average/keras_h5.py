@@ -1,5 +1,6 @@
-"""``average`` of Keras ``.weights.h5`` files (e.g. ``keras.callbacks.ModelCheckpoint`` with
-``save_weights_only=True`` over one run) into a ``.weights.h5``.
+"""``average`` of Keras HDF5 files of one run (e.g. ``keras.callbacks.ModelCheckpoint``): Keras 3
+``.weights.h5`` files into a ``.weights.h5``, legacy ``.h5`` files (``tf_keras`` or Keras 3's legacy
+writer; full models or weights only) into a ``.h5``.
 
 The newest file is copied as it is (groups, attributes, layout), then every averaged dataset is
 overwritten in place, in row blocks, with the values computed as for TF bundles
@@ -53,14 +54,14 @@ def average_weights_h5(ckpts: Sequence[m.Checkpoint], out: str, decay: float | N
         (every variable of the newest with its action, tensors checked, bytes written).
 
     Raises:
-        UsageError: ``role`` given (not supported for .weights.h5 outputs).
+        UsageError: ``role`` given (not supported for Keras HDF5 outputs).
         VerificationError: The output did not read back as computed.
     """
     from ...formats import open_checkpoint, row_block_elements, update_h5_copy  # noqa: PLC0415 - h5py for Keras files only
 
     if role is not None:
-        raise UsageError("average --role model writes TF checkpoints only; for .weights.h5 inputs, average them all "
-                         "and drop the optimizer with `ckptinspect extract OUT.weights.h5 -o MODEL.weights.h5`")
+        raise UsageError("average --role model writes TF checkpoints only; for Keras HDF5 inputs, average them all "
+                         "and drop the optimizer with `ckptinspect extract OUT -o MODEL.weights.h5` (or MODEL.h5)")
     newest = ckpts[-1]
     combiner = Combiner(len(ckpts), decay)
     planned = [AveragedVariable(v.name, v.key, v.key, v.role, v.shape, v.dtype, v.nbytes,

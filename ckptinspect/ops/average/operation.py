@@ -45,11 +45,13 @@ written (by the writer's I/O thread; by this module for streamed ones) and compa
 computed ones, every copied tensor's recorded checksum with the newest's) and only then renamed
 into place. ``ckptinspect verify OUT`` re-reads every byte.
 
-Keras ``.weights.h5`` files of one run average into a ``.weights.h5`` (:mod:`.average_h5`).
+Keras ``.weights.h5`` files of one run average into a ``.weights.h5``, legacy ``.h5`` files (full
+models or weights, ``tf_keras`` or Keras 3's legacy writer) into a ``.h5`` (:mod:`.keras_h5`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -63,6 +65,7 @@ from ... import model as m
 from ...errors import CkptError, CorruptCheckpointError, UsageError, VerificationError
 from ..sources import files_size
 from ...formats import (
+    TO_H5,
     TO_WEIGHTS_H5,
     capabilities,
     output_kind,
@@ -97,26 +100,30 @@ SPOT_READERS = 4  # threads reading the first values back (waiting on the device
 TF_NEEDS = ("tf-restorable", "stored-bytes")  # a TF bundle: values streamed from its data files (not a V1 table)
 KIND_TF2 = "tf2-object"
 ROLE_CHOICES = (m.ROLE_MODEL,)
-WRITES = "average writes a TF prefix (no suffix, .ckpt or .ckpt-N), or a .weights.h5 from .weights.h5 inputs"
+WRITES = ("average writes a TF prefix (no suffix, .ckpt or .ckpt-N), a .weights.h5 from .weights.h5 inputs or a"
+          " .h5 from legacy .h5 inputs")
+# Keras HDF5 inputs: the output kind each format averages into (the newest file's layout, copied).
+KERAS_OUTPUTS = {m.FORMAT_KERAS_WEIGHTS_H5: TO_WEIGHTS_H5, m.FORMAT_KERAS_H5: TO_H5}
 
 Progress = Callable[[int, int, m.Variable], None]
 
 
 # -- inputs ----------------------------------------------------------------------------------
-def _retained(directory: str, last: int) -> list[str]:
+def _retained(directory: str, last: int) -> list[m.RetainedCheckpoint]:
     """The newest ``last`` checkpoints ``directory`` retains, oldest first."""
     listing = list_directory(directory)
     if listing.v1 is not None:
         raise UsageError(f"{directory}: holds TF V1 checkpoint files; average reads TF bundles (.index + .data)")
     present = [c for c in listing.checkpoints if c.exists]
     retained = [c for c in present if c.in_state_file] or present
-    if all(c.step is not None for c in retained):
-        retained = sorted(retained, key=lambda c: c.step)
+    positions, axis = m.run_positions([c.step for c in retained], [c.number for c in retained])
+    if axis is not None:
+        retained = [c for _, _, c in sorted(zip(positions, range(len(retained)), retained))]
     if len(retained) < last:
         raise UsageError(
             f"{directory}: retains {len(retained)} checkpoint{'s' if len(retained) != 1 else ''}; --last asks for {last}"
         )
-    return [c.path for c in retained[-last:]]
+    return retained[-last:]
 
 
 def _check_arguments(out: str, ema: float | None, role: str | None, last: int | None, sources: Sequence[str]) -> None:
@@ -131,7 +138,7 @@ def _check_arguments(out: str, ema: float | None, role: str | None, last: int | 
             raise UsageError(f"--last N takes one checkpoint directory. Received: {len(sources)} paths")
     elif not sources:
         raise UsageError("average needs at least one checkpoint (or --last N DIR)")
-    if output_kind(out) != TO_WEIGHTS_H5:
+    if output_kind(out) not in KERAS_OUTPUTS.values():
         error = _atomic.prefix_suffix_error(out, WRITES, "")
         if error is not None:
             raise error
@@ -164,13 +171,14 @@ def _refuse_repeats(paths: Sequence[str], ckpts: Sequence[m.Checkpoint]) -> None
 
 
 def _describe(ckpt: m.Checkpoint) -> str:
-    return f"{ckpt.path} (step {ckpt.step})" if ckpt.step is not None else ckpt.path
+    place = m.place_in_run(ckpt.step, ckpt.number, ckpt.number_source)
+    return f"{ckpt.path} ({place})" if place else ckpt.path
 
 
 def _check_readable(ckpt: m.Checkpoint) -> None:
-    if not capabilities(ckpt.format).issuperset(TF_NEEDS) and ckpt.format != m.FORMAT_KERAS_WEIGHTS_H5:
+    if not capabilities(ckpt.format).issuperset(TF_NEEDS) and ckpt.format not in KERAS_OUTPUTS:
         raise UsageError(f"{ckpt.path}: is {ckpt.format}; average reads TF bundle checkpoints (.index + .data) or"
-                         " Keras .weights.h5 files")
+                         " Keras .weights.h5 and legacy .h5 files")
     unreadable = ckpt.info.get("unreadable") or {}
     if unreadable:
         key = next(iter(unreadable))
@@ -471,7 +479,8 @@ def average(
     Args:
         sources: The checkpoints (TF prefixes, ``.index`` files, directories resolving to
             one), or with ``last`` one checkpoint directory.
-        out: The output prefix (no suffix, ``.ckpt`` or ``.ckpt-N``).
+        out: The output prefix (no suffix, ``.ckpt`` or ``.ckpt-N``); a ``.weights.h5`` for Keras 3
+            ``.weights.h5`` inputs, a ``.h5`` for legacy ``.h5`` inputs.
         last: Average the newest ``last`` checkpoints the directory ``sources`` retains.
         ema: An exponential moving average with this decay (0 to 1) in step order instead of
             the arithmetic mean (see the module's documentation for the exact formulas).
@@ -484,8 +493,8 @@ def average(
         The :class:`AverageReport`.
 
     Raises:
-        UsageError: Bad arguments, inputs that are not TF bundles, or inputs that disagree on
-            keys, shapes, dtypes or slicing (one error listing them).
+        UsageError: Bad arguments, inputs that are neither TF bundles nor Keras HDF5 files, or
+            inputs that disagree on keys, shapes, dtypes or slicing (one error listing them).
         OutputExistsError: ``out`` exists and ``force`` is not set.
         CheckpointNotFoundError, NotACheckpointError, CorruptCheckpointError: Bad inputs.
         VerificationError: The output did not read back as computed (nothing is left behind).
@@ -498,28 +507,37 @@ def average(
     _check_arguments(out, ema, role, last, sources)
     if last is None:
         _refuse_series(sources)
-    paths = _retained(sources[0], last) if last is not None else sources
+    listed = _retained(sources[0], last) if last is not None else []
+    paths = [c.path for c in listed] if last is not None else sources
+    numbers = {c.path: c.number for c in listed}  # a series' numbers, from the names (the listing's)
     ckpts: list[m.Checkpoint] = []
     try:
         for path in paths:
-            ckpts.append(open_checkpoint(path))
+            ckpt = open_checkpoint(path)
+            if ckpt.number is None and numbers.get(path) is not None:
+                ckpt = dataclasses.replace(ckpt, number=numbers[path], number_source="name")
+            ckpts.append(ckpt)
             _check_readable(ckpts[-1])
         _refuse_repeats(paths, ckpts)
         notes: list[str] = []
-        if all(c.step is not None for c in ckpts):
-            order = sorted(range(len(ckpts)), key=lambda i: ckpts[i].step)
-            ckpts = [ckpts[i] for i in order]
-        else:
-            notes.append("a step is unknown: inputs taken in the order given, the last one as the newest")
+        positions, axis = m.run_positions([c.step for c in ckpts], [c.number for c in ckpts])
+        if axis is not None:
+            ckpts = [c for _, _, c in sorted(zip(positions, range(len(ckpts)), ckpts))]
+        if axis != "step":
+            notes.append("a step is unknown: inputs taken "
+                         + ("in the order of the numbers in their names" if axis else "in the order given")
+                         + ", the last one as the newest")
         _refuse_disagreements(ckpts)
         protected = [*sources, *(c.path for c in ckpts), *(f for c in ckpts for f in c.files())]
-        inputs = tuple(AverageInput(c.path, c.step, newest=i == len(ckpts) - 1) for i, c in enumerate(ckpts))
+        inputs = tuple(AverageInput(c.path, c.step, newest=i == len(ckpts) - 1, number=c.number,
+                                    number_source=c.number_source) for i, c in enumerate(ckpts))
         method = METHOD_MEAN if ema is None else METHOD_EMA
         decay = None if ema is None else float(ema)
-        h5_out = output_kind(out) == TO_WEIGHTS_H5
-        if h5_out != (ckpts[-1].format == m.FORMAT_KERAS_WEIGHTS_H5):
-            raise UsageError(f"{out}: .weights.h5 inputs average into a .weights.h5 output, TF checkpoints into a TF"
-                             f" prefix (the inputs are {ckpts[-1].format})")
+        kind = output_kind(out)
+        h5_out = kind in KERAS_OUTPUTS.values()
+        if kind != KERAS_OUTPUTS.get(ckpts[-1].format, None if h5_out else kind):
+            raise UsageError(f"{out}: .weights.h5 inputs average into a .weights.h5 output, legacy .h5 inputs into a"
+                             f" .h5, TF checkpoints into a TF prefix (the inputs are {ckpts[-1].format})")
         if h5_out:
             variables, verified, size = average_weights_h5(ckpts, out, ema, role, force, protected, progress)
             return AverageReport(

@@ -24,13 +24,17 @@ class AverageInput:
 
     Attributes:
         path: Its resolved prefix.
-        step: Its step (step variable, else the number in its name), or None.
+        step: Its training step (the step rule), or None.
         newest: The input whose integers, strings, metadata and object graph the output keeps.
+        number: Its number (in its name; an epoch), or None.
+        number_source: What ``number`` is (``name:checkpoint``, ``name:epoch``...).
     """
 
     path: str
     step: int | None
     newest: bool = False
+    number: int | None = None
+    number_source: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -1,16 +1,25 @@
 """``doctor``: why a checkpoint's weights will not load into a model, and the fix.
 
-For every variable of a built model, where its value would come from and how it was matched
-(object-graph path, exact name, name after normalisation, layer order and shape: the one
-matcher, :func:`~ckptinspect.ops.model.targets.pair_with_model` with layer order on), and every
-source model variable left over. The verdict is :attr:`DoctorReport.ok`: every model weight has
-a source of a fitting shape (equal, or through the layout rules given) and a castable dtype.
-Otherwise the reasons are grouped: missing in the source, shape mismatch, dtype mismatch,
-ambiguous; unused source variables are listed too (a backbone taken from a bigger checkpoint
-leaves some, which does not stop the load).
+For every variable of a built model, where its value would come from and how it was matched,
+and every source model variable left over: the one plan of
+:func:`~ckptinspect.ops.model.plan.plan_load`, with the options ``transplant`` and
+``extract --builder`` take (``mapping``, ``by_order``, the layout rules) and the same defaults.
+The verdict is :attr:`DoctorReport.ok`, the plan's: every model weight has a source of a fitting
+shape (equal, or through the layout rules given) and a castable dtype, and (strict, the default)
+every source model variable goes into a weight; so ``doctor`` says OK exactly when ``transplant``
+and ``extract --builder`` with the same options load everything. With ``strict=False``
+(``--no-strict``) unused source variables are allowed (a note) and the verdict is OK exactly when
+every weight receives a value; otherwise it names the weights ``transplant --no-strict`` and
+``extract --builder --no-strict`` would leave at init. The reasons are grouped: missing in the
+source, shape mismatch, dtype mismatch, ambiguous, unused (strict only). Optimizer state,
+metadata and PyTorch BatchNorm's ``num_batches_tracked`` are skipped by rule, never problems.
 
 The fix, ready to use:
 
+* :attr:`DoctorReport.flags`: the flags it needs by their command-line names, with what they do
+  (``--by-order``, when layer order would pair more weights: the plan is made again with it;
+  ``--no-strict``, when every weight would receive a value and only unused source variables
+  stand in the way);
 * :attr:`DoctorReport.map_rules`: ``--map`` rules (the user's own first) under which the name
   stages alone make every pair the doctor found, checked by running the matcher with them;
 * :attr:`DoctorReport.assignment_map`: ``{checkpoint key: model variable name}`` for
@@ -33,27 +42,44 @@ from typing import Any, Callable, Sequence
 from ... import _atomic
 from ... import model as m
 from ...errors import UsageError
-from ..model.devices import import_tf
+from ..model.devices import optional_tf
 from .rules import propose, propose_rules, rules_as_given
-from ..match.layouts import CONV_HWIO, FIT_EQUAL, Fit, Layout
-from ..match.mapping import Rules, RulesLike, parse_mapping, rules_text
-from ..match.matcher import HOW_LAYER_ORDER, Match
+from ..match.layouts import CONV_HWIO, FIT_EQUAL, Fit
+from ..match.mapping import RulesLike, rules_text
+from ..match.matcher import HOW_LAYER_ORDER
 from ..sources import source_files
 from ..model.weights_io import OUTPUT_WEIGHTS_H5, WEIGHTS_H5_SUFFIX, WriteResult
 from ...formats import FORMAT_OF, capabilities
+from ..model.plan import (
+    BY_ORDER_FLAG,
+    NO_STRICT_FLAG,
+    SKIP_COUNTER,
+    SKIP_METADATA,
+    SKIP_OPTIMIZER,
+    STATUS_AMBIGUOUS,
+    STATUS_DTYPE_MISMATCH,
+    STATUS_MATCHED,
+    STATUS_MISSING,
+    STATUS_SHAPE_MISMATCH,
+    STATUS_UNUSED,
+    LoadPlan,
+    PairingOptions,
+    by_order_gain,
+    describe_counts,
+    plan_load,
+    refusal,
+)
 from ..model.targets import (
-    FLOAT_DTYPES,
     TF_RESTORABLE,
     Target,
-    fit_of,
     is_keras,
     model_variables,
-    pair_with_model,
     targets,
 )
 
 __all__ = [
     "weight_plan",
+    "WritePlan",
     "STATUS_MATCHED",
     "STATUS_SHAPE_MISMATCH",
     "STATUS_DTYPE_MISMATCH",
@@ -68,12 +94,6 @@ __all__ = [
     "propose_rules",
 ]
 
-STATUS_MATCHED = "matched"
-STATUS_SHAPE_MISMATCH = "shape-mismatch"
-STATUS_DTYPE_MISMATCH = "dtype-mismatch"
-STATUS_AMBIGUOUS = "ambiguous"
-STATUS_MISSING = "missing"
-STATUS_UNUSED = "unused"
 # The reasons a load fails, grouped, in the order they are shown.
 REASON_MISSING = "missing"
 REASON_SHAPE = "shape_mismatch"
@@ -172,6 +192,13 @@ class DoctorReport:
         assignment_map: ``{checkpoint key: model variable name}`` for
             ``tf.compat.v1.train.init_from_checkpoint`` (TF sources; None otherwise).
         output: The ``.weights.h5`` written (``out=``), or None.
+        by_order: ``--by-order`` was given.
+        strict: ``--strict`` (default) or not (``--no-strict``).
+        rule_skipped: Source model variables skipped by rule (PyTorch BatchNorm's
+            ``num_batches_tracked``): never problems.
+        problems: Every problem, in the words ``transplant`` and ``extract`` use (with
+            ``--no-strict``: the weights that would be left at init).
+        flags: Command-line flags the fix needs, each with what it does (``--by-order pairs ...``).
     """
 
     source: str
@@ -189,10 +216,28 @@ class DoctorReport:
     map_verified: bool = False
     assignment_map: dict[str, str] | None = None
     output: WriteResult | None = None
+    by_order: bool = False
+    rule_skipped: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()
+    flags: tuple[str, ...] = ()
+    strict: bool = True
 
     @property
     def ok(self) -> bool:
-        """Every model weight has a source value that fits (the verdict: exit 0)."""
+        """The verdict (exit 0), the one :class:`~ckptinspect.ops.model.plan.LoadPlan` gives:
+        every model weight has a source value that fits and (strict) every source model variable
+        goes into a weight, so ``transplant`` and ``extract --builder`` with the same options
+        load everything."""
+        return not self.problems
+
+    @property
+    def left_at_init(self) -> tuple[WeightDiagnosis, ...]:
+        """The weights without a source value that fits: ``--no-strict`` leaves them at init."""
+        return tuple(w for w in self.weights if w.status != STATUS_MATCHED)
+
+    @property
+    def complete(self) -> bool:
+        """Every model weight has a source value that fits (source variables may be left over)."""
         return all(w.status == STATUS_MATCHED for w in self.weights)
 
     @property
@@ -206,7 +251,8 @@ class DoctorReport:
             group = _REASON_OF_STATUS.get(w.status)
             if group is not None:
                 out[group].append(w.detail)
-        out[REASON_UNUSED] = [s.detail for s in self.leftovers]
+        if self.strict:  # --no-strict allows them (a note says so)
+            out[REASON_UNUSED] = [s.detail for s in self.leftovers]
         return out
 
     def summary(self) -> dict[str, int]:
@@ -221,6 +267,7 @@ class DoctorReport:
             "unused": len(self.leftovers),
             "optimizer_skipped": self.optimizer_skipped,
             "metadata_skipped": self.metadata_skipped,
+            "skipped_by_rule": len(self.rule_skipped),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -232,12 +279,17 @@ class DoctorReport:
             "model_class": self.model_class,
             "layout": list(self.layout),
             "mapping": list(self.mapping),
+            "by_order": self.by_order,
+            "strict": self.strict,
             "ok": self.ok,
             "summary": self.summary(),
             "weights": [w.to_dict() for w in self.weights],
             "unused": [s.to_dict() for s in self.leftovers],
+            "skipped_by_rule": list(self.rule_skipped),
             "reasons": self.reasons(),
+            "problems": list(self.problems),
             "fix": {
+                "flags": list(self.flags),
                 "map": list(self.map_rules),
                 "map_verified": self.map_verified,
                 "assignment_map": self.assignment_map,
@@ -256,6 +308,8 @@ def doctor(
     allow_reshape: bool = False,
     transpose_dense: bool = False,
     conv_layout: str = CONV_HWIO,
+    by_order: bool = False,
+    strict: bool = True,
     out: str | os.PathLike[str] | None = None,
     force: bool = False,
     progress: Progress | None = None,
@@ -270,8 +324,15 @@ def doctor(
         allow_reshape: A source value with as many elements as the weight fits (reshaped).
         transpose_dense: Source 2-D kernels are ``[out, in]`` (PyTorch ``Linear``).
         conv_layout: ``oihw`` when source conv kernels are ``[out, in, *spatial]`` (PyTorch).
+        by_order: Also pair layers nothing else paired by layer order and shape (``--by-order``,
+            as ``transplant`` and ``extract`` take it). Without it, the report says what it
+            would pair (:attr:`DoctorReport.flags`).
+        strict: ``--strict`` (default): unused source variables are problems, as they stop
+            ``transplant`` and ``extract --builder``. False (``--no-strict``): they are allowed
+            (a note), and the verdict is OK exactly when every weight receives a value (the
+            problems are the weights ``--no-strict`` would leave at init).
         out: Also write a ``.weights.h5`` that ``model.load_weights(out)`` loads (the model's
-            weights receive the source values). Refused unless every weight is matched.
+            weights receive the source values). Refused unless the verdict is OK.
         force: Replace an earlier ``out`` (an HDF5 file; nothing else).
         progress: Called as ``progress(done, total, weight)`` while ``out`` is written.
 
@@ -285,15 +346,15 @@ def doctor(
         OutputExistsError: ``out`` exists and not ``force``.
         CkptError: The source cannot be opened or read.
     """
-    rules = parse_mapping(mapping)
-    layout = Layout(transpose_dense=transpose_dense, conv_layout=conv_layout, allow_reshape=allow_reshape)
+    options = PairingOptions.make(mapping, by_order=by_order, transpose_dense=transpose_dense,
+                                  conv_layout=conv_layout, allow_reshape=allow_reshape, strict=strict)
     if out is not None:
         out = os.fspath(out)
         if not out.endswith(WEIGHTS_H5_SUFFIX):
             raise UsageError(f"{out}: doctor writes Keras 3 weights: name the output *{WEIGHTS_H5_SUFFIX}")
         if not is_keras(model):
             raise UsageError(f"{out}: a .weights.h5 output needs a Keras 3 model (model.save_weights)")
-    tf = import_tf()
+    tf = optional_tf()  # any Keras 3 backend; TensorFlow's object graph when it is there
     model_targets = targets(tf, model)
     owns = not isinstance(source, m.Checkpoint)
     if owns:
@@ -305,7 +366,7 @@ def doctor(
     try:
         if out is not None:  # before any work: an existing output, or one that would overwrite an input
             _atomic.check_output(out, force=force, kind=_atomic.KIND_HDF5, protected=_protected(ckpt))
-        report, plan = _diagnose(ckpt, model, model_targets, rules, layout)
+        report, plan = _diagnose(ckpt, model, model_targets, options)
         if out is None:
             return report
         entries = _entries(report, plan, model, out, "run doctor without --emit weights for the reasons")
@@ -320,84 +381,107 @@ def doctor(
             ckpt.close()
 
 
-def _entries(
-    report: DoctorReport, plan: Sequence[tuple[Target, m.Variable, Fit]], model: Any, out: str, hint: str
-) -> list[tuple[Any, m.Variable, Fit]]:
-    """``(model weight, source variable, fit)`` for every weight, or the refusal naming why not."""
-    if not report.ok:
-        groups = {g: len(v) for g, v in report.reasons().items() if v and g != REASON_UNUSED}
-        raise UsageError(
-            f"{out}: not written: {len(report.weights) - len(report.matched)} of {len(report.weights)} model "
-            "weight(s) have no source value that fits ("
-            + ", ".join(f"{g.replace('_', ' ')} {n}" for g, n in groups.items())
-            + f"); {hint}"
-        )
+def _entries(report: DoctorReport, plan: LoadPlan, model: Any, out: str, hint: str) -> list[tuple[Any, m.Variable, Fit]]:
+    """``(model weight, source variable, fit)`` for every weight, or the refusal naming why not
+    (the plan's problems, in the words every command uses)."""
+    if not plan.ok:
+        raise UsageError(f"{refusal(plan, f'{out}: not written')}; {hint}")
     variables, _ = model_variables(model)
-    return [(variables[t.index], s, f) for t, s, f in plan]
+    return [(variables[t.index], s, f) for t, s, f in plan.entries]
 
 
-def weight_plan(
-    ckpt: m.Checkpoint, model: Any, *, rules: Rules, layout: Layout, out: str, hint: str
-) -> tuple[DoctorReport, list[tuple[Any, m.Variable, Fit]]]:
-    """Pair every weight of a built model with a source value, as :func:`doctor` does, for a
-    writer (``doctor --emit weights``, ``extract --builder`` from another framework).
+@dataclasses.dataclass(frozen=True)
+class WritePlan:
+    """What a writer through a built model assigns (:func:`weight_plan`).
+
+    Attributes:
+        report: The doctor's report of the plan.
+        entries: ``(model weight, source variable, fit)`` of every weight that receives a value.
+        left_at_init: The model weights that keep their initial values (``--no-strict`` only).
+    """
+
+    report: DoctorReport
+    entries: list[tuple[Any, m.Variable, Fit]]
+    left_at_init: list[Any]
+
+
+def weight_plan(ckpt: m.Checkpoint, model: Any, *, options: PairingOptions, out: str, hint: str) -> WritePlan:
+    """Pair every weight of a built model with a source value, as :func:`doctor` does (the one
+    plan, :func:`~ckptinspect.ops.model.plan.plan_load`), for a writer (``extract --builder``).
+
+    Strict: every weight must receive a value and every source model variable be used. With
+    ``options.strict`` False (``--no-strict``), as ``transplant --no-strict``: the weights that
+    match receive their values, the others keep the model's initial values (listed), unused
+    source variables are left out; refused only when no weight receives a value.
 
     Args:
         ckpt: The open source checkpoint.
         model: A built Keras 3 model.
-        rules: Compiled ``--map`` rules (:func:`~ckptinspect.ops.match.mapping.parse_mapping`).
-        layout: The layout rules.
+        options: The pairing options.
         out: The output, as error messages name it.
         hint: What the refusal suggests (where to see the reasons).
 
     Returns:
-        The :class:`DoctorReport` and ``(model weight, source variable, fit)`` for every weight.
+        The :class:`WritePlan`.
 
     Raises:
-        UsageError: A weight has no source value that fits (the reasons are counted).
+        UsageError: Strict and the plan has problems, or no weight receives a value (counted by
+            kind, the first ones named).
     """
-    tf = import_tf()
-    report, plan = _diagnose(ckpt, model, targets(tf, model), rules, layout)
-    return report, _entries(report, plan, model, out, hint)
+    tf = optional_tf()  # any Keras 3 backend; TensorFlow's object graph when it is there
+    report, plan = _diagnose(ckpt, model, targets(tf, model), options)
+    if options.strict or not plan.entries:
+        return WritePlan(report, _entries(report, plan, model, out, hint), [])
+    variables, _ = model_variables(model)
+    return WritePlan(report, [(variables[t.index], s, f) for t, s, f in plan.entries],
+                      [variables[w.target.index] for w in plan.left_at_init])
 
 
 def _protected(ckpt: m.Checkpoint) -> list[str]:
     return [ckpt.path, *source_files(ckpt)]
 
 
-def _cast_ok(source_dtype: str, target_dtype: str) -> bool:
-    return source_dtype == target_dtype or (source_dtype in FLOAT_DTYPES and target_dtype in FLOAT_DTYPES)
-
-
 def _diagnose(
-    ckpt: m.Checkpoint, model: Any, model_targets: Sequence[Target], rules: Rules, layout: Layout
-) -> tuple[DoctorReport, list[tuple[Target, m.Variable, Fit]]]:
-    """Pair the source's model variables with the model's weights and say what each weight,
-    each leftover source variable and the pairing as a whole come to; the plan is the
-    (weight, source, fit) triples a load would assign."""
-    sources = [v for v in ckpt.variables if v.role == m.ROLE_MODEL]
-    paired = pair_with_model(sources, ckpt.format, model_targets, rules=rules, by_order=True, layout=layout)
-    ambiguous_a, ambiguous_b = _ambiguous_by_side(paired)
-    weights, plan, matched_pairs = _diagnose_weights(model_targets, paired, ambiguous_b, layout)
-    leftovers = _leftovers(sources, paired, ambiguous_a)
-
-    notes = list(paired.notes)
-    by_order = sum(1 for w in weights if w.matched_by == HOW_LAYER_ORDER)
-    if by_order:
-        notes.append(f"{by_order} weight(s) paired by layer order and shape alone: transplant needs --by-order "
-                     "or the --map rules (--emit map) to take them")
-    given = rules_text(rules_as_given(rules))
-    proposal, verified, more = propose(ckpt, sources, model_targets, matched_pairs, rules, layout)
-    notes += more
-    amap, map_note = _assignment_map(ckpt, plan)
+    ckpt: m.Checkpoint, model: Any, model_targets: Sequence[Target], options: PairingOptions
+) -> tuple[DoctorReport, LoadPlan]:
+    """The plan (:func:`~ckptinspect.ops.model.plan.plan_load`) as a report: each weight, each
+    leftover source variable, what was skipped by rule, the fix (the flags it needs, ``--map``
+    rules, the assignment map)."""
+    plan = plan_load(ckpt, model_targets, options)
+    weights = [_weight(w) for w in plan.weights]
+    leftovers = [SourceLeftover(x.source.name, x.source.key, tuple(x.source.shape), x.source.dtype, x.status, x.detail)
+                 for x in plan.leftovers]
+    notes = list(plan.notes)
+    flags: list[str] = []
+    complete_plan = plan if all(w.status == STATUS_MATCHED for w in plan.weights) else None
+    alt = by_order_gain(ckpt, model_targets, plan)
+    if alt is not None:
+        gained = sum(1 for w in alt.weights if w.how == HOW_LAYER_ORDER)
+        then = "then every weight loads" if alt.ok else f"then: {describe_counts(alt)}"
+        flags.append(f"{BY_ORDER_FLAG} pairs {gained} more weight(s) by layer order and shape ({then})")
+        if all(w.status == STATUS_MATCHED for w in alt.weights):
+            complete_plan = complete_plan or alt
+    unused = complete_plan.count(STATUS_UNUSED) if complete_plan is not None else 0
+    if options.strict and unused:  # only unused source variables stand in the way
+        flags.append(f"{NO_STRICT_FLAG} leaves the {unused} unused source variable(s) out (then every weight loads)")
+    skipped = {x.source.key for x in plan.skipped}
+    sources = [v for v in ckpt.variables if v.key not in skipped]
+    if complete_plan is not None:
+        wanted = {w.target.index for w in complete_plan.matched}
+        matched_pairs = [p for p in complete_plan.match.pairs if p.b.ref.index in wanted]
+        proposal, verified, more = propose(ckpt, sources, model_targets, matched_pairs, options.rules, options.layout)
+        notes += more
+    else:  # a rename cannot make every weight load: no rules proposed
+        proposal, verified = rules_as_given(options.rules), False
+    given = rules_text(rules_as_given(options.rules))
+    amap, map_note = _assignment_map(ckpt, plan.entries)
     if map_note:
         notes.append(map_note)
     casts = [w for w in weights if w.status == STATUS_MATCHED and w.source_dtype != w.dtype]
     if casts:
         notes.append(f"{len(casts)} weight(s) cast between float dtypes (e.g. {casts[0].target}: "
                      f"{casts[0].source_dtype} -> {casts[0].dtype})")
-    optimizer_skipped = sum(1 for v in ckpt.variables if v.role == m.ROLE_OPTIMIZER)
-    metadata_skipped = sum(1 for v in ckpt.variables if v.role == m.ROLE_METADATA)
+    optimizer_skipped = plan.skipped_count(SKIP_OPTIMIZER)
     if optimizer_skipped:
         notes.append(f"{optimizer_skipped} optimizer variable(s) of the source are not model weights (never loaded)")
     report = DoctorReport(
@@ -405,87 +489,32 @@ def _diagnose(
         source_format=ckpt.format,
         model=getattr(model, "name", None) or type(model).__name__,
         model_class=type(model).__name__,
-        layout=layout.describe(),
+        layout=options.layout.describe(),
         mapping=given,
         weights=tuple(weights),
         leftovers=tuple(leftovers),
         optimizer_skipped=optimizer_skipped,
-        metadata_skipped=metadata_skipped,
+        metadata_skipped=plan.skipped_count(SKIP_METADATA),
         notes=tuple(notes),
         map_rules=tuple(proposal),
         map_verified=verified,
         assignment_map=amap,
+        by_order=options.by_order,
+        strict=options.strict,
+        rule_skipped=tuple(x.source.name for x in plan.skipped if x.reason == SKIP_COUNTER),
+        problems=tuple(plan.problems),
+        flags=tuple(flags),
     )
     return report, plan
 
 
-def _ambiguous_by_side(paired: Match) -> tuple[dict[str, Any], dict[int, Any]]:
-    """Each ambiguity the pairing left, by source key and by model weight index (the first
-    ambiguity naming each)."""
-    ambiguous_a: dict[str, Any] = {}
-    ambiguous_b: dict[int, Any] = {}
-    for amb in paired.ambiguous:
-        for y in amb.b:
-            ambiguous_b.setdefault(y.ref.index, amb)
-        for x in amb.a:
-            ambiguous_a.setdefault(x.ref.key, amb)
-    return ambiguous_a, ambiguous_b
-
-
-def _diagnose_weights(
-    model_targets: Sequence[Target], paired: Match, ambiguous_b: dict[int, Any], layout: Layout
-) -> tuple[list[WeightDiagnosis], list[tuple[Target, m.Variable, Fit]], list]:
-    """Each model weight's status: matched (its source fits it, a float cast at most), shape
-    or dtype mismatch, ambiguous, or missing. Returns (the diagnoses, the plan of matched
-    weights, the pairs matched)."""
-    by_target = {p.b.ref.index: p for p in paired.pairs}
-    weights: list[WeightDiagnosis] = []
-    plan: list[tuple[Target, m.Variable, Fit]] = []
-    matched_pairs = []
-    for t in model_targets:
-        p = by_target.get(t.index)
-        if p is not None:
-            s: m.Variable = p.a.ref
-            base = dict(source=s.name, key=s.key, source_shape=tuple(s.shape), source_dtype=s.dtype, matched_by=p.how)
-            f = fit_of(s.shape, t, layout)
-            if f is None:
-                detail = (f"{t.name} is {m.format_shape(t.shape)} in the model, {m.format_shape(s.shape)} in the source "
-                          f"({s.name}, paired by {p.how})")
-                weights.append(WeightDiagnosis(t.name, t.shape, t.dtype, STATUS_SHAPE_MISMATCH, **base, detail=detail))
-            elif not _cast_ok(s.dtype, t.dtype):
-                detail = f"{t.name} is {t.dtype} in the model, {s.dtype} in the source ({s.name})"
-                weights.append(WeightDiagnosis(t.name, t.shape, t.dtype, STATUS_DTYPE_MISMATCH, **base, fit=f.kind, detail=detail))
-            else:
-                weights.append(WeightDiagnosis(t.name, t.shape, t.dtype, STATUS_MATCHED, **base, fit=f.kind))
-                plan.append((t, s, f))
-                matched_pairs.append(p)
-            continue
-        amb = ambiguous_b.get(t.index)
-        if amb is not None:
-            cands = tuple(x.ref.name for x in amb.a)
-            detail = f"{t.name} {m.format_shape(t.shape)}: {amb.reason}"
-            weights.append(WeightDiagnosis(t.name, t.shape, t.dtype, STATUS_AMBIGUOUS, detail=detail, candidates=cands))
-            continue
-        detail = f"{t.name} {m.format_shape(t.shape)} has no source variable"
-        weights.append(WeightDiagnosis(t.name, t.shape, t.dtype, STATUS_MISSING, detail=detail))
-    return weights, plan, matched_pairs
-
-
-def _leftovers(sources: list[m.Variable], paired: Match, ambiguous_a: dict[str, Any]) -> list[SourceLeftover]:
-    """The source variables no weight took: ambiguous, or matching no model weight."""
-    used = {p.a.ref.key for p in paired.pairs}
-    leftovers = []
-    for s in sources:
-        if s.key in used:
-            continue
-        amb = ambiguous_a.get(s.key)
-        if amb is not None:
-            leftovers.append(SourceLeftover(s.name, s.key, tuple(s.shape), s.dtype, STATUS_AMBIGUOUS,
-                                            f"{s.name} {m.format_shape(s.shape)}: {amb.reason}"))
-        else:
-            leftovers.append(SourceLeftover(s.name, s.key, tuple(s.shape), s.dtype, STATUS_UNUSED,
-                                            f"{s.name} {m.format_shape(s.shape)} matches no model weight"))
-    return leftovers
+def _weight(w: Any) -> WeightDiagnosis:
+    t, s = w.target, w.source
+    base: dict[str, Any] = {}
+    if s is not None:
+        base = dict(source=s.name, key=s.key, source_shape=tuple(s.shape), source_dtype=s.dtype, matched_by=w.how)
+    return WeightDiagnosis(t.name, t.shape, t.dtype, w.status, **base, fit=None if w.fit is None else w.fit.kind,
+                           detail=w.detail, candidates=tuple(x.name for x in w.candidates))
 
 
 def _assignment_map(ckpt: m.Checkpoint, plan: list[tuple[Target, m.Variable, Fit]]) -> tuple[dict[str, str] | None, str | None]:

@@ -22,7 +22,10 @@ Output formats (chosen from the output's suffix unless ``format`` says otherwise
   checkpoint it needs ``builder`` (a function building the same architecture): every weight of
   the built model is matched to the checkpoint by its object-graph path, assigned, and Keras
   writes the file. From a ``.keras`` / ``.weights.h5`` source it is copied group by group
-  without the ``optimizer`` group (no builder needed).
+  without the ``optimizer`` group (no builder needed). ``strict=False`` (``--no-strict``, as
+  ``transplant`` and ``doctor`` take it) writes what ``transplant --no-strict`` would: unused
+  source variables left out, weights without a value that fits at the builder model's initial
+  values (:attr:`ExtractReport.left_at_init`; the CLI exits 1 after writing).
 * ``h5`` (``.h5`` / ``.hdf5``, legacy Keras source only): the file copied group by group (the
   Keras family's writer), without ``optimizer_weights``; ``model_config`` and the other root attributes kept.
 * ``npz`` (``.npz``): numpy's ``savez`` layout, one ``<readable name>.npy`` per model variable,
@@ -60,8 +63,9 @@ from ...formats import (
     open_checkpoint,
 )
 from ..model.builder import load_builder
-from ..match.layouts import CONV_HWIO, Layout
-from ..match.mapping import RulesLike, parse_mapping
+from ..match.layouts import CONV_HWIO
+from ..match.mapping import RulesLike
+from ..model.plan import PairingOptions
 from ..roles import mark_optimizer, optimizer_regex
 from ..sources import files_size, source_files
 from .report import ExtractedVariable, ExtractReport
@@ -70,7 +74,6 @@ from .writers import (
     write_h5_copy,
     write_npz,
     write_safetensors_output,
-    write_weights_from_builder,
 )
 
 __all__ = [
@@ -94,6 +97,8 @@ FORMAT_SAFETENSORS = TO_SAFETENSORS
 OUTPUT_FORMATS = (FORMAT_TF, FORMAT_WEIGHTS_H5, FORMAT_H5, FORMAT_NPZ, FORMAT_SAFETENSORS)  # what extract writes
 
 KEEPABLE_ROLES = (m.ROLE_MODEL, m.ROLE_METADATA)
+# The pairing flags (doctor's and transplant's too), for the messages that name them.
+PAIRING_FLAGS = ("--map", "--by-order", "--transpose-dense", "--conv-layout", "--allow-reshape", "--no-strict")
 KERAS3_SOURCE_FORMATS = (m.FORMAT_KERAS_WEIGHTS_H5, m.FORMAT_KERAS_ZIP)
 
 Progress = Callable[[int, int, m.Variable], None]
@@ -154,6 +159,9 @@ def extract(
     mapping: RulesLike = None,
     transpose_dense: bool = False,
     conv_layout: str = CONV_HWIO,
+    by_order: bool = False,
+    allow_reshape: bool = False,
+    strict: bool = True,
 ) -> ExtractReport:
     """Write the model's weights of ``src`` to ``out``, optimizer state stripped.
 
@@ -173,11 +181,17 @@ def extract(
             as it is planned, before the data is copied in one pass).
         optimizer_pattern: Regex of names (or keys) that are optimizer state although no rule
             knows them (see :func:`ckptinspect.ops.roles.mark_optimizer`): they are stripped too.
-        mapping: ``.weights.h5`` through ``builder`` from a source paired by name (PyTorch,
-            safetensors...): ``--map`` rules for the source's names (docs/INTERFACE.md, "Pairing
-            variables").
+        mapping: ``.weights.h5`` through ``builder``: ``--map`` rules for the source's names
+            (docs/INTERFACE.md, "Pairing variables"). The pairing options are ``doctor``'s and
+            ``transplant``'s, with the same defaults (:mod:`ckptinspect.ops.model.plan`).
         transpose_dense: Likewise: the source's 2-D kernels are ``[out, in]`` (PyTorch ``Linear``).
         conv_layout: Likewise: ``oihw`` when the source's conv kernels are ``[out, in, *spatial]``.
+        by_order: Likewise: also pair layers nothing else paired by layer order and shape.
+        allow_reshape: Likewise: a source value with as many elements as the weight is reshaped.
+        strict: Likewise (``--strict``, default): any problem refuses the output, unused source
+            variables included. False (``--no-strict``): unused source variables are left out
+            and weights without a value that fits keep the builder model's initial values
+            (named in :attr:`ExtractReport.left_at_init`); refused when no weight receives a value.
 
     Returns:
         The :class:`ExtractReport`.
@@ -195,10 +209,10 @@ def extract(
     keep = _check_keep(keep)
     if max_shard_bytes is not None and max_shard_bytes < 0:
         raise UsageError(f"max_shard_bytes must be >= 0. Received: {max_shard_bytes}")
-    rules = parse_mapping(mapping)
-    layout = Layout(transpose_dense=transpose_dense, conv_layout=conv_layout)
-    if (rules or not layout.plain) and fmt != FORMAT_WEIGHTS_H5:
-        raise UsageError("--map, --transpose-dense and --conv-layout apply to a .weights.h5 output (with --builder)")
+    options = PairingOptions.make(mapping, by_order=by_order, transpose_dense=transpose_dense,
+                                  conv_layout=conv_layout, allow_reshape=allow_reshape, strict=strict)
+    if (options.names_decide or not options.strict) and fmt != FORMAT_WEIGHTS_H5:
+        raise UsageError(f"{', '.join(PAIRING_FLAGS)} apply to a .weights.h5 output (with --builder)")
     if isinstance(builder, str):
         builder = load_builder(builder)
     optimizer_regex(optimizer_pattern)
@@ -214,8 +228,8 @@ def extract(
         else:
             kind = {FORMAT_NPZ: _atomic.KIND_NPZ, FORMAT_SAFETENSORS: _atomic.KIND_SAFETENSORS}.get(fmt, _atomic.KIND_HDF5)
             with _atomic.atomic_file(out, force=force, kind=kind, protected=protected) as tmp:
-                planned, verified, notes = _write_file(fmt, ckpt, tmp, out, keep, builder, rules, layout, progress)
-                written = _Written(planned, verified, notes, [out], os.path.getsize(tmp))
+                planned, verified, notes, left = _write_file(fmt, ckpt, tmp, out, keep, builder, options, progress)
+                written = _Written(planned, verified, notes, [out], os.path.getsize(tmp), left_at_init=left)
     finally:
         ckpt.close()
     return ExtractReport(
@@ -234,6 +248,7 @@ def extract(
         notes=tuple(written.notes),
         copied=written.copied,
         copied_bytes=written.copied_bytes,
+        left_at_init=tuple(written.left_at_init),
     )
 
 
@@ -250,6 +265,7 @@ class _Written:
     object_graph: Any = None
     copied: int = 0
     copied_bytes: int = 0
+    left_at_init: list[str] = dataclasses.field(default_factory=list)
 
 
 def _check_source(ckpt: m.Checkpoint, keep: tuple[str, ...], fmt: str) -> None:
@@ -273,13 +289,13 @@ def _write_prefix(ckpt: m.Checkpoint, out: str, keep: tuple[str, ...], max_shard
 
 
 def _write_file(fmt: str, ckpt: m.Checkpoint, tmp: str, out: str, keep: tuple[str, ...], builder: Builder | None,
-                rules: Any, layout: Layout, progress: Progress | None) -> tuple[list, int, list[str]]:
+                options: PairingOptions, progress: Progress | None) -> tuple[list, int, list[str], list[str]]:
     """A one-file output (npz, safetensors, legacy .h5, .weights.h5) written to ``tmp``:
-    (the planned variables, how many were verified, notes)."""
+    (the planned variables, how many were verified, notes, the model weights left at init)."""
     if fmt == FORMAT_NPZ:
-        return write_npz(ckpt, tmp, keep, progress)
+        return (*write_npz(ckpt, tmp, keep, progress), [])
     if fmt == FORMAT_SAFETENSORS:
-        return write_safetensors_output(ckpt, tmp, keep, progress, lambda names: tf_metadata(ckpt, keep, names))
+        return (*write_safetensors_output(ckpt, tmp, keep, progress, lambda names: tf_metadata(ckpt, keep, names)), [])
     if fmt == FORMAT_H5:
         if ckpt.format != m.FORMAT_KERAS_H5:
             raise UsageError(
@@ -289,38 +305,29 @@ def _write_file(fmt: str, ckpt: m.Checkpoint, tmp: str, out: str, keep: tuple[st
         from ...formats import KERAS_LEGACY_OPTIMIZER_GROUP  # noqa: PLC0415 - h5py for HDF5 outputs only
 
         planned, verified = write_h5_copy(ckpt, tmp, KERAS_LEGACY_OPTIMIZER_GROUP, ckpt.source.open_hdf5, progress)
-        return planned, verified, ["legacy Keras .h5 without optimizer_weights; model_config and training_config kept"]
-    return _write_weights_h5(ckpt, tmp, out, builder, rules, layout, progress)
+        return planned, verified, ["legacy Keras .h5 without optimizer_weights; model_config and training_config kept"], []
+    return _write_weights_h5(ckpt, tmp, out, builder, options, progress)
 
 
-def _write_weights_h5(ckpt: m.Checkpoint, tmp: str, out: str, builder: Builder | None, rules: Any, layout: Layout,
-                      progress: Progress | None) -> tuple[list, int, list[str]]:
-    """A ``.weights.h5``: a Keras 3 source copied without its optimizer; a TF checkpoint through
-    the built model; anything else paired by name into the built model."""
-    named = bool(rules) or not layout.plain
+def _write_weights_h5(ckpt: m.Checkpoint, tmp: str, out: str, builder: Builder | None, options: PairingOptions,
+                      progress: Progress | None) -> tuple[list, int, list[str], list[str]]:
+    """A ``.weights.h5``: a Keras 3 source copied without its optimizer; anything else through
+    the built model, paired by the one plan doctor and transplant use."""
     if ckpt.format in KERAS3_SOURCE_FORMATS:
-        if named:
-            raise UsageError(f"{ckpt.path}: a Keras 3 source is copied as it is: --map and layout rules do not apply")
+        if options.names_decide or not options.strict:
+            raise UsageError(f"{ckpt.path}: a Keras 3 source is copied as it is: {', '.join(PAIRING_FLAGS)} do not apply")
         from ...formats import KERAS_OPTIMIZER_GROUP  # noqa: PLC0415 - h5py for HDF5 outputs only
 
         planned, verified = write_h5_copy(ckpt, tmp, KERAS_OPTIMIZER_GROUP, ckpt.source.open_hdf5, progress)
-        return planned, verified, ["Keras 3 weights without the optimizer group: load with model.load_weights(OUT)"]
-    if "tf-restorable" in capabilities(ckpt.format) and not named:
-        if builder is None:
-            raise UsageError(
-                f"{ckpt.path}: a .weights.h5 output from a TF checkpoint needs --builder "
-                "module:function (Keras 3's positional layout comes from the model's structure)"
-            )
-        return write_weights_from_builder(ckpt, tmp, builder, progress)
-    # PyTorch, safetensors, npz, legacy .h5, or rules given: paired by name
+        return planned, verified, ["Keras 3 weights without the optimizer group: load with model.load_weights(OUT)"], []
     if builder is None:
-        raise UsageError(
-            f"{ckpt.path}: a .weights.h5 output from a {ckpt.format} source needs --builder "
-            "module:function (the Keras model its values go into)"
-        )
+        why = ("Keras 3's positional layout comes from the model's structure" if "tf-restorable" in capabilities(ckpt.format)
+               else "the Keras model its values go into")
+        raise UsageError(f"{ckpt.path}: a .weights.h5 output from a {ckpt.format} source needs --builder "
+                         f"module:function ({why})")
     from .convert import write_weights_by_names  # noqa: PLC0415 - TF, Keras
 
-    return write_weights_by_names(ckpt, tmp, out, builder, rules, layout, progress)
+    return write_weights_by_names(ckpt, tmp, out, builder, options, progress)
 
 
 def _refuse_unreadable(ckpt: m.Checkpoint, keep: Sequence[str]) -> None:

@@ -73,6 +73,8 @@ class ExtractReport:
         copied: TF output: kept tensors copied byte for byte from the source's data files
             (their crc32c reused) rather than decoded and re-encoded.
         copied_bytes: The bytes copied so.
+        left_at_init: ``.weights.h5`` through ``--builder --no-strict``: the model weights (Keras
+            paths) that received no source value and hold the builder model's initial values.
     """
 
     source: str
@@ -90,6 +92,13 @@ class ExtractReport:
     notes: tuple[str, ...] = ()
     copied: int = 0
     copied_bytes: int = 0
+    left_at_init: tuple[str, ...] = ()
+
+    @property
+    def complete(self) -> bool:
+        """Every model weight of the output holds a source value (False only when ``--no-strict``
+        left one at init; the CLI then exits 1 after writing)."""
+        return not self.left_at_init
 
     @property
     def kept(self) -> dict[str, dict[str, int]]:
@@ -125,6 +134,8 @@ class ExtractReport:
             "verified": self.verified,
             "copied": self.copied,
             "copied_bytes": self.copied_bytes,
+            "complete": self.complete,
+            "left_at_init": list(self.left_at_init),
             "seconds": round(self.seconds, 3),
             "object_graph": self.object_graph,
             "notes": list(self.notes),

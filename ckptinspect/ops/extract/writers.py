@@ -5,7 +5,8 @@
   ``formats.write_npz``);
 * :func:`write_h5_copy`: a Keras HDF5 file copied group by group without the optimizer's group
   (the Keras family's writer, ``formats.copy_h5``);
-* :func:`write_weights_from_builder`: a Keras 3 ``.weights.h5`` through a built model.
+* :func:`write_weights_through_model`: a Keras 3 ``.weights.h5`` through a built model (the
+  pairing is :mod:`ckptinspect.ops.model.plan`'s, in :mod:`.convert`).
 """
 
 from __future__ import annotations
@@ -15,19 +16,16 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from ... import model as m
-from ..._tf import import_tf
+from ..._tf import missing_tensorflow, optional_tf
 from ...errors import CkptError, CorruptCheckpointError, UsageError, VerificationError
 from ...formats import (
     capabilities,
-    numpy_view,
     open_checkpoint,
-    restore_tensor,
+    safetensors_run_metadata,
     write_safetensors,
 )
 from ..bit_equality import bit_equal
 from ..match.layouts import Fit, apply_fit
-from ..match.matcher import Item, graph_path_stage, items, match
-from ..model.targets import graph_paths, tf_variable
 
 from .report import ExtractedVariable
 
@@ -37,7 +35,6 @@ __all__ = [
     "write_safetensors_output",
     "gather_blocks",
     "write_h5_copy",
-    "write_weights_from_builder",
     "call_builder",
     "write_weights_through_model",
     "source_matcher",
@@ -76,9 +73,9 @@ def source_matcher(ckpt: m.Checkpoint) -> Callable[[Any, m.Variable], bool]:
 
 
 def _value_reader(ckpt: m.Checkpoint) -> Callable[[m.Variable], np.ndarray]:
-    """Reads one source value. TF sources: a whole numeric tensor from its data file in blocks
-    (crc-checked, no TensorFlow), anything else (strings, slices) through RestoreV2 into
-    TensorFlow's buffer, viewed without a copy; other formats through their own reader."""
+    """Reads one source value. TF bundles: a whole numeric tensor from its data file in blocks
+    (crc-checked), anything else (strings, slices, V1 tables) through the checkpoint's own
+    decoder; other formats through their own reader. No TensorFlow."""
     can = capabilities(ckpt.format)
     if "tf-restorable" not in can:
         return ckpt.read
@@ -87,7 +84,7 @@ def _value_reader(ckpt: m.Checkpoint) -> Callable[[m.Variable], np.ndarray]:
     def read(v: m.Variable) -> np.ndarray:
         dtype = m.numpy_dtype(v.dtype)
         if not streamed or v.sliced or dtype is None:
-            return numpy_view(restore_tensor(ckpt.path, v.key, v.dtype))
+            return ckpt.read(v)
         return gather_blocks(ckpt, v, COMPARE_CHUNK // max(1, dtype.itemsize),
                              lambda n: CorruptCheckpointError(f"{ckpt.path}: {v.key!r} holds {n} of {v.size} values"))
 
@@ -234,9 +231,7 @@ def write_safetensors_output(
     ]
     verifier = Verifier(progress, len(kept_vars))
     read = _value_reader(ckpt)
-    metadata = {"source": ckpt.path, "format": "pt"}
-    if ckpt.step is not None:
-        metadata["step"] = str(ckpt.step)
+    metadata = {"source": ckpt.path, "format": "pt", **safetensors_run_metadata(ckpt)}
     extra = extra_metadata(names) if extra_metadata is not None else {}
     metadata.update(extra)
 
@@ -323,66 +318,30 @@ def _sentinel(value: np.ndarray) -> np.ndarray:
     return value
 
 
-def _pair_with_built_model(ckpt: m.Checkpoint, model: Any) -> dict[int, m.Variable]:
-    """Each weight of the built model (by id) -> the checkpoint's model variable at the same
-    object-graph path (below the root, or below the node the model was saved as).
-
-    Raises:
-        UsageError: A weight is not reachable in the model's object graph, the two structures
-            differ (what does not match is named, in both directions), or a shape/dtype differs.
-    """
-    paths = graph_paths(import_tf(), model)
-    weights = []
-    for i, w in enumerate(model.weights):
-        path = paths.get(id(w), paths.get(id(tf_variable(w))))
-        if path is None:
-            raise UsageError(f"weight {getattr(w, 'path', w.name)!r} of the built model is not reachable in its object graph")
-        name = str(getattr(w, "path", w.name))
-        weights.append(Item(name, name, tuple(w.shape), np.dtype(w.dtype).name, m.ROLE_MODEL, path, i, (), w))
-    sources = items(v for v in ckpt.variables if v.graph_path is not None and v.role == m.ROLE_MODEL)
-    paired = match(sources, weights, (graph_path_stage(complete=False),), labels=("the checkpoint", "the built model"))
-    # What is unused counts only below the node the model was found under (other root children
-    # of a tf.train.Checkpoint are not the model's).
-    lead = ""
-    if paired.pairs:
-        first = paired.pairs[0]
-        lead = first.a.graph_path[: len(first.a.graph_path) - len(first.b.graph_path)]
-    unmatched = [y.name for y in paired.only_b]
-    unused = [x.name for x in paired.only_a if x.graph_path.startswith(lead)]
-    if unmatched or unused or paired.ambiguous:
-        parts = [a.reason for a in paired.ambiguous]
-        if unmatched:
-            parts.append(f"{len(unmatched)} weight(s) of the built model are not in the checkpoint (e.g. {unmatched[0]!r})")
-        if unused:
-            parts.append(f"{len(unused)} model variable(s) of the checkpoint are not in the built model (e.g. {unused[0]!r})")
-        raise UsageError(f"{ckpt.path}: the builder's architecture does not match: " + "; ".join(parts))
-    for p in paired.pairs:
-        v, w = p.a.ref, p.b
-        if w.shape != v.shape or w.dtype != v.dtype:
-            raise UsageError(f"{v.name}: the checkpoint has {v.dtype}{list(v.shape)}, the built model {w.dtype}{list(w.shape)}")
-    return {id(p.b.ref): p.a.ref for p in paired.pairs}
-
-
 def write_weights_through_model(
-    ckpt: m.Checkpoint, tmp: str, model: Any, plan: Sequence[tuple[Any, m.Variable, Fit | None]], progress: Progress | None
+    ckpt: m.Checkpoint, tmp: str, model: Any, plan: Sequence[tuple[Any, m.Variable, Fit | None]], progress: Progress | None,
+    left_at_init: Sequence[Any] = (),
 ) -> int:
     """Assign each source value to its model weight, ``model.save_weights(tmp)``, and check the
     file through Keras: every weight is poisoned, ``model.load_weights(tmp)`` is called, and each
     weight must then equal its source value (rearranged by its layout fit, cast to the weight's
-    float dtype), bit for bit.
+    float dtype), bit for bit; each weight ``left_at_init`` must equal the value it held before.
 
     Args:
         ckpt: The source checkpoint.
         tmp: The ``.weights.h5`` path to write (a temporary name).
         model: A built Keras 3 model.
-        plan: ``(model weight, source variable, fit or None)`` for every weight of the model.
+        plan: ``(model weight, source variable, fit or None)`` for every weight that receives a
+            source value (every weight of the model, unless ``left_at_init`` names the others).
         progress: Called after each weight.
+        left_at_init: The weights that keep their initial values (``--no-strict``).
 
     Returns:
-        How many weights were checked.
+        How many weights were checked (those given a source value).
 
     Raises:
-        VerificationError: A weight read back differs from its source value.
+        VerificationError: A weight read back differs from its source value (or from its
+            initial value).
     """
     from ..model.assign import expected_value  # noqa: PLC0415 - assign imports the model side (targets)
 
@@ -397,12 +356,17 @@ def write_weights_through_model(
         w.assign(expected_value(np.asarray(value), dtype))
         verifier.record(v.key, v)
         del value
+    initial = [np.array(w.numpy()) for w in left_at_init]
     model.save_weights(tmp)
     # Read back through Keras: poison every weight, load the file, compare with the source.
-    weights = [w for w, _, _ in plan]
+    weights = [w for w, _, _ in plan] + list(left_at_init)
     for w in weights:
         w.assign(_sentinel(np.asarray(w.numpy())))
     model.load_weights(tmp)
+    for w, value in zip(left_at_init, initial):
+        if not bit_equal(np.asarray(w.numpy()), value):
+            raise VerificationError(f"{tmp}: read-back check failed: {getattr(w, 'path', w.name)!r} (left at init) differs from the "
+                                    "model's initial value; nothing was written")
     values = {v.key: w for w, v, _ in plan}
     fits = {v.key: f for _, v, f in plan}
     if exact:
@@ -415,44 +379,26 @@ def write_weights_through_model(
 
 
 def call_builder(builder: Builder) -> Any:
-    """The built Keras model ``builder()`` returns (TensorFlow imported quietly first).
+    """The built Keras model ``builder()`` returns (TensorFlow, where it is installed, imported
+    quietly first; a Keras 3 model of any backend is built without it).
 
     Raises:
         UsageError: The builder failed, or did not return a built Keras model.
+        MissingDependencyError: The builder imports TensorFlow, which is not installed.
     """
-    import_tf()  # quietly, before the builder touches TensorFlow
+    optional_tf()  # quietly, before the builder touches TensorFlow
     try:
         model = builder()
     except CkptError:
         raise
     except Exception as e:  # noqa: BLE001 - the user's builder failed
+        spec = getattr(builder, "spec", None)  # as the command line named it
+        missing = missing_tensorflow(e, f"--builder {spec}" if spec else "the --builder model")
+        if missing is not None:
+            raise missing from None
         raise UsageError(f"the builder failed: {type(e).__name__}: {e}") from None
     if not hasattr(model, "save_weights") or not hasattr(model, "weights"):
         raise UsageError(f"the builder returned {type(model).__name__}, not a Keras model")
     if not model.weights:
         raise UsageError("the builder returned a model without weights; build it (call it on an input or model.build(shape))")
     return model
-
-
-def write_weights_from_builder(
-    ckpt: m.Checkpoint, tmp: str, builder: Builder, progress: Progress | None
-) -> tuple[list[ExtractedVariable], int, list[str]]:
-    if ckpt.info.get("kind") != "tf2-object":
-        raise UsageError(
-            f"{ckpt.path}: a .weights.h5 output needs a TF2 object-based source (its object graph "
-            "maps weights to the built model); this one is name-based"
-        )
-    need_object_graph(ckpt)
-    model = call_builder(builder)
-    matches = _pair_with_built_model(ckpt, model)
-    model_vars = list(model.weights)
-    verified = write_weights_through_model(ckpt, tmp, model, [(w, matches[id(w)], None) for w in model_vars], progress)
-    # The file's dataset paths are Keras's positional ones; name each kept value by its Keras path.
-    keras_path = {matches[id(w)].key: str(getattr(w, "path", w.name)) for w in model_vars}
-    planned = [
-        ExtractedVariable(v.name, v.key, keras_path.get(v.key), v.role, v.shape, v.dtype, v.nbytes)
-        for v in ckpt.variables
-    ]
-    notes = ["Keras 3 weights file written by model.save_weights of the builder's model: load with model.load_weights(OUT)"]
-    return planned, verified, notes
-

@@ -24,6 +24,10 @@ the wrong layer. This stage decides for whole layers, on the evidence of the who
    known; anything else is an ambiguity.
 4. Variables of layers aligned by name that still differ in shape are paired by leaf without the
    shape check, so the caller reports them as shape mismatches rather than missing.
+5. With ``order=True``, likewise the layers nothing paired on either side when they are as many
+   on both sides (one each, or in an order that is known) and each pair in order has as many
+   variables, pairable by leaf or creation order: a head of 5 units where the source has 4 is a
+   shape mismatch by ``layer-order``, not a missing weight and an unused source variable.
 
 Shapes fit when they are equal, or through the :class:`~ckptinspect.ops.match.layouts.Layout` rules
 the caller names (a transposed dense kernel, OIHW conv kernels, a reshape). Pairs report how
@@ -525,6 +529,9 @@ def layer_stage(layout: Layout = PLAIN, *, order: bool = False, order_known: boo
         misfits = _pair_misfits(aligned, taken, score)
         if misfits:
             plan.notes.append(f"{misfits} variable(s) paired by name have shapes that do not fit")
+        order_misfits = _pair_order_misfits(layers_a, layers_b, taken, score, plan) if order else 0
+        if order_misfits:
+            plan.notes.append(f"{order_misfits} variable(s) paired by layer order have shapes that do not fit")
         for amb in plan.ambiguous:
             plan.notes.append(amb.reason)
         return StageResult(pairs=tuple(taken.pairs), ambiguous=tuple(plan.ambiguous), notes=tuple(plan.notes))
@@ -633,3 +640,25 @@ def _pair_misfits(aligned: list[tuple[_Layer, _Layer, str]], taken: _Taken, scor
                 taken.add(x, y, kind, leaf_kind)
                 misfits += 1
     return misfits
+
+
+def _pair_order_misfits(layers_a: list[_Layer], layers_b: list[_Layer], taken: _Taken, score: _Scorer,
+                        plan: _Plan) -> int:
+    """Step 5: the layers nothing paired on either side (and no ambiguity names), paired in
+    order without the shape check when both sides have as many (one each, or in a known order)
+    and each pair's variables pair completely by leaf or creation order; those pairs are taken
+    (the caller reports the shapes that differ). All or nothing. Returns how many were taken."""
+    in_ambiguity = {x.index for amb in plan.ambiguous for x in amb.a} | {y.index for amb in plan.ambiguous for y in amb.b}
+    free_a = [la for la in layers_a if not any(x.index in taken.a or x.index in in_ambiguity for x in la.items)]
+    free_b = [lb for lb in layers_b if not any(y.index in taken.b or y.index in in_ambiguity for y in lb.items)]
+    if not free_a or len(free_a) != len(free_b) or (len(free_a) > 1 and not score.order_known):
+        return 0
+    chosen = []
+    for la, lb in zip(sorted(free_a, key=lambda layer: layer.first), sorted(free_b, key=lambda layer: layer.first)):
+        within = _pair_within(la, lb, None, score.order_known)
+        if not (within.count == len(la.items) == len(lb.items)):
+            return 0
+        chosen += within.pairs
+    for x, y, leaf_kind in chosen:
+        taken.add(x, y, _LAYER_ORDER, leaf_kind)
+    return sum(1 for x, y, _ in chosen if not score.fits(x, y))

@@ -9,6 +9,7 @@ import os
 import sys
 from typing import Any, Callable
 
+from ..._tf import missing_tensorflow
 from ...errors import UsageError
 
 __all__ = ["load_builder"]
@@ -37,6 +38,9 @@ def load_builder(spec: str) -> Callable[[], Any]:
     except SystemExit as e:
         raise UsageError(f"--builder {spec}: importing {module_name!r} {_exit_text(e)}") from None
     except Exception as e:  # noqa: BLE001 - any failure to import is the user's builder
+        missing = missing_tensorflow(e, f"--builder {spec}")
+        if missing is not None:  # the module (or its Keras backend) imports TensorFlow
+            raise missing from None
         raise UsageError(f"--builder {spec}: cannot import {module_name!r}: {type(e).__name__}: {e}") from None
     fn: Any = module
     for part in attr.split("."):
@@ -71,4 +75,5 @@ def _no_exit(spec: str, fn: Callable[[], Any]) -> Callable[[], Any]:
 
     builder.__name__ = getattr(fn, "__name__", "builder")
     builder.__wrapped__ = fn  # type: ignore[attr-defined]
+    builder.spec = spec  # type: ignore[attr-defined] - how errors name it (--builder SPEC)
     return builder

@@ -11,7 +11,7 @@ import contextlib
 import os
 from typing import Any, ContextManager
 
-from ..._tf import import_tf, silenced_stderr
+from ..._tf import import_tf, optional_tf, silenced_stderr
 from ...errors import UsageError
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "STRATEGY_MULTI_WORKER",
     "DEFAULT_MIRRORED_REPLICAS",
     "import_tf",
+    "optional_tf",
     "quiet_devices",
     "configure_devices",
     "make_strategy",

@@ -151,6 +151,8 @@ def graph_paths(tf: Any, model: Any) -> dict[int, str]:
         UsageError: The graph holds a ShardedVariable (or another parameter-server variable),
             which ``model.variables`` would have shown only as its pieces.
     """
+    if tf is None:  # TensorFlow not installed: a Keras 3 model of another backend; names decide
+        return {}
     paths: dict[int, str] = {id(model): ""}
     try:
         view = tf.train.TrackableView(model)

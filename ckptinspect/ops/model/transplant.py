@@ -1,8 +1,11 @@
 """``transplant``: put a checkpoint's weights into a built model, inside its distribution strategy.
 
-Source variables (the checkpoint's model weights; optimizer state and counters are left out)
-are paired with the model's variables by the one matcher (:mod:`ckptinspect.ops.match.matcher`),
-each stage seeing only what the stages before it left unpaired (``matched_by`` in the report):
+Source variables (the checkpoint's model weights; optimizer state, counters and PyTorch
+BatchNorm's ``num_batches_tracked`` are skipped by rule) are paired with the model's variables
+by the one plan ``doctor`` and ``extract --builder`` use too, with the same options and defaults
+(:func:`ckptinspect.ops.model.plan.plan_load`, through the one matcher,
+:mod:`ckptinspect.ops.match.matcher`), each stage seeing only what the stages before it left
+unpaired (``matched_by`` in the report):
 
 1. ``graph-path``: when the source is a TF2 checkpoint of the same architecture, every model
    variable's path in the source's object graph (below the node the model was saved as,
@@ -54,17 +57,30 @@ from ...errors import TransplantError, VerificationError
 from .assign import assign_and_check, problems_text
 from .builder import load_builder
 from .devices import STRATEGIES, import_tf, make_strategy
-from ..match.layouts import CONV_HWIO, FIT_EQUAL, Fit, Layout
-from ..match.mapping import Rules, RulesLike, parse_mapping
+from ..match.layouts import CONV_HWIO, FIT_EQUAL, Fit
+from ..match.mapping import RulesLike, parse_mapping
 from ..match.matcher import HOW_GRAPH_PATH, HOW_LAYER_ORDER, HOW_MAPPING, HOW_NAME, HOW_NORMALIZED, HOW_ORDER
 from .weights_io import OUTPUT_KERAS, OUTPUT_TF, OUTPUT_WEIGHTS_H5, WriteResult, build_in_scope, output_kind, write_model
+from .plan import (
+    STATUS_AMBIGUOUS,
+    STATUS_DTYPE_MISMATCH,
+    STATUS_MATCHED,
+    STATUS_MISSING,
+    STATUS_SHAPE_MISMATCH,
+    SKIP_COUNTER,
+    SKIP_METADATA,
+    SKIP_OPTIMIZER,
+    PairingOptions,
+    dtype_mismatch_text,
+    missing_text,
+    plan_load,
+    shape_mismatch_text,
+    unused_text,
+)
 from .targets import (
     MISMATCH_DTYPE,
     MISMATCH_SHAPE,
     Target,
-    fit_of,
-    mismatch,
-    pair_with_model,
     resolve_strategy,
     targets,
 )
@@ -161,15 +177,10 @@ class Mismatch:
     matched_by: str
 
     def describe(self) -> str:
+        """The problem, in the words doctor and extract use (:mod:`ckptinspect.ops.model.plan`)."""
         if self.kind == MISMATCH_SHAPE:
-            return (
-                f"shape mismatch: {self.target} is {m.format_shape(self.target_shape)} in the model, "
-                f"{m.format_shape(self.source_shape)} in the source ({self.source})"
-            )
-        return (
-            f"dtype mismatch: {self.target} is {self.target_dtype} in the model, "
-            f"{self.source_dtype} in the source ({self.source})"
-        )
+            return "shape mismatch: " + shape_mismatch_text(self.target, self.target_shape, self.source, self.source_shape)
+        return "dtype mismatch: " + dtype_mismatch_text(self.target, self.target_dtype, self.source, self.source_dtype)
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -224,6 +235,8 @@ class TransplantReport:
         unused: Source model variables no model variable took.
         optimizer_skipped: Source optimizer variables (never transplanted).
         metadata_skipped: Source counters and other metadata (never transplanted).
+        rule_skipped: Source model variables skipped by rule, never problems: PyTorch BatchNorm's
+            ``num_batches_tracked`` (:mod:`ckptinspect.ops.model.plan`).
         verified: Every assigned value was read back equal on every local replica.
         notes: Remarks (optimizer state not transplanted, mapping rules that matched nothing...).
     """
@@ -248,6 +261,7 @@ class TransplantReport:
     verified: bool = False
     notes: tuple[str, ...] = ()
     layout: tuple[str, ...] = ()
+    rule_skipped: tuple[str, ...] = ()
 
     @property
     def complete(self) -> bool:
@@ -264,18 +278,21 @@ class TransplantReport:
 
     @property
     def problems(self) -> list[str]:
-        """What ``strict`` refuses: mismatches (unless ``skip_mismatch``), variables left at
-        init, unused source variables. One string each."""
+        """The problems under the options used, one string each, as the one plan counts them
+        (:attr:`ckptinspect.ops.model.plan.LoadPlan.problems`): mismatches (unless
+        ``skip_mismatch``), variables left at init, and, ``strict`` only, unused source
+        variables (``--no-strict`` allows them). What ``strict`` refuses."""
         out: list[str] = []
         if not self.skip_mismatch:
             out += [x.describe() for x in self.mismatches]
-        out += [f"left at init: {t.target} {m.format_shape(t.shape)} has no source variable" for t in self.left_at_init]
-        out += [f"unused source variable: {s.source} {m.format_shape(s.shape)} matches no model variable" for s in self.unused]
+        out += [f"left at init: {missing_text(t.target, t.shape)}" for t in self.left_at_init]
+        if self.strict:
+            out += [f"unused source variable: {unused_text(s.source, s.shape)}" for s in self.unused]
         return out
 
     @property
     def ok(self) -> bool:
-        """No problems (see :attr:`problems`)."""
+        """No problems (see :attr:`problems`): ``doctor``'s verdict with the same options."""
         return not self.problems
 
     def summary(self) -> dict[str, int]:
@@ -287,6 +304,7 @@ class TransplantReport:
             "unused": len(self.unused),
             "optimizer_not_transplanted": self.optimizer_skipped,
             "metadata_not_transplanted": self.metadata_skipped,
+            "skipped_by_rule": len(self.rule_skipped),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -312,6 +330,7 @@ class TransplantReport:
             "mismatches": [x.to_dict() for x in self.mismatches],
             "left_at_init": [t.to_dict() for t in self.left_at_init],
             "unused": [s.to_dict() for s in self.unused],
+            "skipped_by_rule": list(self.rule_skipped),
             "problems": self.problems,
             "notes": list(self.notes),
         }
@@ -353,7 +372,10 @@ def transplant(
         strategy: The ``tf.distribute`` strategy to assign in; default: the one the model's
             variables were created under (or the current one).
         strict: Raise :class:`TransplantError` listing every problem (mismatches, variables left at
-            init, unused source variables) instead of transplanting what matches.
+            init, unused source variables) instead of transplanting what matches. False
+            (``--no-strict``, :attr:`ckptinspect.ops.model.plan.PairingOptions.strict`, as
+            ``doctor`` and ``extract`` take it): unused source variables are allowed (a note),
+            and variables without a value that fits keep their initial values.
         skip_mismatch: With ``strict``, tolerate shape/dtype mismatches (those variables keep their
             initial values; the report lists them).
         dry_run: Plan only: nothing is read or assigned, and nothing is raised for problems
@@ -375,8 +397,8 @@ def transplant(
         VerificationError: A value differs from the source on some replica after assignment.
         CkptError: The source cannot be opened or read.
     """
-    rules = parse_mapping(mapping)
-    layout = Layout(transpose_dense=transpose_dense, conv_layout=conv_layout, allow_reshape=allow_reshape)
+    options = PairingOptions.make(mapping, by_order=by_order, transpose_dense=transpose_dense,
+                                  conv_layout=conv_layout, allow_reshape=allow_reshape, strict=strict)
     tf = import_tf()
     model_targets = targets(tf, model)
     strat = resolve_strategy(tf, model_targets, strategy)
@@ -389,8 +411,7 @@ def transplant(
     else:
         ckpt = source
     try:
-        report, plan = _plan(ckpt, model, model_targets, strat, rules, strict=strict, skip_mismatch=skip_mismatch,
-                             dry_run=dry_run, by_order=by_order, layout=layout)
+        report, plan = _plan(ckpt, model, model_targets, strat, options, skip_mismatch=skip_mismatch, dry_run=dry_run)
         if dry_run:
             return report
         if strict and report.problems:
@@ -502,38 +523,26 @@ def _plan(
     model: Any,
     model_targets: Sequence[Target],
     strat: Any,
-    rules: Rules,
+    options: PairingOptions,
     *,
-    strict: bool,
     skip_mismatch: bool,
     dry_run: bool,
-    by_order: bool,
-    layout: Layout,
 ) -> tuple[TransplantReport, list[tuple[Target, m.Variable, Fit | None]]]:
-    sources = [v for v in ckpt.variables if v.role == m.ROLE_MODEL]
-    optimizer_skipped = sum(1 for v in ckpt.variables if v.role == m.ROLE_OPTIMIZER)
-    metadata_skipped = sum(1 for v in ckpt.variables if v.role == m.ROLE_METADATA)
+    plan = plan_load(ckpt, model_targets, options)
+    assigned, mismatches = [], []
+    for w in plan.weights:
+        t, s = w.target, w.source
+        if w.status == STATUS_MATCHED:
+            assigned.append(Assignment(t.name, s.name, s.key, t.shape, t.dtype, s.dtype, w.how, w.fit.kind))
+        elif w.status in (STATUS_SHAPE_MISMATCH, STATUS_DTYPE_MISMATCH):
+            kind = MISMATCH_SHAPE if w.status == STATUS_SHAPE_MISMATCH else MISMATCH_DTYPE
+            mismatches.append(Mismatch(kind, t.name, s.name, s.key, t.shape, tuple(s.shape), t.dtype, s.dtype, w.how))
+    left = [TargetInfo(w.target.name, w.target.shape, w.target.dtype) for w in plan.weights
+            if w.status in (STATUS_MISSING, STATUS_AMBIGUOUS)]
+    unused = [SourceInfo(x.source.name, x.source.key, tuple(x.source.shape), x.source.dtype) for x in plan.leftovers]
+    optimizer_skipped = plan.skipped_count(SKIP_OPTIMIZER)
 
-    paired = pair_with_model(sources, ckpt.format, model_targets, rules=rules, by_order=by_order, layout=layout)
-    by_target = {p.b.ref.index: p for p in paired.pairs}
-    assigned, mismatches, plan = [], [], []
-    for t in model_targets:
-        p = by_target.get(t.index)
-        if p is None:
-            continue
-        s = p.a.ref
-        kind = mismatch(s.shape, s.dtype, t, layout)
-        if kind is None:
-            layout_fit = fit_of(s.shape, t, layout)
-            assigned.append(Assignment(t.name, s.name, s.key, t.shape, t.dtype, s.dtype, p.how, layout_fit.kind))
-            plan.append((t, s, layout_fit))
-        else:
-            mismatches.append(Mismatch(kind, t.name, s.name, s.key, t.shape, tuple(s.shape), t.dtype, s.dtype, p.how))
-    left = [TargetInfo(t.name, t.shape, t.dtype) for t in model_targets if t.index not in by_target]
-    used = {p.a.ref.key for p in paired.pairs}
-    unused = [SourceInfo(s.name, s.key, tuple(s.shape), s.dtype) for s in sources if s.key not in used]
-
-    notes = list(paired.notes)
+    notes = list(plan.notes)
     casts = [a for a in assigned if a.dtype != a.source_dtype]
     if casts:
         notes.append(f"{len(casts)} variable(s) cast between float dtypes (e.g. {casts[0].target}: "
@@ -553,17 +562,18 @@ def _plan(
         replicas=int(strat.num_replicas_in_sync),
         local_replicas=local,
         dry_run=dry_run,
-        strict=strict,
+        strict=options.strict,
         skip_mismatch=skip_mismatch,
-        by_order=by_order,
+        by_order=options.by_order,
         assigned=tuple(assigned),
         mismatches=tuple(mismatches),
         left_at_init=tuple(left),
         unused=tuple(unused),
         optimizer_skipped=optimizer_skipped,
-        metadata_skipped=metadata_skipped,
+        metadata_skipped=plan.skipped_count(SKIP_METADATA),
         verified=False,
         notes=tuple(notes),
-        layout=layout.describe(),
+        layout=options.layout.describe(),
+        rule_skipped=tuple(x.source.name for x in plan.skipped if x.reason == SKIP_COUNTER),
     )
-    return report, plan
+    return report, plan.entries

@@ -8,6 +8,7 @@ suffix), reads it back and compares every variable bit for bit before renaming i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -18,6 +19,7 @@ import numpy as np
 
 from ... import model as m
 from ..._atomic import atomic_file, atomic_prefix, check_output, prefix_suffix_error
+from ..._tf import missing_tensorflow
 from ...errors import CkptError, UsageError, VerificationError
 from ...formats import FORMAT_OF, TO_H5, TO_KERAS, TO_TF, TO_WEIGHTS_H5
 from ...formats import output_kind as kind_of_output
@@ -45,18 +47,22 @@ SCRATCH_PREFIX = "ckptinspect-worker-"
 
 
 def build_in_scope(spec: str, strategy: Any) -> Any:
-    """Import the builder ``pkg.module:function`` and call it inside ``strategy.scope()``.
+    """Import the builder ``pkg.module:function`` and call it inside ``strategy.scope()`` (a
+    ``tf.distribute`` strategy; None: no scope, as a Keras 3 model of any backend is built).
 
     Raises:
         UsageError: The builder cannot be imported or raises.
     """
     builder = load_builder(spec)
     try:
-        with strategy.scope():
+        with strategy.scope() if strategy is not None else contextlib.nullcontext():
             return builder()
     except CkptError:
         raise
     except Exception as e:  # noqa: BLE001 - user code: one line naming the builder
+        missing = missing_tensorflow(e, f"--builder {spec}")
+        if missing is not None:
+            raise missing from None
         text = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise UsageError(f"--builder {spec}: the builder raised {type(e).__name__}: {text}") from e
 

@@ -7,7 +7,7 @@ Operations run in this order, each on what the one before left:
    checkpoints: a name that is the variable's object path moves the object in the graph (its
    edges and key, :func:`ckptinspect.formats.edit_object_graph`); a name Keras recorded
    (``full_name``) is rewritten in the graph. TF1 name-based checkpoints: the key is the name.
-   Keras HDF5 files: see :mod:`.rewrite_keras`. Two variables that would share a name are
+   Keras HDF5 files and ``.keras`` archives: see :mod:`.keras_h5`. Two variables that would share a name are
    refused, naming both.
 2. ``drop``: variables whose (new) name matches a regex (``re.search``) are left out.
 3. ``role``: only variables of these roles are kept.
@@ -37,6 +37,7 @@ from ... import model as m
 from ...errors import CorruptCheckpointError, UsageError, VerificationError
 from ...formats import (
     OPTIMIZER_SLOT_MARK,
+    TO_KERAS,
     TO_SAFETENSORS,
     output_kind,
     capabilities,
@@ -480,6 +481,11 @@ def rewrite(
 
             files, out_format, copied, notes, graph_info = rewrite_keras(ckpt, out, plans, force, protected)
             out_bytes = files_size(files)
+        elif "keras-layout" in capabilities(ckpt.format) and output_kind(out) == TO_KERAS:
+            from .keras_h5 import rewrite_keras_zip  # noqa: PLC0415 - h5py only for Keras files
+
+            files, out_format, copied, notes, graph_info = rewrite_keras_zip(ckpt, out, plans, force, protected)
+            out_bytes = files_size(files)
         elif "tf-restorable" in capabilities(ckpt.format):
             error = _atomic.prefix_suffix_error(out, "a TF source is rewritten to a TF prefix", "")
             if error is not None:
@@ -494,7 +500,7 @@ def rewrite(
         else:
             raise UsageError(
                 f"{ckpt.path}: rewrite writes {ckpt.format} sources to a .safetensors file only (TF checkpoints"
-                " and Keras .weights.h5/.h5 files also to their own format)"
+                " and Keras .weights.h5/.h5 files also to their own format, .keras archives to a .keras with --cast)"
             )
     finally:
         ckpt.close()

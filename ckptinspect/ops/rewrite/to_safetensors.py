@@ -17,7 +17,7 @@ import numpy as np
 from ... import _atomic
 from ... import model as m
 from ...errors import UsageError, VerificationError
-from ...formats import open_checkpoint, write_safetensors
+from ...formats import open_checkpoint, safetensors_run_metadata, write_safetensors
 from ..bit_equality import bit_equal
 
 __all__ = ["rewrite_safetensors", "SAFETENSORS_SUFFIX"]
@@ -66,9 +66,7 @@ def rewrite_safetensors(
             )
         names[name] = p
         p.new_key = name  # the tensor's name in the file
-    metadata = {"source": ckpt.path, "format": "pt"}
-    if ckpt.step is not None:
-        metadata["step"] = str(ckpt.step)
+    metadata = {"source": ckpt.path, "format": "pt", **safetensors_run_metadata(ckpt)}
 
     def reader(p: Any) -> Callable[[], np.ndarray]:
         return lambda: _value(ckpt, p)

@@ -27,7 +27,7 @@ from typing import Any, Sequence
 
 from ... import model as m
 from ...errors import CkptError
-from ...formats import capabilities, directory_fingerprint, is_remote, open_checkpoint, path_exists, path_isdir
+from ...formats import directory_fingerprint, is_remote, open_checkpoint, path_exists, path_isdir
 from ..verify import STATUS_ROTATED, check_checkpoint, rotated_out
 from .measure import STATS_DTYPES, measure_chains
 from .series import HEALTH_DAMAGED, HEALTH_MISSING, SERIES_DIRECTORY, Entry, Problem, Series, find_series, shard_problems
@@ -137,7 +137,8 @@ class StepReport:
     """One checkpoint of the series.
 
     Attributes:
-        step: Its step (None when neither its name nor its contents say).
+        step: Its training step (the step rule: a step variable, else the optimizer's
+            iterations), or None.
         path: The checkpoint.
         format: Its format, or None when it could not be opened.
         status: ``intact``, ``damaged`` or ``missing``.
@@ -145,6 +146,8 @@ class StepReport:
         layers: Per-layer figures.
         compared_to: The step (path) it was compared with, or None.
         problems: Why it is damaged, one line each.
+        number: The number in its name (its place in the series), or None.
+        number_source: What ``number`` is (``name:checkpoint``, ``name:epoch``, ``name``...).
     """
 
     step: int | None
@@ -155,6 +158,13 @@ class StepReport:
     layers: tuple[LayerStep, ...] = ()
     compared_to: str | None = None
     problems: tuple[str, ...] = ()
+    number: int | None = None
+    number_source: str | None = None
+
+    @property
+    def place(self) -> str:
+        """Where it sits in the run, in words (``step 24``, ``checkpoint 7``, ``epoch 3``), else its path."""
+        return m.place_in_run(self.step, self.number, self.number_source) or self.path
 
     @functools.cached_property
     def nonfinite(self) -> list[str]:
@@ -167,7 +177,8 @@ class StepReport:
                 and (v.role != m.ROLE_METADATA or v.figures.nan)]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "path": self.path, "format": self.format, "status": self.status,
+        return {"step": self.step, "number": self.number, "number_source": self.number_source,
+                "path": self.path, "format": self.format, "status": self.status,
                 "compared_to": self.compared_to, "problems": list(self.problems),
                 "nonfinite": list(self.nonfinite),
                 "layers": [x.to_dict() for x in self.layers], "variables": [v.to_dict() for v in self.variables]}
@@ -180,12 +191,13 @@ class Drift:
     Attributes:
         layer: The layer path.
         kind: ``frozen`` (stopped changing) or ``jumped``.
-        step: For ``frozen``, the step since which its values are the same; for ``jumped``,
-            the step whose change was out of line.
+        step: The training step of the checkpoint concerned (for ``frozen``, the one since which
+            its values are the same; for ``jumped``, the one whose change was out of line), or None.
         rel_change: The relative change at ``step`` (``jumped``), or the largest one over the
             frozen transitions (``frozen``).
         median_rel_change: The layer's median relative change over the run.
         detail: One line for people.
+        path: The checkpoint concerned.
     """
 
     layer: str
@@ -194,6 +206,7 @@ class Drift:
     rel_change: float | None
     median_rel_change: float | None
     detail: str
+    path: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -237,7 +250,8 @@ class ScanReport:
             "series": self.series,
             "role": self.role,
             "healthy": self.healthy,
-            "first_nonfinite": ({"step": first.step, "path": first.path, "variables": list(first.nonfinite)}
+            "first_nonfinite": ({"step": first.step, "number": first.number, "path": first.path,
+                                 "variables": list(first.nonfinite)}
                                 if first else None),
             "health": [p.to_dict() for p in self.health],
             "drift": [d.to_dict() for d in self.drift],
@@ -248,17 +262,18 @@ class ScanReport:
 # -- drift -----------------------------------------------------------------------------------
 def find_drift(steps: Sequence[StepReport]) -> list[Drift]:
     """Layers that stopped changing or jumped (thresholds: the module's constants)."""
-    series: dict[str, list[tuple[int | None, int | None, float]]] = {}  # layer -> (prev step, step, rel)
+    by_path = {x.path: x for x in steps}
+    series: dict[str, list[tuple[StepReport | None, StepReport, float]]] = {}  # layer -> (previous, this, rel)
     for s in steps:
         if s.compared_to is None or s.status != STATUS_INTACT:
             continue
-        prev_step = next((x.step for x in steps if x.path == s.compared_to), None)
+        prev = by_path.get(s.compared_to)
         for layer in s.layers:
             rel = layer.figures.rel_change
             if rel is not None and math.isfinite(rel):
-                series.setdefault(layer.layer, []).append((prev_step, s.step, rel))
-    # the transitions (step pairs) in which some layer changed
-    moving = {(p, c) for layer in series.values() for p, c, r in layer if r > FROZEN_MAX_REL_CHANGE}
+                series.setdefault(layer.layer, []).append((prev, s, rel))
+    # the transitions (checkpoint pairs) in which some layer changed
+    moving = {(id(p), id(c)) for layer in series.values() for p, c, r in layer if r > FROZEN_MAX_REL_CHANGE}
     out: list[Drift] = []
     for layer, rows in series.items():
         rels = [r for _, _, r in rows]
@@ -267,45 +282,55 @@ def find_drift(steps: Sequence[StepReport]) -> list[Drift]:
         while tail < len(rows) and rows[-1 - tail][2] <= FROZEN_MAX_REL_CHANGE:
             tail += 1
         frozen_rows = rows[len(rows) - tail:]
-        if tail >= FROZEN_MIN_TRANSITIONS and any((p, c) in moving for p, c, _ in frozen_rows):
+        if tail >= FROZEN_MIN_TRANSITIONS and any((id(p), id(c)) in moving for p, c, _ in frozen_rows):
             since = frozen_rows[0][0]
             whole = tail == len(rows)
-            out.append(Drift(layer or "(top)", DRIFT_FROZEN, since, max(r for *_, r in frozen_rows), median,
-                             f"unchanged {'over the whole run' if whole else 'since step ' + str(since)}"
-                             f" ({tail} transition{'s' if tail != 1 else ''}) while other layers changed"))
+            out.append(Drift(layer or "(top)", DRIFT_FROZEN, since.step if since else None,
+                             max(r for *_, r in frozen_rows), median,
+                             f"unchanged {'over the whole run' if whole or since is None else 'since ' + since.place}"
+                             f" ({tail} transition{'s' if tail != 1 else ''}) while other layers changed",
+                             since.path if since else None))
         if len(rows) >= JUMP_MIN_TRANSITIONS and median is not None:
-            for _, step, rel in rows:
+            for _, at, rel in rows:
                 if rel >= JUMP_MIN_REL_CHANGE and rel > JUMP_FACTOR * median:
                     against = ("while it otherwise did not change (median change 0)" if median == 0
                                else f"{rel / median:.3g}x its median {median:.3g}")
-                    out.append(Drift(layer or "(top)", DRIFT_JUMPED, step, rel, median,
-                                     f"relative change {rel:.3g} at step {step}, {against}"))
+                    out.append(Drift(layer or "(top)", DRIFT_JUMPED, at.step, rel, median,
+                                     f"relative change {rel:.3g} at {at.place}, {against}", at.path))
     return out
 
 
 # -- the pass ----------------------------------------------------------------------------------
-def _sort_key(entry: Entry, step: int | None) -> tuple:
-    return (step is None, step if step is not None else 0, entry.order)
+def _run_order(planned: Sequence[tuple[Entry, int | None, str | None]]) -> list[int]:
+    """The checkpoints' order in the run (:func:`~ckptinspect.model.run_positions`, the rule every
+    command places checkpoints by): by training step when each has one, else by the number in
+    its name, else as listed."""
+    positions, _ = m.run_positions([step for _, step, _ in planned], [e.number for e, _, _ in planned])
+    return sorted(range(len(planned)), key=lambda n: (positions[n] is None, positions[n] or 0, planned[n][0].order))
 
 
 def _open_step(entry: Entry) -> tuple[m.Checkpoint | None, int | None, str | None]:
-    """Open one checkpoint: (checkpoint, step, error)."""
+    """Open one checkpoint: (checkpoint, its training step, error)."""
     try:
         ckpt = open_checkpoint(entry.path)
     except CkptError as e:
-        return None, entry.step, str(e)
-    step = ckpt.step
-    if "keras-layout" in capabilities(ckpt.format) and entry.step is not None:
-        step = entry.step  # ModelCheckpoint's {epoch} in the name; the iteration count otherwise
-    elif step is None:
-        step = entry.step
-    return ckpt, step, None
+        return None, None, str(e)
+    return ckpt, ckpt.step, None
+
+
+def _numbered(entry: Entry, ckpt: m.Checkpoint | None) -> Entry:
+    """``entry`` with the number its checkpoint's own name gives as what it is (``epoch=2``,
+    ``ckpt-7``), where the checkpoint says more than the listing."""
+    if ckpt is None or ckpt.number is None or not (ckpt.number_source or "").startswith("name:"):
+        return entry
+    return dataclasses.replace(entry, number=ckpt.number, number_source=ckpt.number_source)
 
 
 def _damaged(entry: Entry, step: int | None, error: str) -> StepReport:
     """A checkpoint that does not open (or misses a file): verify's verdict on it."""
     problems = _verify_problems(entry.path) or (error,)
-    return StepReport(step, entry.path, None, STATUS_DAMAGED, problems=problems)
+    return StepReport(step, entry.path, None, STATUS_DAMAGED, problems=problems,
+                      number=entry.number, number_source=entry.number_source)
 
 
 def _verify_problems(path: str) -> tuple[str, ...]:
@@ -352,6 +377,7 @@ class _Step:
     failures: list[str] = dataclasses.field(default_factory=list)
     compared_to: str | None = None
     carry: bool = False  # read again only as the previous value of the next window's first checkpoint
+    entry: Entry | None = None  # where it came from in the series (its number)
 
 
 def _key_order(window: list[_Step]) -> list[str]:
@@ -397,7 +423,9 @@ def _report(st: _Step) -> StepReport:
     layers = _layers([v for v, _ in measured], [s for _, s in measured])
     return StepReport(st.step, st.ckpt.path, st.ckpt.format, STATUS_INTACT,
                       tuple(sorted(st.variables, key=lambda v: v.name)),
-                      tuple(sorted(layers, key=lambda x: x.layer)), compared_to=st.compared_to)
+                      tuple(sorted(layers, key=lambda x: x.layer)), compared_to=st.compared_to,
+                      number=st.entry.number if st.entry else None,
+                      number_source=st.entry.number_source if st.entry else None)
 
 
 def scan(paths: str | Sequence[str], *, role: str | None = None, progress: m.Progress | None = None) -> ScanReport:
@@ -437,16 +465,17 @@ def scan(paths: str | Sequence[str], *, role: str | None = None, progress: m.Pro
     try:
         for n, entry in enumerate(series.entries):
             if not entry.exists:
-                planned.append((entry, entry.step, None))
+                planned.append((entry, None, None))
                 continue
             ckpt, step, error = _open_step(entry)
+            entry = _numbered(entry, ckpt)
             if ckpt is not None:
                 if len(kept) < MAX_OPEN_CHECKPOINTS:
                     kept[n] = ckpt
                 else:
                     ckpt.close()
             planned.append((entry, step, error))
-        order = sorted(range(len(planned)), key=lambda n: _sort_key(planned[n][0], planned[n][1]))
+        order = _run_order(planned)
         return _scan_planned(source, series, role, progress, health, [(planned[n], kept.pop(n, None)) for n in order],
                              before)
     finally:
@@ -467,7 +496,7 @@ def _measure_windows(opened: list[tuple[int, Entry, int | None, m.Checkpoint | N
             if carry is not None:  # read again, for its values only
                 ckpt, _, _ = _open_step(carry[0])
                 if ckpt is not None:
-                    window.append(_Step(carry[1], ckpt, {v.key: v for v in ckpt.variables}, carry=True))
+                    window.append(_Step(carry[1], ckpt, {v.key: v for v in ckpt.variables}, carry=True, entry=carry[0]))
             members = []
             for n, (i, entry, step, ckpt) in enumerate(batch):
                 error = None
@@ -483,7 +512,7 @@ def _measure_windows(opened: list[tuple[int, Entry, int | None, m.Checkpoint | N
                     shards[entry.path] = None
                     continue
                 shards[entry.path] = ckpt.num_shards
-                st = _Step(step, ckpt, {v.key: v for v in ckpt.variables})
+                st = _Step(step, ckpt, {v.key: v for v in ckpt.variables}, entry=entry)
                 window.append(st)
                 members.append((i, entry, st))
             if not counter[1] and members:  # the progress total, estimated from the first checkpoint
@@ -513,7 +542,8 @@ def _scan_planned(source: tuple[str, ...], series: Series, role: str | None, pro
     opened: list[tuple[int, Entry, int | None, m.Checkpoint | None]] = []  # checkpoints to measure, in step order
     for i, ((entry, step, error), ckpt) in enumerate(planned):
         if not entry.exists:
-            results[i] = StepReport(step, entry.path, None, STATUS_MISSING, problems=("its files are missing",))
+            results[i] = StepReport(step, entry.path, None, STATUS_MISSING, problems=("its files are missing",),
+                                    number=entry.number, number_source=entry.number_source)
         elif error is not None:
             results[i] = _damaged(entry, step, error)
             shards[entry.path] = None

@@ -72,17 +72,20 @@ class Entry:
 
     Attributes:
         path: What to open (a prefix, a file, or a path as given).
-        step: Its step as far as known without opening it (the listing's, the name's number).
+        number: The number in its name, as the listing reads it (``ckpt-7``: 7,
+            ``weights.03.weights.h5``: 3), or None; its training step comes from opening it.
         exists: Whether its files are there.
         in_state_file: Listed by the directory's state file (None outside a TF directory).
-        order: Its position in the listing (ties of step keep it).
+        order: Its position in the listing (ties keep it).
+        number_source: What ``number`` is (``name:checkpoint`` in a TF directory, ``name``).
     """
 
     path: str
-    step: int | None
+    number: int | None
     exists: bool = True
     in_state_file: bool | None = None
     order: int = 0
+    number_source: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,9 +125,9 @@ class Series:
 
 
 def name_step(path: str) -> int | None:
-    """The step or epoch a checkpoint's name carries (``weights.03.weights.h5`` -> 3,
-    ``model-05.h5`` -> 5, ``ckpt-8`` -> 8, ``epoch=1-step=8.ckpt`` -> 8), or None: the series
-    seam's rule (:func:`ckptinspect.formats.name_numbers`)."""
+    """The number a checkpoint's name carries (``weights.03.weights.h5`` -> 3, ``model-05.h5`` ->
+    5, ``ckpt-8`` -> 8, ``epoch=1-step=8.ckpt`` -> 8), or None: the series seam's rule
+    (:func:`ckptinspect.formats.name_numbers`). Its place in the series, not a training step."""
     return name_numbers(path).order
 
 
@@ -141,7 +144,7 @@ def _temporaries(directory: str) -> list[Problem]:
 def _directory_series(directory: str) -> Series:
     listing = list_directory(directory, steps=False)  # scan opens each checkpoint for its step
     if listing.kind != SERIES_DIRECTORY:  # a folder of checkpoint files, in step order
-        entries = tuple(Entry(c.path, c.step, order=i) for i, c in enumerate(listing.checkpoints))
+        entries = tuple(Entry(c.path, c.number, order=i, number_source="name") for i, c in enumerate(listing.checkpoints))
         return Series(listing.kind, directory, entries, tuple(_temporaries(directory)))
     problems = [Problem(HEALTH_STATE_FILE, path_join(directory, STATE_FILE), p) for p in listing.problems]
     state_path = path_join(directory, STATE_FILE)
@@ -154,9 +157,9 @@ def _directory_series(directory: str) -> Series:
             f" machine?); TensorFlow restores from that path as written; read as {path_basename(raw)} in the directory")))
     entries = []
     if listing.v1 is not None:
-        entries.append(Entry(listing.v1, name_step(listing.v1)))
+        entries.append(Entry(listing.v1, name_step(listing.v1), number_source="name:checkpoint"))
     for i, c in enumerate(listing.checkpoints):
-        entries.append(Entry(c.path, c.step, c.exists, c.in_state_file, i))
+        entries.append(Entry(c.path, c.number, c.exists, c.in_state_file, i, "name:checkpoint"))
         if c.in_state_file and not c.exists:
             problems.append(Problem(HEALTH_MISSING, c.path, f"{c.path}: listed by {state_path} but its files are missing"))
         elif listing.has_state_file and not c.in_state_file:
@@ -183,7 +186,7 @@ def find_series(paths: Sequence[str]) -> Series:
 
         if spec_of(paths[0]).can("series"):
             return _directory_series(paths[0])
-    return Series(SERIES_PATHS, None, tuple(Entry(p, name_step(p), order=i) for i, p in enumerate(paths)))
+    return Series(SERIES_PATHS, None, tuple(Entry(p, name_step(p), order=i, number_source="name") for i, p in enumerate(paths)))
 
 
 def shard_problems(directory: str, shards: dict[str, int | None]) -> list[Problem]:

@@ -1,0 +1,94 @@
+"""A run directory of Orbax steps (``OrbaxCheckpoint(directory=DIR)``): ``DIR/<step>/`` each a
+checkpoint, the series in step order; ``<step>.orbax-checkpoint-tmp`` folders are interrupted saves,
+named and left out of the series. Read from names and small files only (no tensorstore)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from ... import model as m
+from ...errors import NotACheckpointError
+from .. import _fs
+from .._listing import DirectoryListing
+from .layout import CHECKPOINT_METADATA, COMMIT_MARKER, read_json
+from .sniff import run_entries
+
+__all__ = ["SERIES_ORBAX", "list_run", "open_run", "run_fingerprint", "is_run"]
+
+SERIES_ORBAX = "orbax-run"
+CHECKSUM_NOTE = ("Orbax chunk data carries no checksum (OCDBT checks its manifests and tree nodes, zarr its"
+                 " shard indexes): a flipped bit inside a compressed chunk may still decode")
+
+
+def is_run(directory: str) -> bool:
+    """A directory holding at least one numbered Orbax step."""
+    found = run_entries(directory)
+    return found is not None and bool(found[0])
+
+
+def _commit_time(step: str) -> float | None:
+    try:
+        meta = read_json(_fs.join(step, CHECKPOINT_METADATA), "Orbax checkpoint metadata", limit=1 << 20)
+    except Exception:  # noqa: BLE001 - a damaged step is verify's to report, not the listing's
+        return None
+    ns = meta.get("commit_timestamp_nsecs") if isinstance(meta, dict) else None
+    return ns / 1e9 if isinstance(ns, int) and not isinstance(ns, bool) and ns > 0 else None
+
+
+def list_run(directory: str) -> DirectoryListing:
+    """The steps of an Orbax run directory in step order, the newest committed one its latest,
+    interrupted saves (``.orbax-checkpoint-tmp``) and uncommitted steps named in its notes."""
+    found = run_entries(directory)
+    if found is None or not found[0]:
+        raise NotACheckpointError(f"{directory}: no numbered Orbax step directory")
+    steps, tmps = found
+    paths = [(n, _fs.join(directory, name)) for n, name in steps]
+    committed = [p for _, p in paths if _fs.exists(_fs.join(p, COMMIT_MARKER)) or _commit_time(p) is not None]
+    latest = committed[-1] if committed else paths[-1][1]
+    checkpoints = tuple(
+        m.RetainedCheckpoint(path=p, step=None, timestamp=_commit_time(p), exists=True, in_state_file=False,
+                             latest=p == latest, number=n)
+        for n, p in paths
+    )
+    notes = [CHECKSUM_NOTE]
+    notes += [f"{_fs.join(directory, name)}: an interrupted Orbax save (step {n}, never committed); not part of the series"
+              for n, name in tmps]
+    notes += [f"{p}: not committed (no {COMMIT_MARKER})" for _, p in paths if p not in committed]
+    return _RunListing(directory, checkpoints, latest, kind=SERIES_ORBAX, run_notes=tuple(notes),
+                       interrupted=tuple(_fs.join(directory, name) for _, name in tmps))
+
+
+@dataclasses.dataclass(frozen=True)
+class _RunListing(DirectoryListing):
+    """A run's listing: its notes are the run's (interrupted saves, the checksum caveat)."""
+
+    run_notes: tuple[str, ...] = ()
+    interrupted: tuple[str, ...] = ()
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return self.run_notes
+
+
+def open_run(directory: str) -> m.Checkpoint:
+    """The newest committed step of a run, opened, with the run as its ``checkpoints``."""
+    from .step import open_orbax  # noqa: PLC0415
+
+    listing = list_run(directory)
+    ckpt = open_orbax(listing.latest)
+    info = dict(ckpt.info)
+    warnings = [n for n in listing.notes if not n.startswith("Orbax chunk data")]
+    if warnings:
+        info["warnings"] = [*warnings, *info.get("warnings", ())]
+    return dataclasses.replace(ckpt, checkpoints=listing.checkpoints, info=info)
+
+
+def run_fingerprint(directory: str) -> tuple:
+    """What changes when a process saves into the run: its step names and their commit markers."""
+    found = run_entries(directory) or ([], [])
+    out = []
+    for _, name in [*found[0], *found[1]]:
+        marker = os.path.join(directory, name, COMMIT_MARKER)
+        out.append((name, os.path.exists(marker)))
+    return ("orbax", *out)

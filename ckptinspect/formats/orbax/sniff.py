@@ -1,0 +1,63 @@
+"""How Orbax step directories and runs of them are recognised (standard library only: no
+tensorstore, JAX or orbax; detection runs for every path)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from .._registry import Probe
+
+__all__ = ["CHECKPOINT_METADATA", "TMP_SUFFIX", "is_step", "step_directory", "run_directory", "run_entries"]
+
+CHECKPOINT_METADATA = "_CHECKPOINT_METADATA"
+TREE_METADATA = os.path.join("pytree", "_METADATA")
+TMP_SUFFIX = ".orbax-checkpoint-tmp"
+MAX_RUN_ENTRIES = 100_000  # names looked at in one run directory
+_STEP_RE = re.compile(r"^(\d{1,19})$")
+_TMP_RE = re.compile(r"^(\d{1,19})\.orbax-checkpoint-tmp(?:-\d+)?$")
+
+
+def is_step(path: str) -> bool:
+    """A directory holding an Orbax checkpoint: ``_CHECKPOINT_METADATA`` or ``pytree/_METADATA``."""
+    try:
+        return os.path.isdir(path) and (
+            os.path.isfile(os.path.join(path, CHECKPOINT_METADATA)) or os.path.isfile(os.path.join(path, TREE_METADATA))
+        )
+    except (OSError, ValueError):
+        return False
+
+
+def run_entries(path: str) -> tuple[list[tuple[int, str]], list[tuple[int, str]]] | None:
+    """The numbered step folders and the interrupted saves (``<step>.orbax-checkpoint-tmp``) of a
+    run directory, each as (step, name) sorted by step; None when there are too many names to look at."""
+    steps: list[tuple[int, str]] = []
+    tmps: list[tuple[int, str]] = []
+    try:
+        with os.scandir(path) as it:
+            for n, entry in enumerate(it):
+                if n >= MAX_RUN_ENTRIES:
+                    return None
+                name = entry.name
+                if (mt := _STEP_RE.match(name)) and is_step(entry.path):
+                    steps.append((int(mt.group(1)), name))
+                elif (mt := _TMP_RE.match(name)) and entry.is_dir():
+                    tmps.append((int(mt.group(1)), name))
+    except (OSError, ValueError):
+        return None
+    return sorted(steps), sorted(tmps)
+
+
+def step_directory(probe: Probe) -> str | None:
+    """An Orbax step directory (``DIR/<step>/``): the directory to open."""
+    if "://" in probe.path:
+        return None
+    return probe.path if is_step(probe.path) else None
+
+
+def run_directory(probe: Probe) -> str | None:
+    """A directory of numbered Orbax steps (what ``OrbaxCheckpoint(directory=DIR)`` writes)."""
+    if "://" in probe.path:
+        return None
+    found = run_entries(probe.path)
+    return probe.path if found is not None and found[0] else None

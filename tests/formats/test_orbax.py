@@ -1,0 +1,318 @@
+"""Keras 3 Orbax checkpoints (formats/orbax): what ckptinspect reads from the fixtures Keras 3 on JAX
+wrote (fixtures/orbax/make_fixtures.py) equals what Orbax's own restore gave (expected.json) and
+what tensorstore reads directly (the oracle); runs, verify, and hostile copies."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ts = pytest.importorskip("tensorstore")
+
+import ckptinspect  # noqa: E402
+from ckptinspect import errors  # noqa: E402
+from ckptinspect.formats import list_directory, open_checkpoint, prepare_check  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+FIX = ROOT / "fixtures" / "orbax"
+EXPECTED = json.loads((FIX / "expected.json").read_text())
+RUN = FIX / "model_parallel" / "run"
+MULTI = FIX / "multiprocess"
+NAN_RUN = FIX / "nan_run"
+
+CASES = [("model_parallel/run", RUN, s) for s in ("3", "6")] + [("multiprocess", MULTI, s) for s in ("2", "4")] + [
+    ("nan_run", NAN_RUN, "3")]
+
+
+def _sha(value: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(value).astype(value.dtype.newbyteorder("<")).tobytes()).hexdigest()
+
+
+def _oracle(step: pathlib.Path, key: str) -> np.ndarray:
+    spec = {"driver": "zarr3", "kvstore": {"driver": "ocdbt", "base": f"file://{step / 'pytree'}/", "path": key + "/"}}
+    return ts.open(spec, open=True).result().read().result()
+
+
+@pytest.mark.parametrize("group,run,step", CASES, ids=[f"{g}/{s}" for g, _, s in CASES])
+def test_step_reads_what_orbax_restored(group, run, step):
+    expected = EXPECTED[group][step]
+    with open_checkpoint(str(run / step)) as ckpt:
+        assert ckpt.format == "orbax"
+        assert sorted(v.key for v in ckpt.variables) == sorted(expected["arrays"])
+        for v in ckpt.variables:
+            want = expected["arrays"][v.key]
+            assert list(v.shape) == want["shape"] and v.dtype == want["dtype"], v.key
+            value = ckpt.read(v)
+            assert _sha(value) == want["sha256"], v.key
+            np.testing.assert_array_equal(value, _oracle(run / step, v.key))
+            group_name = want["group"]
+            role = {"trainable_variables": "model", "non_trainable_variables": "model",
+                    "optimizer_variables": "optimizer", "metrics_variables": "metadata"}[group_name]
+            assert v.role == role
+            spec = want["partition_spec"]
+            shown = ckpt.info.get("partition_specs", {}).get(v.key)
+            if spec is None:  # one device: no mesh
+                assert shown is None
+            else:
+                assert shown == "(" + ", ".join(repr(p) for p in spec) + (",)" if len(spec) == 1 else ")")
+        # the step rule: the training step is the optimizer's iterations; the directory's number
+        # is the checkpoint's number (Orbax saved it under that number)
+        assert (ckpt.step, ckpt.step_source) == (expected["iterations"], f"optimizer:{ckpt.info['iterations_key']}")
+        assert (ckpt.number, ckpt.number_source) == (int(step), "name:checkpoint")
+
+
+def test_names_roles_mesh_and_times():
+    with open_checkpoint(str(RUN / "6")) as ckpt:
+        kernel = ckpt["sequential/dense_1/kernel"]
+        assert kernel.key == "trainable_variables.sequential.dense_1.kernel"
+        assert kernel.shape == (32, 32) and kernel.nbytes == 32 * 32 * 4
+        assert ckpt["optimizer/adam/iteration"].role == "optimizer"
+        assert ckpt["metrics/loss/total"].role == "metadata"
+        assert ckpt["sequential/batch_normalization/moving_mean"].role == "model"
+        assert ckpt.info["partition_specs"][kernel.key] == "(None, 'model')"
+        assert ckpt.info["mesh"] == "batch=2, model=2"
+        assert ckpt.info["model_class"] == "Sequential" and ckpt.info["layer_count"] == 3
+        assert ckpt.info["optimizer_class"] == "Adam"
+        assert ckpt.info["date_committed"] >= ckpt.info["date_saved"]
+        assert ckpt.info["committed"] is True
+
+
+@pytest.mark.parametrize("step", ["2", "4"])
+def test_shards_are_the_process_databases_holding_chunks(step):
+    owners: dict[str, set[int]] = {}
+    for n in (0, 1):
+        kv = ts.KvStore.open({"driver": "ocdbt", "base": f"file://{MULTI / step / 'pytree' / f'ocdbt.process_{n}'}/"}).result()
+        for k in kv.list().result():
+            name, sep, _ = k.decode().partition("/c")
+            if sep:
+                owners.setdefault(name, set()).add(n)
+    with open_checkpoint(str(MULTI / step)) as ckpt:
+        assert ckpt.num_shards == 2 and ckpt.info["processes"] == [0, 1]
+        for v in ckpt.variables:
+            assert set(v.shards) == owners[v.key], v.key
+        # the model axis splits each dense kernel between the two hosts' devices
+        assert ckpt["sequential/dense_1/kernel"].shards == (0, 1)
+
+
+def test_blocks_stream_in_bounded_pieces():
+    with open_checkpoint(str(RUN / "6")) as ckpt:
+        for v in ckpt.variables:
+            for elements in (7, 100, 1 << 20):
+                blocks = [np.array(b) for b in ckpt.iter_blocks(v, elements)]
+                assert all(b.size <= max(elements, 1) or v.shape == () for b in blocks)
+                np.testing.assert_array_equal(np.concatenate(blocks).reshape(v.shape), ckpt.read(v))
+
+
+def test_run_directory_is_a_series_with_the_interrupted_save_named():
+    listing = list_directory(str(RUN))
+    assert [c.number for c in listing.checkpoints] == [3, 6]
+    assert listing.latest == str(RUN / "6")
+    assert any("9.orbax-checkpoint-tmp" in n and "interrupted" in n for n in listing.notes)
+    assert any("no checksum" in n for n in listing.notes)
+    with open_checkpoint(str(RUN)) as ckpt:
+        assert ckpt.path == str(RUN / "6") and len(ckpt.checkpoints) == 2
+
+
+def test_verify_run_intact_and_interrupted_step_damaged():
+    report = ckptinspect.verify(str(RUN))
+    assert report.intact and len(report.checkpoints) == 2
+    assert any("interrupted" in n for n in report.notes)
+    step_report = ckptinspect.verify(str(RUN / "6"))
+    assert step_report.intact and any("not the chunk data" in n for n in step_report.notes)
+    _, check = prepare_check(str(RUN / "9.orbax-checkpoint-tmp"))
+    result = check.run()
+    assert result.status == "damaged"
+    assert any("interrupted save" in p for p in result.problems)
+
+
+def _copy(src: pathlib.Path, tmp_path: pathlib.Path) -> pathlib.Path:
+    out = tmp_path / src.name
+    shutil.copytree(src, out)
+    return out
+
+
+def test_missing_process_database(tmp_path):
+    step = _copy(MULTI / "4", tmp_path)
+    shutil.rmtree(step / "pytree" / "ocdbt.process_1")
+    _, check = prepare_check(str(step))
+    result = check.run()
+    assert result.status == "damaged"
+    assert any("ocdbt.process_1: missing" in p for p in result.problems)
+    # the arrays with chunks stored in process 1's data files (not inline in the joined b-tree)
+    # cannot be read any more: which ones, tensorstore's own dump of the joined database says
+    base = ts.KvStore.open(f"file://{MULTI / '4' / 'pytree'}/").result()
+    root = ts.ocdbt.dump(base).result()["versions"][-1]["root"]["location"]
+    in_process_1 = {e["key"].decode().partition("/c")[0] for e in ts.ocdbt.dump(base, root).result()["entries"]
+                    if "ocdbt.process_1/" in e.get("indirect_value", "")}
+    assert in_process_1
+    assert {d.key for d in result.damaged} == in_process_1
+
+
+def _data_files(step: pathlib.Path) -> list[pathlib.Path]:
+    return sorted((step / "pytree").glob("ocdbt.process_*/d/*"))
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+def test_special_file_in_place_of_a_data_file_is_refused(tmp_path, kind):
+    step = _copy(MULTI / "4", tmp_path)
+    target = _data_files(step)[0]
+    target.unlink()
+    if kind == "fifo":
+        os.mkfifo(target)
+    else:
+        target.symlink_to("/dev/zero")
+    with pytest.raises(errors.UnsafeFileError, match="not a regular file"):
+        open_checkpoint(str(step))
+
+
+def test_tree_name_leaving_the_checkpoint_is_refused(tmp_path):
+    step = _copy(RUN / "6", tmp_path)
+    meta_path = step / "pytree" / "_METADATA"
+    meta = json.loads(meta_path.read_text())
+    tree = meta["tree_metadata"]
+    key = next(iter(tree))
+    tree["('trainable_variables', '..', 'etc', 'passwd')"] = tree.pop(key)
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(errors.UnsafeFileError, match="could leave"):
+        open_checkpoint(str(step))
+
+
+def test_deep_tree_path_is_refused(tmp_path):
+    step = _copy(RUN / "6", tmp_path)
+    meta_path = step / "pytree" / "_METADATA"
+    meta = json.loads(meta_path.read_text())
+    meta["tree_metadata"][repr(tuple(f"p{i}" for i in range(500)))] = {"value_metadata": {"value_type": "jax.Array"}}
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(errors.UnsafeFileError, match="deep"):
+        open_checkpoint(str(step))
+
+
+def test_tree_naming_an_array_the_database_lacks(tmp_path):
+    step = _copy(RUN / "6", tmp_path)
+    meta_path = step / "pytree" / "_METADATA"
+    meta = json.loads(meta_path.read_text())
+    meta["tree_metadata"]["('trainable_variables', 'ghost', 'kernel')"] = {"value_metadata": {"value_type": "jax.Array"}}
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(errors.CorruptCheckpointError, match="not in the database"):
+        open_checkpoint(str(step))
+    _, check = prepare_check(str(step))
+    result = check.run()
+    assert result.status == "damaged" and [d.key for d in result.damaged] == ["trainable_variables.ghost.kernel"]
+
+
+def _rewrite_zarr_json(step: pathlib.Path, key: str, edit) -> None:
+    """Write a lying zarr.json into the step's OCDBT database with tensorstore itself."""
+    kv = ts.KvStore.open({"driver": "ocdbt", "base": f"file://{step / 'pytree'}/"}).result()
+    meta = json.loads(kv.read(f"{key}/zarr.json").result().value)
+    edit(meta)
+    kv.write(f"{key}/zarr.json", json.dumps(meta).encode()).result()
+
+
+def test_declared_shape_of_10_to_the_30_is_refused(tmp_path):
+    step = _copy(RUN / "6", tmp_path)
+    key = "trainable_variables.sequential.dense_1.kernel"
+    _rewrite_zarr_json(step, key, lambda meta: meta.update(shape=[10**30, 64]))
+    with pytest.raises(errors.CorruptCheckpointError, match="shape"):
+        open_checkpoint(str(step))
+    _, check = prepare_check(str(step))
+    result = check.run()
+    assert result.status == "damaged" and any(d.key == key for d in result.damaged)
+
+
+def test_declared_dtype_that_lies_about_the_chunks(tmp_path):
+    step = _copy(RUN / "6", tmp_path)
+    key = "trainable_variables.sequential.dense_2.kernel"
+    _rewrite_zarr_json(step, key, lambda meta: meta.update(data_type="float64"))  # the chunks hold float32
+    with open_checkpoint(str(step)) as ckpt:
+        assert ckpt.variables[[v.key for v in ckpt.variables].index(key)].dtype == "float64"
+    _, check = prepare_check(str(step))
+    result = check.run()
+    assert result.status == "damaged"
+    assert [d.key for d in result.damaged] == [key] and result.damaged[0].kind == "unreadable"
+
+
+def test_garbage_manifest_is_one_clean_error(tmp_path):
+    step = _copy(RUN / "6", tmp_path)
+    (step / "pytree" / "manifest.ocdbt").write_bytes(b"\x00" * 200)
+    with pytest.raises(errors.CorruptCheckpointError, match="Error decoding manifest"):
+        open_checkpoint(str(step))
+
+
+def test_input_never_modified():
+    before = {p: p.stat().st_mtime_ns for p in (RUN / "6").rglob("*")}
+    with open_checkpoint(str(RUN / "6")) as ckpt:
+        for v in ckpt.variables:
+            ckpt.read(v)
+    assert before == {p: p.stat().st_mtime_ns for p in (RUN / "6").rglob("*")}
+
+
+LS_IMPORTS = """
+import sys
+from ckptinspect.__main__ import run
+sys.argv = ["ckptinspect", "ls", sys.argv[1]]
+try:
+    run()
+except SystemExit:
+    pass
+finally:
+    print("HEAVY", sorted(m for m in sys.modules if m.split(".")[0] in ("jax", "jaxlib", "orbax", "tensorflow", "torch")))
+"""
+
+
+def test_ls_imports_neither_jax_nor_orbax():
+    out = subprocess.run([sys.executable, "-c", LS_IMPORTS, str(RUN / "6")], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert "sequential/dense_1/kernel" in out.stdout
+    assert "HEAVY []" in out.stdout
+
+
+NO_TENSORSTORE = """
+import sys
+sys.modules["tensorstore"] = None
+from ckptinspect.__main__ import run
+sys.argv = ["ckptinspect", "ls", sys.argv[1]]
+run()
+"""
+
+
+def test_without_tensorstore_one_error_line_naming_the_extra():
+    out = subprocess.run([sys.executable, "-c", NO_TENSORSTORE, str(RUN / "6")], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error:") and "pip install 'ckptinspect[orbax]'" in lines[0]
+
+
+def test_orbax_fixtures_are_small():
+    # Orbax writes a few small files per step whatever the model (metadata, sharding, manifests,
+    # one b-tree per process database): the folder has its own bound, as fixtures/series does.
+    assert sum(p.stat().st_size for p in FIX.rglob("*") if p.is_file()) < 700 * 1024
+
+
+def test_every_value_has_its_declared_shape_scalars_included(tmp_path):
+    """Orbax stores a scalar (a metric's count) as one element of shape [1]: read() gives the
+    declared shape (), so rewrite to safetensors takes the whole step (it refused on the
+    scalar: 'read float32[1], expected float32[]')."""
+    with open_checkpoint(str(RUN / "6")) as ckpt:
+        scalars = [v for v in ckpt.variables if v.shape == ()]
+        assert scalars
+        for v in ckpt.variables:
+            assert ckpt.read(v).shape == tuple(v.shape), v.name
+    out = tmp_path / "step6.safetensors"
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from ckptinspect.cli import app  # noqa: PLC0415
+
+    result = CliRunner().invoke(app, ["rewrite", str(RUN / "6"), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    with open_checkpoint(str(out)) as written, open_checkpoint(str(RUN / "6")) as ckpt:
+        for v in scalars:
+            assert written.read(v.name).shape == () and written.read(v.name) == ckpt.read(v)
