@@ -154,9 +154,13 @@ def filesystem(path: str) -> Any:
                 options["endpoint_url"] = endpoint
             options["config_kwargs"] = {"retries": {"max_attempts": 2, "mode": "standard"}}
         try:
-            fs = cls(skip_instance_cache=True, **options)
-        except TypeError:
-            fs = cls(**options)
+            try:
+                fs = cls(skip_instance_cache=True, **options)
+            except TypeError:
+                fs = cls(**options)
+        except ImportError as e:  # an implementation whose own package is missing (hdfs:// without pyarrow)
+            raise RemoteUnavailable(f"{name}:// paths need the {e.name or 'missing'} package"
+                                    + (f" ({hint})" if hint else "")) from None
         if "retries" in options.get("config_kwargs", {}):
             fs.retries = S3FS_RETRIES  # s3fs's own tries of a request cut short (then ours: ATTEMPTS)
         _filesystems[key] = fs

@@ -10,6 +10,7 @@ instead of stalling the suite.
 from __future__ import annotations
 
 import json
+import importlib.util
 import os
 import pathlib
 import resource
@@ -296,3 +297,19 @@ def test_check_shard_name_accepts_a_plain_name():
     from ckptinspect.formats import _fs
 
     _fs.check_shard_name("idx.json", "model-00001-of-00002.safetensors")
+
+
+def test_a_scheme_whose_fsspec_implementation_lacks_its_package_is_one_error_line():
+    """fsspec knows hdfs:// but its implementation needs pyarrow: one Error line, not an
+    'unexpected ModuleNotFoundError'."""
+    pytest.importorskip("fsspec")
+    if importlib.util.find_spec("pyarrow") is not None:
+        pytest.skip("pyarrow is installed: hdfs:// has a file system here")
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from ckptinspect.cli import app  # noqa: PLC0415
+
+    result = CliRunner().invoke(app, ["ls", "hdfs://bucket/run/ckpt-1"])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("Error: hdfs://bucket/run/ckpt-1: ") and "unexpected" not in result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr

@@ -10,6 +10,7 @@ crashed job would leave them.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pathlib
@@ -278,6 +279,11 @@ def test_ram_paths_work_and_unsupported_schemes_say_which_work():
         bad = subprocess.run([sys.executable, "-m", "ckptinspect", "ls", f"{scheme}://bucket/run/ckpt-1"],
                              capture_output=True, text=True, timeout=120, env=env)
         assert bad.returncode == 2
+        if scheme == "s3" and importlib.util.find_spec("s3fs") is not None:
+            # s3fs (the [s3] extra, in the test extra) reads s3://: no bucket, no credentials here,
+            # one Error line all the same (docs/REMOTE.md; tests/formats/test_object_store.py)
+            assert bad.stderr.startswith(f"Error: {scheme}://bucket/run/ckpt-1: ") and bad.stderr.count("\n") == 1, bad.stderr
+            continue
         assert bad.stderr == (
             f"Error: {scheme}://bucket/run/ckpt-1: the {scheme}:// scheme is not supported; remote paths work with"
             " gs://, ram:// (the file systems this TensorFlow has; s3:// and hdfs:// moved out of TensorFlow into"
