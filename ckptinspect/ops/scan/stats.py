@@ -2,7 +2,9 @@
 
 A value is measured in chunks of :data:`BLOCK_ELEMENTS` as its bytes arrive in an array (the
 previous checkpoint's value of the same variable is kept whole beside it: two tensors in
-memory). Every sum is accumulated in float64, chunk by chunk in order:
+memory). Every sum is accumulated in float64, chunk by chunk in order (a float32 chunk's own
+sums are taken in float32 through BLAS, in pieces of 8,192 elements whose sums are added in
+float64: within about 1e-7 relative of float64 arithmetic; see :data:`FLOAT32_TINY`):
 
 * ``norm`` = sqrt(sum x^2);
 * ``max_abs_change`` = max |x - p|;
@@ -40,6 +42,14 @@ __all__ = ["BLOCK_ELEMENTS", "Figures", "Sums", "Buffers", "Accumulator", "Measu
 BLOCK_ELEMENTS = 1 << 18
 # OpenBLAS computes a dot product of up to 10,000 elements on the calling thread.
 DOT_CHUNK = 8192
+FLOAT32 = np.dtype(np.float32)
+# float32 values are reduced as they are, through BLAS (sdot of 8,192-element pieces, the
+# pieces merged in float64): about 1e-7 relative from float64 arithmetic, the figures being
+# diagnostics (README, "scan"). A chunk whose float32 sum of squares (of the value or of its
+# change) is below this or not finite is summed again in float64: squares under float32's
+# normal range lose digits, squares over it overflow, and a NaN or Inf must be counted. Below
+# it, the subnormal squares' total error (under 2^-149 each) stays under 1e-20 of the sum.
+FLOAT32_TINY = 2.0 ** -60
 
 
 @dataclasses.dataclass
@@ -147,6 +157,7 @@ class Buffers:
     def __init__(self, elements: int):
         self.cur = np.empty(elements, dtype=np.float64)
         self.prev = np.empty(elements, dtype=np.float64)
+        self.diff = np.empty(elements, dtype=np.float32)  # the change of a float32 value, as float32
         self.held: object = None
 
 
@@ -166,8 +177,10 @@ class Measured:
 
 
 def _sumsq(x: np.ndarray) -> float:
-    """sum x^2 of a float64 vector: BLAS ``ddot`` (float64 accumulation) of each piece of
-    :data:`DOT_CHUNK` elements, the pieces' sums added in order. OpenBLAS hands a longer vector
+    """sum x^2 of a float64 or float32 vector: BLAS ``ddot``/``sdot`` (accumulating in the
+    vector's own type) of each piece of :data:`DOT_CHUNK` elements, the pieces' sums added in
+    order in float64 (a float32 piece's sum agrees with float64 arithmetic to about 1e-7
+    relative, see :data:`FLOAT32_TINY` for where it does not). OpenBLAS hands a longer vector
     to its thread pool, which costs 10-100x more than the sum itself on a busy machine
     (``np.einsum`` is ~10x slower than ddot); the whole pieces go in one batched ``matmul``
     (a ddot each, one call instead of one per piece)."""
@@ -238,18 +251,22 @@ class Accumulator:
                 buffers.held = tag  # the same bytes: the same conversion
             return list(prev_chunks)
         chunk = self.chunk
+        native = cur.dtype == FLOAT32 and (prev is None or prev.dtype == FLOAT32)
         # prev's conversion still in ``cur``: it becomes ``prev``, this block is converted beside it
-        reuse = prev is not None and prev_tag is not None and buffers.held == prev_tag and cur.size <= chunk \
-            and prev.size == cur.size
+        reuse = not native and prev is not None and prev_tag is not None and buffers.held == prev_tag \
+            and cur.size <= chunk and prev.size == cur.size
         if reuse:
             buffers.cur, buffers.prev = buffers.prev, buffers.cur
         buffers.held = None
         sums: list[float] = []
         for at in range(0, cur.size, chunk):
             n = min(chunk, cur.size - at)
-            x = buffers.cur[:n]
-            np.copyto(x, cur[at : at + n], casting="unsafe")
-            ss = _sumsq(x)
+            x = cur[at : at + n]
+            ss = _sumsq(x) if native else math.nan
+            if not FLOAT32_TINY <= ss < math.inf:  # not float32, or out of float32's safe range
+                x = buffers.cur[:n]
+                np.copyto(x, cur[at : at + n], casting="unsafe")
+                ss = _sumsq(x)
             sums.append(ss)
             out.count += n
             out.sumsq += ss
@@ -258,14 +275,25 @@ class Accumulator:
                 out.nan += nan
                 out.inf += inf
             if prev is not None:
-                old = buffers.prev[:n]
-                if not reuse:
-                    np.copyto(old, prev[at : at + n], casting="unsafe")  # a mixed-dtype subtract is 3x slower
-                diff = np.subtract(x, old, out=old)  # the previous value is not needed after this
-                self.diff_sumsq += _sumsq(diff)
+                diff = None
+                if native:
+                    diff = np.subtract(cur[at : at + n], prev[at : at + n], out=buffers.diff[:n])
+                    dss = _sumsq(diff)
+                    if not FLOAT32_TINY <= dss < math.inf:
+                        diff = None
+                if diff is None:
+                    if x.dtype != np.float64:
+                        x = buffers.cur[:n]
+                        np.copyto(x, cur[at : at + n], casting="unsafe")
+                    old = buffers.prev[:n]
+                    if not reuse:
+                        np.copyto(old, prev[at : at + n], casting="unsafe")  # a mixed-dtype subtract is 3x slower
+                    diff = np.subtract(x, old, out=old)  # the previous value is not needed after this
+                    dss = _sumsq(diff)
+                self.diff_sumsq += dss
                 top = float(max(diff.max(), -diff.min()))
                 self.max_change = math.nan if math.isnan(top) or math.isnan(self.max_change) else max(self.max_change, top)
-        if cur.size <= chunk:
+        if cur.size <= chunk and not native:
             buffers.held = tag
         return sums
 
