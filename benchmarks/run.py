@@ -39,6 +39,7 @@ from typing import Any
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import _common as c  # noqa: E402
 import bench_torch  # noqa: E402 - the .safetensors / .pt pairs (issue 15)
+import bench_many  # noqa: E402 - many small objects, scan's quarters run, giant headers (issue 28)
 
 RESULTS = c.HERE / "RESULTS.md"
 PLOT = c.HERE / "scale.png"
@@ -167,6 +168,13 @@ with h5py.File({a!r}, "r") as fa, h5py.File({b!r}, "r") as fb:
         changed += d > 0
         print(n, d)
 print("changed", changed)
+"""
+
+# The safetensors library's own header-only listing (keys, shapes, dtypes).
+SAFE_OPEN_KEYS = """from safetensors import safe_open
+with safe_open({p!r}, framework="np") as f:
+    rows = [(k, f.get_slice(k).get_shape(), f.get_slice(k).get_dtype()) for k in f.keys()]
+print(len(rows))
 """
 
 # Reading three checkpoints once, every tensor through numpy (the bytes each data file holds,
@@ -368,10 +376,94 @@ def make_pairs(s: c.CheckpointSet, out: pathlib.Path) -> list[Pair]:
             c.Tool("TF: get_tensor of every key", py(TF_READ_ALL.format(p=s.sharded))),
         ]),
         *torch_pairs(s, out),
+        *many_pairs(out.parent, h5ls, h5diff),
+        *cold_pairs(s),
         Pair("scan", "scan", f"a {c.RUN_CHECKPOINTS}-checkpoint run (a, b, a, b, a): per-tensor norms, changes, NaN/Inf, drift, health", [
             c.Tool("ckptinspect scan", [*CKPT, "scan", s.run], **ours),
             c.Tool("read each checkpoint once: TF get_tensor of every key", py(TF_READ_RUN.format(p=s.run))),
             c.Tool("read each checkpoint once: ckptinspect verify DIR", [*CKPT, "verify", s.run]),
+        ]),
+    ]
+
+
+def many_pairs(work: pathlib.Path, h5ls: str | None, h5diff: str | None) -> list[Pair]:
+    """Issue 28's pairs on files with many small objects (``bench_many``): Keras 3 ``.weights.h5``
+    files of 100, 2,000 and 20,000 datasets at one total size (a per-dataset cost shows as a slope),
+    scan of a run whose steps change different quarters, and giant headers (a ``.safetensors`` of
+    1.3 million tensors, a TF index of 100,000 variables)."""
+    pairs = []
+    for n in bench_many.COUNTS:
+        a, b = bench_many.many_h5_paths(work, n)
+        size = f"{n:,} datasets x {bench_many.TOTAL_MB * 1024 // n:,} KB"
+        pairs += [
+            Pair(f"ls-kw3-{n}", "ls", f"list a Keras 3 .weights.h5 of {size} (layers/<name>/vars/<i>)", [
+                c.Tool("ckptinspect ls", [*CKPT, "ls", a], ours=True),
+                c.Tool("h5ls -r", ["h5ls", "-r", a], missing=h5ls),
+                c.Tool("h5py visititems (floor of an h5py lister)", py(H5PY_VISIT.format(p=a))),
+            ]),
+            Pair(f"diff-kw3-{n}", "diff", f"compare two Keras 3 .weights.h5 of {size} (every 4th dataset changed)", [
+                c.Tool("ckptinspect diff", [*CKPT, "diff", a, b], ok_codes=(1,), ours=True),
+                c.Tool("h5diff -d 0.01", ["h5diff", "-d", "0.01", a, b], ok_codes=(0, 1), missing=h5diff),
+            ]),
+        ]
+    run = bench_many.quarters_path(work)
+    pairs.append(Pair("scan-quarters", "scan", f"a {bench_many.RUN_STEPS}-checkpoint run of {bench_many.TOTAL_MB} MB each whose steps "
+                      "change different quarters of the tensors", [
+        c.Tool("ckptinspect scan", [*CKPT, "scan", run], ours=True),
+        c.Tool("read each checkpoint once: ckptinspect verify DIR", [*CKPT, "verify", run]),
+        c.Tool("read each checkpoint once: TF get_tensor of every key", py(TF_READ_RUN.format(p=run))),
+    ]))
+    st, tf = bench_many.giant_safetensors_path(work), bench_many.giant_tf_path(work)
+    torch_missing = _torch_missing()
+    n_st, n_tf = f"{bench_many.SAFETENSORS_TENSORS:,}", f"{bench_many.TF_INDEX_VARIABLES:,}"
+    pairs += [
+        Pair("ls-giant-safetensors", "ls", f"list a .safetensors of {n_st} tensors (a ~92 MB header)", [
+            c.Tool("ckptinspect ls", [*CKPT, "ls", st], ours=True),
+            c.Tool("safe_open keys (script)", py(SAFE_OPEN_KEYS.format(p=st)), missing=torch_missing),
+        ]),
+        Pair("verify-giant-safetensors", "verify", f"verify a .safetensors of {n_st} tensors", [
+            c.Tool("ckptinspect verify", [*CKPT, "verify", st], ours=True)]),
+        Pair("diff-giant-safetensors", "diff", f"diff X X of a .safetensors of {n_st} tensors", [
+            c.Tool("ckptinspect diff", [*CKPT, "diff", st, st], ours=True)]),
+        Pair("ls-giant-tf", "ls", f"list a TF bundle of {n_tf} variables", [
+            c.Tool("ckptinspect ls", [*CKPT, "ls", tf], ours=True),
+            c.Tool("tf.train.list_variables", py(TF_LIST.format(p=tf))),
+        ]),
+        Pair("verify-giant-tf", "verify", f"verify a TF bundle of {n_tf} variables", [
+            c.Tool("ckptinspect verify", [*CKPT, "verify", tf], ours=True),
+            c.Tool("TF: get_tensor of every key", py(TF_READ_ALL.format(p=tf))),
+        ]),
+        Pair("diff-giant-tf", "diff", f"diff X X of a TF bundle of {n_tf} variables", [
+            c.Tool("ckptinspect diff", [*CKPT, "diff", tf, tf], ours=True)]),
+    ]
+    return pairs
+
+
+def cold_pairs(s: c.CheckpointSet) -> list[Pair]:
+    """ls, diff, verify and scan of the 1 GB files with a cold page cache (the inputs' pages
+    dropped with ``posix_fadvise(DONTNEED)`` before each run), beside TF's route likewise."""
+    def cold(*inputs: str) -> dict[str, Any]:
+        return {"cold": tuple(inputs)}
+
+    return [
+        Pair("ls-cold", "ls", "list a TF bundle, cold page cache", [
+            c.Tool("ckptinspect ls", [*CKPT, "ls", s.a], ours=True, **cold(s.a)),
+            c.Tool("tf.train.list_variables", py(TF_LIST.format(p=s.a)), **cold(s.a)),
+        ]),
+        Pair("diff-cold", "diff", "compare A with B (TF bundles), cold page cache", [
+            c.Tool("ckptinspect diff", [*CKPT, "diff", s.a, s.b], ok_codes=(1,), ours=True, **cold(s.a, s.b)),
+            c.Tool("TF script (max abs diff per key)", py(TF_DIFF.format(a=s.a, b=s.b)), **cold(s.a, s.b)),
+            c.Tool("cat A and B to /dev/null (reading once)", cat_prefixes([s.a, s.b]), **cold(s.a, s.b)),
+        ]),
+        Pair("verify-cold", "verify", "check every tensor's checksum, cold page cache", [
+            c.Tool("ckptinspect verify", [*CKPT, "verify", s.a], ours=True, **cold(s.a)),
+            c.Tool("TF: get_tensor of every key", py(TF_READ_ALL.format(p=s.a)), **cold(s.a)),
+            c.Tool("cat A to /dev/null (reading once)", cat_prefixes([s.a]), **cold(s.a)),
+        ]),
+        Pair("scan-cold", "scan", f"a {c.RUN_CHECKPOINTS}-checkpoint run (a, b, a, b, a), cold page cache", [
+            c.Tool("ckptinspect scan", [*CKPT, "scan", s.run], ours=True, **cold(s.run)),
+            c.Tool("read each checkpoint once: TF get_tensor of every key", py(TF_READ_RUN.format(p=s.run)), **cold(s.run)),
+            c.Tool("read each checkpoint once: ckptinspect verify DIR", [*CKPT, "verify", s.run], **cold(s.run)),
         ]),
     ]
 
@@ -430,7 +522,7 @@ def scale_tools(s: c.CheckpointSet, baselines: bool, out: pathlib.Path) -> dict[
     return {k: v if baselines else v[:1] for k, v in series_tools.items()}
 
 
-def sanity_checks(s: c.CheckpointSet, pair_ids: set[str], commands: set[str]) -> list[list[str]]:
+def sanity_checks(s: c.CheckpointSet, pair_ids: set[str], commands: set[str], work: pathlib.Path) -> list[list[str]]:
     """Untimed checks that the timed commands do the job on these files (ckptinspect's JSON output).
 
     Returns:
@@ -448,7 +540,14 @@ def sanity_checks(s: c.CheckpointSet, pair_ids: set[str], commands: set[str]) ->
         ("verify", "verify", "verify A --format json: intact", [s.a], (0,), lambda d: d["intact"], True),
         ("verify-sharded", "verify", "verify sharded --format json: intact", [s.sharded], (0,), lambda d: d["intact"], True),
         ("scan", "scan", "scan run --format json: checkpoints scanned", [s.run], (0,), lambda d: len(d["steps"]), c.RUN_CHECKPOINTS),
+        ("scan-quarters", "scan", "scan quarters run --format json: checkpoints scanned", [bench_many.quarters_path(work)], (0,),
+         lambda d: len(d["steps"]), bench_many.RUN_STEPS),
     ]
+    for n in bench_many.COUNTS:
+        a, b = bench_many.many_h5_paths(work, n)
+        checks += [(f"ls-kw3-{n}", "ls", f"ls kw3-{n} A --format json: variables", [a], (0,), lambda d: len(d["variables"]), n),
+                   (f"diff-kw3-{n}", "diff", f"diff kw3-{n} A B --format json: changed", [a, b], (1,),
+                    lambda d: d["summary"]["changed"], -(-n // bench_many.PERTURB_EVERY))]
     for pair_id, cmd, what, paths, codes, get, expected in checks:
         if pair_id not in pair_ids or cmd not in commands:
             continue
@@ -532,7 +631,7 @@ def med(results: dict[str, dict[str, Any]], pair: str, label: str) -> c.Measurem
 
 
 def evaluate_targets(results: dict[str, dict[str, Any]], s: c.CheckpointSet, floor_peak: int | None, scale: list[dict[str, Any]]) -> list[list[str]]:
-    """Issue 8's and issue 16's targets, each as ``[target, measured, verdict]``."""
+    """Issues 8, 16 and 28's targets, each as ``[target, measured, verdict]``."""
     rows: list[list[str]] = []
 
     def add(target: str, measured: str | None, ok: bool | None) -> None:
@@ -615,15 +714,78 @@ def evaluate_targets(results: dict[str, dict[str, Any]], s: c.CheckpointSet, flo
         f"{b.median / a.median:.1f}x ({a.median:.3f} s vs {b.median:.3f} s)" if a and b else None,
         b.median >= 10 * a.median if a and b else None)
     a, r = med(results, "average", "ckptinspect average"), med(results, "average", "cat the three to /dev/null (reading once)")
-    add("average of three checkpoints within 2x of reading them once (cat)",
-        f"{a.median / r.median:.2f}x ({a.median:.3f} s vs {r.median:.3f} s), peak {mib(a.peak)} MiB" if a and r else None,
-        a.median <= 2 * r.median if a and r else None)
     floors = [f for f in (med(results, "average", "I/O floor: cat the three + dd one checkpoint, conv=fsync"),
                           med(results, "average", "I/O floor: cat the three + dd one checkpoint, oflag=direct conv=fsync")) if f]
     f = min(floors, key=lambda t: t.median) if floors else None
-    add("(context) average vs the I/O floor of reading the three once and writing one checkpoint durably (faster dd row)",
-        f"{a.median / f.median:.2f}x ({a.median:.3f} s vs {f.median:.3f} s)" if a and f else None, None)
+    add("average of three checkpoints within 2x of the job's I/O floor: read the three once, write one checkpoint durably"
+        " (the faster dd row; issue 28)",
+        f"{a.median / f.median:.2f}x ({a.median:.3f} s vs {f.median:.3f} s), peak {mib(a.peak)} MiB" if a and f else None,
+        a.median <= 2 * f.median if a and f else None)
+    add("(context) average vs reading the three once (cat)",
+        f"{a.median / r.median:.2f}x ({a.median:.3f} s vs {r.median:.3f} s)" if a and r else None, None)
+    rows += many_targets(results)
     return rows
+
+
+def many_targets(results: dict[str, dict[str, Any]]) -> list[list[str]]:
+    """Issue 28's targets on the files with many small objects, giant headers, and the cold rows."""
+    rows: list[list[str]] = []
+
+    def add(target: str, measured: str | None, ok: bool | None) -> None:
+        rows.append([target, measured or "not measured", "n/a" if ok is None else ("met" if ok else "**missed**")])
+
+    main = 2000
+    d, h = med(results, f"diff-kw3-{main}", "ckptinspect diff"), med(results, f"diff-kw3-{main}", "h5diff -d 0.01")
+    add(f"diff >= 1.5x faster than h5diff -d 0.01 (Keras 3 .weights.h5, {main:,} datasets x 100 KB; issue 28)",
+        f"{h.median / d.median:.2f}x ({d.median:.3f} s vs {h.median:.3f} s)" if d and h else None,
+        h.median >= 1.5 * d.median if d and h else None)
+    a, b = med(results, f"ls-kw3-{main}", "ckptinspect ls"), med(results, f"ls-kw3-{main}", "h5ls -r")
+    add(f"ls within 2x of h5ls -r (Keras 3 .weights.h5, {main:,} datasets; issue 28)",
+        f"{a.median / b.median:.2f}x h5ls's time ({a.median:.3f} s vs {b.median:.3f} s)" if a and b else None,
+        a.median <= 2 * b.median if a and b else None)
+    lo, hi = bench_many.COUNTS[0], bench_many.COUNTS[-1]
+    for kind, peer in (("ls", "h5ls -r"), ("diff", "h5diff -d 0.01")):
+        slopes = []
+        for label in (f"ckptinspect {kind}", peer):
+            x, y = med(results, f"{kind}-kw3-{lo}", label), med(results, f"{kind}-kw3-{hi}", label)
+            if x and y:
+                slopes.append(f"{label} {(y.median - x.median) / (hi - lo) * 1e6:.0f} us")
+        add(f"(context) {kind}: cost per dataset, (t({hi:,}) - t({lo:,})) / {hi - lo:,} at the same total size",
+            ", ".join(slopes) if slopes else None, None)
+    sc, v = med(results, "scan-quarters", "ckptinspect scan"), med(results, "scan-quarters", "read each checkpoint once: ckptinspect verify DIR")
+    add("scan within 1.5x of verify DIR (a run whose steps change different quarters; issue 28)",
+        f"{sc.median / v.median:.2f}x ({sc.median:.3f} s vs {v.median:.3f} s)" if sc and v else None,
+        sc.median <= 1.5 * v.median if sc and v else None)
+    for fmt, what, size in (("safetensors", "the header", _giant_header_bytes), ("tf", "the index", _giant_index_bytes)):
+        limit = size()
+        for cmd in ("ls", "verify", "diff"):
+            m = med(results, f"{cmd}-giant-{fmt}", f"ckptinspect {cmd}")
+            if cmd == "ls":
+                add(f"ls of the giant {fmt} file under 5 s (issue 28)", f"{m.median:.2f} s" if m else None, m.median < 5 if m else None)
+            add(f"{cmd} of the giant {fmt} file: peak memory <= 3x {what} (issue 28)",
+                f"{mib(m.peak)} MiB vs limit {mib(3 * limit)} MiB ({m.peak / limit:.1f}x)" if m and limit else None,
+                m.peak <= 3 * limit if m and limit else None)
+    for pid, ours, peer in (("ls-cold", "ckptinspect ls", "tf.train.list_variables"),
+                            ("diff-cold", "ckptinspect diff", "TF script (max abs diff per key)"),
+                            ("verify-cold", "ckptinspect verify", "TF: get_tensor of every key"),
+                            ("scan-cold", "ckptinspect scan", "read each checkpoint once: TF get_tensor of every key")):
+        x, y = med(results, pid, ours), med(results, pid, peer)
+        add(f"(context) {pid}: {ours} vs {peer}, both with a cold page cache",
+            f"{y.median / x.median:.2f}x ({x.median:.3f} s vs {y.median:.3f} s)" if x and y else None, None)
+    return rows
+
+
+def _giant_header_bytes() -> int | None:
+    path = bench_many.giant_safetensors_path(c.DEFAULT_WORK if _WORK is None else _WORK)
+    return bench_many.header_bytes(path) if os.path.isfile(path) else None
+
+
+def _giant_index_bytes() -> int | None:
+    path = bench_many.giant_tf_path(c.DEFAULT_WORK if _WORK is None else _WORK) + ".index"
+    return os.path.getsize(path) if os.path.isfile(path) else None
+
+
+_WORK: pathlib.Path | None = None  # the work folder of this run (set by main)
 
 
 # -- the scale plot -----------------------------------------------------------------------
@@ -744,7 +906,7 @@ def write_results(path: pathlib.Path, args: argparse.Namespace, info: dict[str, 
         "",
         table(["check", "expected", "got", "verdict"], checks, align="llll") if checks else "(none run)",
         "",
-        "## Targets (issues 8 and 16)",
+        "## Targets (issues 8, 16 and 28)",
         "",
         table(["target", "measured", "verdict"], targets, align="lll"),
         "",
@@ -796,7 +958,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs per tool first (default 1)")
     ap.add_argument("--only", help="comma-separated pair ids or patterns: ls, ls-sharded, ls-h5, ls-weights-h5, ls-stats, diff, "
                     "diff-h5, extract, extract-weights-h5, transplant, transplant-weights-h5, average, verify, verify-sharded, ls-safetensors, "
-                    "ls-pt, scan; ls*, diff*...")
+                    "ls-pt, ls-kw3-N, diff-kw3-N (N: 100, 2000, 20000), scan-quarters, {ls,verify,diff}-giant-{safetensors,tf}, "
+                    "{ls,diff,verify,scan}-cold, scan; ls*, diff*...")
     ap.add_argument("--scale", default="100,1024,4096", help="checkpoint sizes (MB) of the scale series; '' for none")
     ap.add_argument("--scale-rounds", type=int, help="timed runs per tool in the scale series (default: --rounds)")
     ap.add_argument("--scale-baselines", action=argparse.BooleanOptionalAction, default=True, help="time TensorFlow in the scale series too")
@@ -819,6 +982,8 @@ def main(argv: list[str] | None = None) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     work = pathlib.Path(args.work).resolve()
+    global _WORK
+    _WORK = work
     results_path = pathlib.Path(args.results).resolve()
     plot_path = args.plot_path = pathlib.Path(args.plot).resolve()
     for tool in ("h5ls", "h5diff"):
@@ -858,14 +1023,15 @@ def main(argv: list[str] | None = None) -> int:
         log("writing the .safetensors / .pt files (torch), compiling ckptinspect's bytecode")
         bench_torch.ensure_files(work, s.layout.size_mb, s.layout.variables)
         bench_torch.compile_package()
-    if any(p.id == "scan" for p in pairs):
+    if any(p.id in ("scan", "scan-cold") for p in pairs):
         c.ensure_run(s)
+    bench_many.ensure({p.id for p in pairs}, work, log=log)
     available = [p for p in pairs if p.command in commands]
     unavailable = [p for p in pairs if p.command not in commands]
     for p in unavailable:
         log(f"{p.id}: not available (no `ckptinspect {p.command}` command yet)")
 
-    checks = sanity_checks(s, {p.id for p in available}, commands)
+    checks = sanity_checks(s, {p.id for p in available}, commands, work)
     for row in checks:
         log(f"check: {row[0]}: expected {row[1]}, got {row[2]} ({row[3]})")
     info = c.machine()
