@@ -281,12 +281,16 @@ class Pair:
         command: The ckptinspect command it needs.
         title: What is timed.
         tools: The ckptinspect tool first, then the alternatives.
+        rounds: Timed runs per tool at most, when fewer than ``--rounds`` (giant headers: one).
+        warmup: Untimed runs per tool at most, when fewer than ``--warmup`` (cold-cache pairs: none).
     """
 
     id: str
     command: str
     title: str
     tools: list[c.Tool]
+    rounds: int | None = None
+    warmup: int | None = None
 
 
 def make_pairs(s: c.CheckpointSet, out: pathlib.Path) -> list[Pair]:
@@ -415,26 +419,27 @@ def many_pairs(work: pathlib.Path, h5ls: str | None, h5diff: str | None) -> list
     ]))
     st, tf = bench_many.giant_safetensors_path(work), bench_many.giant_tf_path(work)
     torch_missing = _torch_missing()
+    once = dict(rounds=1, warmup=0)  # minutes per run: one timed run each
     n_st, n_tf = f"{bench_many.SAFETENSORS_TENSORS:,}", f"{bench_many.TF_INDEX_VARIABLES:,}"
     pairs += [
-        Pair("ls-giant-safetensors", "ls", f"list a .safetensors of {n_st} tensors (a ~92 MB header)", [
+        Pair("ls-giant-safetensors", "ls", f"list a .safetensors of {n_st} tensors (a 96 MB header)", [
             c.Tool("ckptinspect ls", [*CKPT, "ls", st], ours=True),
             c.Tool("safe_open keys (script)", py(SAFE_OPEN_KEYS.format(p=st)), missing=torch_missing),
-        ]),
+        ], **once),
         Pair("verify-giant-safetensors", "verify", f"verify a .safetensors of {n_st} tensors", [
-            c.Tool("ckptinspect verify", [*CKPT, "verify", st], ours=True)]),
+            c.Tool("ckptinspect verify", [*CKPT, "verify", st], ours=True)], **once),
         Pair("diff-giant-safetensors", "diff", f"diff X X of a .safetensors of {n_st} tensors", [
-            c.Tool("ckptinspect diff", [*CKPT, "diff", st, st], ours=True)]),
+            c.Tool("ckptinspect diff", [*CKPT, "diff", st, st], ours=True)], **once),
         Pair("ls-giant-tf", "ls", f"list a TF bundle of {n_tf} variables", [
             c.Tool("ckptinspect ls", [*CKPT, "ls", tf], ours=True),
             c.Tool("tf.train.list_variables", py(TF_LIST.format(p=tf))),
-        ]),
+        ], **once),
         Pair("verify-giant-tf", "verify", f"verify a TF bundle of {n_tf} variables", [
             c.Tool("ckptinspect verify", [*CKPT, "verify", tf], ours=True),
             c.Tool("TF: get_tensor of every key", py(TF_READ_ALL.format(p=tf))),
-        ]),
+        ], **once),
         Pair("diff-giant-tf", "diff", f"diff X X of a TF bundle of {n_tf} variables", [
-            c.Tool("ckptinspect diff", [*CKPT, "diff", tf, tf], ours=True)]),
+            c.Tool("ckptinspect diff", [*CKPT, "diff", tf, tf], ours=True)], **once),
     ]
     return pairs
 
@@ -445,26 +450,28 @@ def cold_pairs(s: c.CheckpointSet) -> list[Pair]:
     def cold(*inputs: str) -> dict[str, Any]:
         return {"cold": tuple(inputs)}
 
+    none = dict(warmup=0)  # each run starts cold: nothing to warm
+
     return [
         Pair("ls-cold", "ls", "list a TF bundle, cold page cache", [
             c.Tool("ckptinspect ls", [*CKPT, "ls", s.a], ours=True, **cold(s.a)),
             c.Tool("tf.train.list_variables", py(TF_LIST.format(p=s.a)), **cold(s.a)),
-        ]),
+        ], **none),
         Pair("diff-cold", "diff", "compare A with B (TF bundles), cold page cache", [
             c.Tool("ckptinspect diff", [*CKPT, "diff", s.a, s.b], ok_codes=(1,), ours=True, **cold(s.a, s.b)),
             c.Tool("TF script (max abs diff per key)", py(TF_DIFF.format(a=s.a, b=s.b)), **cold(s.a, s.b)),
             c.Tool("cat A and B to /dev/null (reading once)", cat_prefixes([s.a, s.b]), **cold(s.a, s.b)),
-        ]),
+        ], **none),
         Pair("verify-cold", "verify", "check every tensor's checksum, cold page cache", [
             c.Tool("ckptinspect verify", [*CKPT, "verify", s.a], ours=True, **cold(s.a)),
             c.Tool("TF: get_tensor of every key", py(TF_READ_ALL.format(p=s.a)), **cold(s.a)),
             c.Tool("cat A to /dev/null (reading once)", cat_prefixes([s.a]), **cold(s.a)),
-        ]),
+        ], **none),
         Pair("scan-cold", "scan", f"a {c.RUN_CHECKPOINTS}-checkpoint run (a, b, a, b, a), cold page cache", [
             c.Tool("ckptinspect scan", [*CKPT, "scan", s.run], ours=True, **cold(s.run)),
             c.Tool("read each checkpoint once: TF get_tensor of every key", py(TF_READ_RUN.format(p=s.run)), **cold(s.run)),
             c.Tool("read each checkpoint once: ckptinspect verify DIR", [*CKPT, "verify", s.run], **cold(s.run)),
-        ]),
+        ], **none),
     ]
 
 
@@ -914,7 +921,12 @@ def write_results(path: pathlib.Path, args: argparse.Namespace, info: dict[str, 
         "",
     ]
     for pair in pairs:
-        lines += [f"### `{pair.id}`: {pair.title}", "",
+        runs = []
+        if pair.rounds is not None and pair.rounds < args.rounds:
+            runs.append(f"{pair.rounds} timed run(s)")
+        if pair.warmup is not None and pair.warmup < args.warmup:
+            runs.append("no warm-up" if pair.warmup == 0 else f"{pair.warmup} warm-up run(s)")
+        lines += [f"### `{pair.id}`: {pair.title}" + (f" ({', '.join(runs)})" if runs else ""), "",
                   table(["tool", "median s", "spread s", "peak MiB", "time vs ckptinspect"], pair_rows(pair, results.get(pair.id, {})), align="lrrrl"), ""]
     if unavailable:
         lines += ["### Not available", ""]
@@ -1044,7 +1056,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, Any]] = {}
     for pair in available:
         start = time.perf_counter()
-        res = c.time_tools(pair.tools, args.rounds, args.warmup, env=s.env(), cwd=str(work))
+        res = c.time_tools(pair.tools, min(args.rounds, pair.rounds or args.rounds),
+                           args.warmup if pair.warmup is None else min(args.warmup, pair.warmup), env=s.env(), cwd=str(work))
         results[pair.id] = res
         summary = ", ".join(f"{k} {v.median:.2f}s/{mib(v.peak)}MiB" if isinstance(v, c.Measurement) else f"{k} FAILED" for k, v in res.items())
         log(f"{pair.id} ({time.perf_counter() - start:.0f} s): {summary}")
