@@ -392,6 +392,7 @@ def _f64_sums(cur, prev):
     return out
 
 
+@pytest.mark.filterwarnings("error")  # float32 overflows fall back to float64 without a warning on stderr
 @pytest.mark.parametrize("case", ["normal", "wide-range", "near-one", "tiny", "huge", "tiny-change", "zeros"])
 def test_float32_sums_agree_with_float64(case):
     """float32 values are summed in float32 through BLAS (issue 28's decision): within 1e-6

@@ -198,6 +198,13 @@ def _sumsq(x: np.ndarray) -> float:
     return total
 
 
+def _sumsq32(x: np.ndarray) -> float:
+    """:func:`_sumsq` of a float32 vector, numpy's overflow warnings silenced: a sum that
+    overflows float32 is summed again in float64 by the caller (see :data:`FLOAT32_TINY`)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _sumsq(x)
+
+
 def _count_nonfinite(x: np.ndarray) -> tuple[int, int]:
     nan = int(np.count_nonzero(np.isnan(x)))
     inf = int(np.count_nonzero(np.isinf(x)))
@@ -262,7 +269,7 @@ class Accumulator:
         for at in range(0, cur.size, chunk):
             n = min(chunk, cur.size - at)
             x = cur[at : at + n]
-            ss = _sumsq(x) if native else math.nan
+            ss = _sumsq32(x) if native else math.nan
             if not FLOAT32_TINY <= ss < math.inf:  # not float32, or out of float32's safe range
                 x = buffers.cur[:n]
                 np.copyto(x, cur[at : at + n], casting="unsafe")
@@ -277,8 +284,9 @@ class Accumulator:
             if prev is not None:
                 diff = None
                 if native:
-                    diff = np.subtract(cur[at : at + n], prev[at : at + n], out=buffers.diff[:n])
-                    dss = _sumsq(diff)
+                    with np.errstate(over="ignore", invalid="ignore"):  # an overflow falls back, below
+                        diff = np.subtract(cur[at : at + n], prev[at : at + n], out=buffers.diff[:n])
+                    dss = _sumsq32(diff)
                     if not FLOAT32_TINY <= dss < math.inf:
                         diff = None
                 if diff is None:
