@@ -432,3 +432,19 @@ def test_float32_nonfinite_values_are_counted():
     value[4000] = -np.inf
     sums, _ = scan_stats.measure_value([value.size], value, None, 1024)
     assert (sums.nan, sums.inf) == (2, 1) and math.isnan(sums.sumsq)
+
+
+@pytest.mark.filterwarnings("error")
+@pytest.mark.parametrize("prev_value, cur_value", [(0.1, 1.58e8), (1e-30, 1.0), (3e19, 3e19 + 1e13), (2.0, -1e20)])
+def test_cosine_of_values_far_apart_in_scale(prev_value, cur_value):
+    """The cosine is x.p summed directly: from the sums of squares (x.p = (|x|^2 + |p|^2 -
+    |x - p|^2) / 2) a float32 accumulator growing from 0.1 to 1.58e8 (a real Ftrl slot) gave 0
+    instead of 1; values beyond float32's squares are summed in float64."""
+    n = 3000
+    prev = np.full(n, prev_value, np.float32)
+    cur = np.full(n, cur_value, np.float32)
+    first, chunks = scan_stats.measure_value([n], prev, None, 1024)
+    sums, _ = scan_stats.measure_value([n], cur, scan_stats.Measured(prev, chunks, first.sumsq), 1024)
+    c, p = cur.astype(np.float64), prev.astype(np.float64)
+    want = float(np.dot(c, p) / (np.linalg.norm(c) * np.linalg.norm(p)))
+    assert scan_stats.figures_of(sums).cosine == pytest.approx(want, abs=1e-6)

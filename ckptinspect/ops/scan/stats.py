@@ -9,9 +9,10 @@ float64: within about 1e-7 relative of float64 arithmetic; see :data:`FLOAT32_TI
 * ``norm`` = sqrt(sum x^2);
 * ``max_abs_change`` = max |x - p|;
 * ``rel_change`` = ||x - p|| / ||p|| (inf when ``p`` is all zeros and ``x`` is not, 0 when both are);
-* ``cosine`` = x.p / (||x|| ||p||), with x.p = (||x||^2 + ||p||^2 - ||x - p||^2) / 2, so the
-  previous block is never converted (||p||^2 is the previous checkpoint's own sum of squares,
-  summed over the same blocks in the same order); None when either norm is 0.
+* ``cosine`` = x.p / (||x|| ||p||), x.p summed directly (block by block, as the sums of
+  squares: the identity x.p = (||x||^2 + ||p||^2 - ||x - p||^2) / 2 loses every digit when
+  ||p|| is far below ||x||, e.g. an optimizer accumulator growing from 0.1 to 1e8); None when
+  either norm is 0.
 
 Non-finite values are counted (NaN and +/-Inf separately); a chunk's sum of squares is
 non-finite exactly when the chunk holds one, so finite chunks are never scanned for them.
@@ -64,6 +65,7 @@ class Sums:
         prev_sumsq: sum p^2 of the previous value, or None when there is none to compare.
         diff_sumsq: sum (x - p)^2, or None.
         max_abs_change: max |x - p|, or None.
+        dot: sum x p, or None.
     """
 
     count: int = 0
@@ -73,6 +75,7 @@ class Sums:
     prev_sumsq: float | None = None
     diff_sumsq: float | None = None
     max_abs_change: float | None = None
+    dot: float | None = None
 
     def add(self, other: "Sums") -> None:
         """Add another variable's sums (a layer's figures are its variables' together)."""
@@ -83,6 +86,7 @@ class Sums:
         if other.diff_sumsq is not None:
             self.prev_sumsq = (self.prev_sumsq or 0.0) + (other.prev_sumsq or 0.0)
             self.diff_sumsq = (self.diff_sumsq or 0.0) + other.diff_sumsq
+            self.dot = (self.dot or 0.0) + (other.dot or 0.0)
             self.max_abs_change = _nanmax(self.max_abs_change, other.max_abs_change)
 
 
@@ -138,8 +142,8 @@ def figures_of(s: Sums) -> Figures:
     else:
         rel = diff_norm / prev_norm if prev_norm > 0 else (math.inf if diff_norm > 0 else 0.0)
         if norm > 0 and prev_norm > 0:
-            dot = (s.sumsq + s.prev_sumsq - s.diff_sumsq) / 2.0
-            cos = max(-1.0, min(1.0, dot / (norm * prev_norm)))
+            dot = s.dot if s.dot is not None else (s.sumsq + s.prev_sumsq - s.diff_sumsq) / 2.0
+            cos = max(-1.0, min(1.0, dot / (norm * prev_norm))) if math.isfinite(dot) else math.nan
         else:
             cos = None
     return Figures(norm, s.nan, s.inf, s.max_abs_change, rel, cos)
@@ -198,6 +202,28 @@ def _sumsq(x: np.ndarray) -> float:
     return total
 
 
+def _dot(x: np.ndarray, y: np.ndarray) -> float:
+    """sum x y of two vectors of one float type: as :func:`_sumsq`, pieces of :data:`DOT_CHUNK`
+    elements (BLAS dot each, one batched matmul), added in order in float64."""
+    n = x.size
+    if n <= DOT_CHUNK:
+        return float(np.dot(x, y))
+    whole = n - n % DOT_CHUNK
+    total = 0.0
+    for piece in np.matmul(x[:whole].reshape(-1, 1, DOT_CHUNK), y[:whole].reshape(-1, DOT_CHUNK, 1)).reshape(-1).tolist():
+        total += piece
+    if whole < n:
+        total += float(np.dot(x[whole:], y[whole:]))
+    return total
+
+
+def _dot32(x: np.ndarray, y: np.ndarray) -> float:
+    """:func:`_dot` of float32 vectors, numpy's overflow warnings silenced (a non-finite x.p
+    gives a NaN cosine, as a non-finite value does)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _dot(x, y)
+
+
 def _sumsq32(x: np.ndarray) -> float:
     """:func:`_sumsq` of a float32 vector, numpy's overflow warnings silenced: a sum that
     overflows float32 is summed again in float64 by the caller (see :data:`FLOAT32_TINY`)."""
@@ -226,6 +252,7 @@ class Accumulator:
         self.sums = Sums()
         self.diff_sumsq = 0.0
         self.max_change = 0.0
+        self.dot = 0.0
 
     def add(self, cur: np.ndarray, prev: np.ndarray | None, prev_chunks: list[float] | None,
             tag: object = None, prev_tag: object = None) -> list[float]:
@@ -251,8 +278,9 @@ class Accumulator:
             prev = None  # a non-finite previous value is compared with nothing (scan's figures say so)
         buffers = self.buffers
         if prev is not None and finite and prev.dtype == cur.dtype and prev.size == cur.size and same_bytes(cur, prev):
-            for ss in prev_chunks:  # the same bytes: the same sums, a difference of 0
+            for ss in prev_chunks:  # the same bytes: the same sums, a difference of 0, x.p = x.x
                 out.sumsq += ss
+                self.dot += ss
             out.count += cur.size
             if prev_tag is not None and buffers.held == prev_tag:
                 buffers.held = tag  # the same bytes: the same conversion
@@ -270,7 +298,8 @@ class Accumulator:
             n = min(chunk, cur.size - at)
             x = cur[at : at + n]
             ss = _sumsq32(x) if native else math.nan
-            if not FLOAT32_TINY <= ss < math.inf:  # not float32, or out of float32's safe range
+            in_range = FLOAT32_TINY <= ss < math.inf
+            if not in_range:  # not float32, or out of float32's safe range
                 x = buffers.cur[:n]
                 np.copyto(x, cur[at : at + n], casting="unsafe")
                 ss = _sumsq(x)
@@ -284,6 +313,11 @@ class Accumulator:
             if prev is not None:
                 diff = None
                 if native:
+                    dot = _dot32(cur[at : at + n], prev[at : at + n])
+                    known = prev_chunks[at // chunk] if prev_chunks is not None and at // chunk < len(prev_chunks) else math.nan
+                    if not (in_range and FLOAT32_TINY <= known < math.inf and math.isfinite(dot)):
+                        dot = _dot(cur[at : at + n].astype(np.float64), prev[at : at + n].astype(np.float64))
+                    self.dot += dot
                     with np.errstate(over="ignore", invalid="ignore"):  # an overflow falls back, below
                         diff = np.subtract(cur[at : at + n], prev[at : at + n], out=buffers.diff[:n])
                     dss = _sumsq32(diff)
@@ -296,6 +330,8 @@ class Accumulator:
                     old = buffers.prev[:n]
                     if not reuse:
                         np.copyto(old, prev[at : at + n], casting="unsafe")  # a mixed-dtype subtract is 3x slower
+                    if not native:
+                        self.dot += _dot(x, old)
                     diff = np.subtract(x, old, out=old)  # the previous value is not needed after this
                     dss = _sumsq(diff)
                 self.diff_sumsq += dss
@@ -314,6 +350,7 @@ class Accumulator:
             out.prev_sumsq = prev_sumsq
             out.diff_sumsq = self.diff_sumsq
             out.max_abs_change = self.max_change
+            out.dot = self.dot
         return out
 
 
