@@ -354,6 +354,8 @@ class Tool:
         ours: True for the ckptinspect side of a pair.
         missing: Why it cannot run here (a tool not installed), or None.
         cleanup: Paths to delete before each run (outputs of writing commands).
+        cold: Inputs (files, folders, TF prefixes) whose pages are dropped from the page cache
+            before each run (``posix_fadvise(DONTNEED)``): the cold-cache rows.
     """
 
     label: str
@@ -362,6 +364,7 @@ class Tool:
     ours: bool = False
     missing: str | None = None
     cleanup: tuple[str, ...] = ()
+    cold: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass
@@ -401,6 +404,35 @@ def remove(path: str | os.PathLike[str]) -> None:
     for f in p.parent.glob(p.name + ".*") if p.parent.is_dir() else ():
         if f.is_file() and (f.name.endswith(".index") or ".data-" in f.name):
             f.unlink()
+
+
+def input_files(paths: Iterable[str]) -> list[str]:
+    """The files behind inputs: a file itself, every file under a folder, a TF prefix's files."""
+    out: list[str] = []
+    for path in paths:
+        p = pathlib.Path(path)
+        if p.is_file():
+            out.append(str(p))
+        elif p.is_dir():
+            out += sorted(str(f) for f in p.rglob("*") if f.is_file())
+        else:
+            out += sorted(str(f) for f in p.parent.glob(p.name + ".*") if f.is_file())
+    return out
+
+
+def drop_cache(paths: Iterable[str]) -> int:
+    """Drop the inputs' pages from the page cache (``posix_fadvise(POSIX_FADV_DONTNEED)`` on
+    each file, after an ``fdatasync`` so that dirty pages go too); returns the bytes covered."""
+    total = 0
+    for f in input_files(paths):
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            total += os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+    return total
 
 
 def run_timed(cmd: Sequence[str], env: dict[str, str] | None = None, cwd: str | None = None, ok_codes: Iterable[int] = (0,)) -> tuple[float, int, int]:
@@ -456,6 +488,8 @@ def time_tools(tools: Sequence[Tool], rounds: int, warmup: int, env: dict[str, s
                 continue
             for path in tool.cleanup:
                 remove(path)
+            if tool.cold:
+                drop_cache(tool.cold)
             try:
                 t, peak, _ = run_timed(tool.cmd, env=env, cwd=cwd, ok_codes=tool.ok_codes)
             except ToolFailed as exc:

@@ -629,3 +629,21 @@ def test_walk_lists_objects_as_hdf5s_object_visit(tmp_path):
     assert datasets == ["b_group_again/vars/0", "b_group_again/vars/1", "z/late"]
     ckpt = ckptinspect.open(path)
     assert sorted(v.key for v in ckpt) == datasets
+
+
+def test_files_are_read_with_a_small_metadata_cache():
+    """Issue 28: HDF5's metadata cache may grow to 32 MiB by default, ~180 MiB of RSS on a file
+    of 20,000 datasets (it keeps every object header and group node visited); files we read
+    cap it at METADATA_CACHE_BYTES, and list the same."""
+    from ckptinspect.formats.keras import h5_read
+
+    path = ROOT / "fixtures" / "keras" / "model.weights.h5"
+    h5 = h5_read._open_file(str(path))
+    try:
+        config = h5.id.get_mdc_config()
+        assert config.max_size == h5_read.METADATA_CACHE_BYTES < 32 << 20
+        assert config.initial_size <= h5_read.METADATA_CACHE_BYTES and config.min_size <= h5_read.METADATA_CACHE_BYTES
+    finally:
+        h5.close()
+    with ckptinspect.open(str(path)) as ckpt:
+        assert len(ckpt.variables) > 0 and all(ckpt.read(v) is not None for v in ckpt.variables)

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 import ckptinspect
 from ckptinspect.cli import app
 from ckptinspect.errors import CorruptCheckpointError
+from ckptinspect.formats.safetensors.file import read_header
 from torch_builders import TORCH_FIXTURES, safetensors_file
 
 runner = CliRunner()
@@ -127,3 +128,41 @@ def test_a_long_string_of_brackets_is_cheap(tmp_path):
     with ckptinspect.open(path) as ckpt:
         assert len(ckpt.info["metadata"]["x"]) == (16 << 20) + 101
     assert time.process_time() - start < 3
+
+
+# -- issue 28: the header parsed in C; the duplicate-name check by counting names -----------------
+def _entry(begin: int) -> str:
+    return f'{{"dtype": "F32", "shape": [1], "data_offsets": [{begin}, {begin + 4}]}}'
+
+
+@pytest.mark.parametrize("header, message", [
+    ('{"a": ' + _entry(0) + ', "a": ' + _entry(4) + "}", "names 'a' twice"),
+    ('{"a": {"dtype": "F32", "dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}', "names 'dtype' twice"),
+    ('{"__metadata__": {"k": "v", "k": "w"}, "a": ' + _entry(0) + "}", "names 'k' twice"),
+    ('{"__metadata__": {"k": {"x": 1, "x": 2}}, "a": ' + _entry(0) + "}", "names 'x' twice"),
+])
+def test_a_name_given_twice_is_damage(header, message, tmp_path):
+    """Names given twice anywhere in the header are refused as before (the parse in C counts
+    names; a header whose count differs is parsed again with the check that names them)."""
+    path = raw_safetensors(tmp_path / "dup.safetensors", header.encode(), FOUR * 2)
+    with pytest.raises(CorruptCheckpointError, match=message):
+        ckptinspect.open(str(path))
+
+
+def test_names_with_quotes_brackets_and_colons_read(tmp_path):
+    """Names holding escaped quotes and backslashes, brackets, braces and colons do not disturb
+    the count of names or the depth check."""
+    names = ['a\\"b', 'c\\\\', 'd:[{', 'e\\\\\\"]}:', "f\\u0022:"]
+    header = "{" + ", ".join(f'"{n}": {_entry(4 * i)}' for i, n in enumerate(names)) + ', "__metadata__": {"k:[": "v\\\\"}}'
+    path = raw_safetensors(tmp_path / "names.safetensors", header.encode(), FOUR * 2)
+    with ckptinspect.open(str(path)) as ckpt:
+        assert [v.key for v in ckpt.variables] == [json.loads(f'"{n}"') for n in names]
+        assert ckpt.info["metadata"] == {"k:[": "v\\"}
+
+
+def test_a_header_that_is_not_utf8_json_is_refused(tmp_path):
+    """JSON in UTF-16 (which Python's json reads from bytes) is not a safetensors header."""
+    header = ('{"a": ' + _entry(0) + "}").encode("utf-16")
+    path = raw_safetensors(tmp_path / "utf16.safetensors", header, FOUR)
+    with pytest.raises(CorruptCheckpointError, match="not valid JSON"):
+        read_header(str(path))

@@ -19,6 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 import ckptinspect
+from scan_precision import scan_close  # noqa: E402 - tests/helpers is on sys.path
 from ckptinspect.cli import app
 from ckptinspect.ops.scan import operation as scan_mod
 
@@ -141,8 +142,7 @@ def test_figures_equal_numpy_on_tf_values(healthy_run, monkeypatch):
             want = _expected(r_cur.get_tensor(v.key), r_prev.get_tensor(v.key))
             got = v.figures.to_dict()
             for k, value in want.items():
-                assert got[k] == (value if value is None else pytest.approx(value, rel=1e-12, abs=1e-15)), \
-                    (cur.step, v.name, k)
+                assert got[k] == (value if value is None else scan_close(k, value)), (cur.step, v.name, k)
             checked += 1
         for layer in cur.layers:  # a layer's figures are those of its variables concatenated
             keys = [v.key for v in cur.variables if v.layer == layer.layer and v.dtype == "float32"]
@@ -150,8 +150,7 @@ def test_figures_equal_numpy_on_tf_values(healthy_run, monkeypatch):
                              np.concatenate([r_prev.get_tensor(k).ravel() for k in keys]))
             got = layer.figures.to_dict()
             for k, value in want.items():
-                assert got[k] == (value if value is None else pytest.approx(value, rel=1e-12, abs=1e-15)), \
-                    (cur.step, layer.layer, k)
+                assert got[k] == (value if value is None else scan_close(k, value)), (cur.step, layer.layer, k)
     assert checked == 4 * 6
 
 
@@ -261,7 +260,7 @@ def test_keras_model_checkpoint_series(tmp_path):
         want = _expected(value, weights[1][name])
         got = last[name].figures.to_dict()
         for k, expected in want.items():
-            assert got[k] == pytest.approx(expected, rel=1e-12), (name, k)
+            assert got[k] == scan_close(k, expected), (name, k)
 
 
 # -- plot -------------------------------------------------------------------------------------

@@ -190,15 +190,22 @@ def _check_storage(dsid: Any, key: str, label: str, shape: tuple[int, ...], offs
             )
 
 
-def _attr_text(oid: Any, name: bytes) -> str | None:
-    """A string attribute of a low-level object, or None when it has none (or is not text)."""
+def _attr_text(oid: Any, name: bytes, types: _TypeCache | None = None) -> str | None:
+    """A string attribute of a low-level object, or None when it has none (or is not text).
+
+    Args:
+        types: A cache of converted attribute types (a walk reads one attribute per ``vars``
+            group, all of one type; default: convert this attribute's).
+    """
     h5py = _h5py()
     if not h5py.h5a.exists(oid, name):
         return None
     aid = h5py.h5a.open(oid, name)
-    if aid.dtype.kind not in "OSU" or aid.shape not in ((), (1,)):
+    dtype = aid.dtype if types is None else types.dtype_of(aid)
+    shape = aid.shape
+    if dtype.kind not in "OSU" or shape not in ((), (1,)):
         return None
-    value = np.empty(aid.shape, aid.dtype)
+    value = np.empty(shape, dtype)
     aid.read(value)
     return _text(value.reshape(-1)[0])
 
@@ -235,7 +242,8 @@ def _fill_value(dsid: Any) -> Any:
 class _TypeCache:
     """The numpy dtype of the HDF5 datatype last converted: a listing's datasets mostly share
     a few types, and asking HDF5 whether two types are equal costs far less than h5py's
-    conversion of a type to a numpy dtype (the same type always converts to the same dtype)."""
+    conversion of a type to a numpy dtype (the same type always converts to the same dtype).
+    Works for datasets and attributes alike (anything with ``get_type()``)."""
 
     __slots__ = ("tid", "dtype")
 
@@ -243,8 +251,8 @@ class _TypeCache:
         self.tid: Any = None
         self.dtype: np.dtype | None = None
 
-    def dtype_of(self, dsid: Any) -> np.dtype:
-        tid = dsid.get_type()
+    def dtype_of(self, oid: Any) -> np.dtype:
+        tid = oid.get_type()
         if self.tid is None or not tid.equal(self.tid):
             self.tid, self.dtype = tid, tid.dtype
         return self.dtype  # type: ignore[return-value]
@@ -353,7 +361,7 @@ def _walk(h5: Any, label: str) -> _Walk:
     vars_names: dict[str, str] = {}
     vars_leaf = b"/" + VARS_GROUP.encode()
     name_attr = NAME_ATTR.encode()
-    types = _TypeCache()
+    types, attr_types = _TypeCache(), _TypeCache()
     for raw, _, address in links:
         if address in seen:  # reached again through another hard link
             continue
@@ -372,7 +380,7 @@ def _walk(h5: Any, label: str) -> _Walk:
         if is_group:
             groups.add(name)
             if raw == vars_leaf[1:] or raw.endswith(vars_leaf):
-                named = _attr_text(oid if oid is not None else h5o.open(root, raw), name_attr)
+                named = _attr_text(oid if oid is not None else h5o.open(root, raw), name_attr, attr_types)
                 if named is not None:
                     vars_names[name] = named
     return _Walk(datasets, groups, vars_names)

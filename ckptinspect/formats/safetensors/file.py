@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple,
 from ... import model as m
 from ...errors import CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError, UnsafeFileError, one_line
 from .. import _fs
+from .._bulk import paused_gc
 from .._readcheck import Opened, ReadCheck
 from .._torch_layout import INT64_MAX, SAFETENSORS_HEADER_LENGTH, valid_dims
 
@@ -133,7 +134,7 @@ def read_header(path: str, strict: bool = True) -> Header:
             " (truncated)"
         )
     raw = _fs.read_range(path, HEADER_LENGTH.size, n)
-    header = load_json(raw, f"{path}: safetensors header", object_pairs_hook=_no_duplicates(path))
+    header = _parse_header(raw, path)
     if not isinstance(header, dict):
         raise CorruptCheckpointError(f"{path}: safetensors header is not a JSON object")
     metadata = header.pop(METADATA_KEY, None)
@@ -183,6 +184,52 @@ def read_header(path: str, strict: bool = True) -> Header:
                 " of the buffer)"
             )
     return Header(tuple(tensors), metadata, n, data_start, size, problems)
+
+
+def _parse_header(raw: bytes, path: str) -> Any:
+    """The header's JSON, as :func:`load_json` with the duplicate-name check parses it, in C.
+
+    The JSON's structure outside strings (its brackets and colons, kept by C code) bounds its
+    depth, and its colons count its names: when the objects parsed hold as many names, none was
+    given twice. A header that does not pass (deeper than two levels of objects, a name given
+    twice, not JSON at all) is parsed again by :func:`load_json` with the check, which says what
+    is wrong exactly as before.
+    """
+    structure = _structure(raw)
+    if structure is not None:
+        try:
+            header = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            header = None
+        if type(header) is dict:
+            objects, names = 1, len(header)
+            for entry in header.values():
+                if type(entry) is dict:
+                    objects += 1
+                    names += len(entry)
+            if objects == structure.count(b"{") and names == structure.count(b":"):
+                return header
+    return load_json(raw, f"{path}: safetensors header", object_pairs_hook=_no_duplicates(path))
+
+
+_STRUCTURE_DELETE = bytes(b for b in range(256) if b not in b'"[]{}:')
+
+
+def _structure(raw: bytes) -> bytes | None:
+    """The brackets and colons of a JSON text outside its strings (C code only), or None when
+    they may nest deeper than :data:`MAX_JSON_DEPTH` (or are not balanced).
+
+    Escaped backslashes and quotes go first (pairs, left to right, as JSON reads them), then
+    everything but quotes, brackets and colons, then what lies between quotes.
+    """
+    kept = raw.replace(b"\\", b"").replace(b'\"', b"").translate(None, _STRUCTURE_DELETE)
+    structure = b"".join(kept.split(b'"')[::2])
+    brackets = structure.replace(b":", b"")
+    for _ in range(MAX_JSON_DEPTH // 2):  # each pass takes at least one level off the deepest
+        if not brackets:
+            return structure
+        brackets = brackets.replace(b"[]", b"").replace(b"{}", b"")
+    return structure if not brackets else None
 
 
 def _short(value: Any, limit: int = 80) -> str:
@@ -362,6 +409,11 @@ class SafetensorsSource(m.BaseSource):
 
 
 def _opened(path: str, strict: bool) -> tuple[m.Checkpoint, Header]:
+    with paused_gc():
+        return _opened_listing(path, strict)
+
+
+def _opened_listing(path: str, strict: bool) -> tuple[m.Checkpoint, Header]:
     header = read_header(path, strict=strict)
     variables = variables_of(header)
     step, step_source = metadata_step(header.metadata)

@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 
 from ... import model as m
 from ...errors import CorruptCheckpointError
 from .. import _fs
+from .._bulk import paused_gc
 from .._layout import INDEX_SUFFIX, decode_key
 from .._lazymod import lazy_import
 from .ordered_code import decode_tensor_name_slice
@@ -100,8 +102,8 @@ class BundleIndex:
 def _shape_of(shape) -> tuple[int, ...]:
     if shape.unknown_rank:
         return ()
-    dims = tuple(d.size for d in shape.dim)
-    if any(d < 0 for d in dims):
+    dims = tuple([d.size for d in shape.dim])
+    if dims and min(dims) < 0:
         raise MalformedError(f"negative dimension in shape {dims}")
     return dims
 
@@ -116,6 +118,7 @@ def parse_shape(buf: bytes) -> tuple[int, ...]:
     return _shape_of(shape)
 
 
+@functools.lru_cache(maxsize=4096)  # entries mostly repeat a few (dtype, shape, size): a pure function
 def entry_problem(
     code: int, shape: tuple[int, ...], size: int, *, holds_data: bool
 ) -> tuple[str, str] | None:
@@ -180,7 +183,7 @@ def _parse_entry(key: str, value: bytes, *, stored_slice: bool = False) -> Index
             tuple(e.length if e.HasField("length") else -1 for e in sl.extent),
         )
         for sl in entry.slices
-    )
+    ) if entry.slices else ()
     return IndexEntry(
         key=key,
         dtype=DTYPE_NAMES.get(entry.dtype, f"dtype{entry.dtype}"),
@@ -276,6 +279,11 @@ def parse_index(data: bytes) -> BundleIndex:
     Raises:
         MalformedError: The bytes are not a valid bundle index.
     """
+    with paused_gc():  # an entry per variable, no reference cycles
+        return _parse_index(data)
+
+
+def _parse_index(data: bytes) -> BundleIndex:
     num_shards = None
     entries: list[IndexEntry] = []
     slices: dict[str, list] = collections.defaultdict(list)

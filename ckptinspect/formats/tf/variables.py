@@ -18,6 +18,7 @@ from typing import Iterable
 from ... import model as m
 from ...errors import CorruptCheckpointError
 from .. import _fs
+from .._bulk import paused_gc
 from .index import OBJECT_GRAPH_KEY, BundleIndex, IndexEntry, fits_tensorflow
 from .._layout import INDEX_SUFFIX, data_path, prefix_number
 from .wire import MalformedError
@@ -198,6 +199,11 @@ def build_variables(prefix: str, index: BundleIndex) -> tuple[list[m.Variable], 
     Raises:
         CheckpointNotFoundError: The object graph's shard exists but cannot be read.
     """
+    with paused_gc():  # a variable per entry, no reference cycles
+        return _build_variables(prefix, index)
+
+
+def _build_variables(prefix: str, index: BundleIndex) -> tuple[list[m.Variable], dict[str, object]]:
     info, facts, warnings = _graph_facts(prefix, index)
     tf2 = info["kind"] == "tf2-object"
     pending = [(entry, *_named_role(entry, facts, tf2)) for entry in index.entries if entry.key != OBJECT_GRAPH_KEY]

@@ -2,14 +2,17 @@
 
 A value is measured in chunks of :data:`BLOCK_ELEMENTS` as its bytes arrive in an array (the
 previous checkpoint's value of the same variable is kept whole beside it: two tensors in
-memory). Every sum is accumulated in float64, chunk by chunk in order:
+memory). Every sum is accumulated in float64, chunk by chunk in order (a float32 chunk's own
+sums are taken in float32 through BLAS, in pieces of 8,192 elements whose sums are added in
+float64: within about 1e-7 relative of float64 arithmetic; see :data:`FLOAT32_TINY`):
 
 * ``norm`` = sqrt(sum x^2);
 * ``max_abs_change`` = max |x - p|;
 * ``rel_change`` = ||x - p|| / ||p|| (inf when ``p`` is all zeros and ``x`` is not, 0 when both are);
-* ``cosine`` = x.p / (||x|| ||p||), with x.p = (||x||^2 + ||p||^2 - ||x - p||^2) / 2, so the
-  previous block is never converted (||p||^2 is the previous checkpoint's own sum of squares,
-  summed over the same blocks in the same order); None when either norm is 0.
+* ``cosine`` = x.p / (||x|| ||p||), x.p summed directly (block by block, as the sums of
+  squares: the identity x.p = (||x||^2 + ||p||^2 - ||x - p||^2) / 2 loses every digit when
+  ||p|| is far below ||x||, e.g. an optimizer accumulator growing from 0.1 to 1e8); None when
+  either norm is 0.
 
 Non-finite values are counted (NaN and +/-Inf separately); a chunk's sum of squares is
 non-finite exactly when the chunk holds one, so finite chunks are never scanned for them.
@@ -40,6 +43,14 @@ __all__ = ["BLOCK_ELEMENTS", "Figures", "Sums", "Buffers", "Accumulator", "Measu
 BLOCK_ELEMENTS = 1 << 18
 # OpenBLAS computes a dot product of up to 10,000 elements on the calling thread.
 DOT_CHUNK = 8192
+FLOAT32 = np.dtype(np.float32)
+# float32 values are reduced as they are, through BLAS (sdot of 8,192-element pieces, the
+# pieces merged in float64): about 1e-7 relative from float64 arithmetic, the figures being
+# diagnostics (README, "scan"). A chunk whose float32 sum of squares (of the value or of its
+# change) is below this or not finite is summed again in float64: squares under float32's
+# normal range lose digits, squares over it overflow, and a NaN or Inf must be counted. Below
+# it, the subnormal squares' total error (under 2^-149 each) stays under 1e-20 of the sum.
+FLOAT32_TINY = 2.0 ** -60
 
 
 @dataclasses.dataclass
@@ -54,6 +65,7 @@ class Sums:
         prev_sumsq: sum p^2 of the previous value, or None when there is none to compare.
         diff_sumsq: sum (x - p)^2, or None.
         max_abs_change: max |x - p|, or None.
+        dot: sum x p, or None.
     """
 
     count: int = 0
@@ -63,6 +75,7 @@ class Sums:
     prev_sumsq: float | None = None
     diff_sumsq: float | None = None
     max_abs_change: float | None = None
+    dot: float | None = None
 
     def add(self, other: "Sums") -> None:
         """Add another variable's sums (a layer's figures are its variables' together)."""
@@ -73,6 +86,7 @@ class Sums:
         if other.diff_sumsq is not None:
             self.prev_sumsq = (self.prev_sumsq or 0.0) + (other.prev_sumsq or 0.0)
             self.diff_sumsq = (self.diff_sumsq or 0.0) + other.diff_sumsq
+            self.dot = (self.dot or 0.0) + (other.dot or 0.0)
             self.max_abs_change = _nanmax(self.max_abs_change, other.max_abs_change)
 
 
@@ -128,8 +142,8 @@ def figures_of(s: Sums) -> Figures:
     else:
         rel = diff_norm / prev_norm if prev_norm > 0 else (math.inf if diff_norm > 0 else 0.0)
         if norm > 0 and prev_norm > 0:
-            dot = (s.sumsq + s.prev_sumsq - s.diff_sumsq) / 2.0
-            cos = max(-1.0, min(1.0, dot / (norm * prev_norm)))
+            dot = s.dot if s.dot is not None else (s.sumsq + s.prev_sumsq - s.diff_sumsq) / 2.0
+            cos = max(-1.0, min(1.0, dot / (norm * prev_norm))) if math.isfinite(dot) else math.nan
         else:
             cos = None
     return Figures(norm, s.nan, s.inf, s.max_abs_change, rel, cos)
@@ -147,6 +161,7 @@ class Buffers:
     def __init__(self, elements: int):
         self.cur = np.empty(elements, dtype=np.float64)
         self.prev = np.empty(elements, dtype=np.float64)
+        self.diff = np.empty(elements, dtype=np.float32)  # the change of a float32 value, as float32
         self.held: object = None
 
 
@@ -166,8 +181,10 @@ class Measured:
 
 
 def _sumsq(x: np.ndarray) -> float:
-    """sum x^2 of a float64 vector: BLAS ``ddot`` (float64 accumulation) of each piece of
-    :data:`DOT_CHUNK` elements, the pieces' sums added in order. OpenBLAS hands a longer vector
+    """sum x^2 of a float64 or float32 vector: BLAS ``ddot``/``sdot`` (accumulating in the
+    vector's own type) of each piece of :data:`DOT_CHUNK` elements, the pieces' sums added in
+    order in float64 (a float32 piece's sum agrees with float64 arithmetic to about 1e-7
+    relative, see :data:`FLOAT32_TINY` for where it does not). OpenBLAS hands a longer vector
     to its thread pool, which costs 10-100x more than the sum itself on a busy machine
     (``np.einsum`` is ~10x slower than ddot); the whole pieces go in one batched ``matmul``
     (a ddot each, one call instead of one per piece)."""
@@ -183,6 +200,35 @@ def _sumsq(x: np.ndarray) -> float:
         tail = x[whole:]
         total += float(np.dot(tail, tail))
     return total
+
+
+def _dot(x: np.ndarray, y: np.ndarray) -> float:
+    """sum x y of two vectors of one float type: as :func:`_sumsq`, pieces of :data:`DOT_CHUNK`
+    elements (BLAS dot each, one batched matmul), added in order in float64."""
+    n = x.size
+    if n <= DOT_CHUNK:
+        return float(np.dot(x, y))
+    whole = n - n % DOT_CHUNK
+    total = 0.0
+    for piece in np.matmul(x[:whole].reshape(-1, 1, DOT_CHUNK), y[:whole].reshape(-1, DOT_CHUNK, 1)).reshape(-1).tolist():
+        total += piece
+    if whole < n:
+        total += float(np.dot(x[whole:], y[whole:]))
+    return total
+
+
+def _dot32(x: np.ndarray, y: np.ndarray) -> float:
+    """:func:`_dot` of float32 vectors, numpy's overflow warnings silenced (a non-finite x.p
+    gives a NaN cosine, as a non-finite value does)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _dot(x, y)
+
+
+def _sumsq32(x: np.ndarray) -> float:
+    """:func:`_sumsq` of a float32 vector, numpy's overflow warnings silenced: a sum that
+    overflows float32 is summed again in float64 by the caller (see :data:`FLOAT32_TINY`)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _sumsq(x)
 
 
 def _count_nonfinite(x: np.ndarray) -> tuple[int, int]:
@@ -206,6 +252,7 @@ class Accumulator:
         self.sums = Sums()
         self.diff_sumsq = 0.0
         self.max_change = 0.0
+        self.dot = 0.0
 
     def add(self, cur: np.ndarray, prev: np.ndarray | None, prev_chunks: list[float] | None,
             tag: object = None, prev_tag: object = None) -> list[float]:
@@ -231,25 +278,31 @@ class Accumulator:
             prev = None  # a non-finite previous value is compared with nothing (scan's figures say so)
         buffers = self.buffers
         if prev is not None and finite and prev.dtype == cur.dtype and prev.size == cur.size and same_bytes(cur, prev):
-            for ss in prev_chunks:  # the same bytes: the same sums, a difference of 0
+            for ss in prev_chunks:  # the same bytes: the same sums, a difference of 0, x.p = x.x
                 out.sumsq += ss
+                self.dot += ss
             out.count += cur.size
             if prev_tag is not None and buffers.held == prev_tag:
                 buffers.held = tag  # the same bytes: the same conversion
             return list(prev_chunks)
         chunk = self.chunk
+        native = cur.dtype == FLOAT32 and (prev is None or prev.dtype == FLOAT32)
         # prev's conversion still in ``cur``: it becomes ``prev``, this block is converted beside it
-        reuse = prev is not None and prev_tag is not None and buffers.held == prev_tag and cur.size <= chunk \
-            and prev.size == cur.size
+        reuse = not native and prev is not None and prev_tag is not None and buffers.held == prev_tag \
+            and cur.size <= chunk and prev.size == cur.size
         if reuse:
             buffers.cur, buffers.prev = buffers.prev, buffers.cur
         buffers.held = None
         sums: list[float] = []
         for at in range(0, cur.size, chunk):
             n = min(chunk, cur.size - at)
-            x = buffers.cur[:n]
-            np.copyto(x, cur[at : at + n], casting="unsafe")
-            ss = _sumsq(x)
+            x = cur[at : at + n]
+            ss = _sumsq32(x) if native else math.nan
+            in_range = FLOAT32_TINY <= ss < math.inf
+            if not in_range:  # not float32, or out of float32's safe range
+                x = buffers.cur[:n]
+                np.copyto(x, cur[at : at + n], casting="unsafe")
+                ss = _sumsq(x)
             sums.append(ss)
             out.count += n
             out.sumsq += ss
@@ -258,14 +311,33 @@ class Accumulator:
                 out.nan += nan
                 out.inf += inf
             if prev is not None:
-                old = buffers.prev[:n]
-                if not reuse:
-                    np.copyto(old, prev[at : at + n], casting="unsafe")  # a mixed-dtype subtract is 3x slower
-                diff = np.subtract(x, old, out=old)  # the previous value is not needed after this
-                self.diff_sumsq += _sumsq(diff)
+                diff = None
+                if native:
+                    dot = _dot32(cur[at : at + n], prev[at : at + n])
+                    known = prev_chunks[at // chunk] if prev_chunks is not None and at // chunk < len(prev_chunks) else math.nan
+                    if not (in_range and FLOAT32_TINY <= known < math.inf and math.isfinite(dot)):
+                        dot = _dot(cur[at : at + n].astype(np.float64), prev[at : at + n].astype(np.float64))
+                    self.dot += dot
+                    with np.errstate(over="ignore", invalid="ignore"):  # an overflow falls back, below
+                        diff = np.subtract(cur[at : at + n], prev[at : at + n], out=buffers.diff[:n])
+                    dss = _sumsq32(diff)
+                    if not FLOAT32_TINY <= dss < math.inf:
+                        diff = None
+                if diff is None:
+                    if x.dtype != np.float64:
+                        x = buffers.cur[:n]
+                        np.copyto(x, cur[at : at + n], casting="unsafe")
+                    old = buffers.prev[:n]
+                    if not reuse:
+                        np.copyto(old, prev[at : at + n], casting="unsafe")  # a mixed-dtype subtract is 3x slower
+                    if not native:
+                        self.dot += _dot(x, old)
+                    diff = np.subtract(x, old, out=old)  # the previous value is not needed after this
+                    dss = _sumsq(diff)
+                self.diff_sumsq += dss
                 top = float(max(diff.max(), -diff.min()))
                 self.max_change = math.nan if math.isnan(top) or math.isnan(self.max_change) else max(self.max_change, top)
-        if cur.size <= chunk:
+        if cur.size <= chunk and not native:
             buffers.held = tag
         return sums
 
@@ -278,6 +350,7 @@ class Accumulator:
             out.prev_sumsq = prev_sumsq
             out.diff_sumsq = self.diff_sumsq
             out.max_abs_change = self.max_change
+            out.dot = self.dot
         return out
 
 
