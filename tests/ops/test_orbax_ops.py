@@ -99,3 +99,16 @@ def test_transplant_an_orbax_step_into_the_keras_model(monkeypatch):
         for w in model.get_layer(layer).weights:
             key = f"{'non_' if not w.trainable else ''}trainable_variables.sequential.{layer}.{w.name}"
             np.testing.assert_array_equal(np.asarray(w), _oracle(RUN / "6", key))
+
+
+def test_plan_names_orbax_commit_times():
+    from ckptinspect.ops.plan.measure import measure
+
+    measured = measure(str(FIX / "nan_run"))
+    cadence = measured.cadence
+    assert cadence.time_source == "commit"  # _CHECKPOINT_METADATA's commit_timestamp_nsecs, no state file
+    commits = sorted(json.loads((FIX / "nan_run" / s / "_CHECKPOINT_METADATA").read_text())["commit_timestamp_nsecs"] / 1e9
+                     for s in "1234")
+    assert [p.time for p in cadence.points] == commits
+    gaps = sorted(b - a for a, b in zip(commits, commits[1:]))
+    assert cadence.interval_seconds == pytest.approx(gaps[1])
