@@ -242,8 +242,124 @@ def test_declared_dtype_that_lies_about_the_chunks(tmp_path):
 def test_garbage_manifest_is_one_clean_error(tmp_path):
     step = _copy(RUN / "6", tmp_path)
     (step / "pytree" / "manifest.ocdbt").write_bytes(b"\x00" * 200)
-    with pytest.raises(errors.CorruptCheckpointError, match="Error decoding manifest"):
+    with pytest.raises(errors.CorruptCheckpointError, match="OCDBT database cannot be opened: .*not OCDBT data"):
         open_checkpoint(str(step))
+
+
+# -- the OCDBT reader the listing uses (formats/orbax/ocdbt.py) against tensorstore's ------------
+def _databases() -> list[pathlib.Path]:
+    joined = sorted(p.parent for p in FIX.rglob("pytree/manifest.ocdbt"))
+    return joined + sorted(p.parent for p in FIX.rglob("ocdbt.process_*/manifest.ocdbt"))
+
+
+def _ts_items(base: pathlib.Path) -> dict[bytes, bytes]:
+    kv = ts.KvStore.open({"driver": "ocdbt", "base": f"file://{base}/"}).result()
+    return {k: bytes(kv.read(k).result().value) for k in kv.list().result()}
+
+
+def test_ocdbt_reader_lists_and_reads_what_tensorstore_does():
+    from ckptinspect.formats.orbax.ocdbt import open_database
+
+    bases = _databases()
+    assert len(bases) >= 14 and any("ocdbt.process_1" in str(b) for b in bases)
+    for base in bases:
+        db = open_database(str(base))
+        mine = {k: db.read_value(ref) for k, ref in db.items()}
+        assert mine == _ts_items(base), base
+
+
+def test_ocdbt_reader_reads_the_newest_version_after_a_rewrite(tmp_path):
+    from ckptinspect.formats.orbax.ocdbt import open_database
+
+    step = _copy(RUN / "6", tmp_path)
+    _rewrite_zarr_json(step, "trainable_variables.sequential.dense_2.kernel", lambda meta: meta.update(data_type="float64"))
+    db = open_database(str(step / "pytree"))
+    mine = {k: db.read_value(ref) for k, ref in db.items()}
+    assert mine == _ts_items(step / "pytree")
+    assert b'"float64"' in mine[b"trainable_variables.sequential.dense_2.kernel/zarr.json"]
+
+
+def test_scalars_decoded_from_their_entries_equal_tensorstores_reads():
+    from ckptinspect.formats.orbax.ocdbt import open_database
+    from ckptinspect.formats.orbax.step import scalar_from_entry
+
+    checked = 0
+    for base in _databases()[:6]:
+        items = _ts_items(base)
+        for key, raw in items.items():
+            if not key.endswith(b"/zarr.json"):
+                continue
+            meta = json.loads(raw)
+            name = key[: -len(b"/zarr.json")].decode()
+            if meta["shape"] != [] or name.encode() + b"/c" not in items:
+                continue
+            got = scalar_from_entry(meta, items[name.encode() + b"/c"], name)
+            assert got == float(_oracle(base.parent, name)), (base, name)
+            checked += 1
+    assert checked >= 20
+
+
+def _ocdbt_manifest(path: bytes, offset: int = 0, length: int = 64) -> bytes:
+    """An uncompressed OCDBT manifest (tensorstore's format, index.rst) naming one data file."""
+    import google_crc32c
+
+    def varint(n: int) -> bytes:
+        out = b""
+        while True:
+            b, n = n & 0x7F, n >> 7
+            out += bytes([b | (0x80 if n else 0)])
+            if not n:
+                return out
+
+    body = b"\x00" * 16 + b"\x00" + varint(1024) + varint(1 << 20) + b"\x04" + varint(0)  # config, no compression
+    body += varint(1) + varint(len(path)) + varint(0) + path  # the data file table
+    body += varint(1) + varint(1) + b"\x00" + varint(0) + varint(offset) + varint(length)  # one version
+    body += varint(1) + varint(length) + varint(0) + (0).to_bytes(8, "little") + varint(0)  # statistics, no nodes
+    head = (0x0CDB3A2A).to_bytes(4, "big")
+    rest = varint(0) + varint(0) + body  # version 0, uncompressed
+    raw = head + (4 + 8 + len(rest) + 4).to_bytes(8, "little") + rest
+    return raw + google_crc32c.value(raw).to_bytes(4, "little")
+
+
+@pytest.mark.parametrize("path,error", [(b"../../outside/d/x", errors.UnsafeFileError),
+                                        (b"/etc/passwd", errors.UnsafeFileError),
+                                        (b"d/missing", errors.CkptError)])
+def test_ocdbt_manifest_naming_files_outside_or_missing(tmp_path, path, error):
+    step = _copy(RUN / "6", tmp_path)
+    (step / "pytree" / "manifest.ocdbt").write_bytes(_ocdbt_manifest(path))
+    with pytest.raises(error):
+        open_checkpoint(str(step))
+
+
+def test_ocdbt_manifest_or_node_changed_is_one_clean_error(tmp_path):
+    step = _copy(RUN / "6", tmp_path)
+    manifest = step / "pytree" / "manifest.ocdbt"
+    raw = bytearray(manifest.read_bytes())
+    raw[20] ^= 0x01
+    manifest.write_bytes(bytes(raw))
+    with pytest.raises(errors.CorruptCheckpointError, match="checksum mismatch"):
+        open_checkpoint(str(step))
+    manifest.write_bytes((RUN / "6" / "pytree" / "manifest.ocdbt").read_bytes()[:-9])  # cut short
+    with pytest.raises(errors.CorruptCheckpointError, match="declares .* bytes"):
+        open_checkpoint(str(step))
+    shutil.copy(RUN / "6" / "pytree" / "manifest.ocdbt", manifest)
+    node_file = next((step / "pytree" / "d").iterdir())
+    raw = bytearray(node_file.read_bytes())
+    raw[30] ^= 0x40
+    node_file.write_bytes(bytes(raw))
+    with pytest.raises(errors.CorruptCheckpointError):
+        open_checkpoint(str(step))
+
+
+def test_array_metadatas_are_not_where_the_bytes_are():
+    # Why the shards column lists each process' database and does not read array_metadatas/process_N:
+    # process 1 lists every array there, also the replicated ones whose chunks only process 0 wrote.
+    listed = {e["array_metadata"]["param_name"] for e in
+              json.loads((MULTI / "4" / "pytree" / "array_metadatas" / "process_1").read_text())["array_metadatas"]}
+    held = {k.decode().partition("/c")[0] for k in _ts_items(MULTI / "4" / "pytree" / "ocdbt.process_1") if b"/c" in k}
+    assert held < listed
+    with open_checkpoint(str(MULTI / "4")) as ckpt:
+        assert {v.key for v in ckpt.variables if 1 in v.shards} == held
 
 
 def test_input_never_modified():
@@ -283,12 +399,38 @@ run()
 """
 
 
-def test_without_tensorstore_one_error_line_naming_the_extra():
-    out = subprocess.run([sys.executable, "-c", NO_TENSORSTORE, str(RUN / "6")], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+def _ls(*args: str, without: str | None = None) -> subprocess.CompletedProcess:
+    script = NO_TENSORSTORE.replace('"tensorstore"', repr(without)) if without else NO_TENSORSTORE.replace(
+        'sys.modules["tensorstore"] = None', "")
+    script = script.replace('["ckptinspect", "ls", sys.argv[1]]', "['ckptinspect', *sys.argv[1:]]")
+    return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+
+
+def test_ls_lists_without_tensorstore_and_values_name_the_extra():
+    # ls reads names, shapes, dtypes, shards, the step and the times without tensorstore: the same
+    # output as with it; a value (ls --stats) needs it, and says so in one line.
+    for step in (RUN / "6", MULTI / "4"):
+        with_ts = _ls("ls", "--format", "json", str(step))
+        without = _ls("ls", "--format", "json", str(step), without="tensorstore")
+        assert with_ts.returncode == 0 and without.returncode == 0, without.stderr
+        assert json.loads(without.stdout) == json.loads(with_ts.stdout)
+        assert json.loads(without.stdout)["step"] == int(step.name)
+    out = _ls("ls", "--stats", str(RUN / "6"), without="tensorstore")
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error:") and "pip install 'ckptinspect[orbax]'" in lines[0]
+
+
+def test_ls_imports_no_tensorstore_and_without_zstandard_names_the_extra():
+    probe = LS_IMPORTS.replace('("jax", "jaxlib", "orbax", "tensorflow", "torch")', '("tensorstore", "numpy")')
+    out = subprocess.run([sys.executable, "-c", probe, str(RUN / "6")], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert "sequential/dense_1/kernel" in out.stdout and "HEAVY []" in out.stdout
+    out = _ls("ls", str(RUN / "6"), without="zstandard")
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "zstandard" in lines[0] and "pip install 'ckptinspect[orbax]'" in lines[0]
 
 
 def test_orbax_fixtures_are_small():

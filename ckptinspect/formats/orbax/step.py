@@ -1,13 +1,20 @@
-"""The Orbax reader: one step directory of a Keras 3 ``OrbaxCheckpoint`` run, through tensorstore.
+"""The Orbax reader: one step directory of a Keras 3 ``OrbaxCheckpoint`` run.
 
 Names, tree, sharding and times come from the step's plain JSON files (:mod:`.layout`); each
-array's shape, dtype and chunking from its ``zarr.json`` inside the OCDBT database, and its values
-from tensorstore's ``zarr3`` driver over the ``ocdbt`` key-value store (the reader Orbax itself
-uses). JAX and orbax are never imported; tensorstore is imported when a step is opened (the
-``ckptinspect[orbax]`` extra), and its absence is one clear error.
+array's shape, dtype and chunking from its ``zarr.json`` inside the OCDBT database, read by our
+own OCDBT reader (:mod:`.ocdbt`: the manifest and B+tree nodes, zstd through ``zstandard``), and
+its values from tensorstore's ``zarr3`` driver over the ``ocdbt`` key-value store (the reader
+Orbax itself uses). Opening a step (``ls``) never imports tensorstore: it is imported when a
+value is first read (``ls --stats``, ``diff``, ``verify``...). JAX and orbax are never imported;
+the ``ckptinspect[orbax]`` extra brings tensorstore and zstandard, and the absence of either is
+one clear error when it is needed.
 
 Which process wrote which chunks (the shards column) comes from each process' own database
-(``ocdbt.process_N``): its keys are listed, never its values. Values stream chunk row by chunk
+(``ocdbt.process_N``): its keys are listed, never its values (``array_metadatas/process_N`` is no
+substitute: every process lists every array there, also the replicated ones only process 0
+writes). The optimizer's iteration count (the step) is a scalar chunk decoded from its database
+entry where it is stored as Orbax writes it (``sharding_indexed``: ``bytes`` then ``zstd``, the
+index checked with its crc32c), else read through tensorstore. Values stream chunk row by chunk
 row (:meth:`OrbaxSource.iter_blocks`).
 
 What cannot be proven: OCDBT checksums its manifests and tree nodes and the zarr shard index
@@ -31,6 +38,7 @@ from ...errors import CorruptCheckpointError, NotACheckpointError, UnsafeFileErr
 from .. import _fs
 from .._readcheck import Check
 from .._step import training_step
+from .ocdbt import Database, ValueRef, open_database, zstd_decompress
 from .layout import (
     COMMIT_MARKER,
     MANIFEST,
@@ -143,8 +151,8 @@ def _walk_files(step: str) -> list[str]:
     return sorted(files)
 
 
-def _shape_dtype(key: str, raw: bytes, where: str) -> tuple[tuple[int, ...], str, tuple[int, ...]]:
-    """Shape, dtype and chunk shape from an array's ``zarr.json``, checked."""
+def _shape_dtype(key: str, raw: bytes, where: str) -> tuple[tuple[int, ...], str, tuple[int, ...], dict[str, Any]]:
+    """Shape, dtype, chunk shape and the metadata itself from an array's ``zarr.json``, checked."""
     if len(raw) > MAX_ZARR_JSON_BYTES:
         raise UnsafeFileError(f"{where}: {key}/{ZARR_JSON} is {len(raw)} bytes; refusing")
     try:
@@ -169,7 +177,7 @@ def _shape_dtype(key: str, raw: bytes, where: str) -> tuple[tuple[int, ...], str
         raise CorruptCheckpointError(f"{where}: {key} declares chunks {list(chunk)} for shape {list(shape)}")
     if math.prod(min(c, s) for c, s in zip(chunk, shape)) * item > MAX_CHUNK_BYTES:
         raise UnsafeFileError(f"{where}: {key} declares chunks of {list(chunk)} elements; refusing")
-    return tuple(shape), name, tuple(chunk)
+    return tuple(shape), name, tuple(chunk), meta
 
 
 def _chunk_shape(meta: dict[str, Any]) -> tuple[int, ...] | None:
@@ -210,12 +218,12 @@ class OrbaxSource(m.BaseSource):
 
     concurrent_reads = False
 
-    def __init__(self, step: str, pytree: str, arrays: dict[str, _Array], files: list[str], context: Any):
+    def __init__(self, step: str, pytree: str, arrays: dict[str, _Array], files: list[str]):
         self.step = step
         self.pytree = pytree
         self._arrays = arrays
         self._files = tuple(files)
-        self._context = context
+        self._context: Any = None  # tensorstore's, made with the first value read
         self._lock = threading.Lock()
         self._open: dict[str, Any] = {}
 
@@ -225,6 +233,9 @@ class OrbaxSource(m.BaseSource):
         if store is not None:
             return store
         ts = tensorstore()
+        with self._lock:
+            if self._context is None:
+                self._context = _context(ts)
         arr = self._arrays.get(var.key)
         if arr is None:
             raise CorruptCheckpointError(f"{self.step}: no array {var.key!r}")
@@ -305,14 +316,14 @@ def _context(ts: Any) -> Any:
                        "file_io_concurrency": {"limit": 4}})
 
 
-def _kvstore(ts: Any, base: str, context: Any, label: str) -> Any:
+def _database(base: str) -> Database:
     try:
-        return ts.KvStore.open({"driver": "ocdbt", "base": _file_url(base)}, context=context).result()
-    except Exception as e:
-        raise CorruptCheckpointError(f"{label}: the OCDBT database cannot be opened: {one_line(e)}") from None
+        return open_database(base)
+    except CorruptCheckpointError as e:
+        raise CorruptCheckpointError(f"{base}: the OCDBT database cannot be opened: {one_line(e)}") from None
 
 
-def _chunk_owners(ts: Any, layout: StepLayout, context: Any, problems: list[str]) -> dict[str, set[int]]:
+def _chunk_owners(layout: StepLayout, problems: list[str]) -> dict[str, set[int]]:
     """Array key -> the processes whose own database holds chunks of it (keys listed only)."""
     owners: dict[str, set[int]] = {}
     for n in layout.processes:
@@ -321,8 +332,8 @@ def _chunk_owners(ts: Any, layout: StepLayout, context: Any, problems: list[str]
             problems.append(f"{base}: no {MANIFEST} (process {n}'s database is incomplete)")
             continue
         try:
-            keys = _kvstore(ts, base, context, base).list().result()
-        except Exception as e:  # a damaged per-process database: say so, read through the joined one
+            keys = [k for k, _ in _database(base).items(with_values=False)]
+        except (CorruptCheckpointError, UnsafeFileError) as e:  # a damaged per-process database: say so, read through the joined one
             problems.append(f"{base}: cannot be listed: {one_line(e)}")
             continue
         for k in keys:
@@ -334,13 +345,85 @@ def _chunk_owners(ts: Any, layout: StepLayout, context: Any, problems: list[str]
     return owners
 
 
-def _iterations(source: OrbaxSource, variables: list[m.Variable]) -> tuple[str, int] | None:
-    import numpy as np  # noqa: PLC0415
+# Scalars decoded from their database entry (little-endian, as the zarr ``bytes`` codec says).
+_SCALAR_FORMATS = {"int8": "b", "int16": "h", "int32": "i", "int64": "q", "uint8": "B", "uint16": "H", "uint32": "I",
+                   "uint64": "Q", "float16": "e", "float32": "f", "float64": "d"}
 
+
+def _codec(c: Any) -> tuple[str, dict[str, Any]]:
+    if not isinstance(c, dict) or not isinstance(c.get("name"), str):
+        return "", {}
+    conf = c.get("configuration")
+    return c["name"], conf if isinstance(conf, dict) else {}
+
+
+def _inner_bytes(codecs: Any, data: bytes, where: str) -> bytes | None:
+    """A chunk's bytes through ``bytes`` (little-endian) and an optional ``zstd``; None for
+    other codecs."""
+    names = [_codec(c) for c in codecs] if isinstance(codecs, list) else [("", {})]
+    if not names or names[0][0] != "bytes" or names[0][1].get("endian", "little") != "little":
+        return None
+    for name, _ in names[1:]:
+        if name != "zstd":
+            return None
+        data = zstd_decompress(data, 1 << 16, where)
+    return data
+
+
+def scalar_from_entry(meta: dict[str, Any], raw: bytes, where: str) -> float | None:
+    """The value of a scalar array from its one chunk's stored bytes, decoded as Orbax writes it:
+    ``sharding_indexed`` (one inner chunk, the index ``bytes`` + ``crc32c`` at the end) over
+    ``bytes`` and ``zstd``, or ``bytes`` and ``zstd`` alone. None when stored otherwise (tensorstore
+    reads it then).
+
+    Raises:
+        CorruptCheckpointError: The entry is stored that way but does not decode.
+    """
+    import struct  # noqa: PLC0415
+
+    fmt = _SCALAR_FORMATS.get(str(meta.get("data_type")))
+    codecs = meta.get("codecs")
+    if fmt is None or meta.get("shape") != [] or not isinstance(codecs, list) or len(codecs) != 1 and not (
+            codecs and _codec(codecs[0])[0] == "bytes"):
+        return None
+    name, conf = _codec(codecs[0])
+    if name == "sharding_indexed":
+        index = [_codec(c) for c in conf.get("index_codecs") or ()]
+        if conf.get("index_location", "end") != "end" or [n for n, _ in index] != ["bytes", "crc32c"] or \
+                index[0][1].get("endian", "little") != "little" or len(raw) < 20:
+            return None
+        import google_crc32c  # noqa: PLC0415
+
+        table, crc = raw[-20:-4], struct.unpack("<I", raw[-4:])[0]
+        if google_crc32c.value(table) != crc:
+            raise CorruptCheckpointError(f"{where}: the shard index checksum does not match")
+        offset, nbytes = struct.unpack("<QQ", table)
+        if offset == nbytes == (1 << 64) - 1:  # an empty chunk: the fill value
+            fill = meta.get("fill_value")
+            return float(fill) if isinstance(fill, (int, float)) and not isinstance(fill, bool) else None
+        if offset + nbytes > len(raw) - 20:
+            raise CorruptCheckpointError(f"{where}: the shard index points past the chunk ({offset}+{nbytes})")
+        data = _inner_bytes(conf.get("codecs"), raw[offset : offset + nbytes], where)
+    else:
+        data = _inner_bytes(codecs, raw, where)
+    if data is None:
+        return None
+    if len(data) != struct.calcsize("<" + fmt):
+        raise CorruptCheckpointError(f"{where}: a scalar of {len(data)} bytes, its dtype says {struct.calcsize('<' + fmt)}")
+    return float(struct.unpack("<" + fmt, data)[0])
+
+
+def _iterations(source: OrbaxSource, variables: list[m.Variable], db: Database, refs: dict[bytes, ValueRef],
+                metas: dict[str, dict[str, Any]]) -> tuple[str, int] | None:
     for v in variables:
         if v.role == m.ROLE_OPTIMIZER and v.shape == () and v.key.rsplit(".", 1)[-1] in ITERATION_NAMES and v.dtype in m.INTEGER_DTYPES | m.FLOAT_DTYPES:
+            ref = refs.get(f"{v.key}/c".encode())
+            value: float | None = None
             try:
-                value = float(np.asarray(source.read(v)).reshape(()))
+                if ref is not None and ref.length <= 1 << 16:
+                    value = scalar_from_entry(metas.get(v.key, {}), db.read_value(ref), f"{db.path}: {v.key}/c")
+                if value is None:  # stored some other way: tensorstore reads it
+                    value = float(source.read(v).reshape(()))
             except CorruptCheckpointError:
                 return None
             return (v.key, int(value)) if math.isfinite(value) else None
@@ -368,35 +451,38 @@ def _open(path: str, lenient: bool) -> _Opened:
     if _fs.is_remote(path):
         raise NotACheckpointError(f"{path}: Orbax checkpoints are read from local directories only")
     layout = read_step_layout(path)
-    ts = tensorstore()
     files = _walk_files(path)
     problems = list(layout.problems)
-    context = _context(ts)
     if not layout.has_manifest:
         raise CorruptCheckpointError(f"{layout.pytree}: no {MANIFEST} (the processes' databases were never joined)")
-    kv = _kvstore(ts, layout.pytree, context, layout.pytree)
-    futures = [(e, kv.read(f"{e.key}/{ZARR_JSON}")) for e in layout.arrays]
-    owners = _chunk_owners(ts, layout, context, problems)
+    db = _database(layout.pytree)
+    wanted = {f"{e.key}/{ZARR_JSON}".encode() for e in layout.arrays} | {f"{e.key}/c".encode() for e in layout.arrays}
+    try:
+        refs = {k: ref for k, ref in db.items() if k in wanted}
+    except CorruptCheckpointError as e:
+        raise CorruptCheckpointError(f"{layout.pytree}: the OCDBT database cannot be read: {one_line(e)}") from None
+    owners = _chunk_owners(layout, problems)
     variables: list[m.Variable] = []
     arrays: dict[str, _Array] = {}
+    metas: dict[str, dict[str, Any]] = {}
     damaged: list[m.Damage] = []
     specs: dict[str, str] = {}
-    for entry, future in futures:
+    for entry in layout.arrays:
         name = readable_name(entry.path)
         try:
-            try:
-                result = future.result()
-            except Exception as e:
-                raise CorruptCheckpointError(f"{layout.pytree}: {entry.key}/{ZARR_JSON} cannot be read: {one_line(e)}") from None
-            if result.state != "value":
+            ref = refs.get(f"{entry.key}/{ZARR_JSON}".encode())
+            if ref is None:
                 raise CorruptCheckpointError(f"{layout.pytree}: {entry.key}: in the tree metadata but not in the database (no {ZARR_JSON})")
-            shape, dtype, chunk = _shape_dtype(entry.key, bytes(result.value), layout.pytree)
+            if ref.length > MAX_ZARR_JSON_BYTES:
+                raise UnsafeFileError(f"{layout.pytree}: {entry.key}/{ZARR_JSON} is {ref.length} bytes; refusing")
+            shape, dtype, chunk, meta = _shape_dtype(entry.key, db.read_value(ref), layout.pytree)
         except (CorruptCheckpointError, UnsafeFileError) as e:
             if not lenient:
                 raise
             damaged.append(m.Damage(key=entry.key, name=name, file=layout.pytree, kind=m.DAMAGE_LAYOUT, problem=str(e)))
             continue
         arrays[entry.key] = _Array(entry.key, shape, dtype, chunk)
+        metas[entry.key] = meta
         nbytes = math.prod(shape) * m.ITEMSIZE.get(dtype, 1)
         variables.append(m.Variable(key=entry.key, name=name, shape=shape, dtype=dtype, nbytes=nbytes,
                                     shards=tuple(sorted(owners.get(entry.key, ()))), role=role_of(entry.path)))
@@ -405,8 +491,8 @@ def _open(path: str, lenient: bool) -> _Opened:
     names = [v.name for v in variables]
     if len(set(names)) != len(names):  # two groups giving one name: show the stored keys
         variables = [dataclasses.replace(v, name=v.key.replace(".", "/")) for v in variables]
-    source = OrbaxSource(path, layout.pytree, arrays, files, context)
-    candidates = step_candidates(_iterations(source, variables))
+    source = OrbaxSource(path, layout.pytree, arrays, files)
+    candidates = step_candidates(_iterations(source, variables, db, refs, metas))
     step, step_source = training_step(candidates)
     number = step_of_name(path)
     info: dict[str, Any] = dict(layout.config_summary)
