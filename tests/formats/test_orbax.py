@@ -437,3 +437,17 @@ def test_orbax_fixtures_are_small():
     # Orbax writes a few small files per step whatever the model (metadata, sharding, manifests,
     # one b-tree per process database): the folder has its own bound, as fixtures/series does.
     assert sum(p.stat().st_size for p in FIX.rglob("*") if p.is_file()) < 700 * 1024
+
+
+def test_ocdbt_zstd_bodies_are_bounded():
+    import zstandard
+
+    from ckptinspect.formats.orbax.ocdbt import zstd_decompress
+
+    bomb = zstandard.ZstdCompressor().compress(b"\0" * (8 << 20))  # 8 MiB from a few hundred bytes
+    assert len(bomb) < 4096
+    with pytest.raises(errors.UnsafeFileError, match="more than 1048576 bytes"):
+        zstd_decompress(bomb, 1 << 20, "node")
+    assert len(zstd_decompress(bomb, 8 << 20, "node")) == 8 << 20
+    with pytest.raises(errors.CorruptCheckpointError, match="does not decode"):
+        zstd_decompress(bomb[:40], 1 << 20, "node")

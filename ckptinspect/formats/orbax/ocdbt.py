@@ -110,11 +110,17 @@ def zstd_decompress(data: bytes, limit: int, what: str) -> bytes:
         import zstandard  # noqa: PLC0415 - the [orbax] extra, loaded for Orbax checkpoints only
     except ImportError:
         raise UsageError(f"reading Orbax checkpoints needs zstandard: {INSTALL_HINT}") from None
+    parts: list[bytes] = []
+    got = 0
     try:
-        out = zstandard.ZstdDecompressor().decompressobj().decompress(data) if len(data) < 64 else None
-        if out is None or len(out) > limit:
-            reader = zstandard.ZstdDecompressor().stream_reader(data)
-            out = reader.read(limit + 1)
+        with zstandard.ZstdDecompressor().stream_reader(data) as reader:
+            while got <= limit:
+                part = reader.read(min(limit + 1 - got, 1 << 20))
+                if not part:
+                    break
+                parts.append(part)
+                got += len(part)
+        out = b"".join(parts)
     except zstandard.ZstdError as e:
         raise CorruptCheckpointError(f"{what}: zstd data does not decode: {e}") from None
     if len(out) > limit:
