@@ -449,5 +449,5 @@ def test_ocdbt_zstd_bodies_are_bounded():
     with pytest.raises(errors.UnsafeFileError, match="more than 1048576 bytes"):
         zstd_decompress(bomb, 1 << 20, "node")
     assert len(zstd_decompress(bomb, 8 << 20, "node")) == 8 << 20
-    with pytest.raises(errors.CorruptCheckpointError, match="does not decode"):
+    with pytest.raises(errors.CorruptCheckpointError, match="does not decode|cut short"):
         zstd_decompress(bomb[:40], 1 << 20, "node")

@@ -120,11 +120,14 @@ def zstd_decompress(data: bytes, limit: int, what: str) -> bytes:
                     break
                 parts.append(part)
                 got += len(part)
-        out = b"".join(parts)
+        if got > limit:
+            raise UnsafeFileError(f"{what}: decodes to more than {limit} bytes; refusing")
+        whole = zstandard.ZstdDecompressor().decompressobj()  # bounded now: a cut frame is no EOF
+        out = whole.decompress(data)
+        if not whole.eof or out != b"".join(parts):
+            raise CorruptCheckpointError(f"{what}: zstd data cut short")
     except zstandard.ZstdError as e:
         raise CorruptCheckpointError(f"{what}: zstd data does not decode: {e}") from None
-    if len(out) > limit:
-        raise UnsafeFileError(f"{what}: decodes to more than {limit} bytes; refusing")
     return out
 
 
