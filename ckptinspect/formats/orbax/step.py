@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import io
 import json
 import math
 import os
 import stat
+import sys
 import threading
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -198,32 +200,87 @@ def _chunk_shape(meta: dict[str, Any]) -> tuple[int, ...] | None:
 
 
 class _Array:
-    """What the source knows of one array: its tensorstore key and declared chunking."""
+    """What the source knows of one array: its tensorstore key and declared chunking, and for an
+    array stored as whole rows of chunks (:func:`_row_chunks`) where each chunk's zstd frame is."""
 
-    __slots__ = ("key", "shape", "dtype", "chunk")
+    __slots__ = ("key", "shape", "dtype", "chunk", "rows")
 
-    def __init__(self, key: str, shape: tuple[int, ...], dtype: str, chunk: tuple[int, ...]):
-        self.key, self.shape, self.dtype, self.chunk = key, shape, dtype, chunk
+    def __init__(self, key: str, shape: tuple[int, ...], dtype: str, chunk: tuple[int, ...],
+                 rows: list[ValueRef | None] | None = None):
+        self.key, self.shape, self.dtype, self.chunk, self.rows = key, shape, dtype, chunk, rows
+
+
+def _row_chunks(meta: dict[str, Any], shape: tuple[int, ...], key: str, refs: dict[bytes, ValueRef]) -> list[ValueRef | None] | None:
+    """The stored value of each chunk of an array chunked along its first axis only (every chunk
+    holds whole rows: what Orbax writes for an array on one device or split on its first axis),
+    stored as Orbax stores it (``sharding_indexed`` with one inner chunk, ``bytes`` little-endian
+    then ``zstd``, the index ``bytes`` + ``crc32c`` at the end, the default chunk keys): those are
+    streamed (:meth:`OrbaxSource.iter_blocks`). None for any other layout (tensorstore reads it)."""
+    codecs = meta.get("codecs")
+    grid = meta.get("chunk_grid")
+    if not shape or not isinstance(codecs, list) or len(codecs) != 1 or not isinstance(grid, dict):
+        return None
+    name, conf = _codec(codecs[0])
+    outer = _chunk_shape({"chunk_grid": grid})
+    inner = conf.get("chunk_shape")
+    index = [_codec(c) for c in conf.get("index_codecs") or ()]
+    inner_codecs = [_codec(c) for c in conf.get("codecs") or ()]
+    key_encoding = meta.get("chunk_key_encoding")
+    if (name != "sharding_indexed" or outer is None or list(outer) != inner or tuple(outer[1:]) != shape[1:]
+            or conf.get("index_location", "end") != "end" or [n for n, _ in index] != ["bytes", "crc32c"]
+            or [n for n, _ in inner_codecs] != ["bytes", "zstd"] or inner_codecs[0][1].get("endian", "little") != "little"
+            or index[0][1].get("endian", "little") != "little"
+            or key_encoding not in (None, {"name": "default"}, {"name": "default", "configuration": {"separator": "/"}})
+            or meta.get("fill_value") not in (0, None, False) or sys.byteorder != "little"):
+        return None
+    count = -(-shape[0] // outer[0]) if outer[0] else 0
+    if count > MAX_FILES:
+        return None
+    tail = "/0" * (len(shape) - 1)
+    return [refs.get(f"{key}/c/{i}{tail}".encode()) for i in range(count)]
+
+
+class _Window:
+    """``length`` bytes of a file from ``offset``, read as a stream (what zstd decodes from)."""
+
+    def __init__(self, path: str, offset: int, length: int):
+        self._f = open(path, "rb")  # noqa: SIM115 - closed by close()
+        self._f.seek(offset)
+        self._left = length
+
+    def read(self, n: int = -1) -> bytes:
+        n = self._left if n < 0 else min(n, self._left)
+        data = self._f.read(n) if n > 0 else b""
+        self._left -= len(data)
+        return data
+
+    def close(self) -> None:
+        self._f.close()
 
 
 class OrbaxSource(m.BaseSource):
     """Values of one Orbax step through tensorstore.
 
-    ``concurrent_reads`` is off although tensorstore is thread-safe: it decodes a chunk whole
-    (Orbax writes one chunk per device shard: 64 MiB for a 4096x4096 float32 kernel on one
-    device), holding about three chunks while it does, so two variables at once would double
-    the peak for no gain (the zstd decoding is the time; measured on a 1 GB step: 18.2 s and
-    463 MiB with it on, 18.6 s and 274 MiB off).
+    ``iter_blocks`` of an array stored as whole rows of chunks the way Orbax writes them (one
+    chunk per device shard, split on the first axis or not at all: :func:`_row_chunks`) streams
+    each chunk's zstd frame from its data file in pieces (``zstandard``), never holding a decoded
+    chunk: tensorstore decodes a chunk whole (64 MiB for a 4096x4096 float32 kernel on one
+    device) and holds about two copies while it does. Every other array, and ``read``, go through
+    tensorstore. ``concurrent_reads`` is on: a streamed array costs a few MiB, so ``diff`` reads
+    two at once on two cores (measured on the 1 GB bench steps: 16-20 s and 272 MiB through
+    tensorstore, one at a time; see ``benchmarks/bench_orbax.py``).
     """
 
-    concurrent_reads = False
+    concurrent_reads = True
 
-    def __init__(self, step: str, pytree: str, arrays: dict[str, _Array], files: list[str]):
+    def __init__(self, step: str, pytree: str, arrays: dict[str, _Array], files: list[str],
+                 database: Database | None = None):
         self.step = step
         self.pytree = pytree
         self._arrays = arrays
         self._files = tuple(files)
         self._context: Any = None  # tensorstore's, made with the first value read
+        self._db = database
         self._lock = threading.Lock()
         self._open: dict[str, Any] = {}
 
@@ -268,10 +325,92 @@ class OrbaxSource(m.BaseSource):
         return self._read(self._store(variable), variable, None)
 
     def iter_blocks(self, variable: m.Variable, elements: int) -> Iterator[np.ndarray]:
-        """The flattened value in row bands of whole chunk rows where they fit in ``elements``
-        (memory: about one band of chunks, never the whole array)."""
+        """The flattened value in blocks of ``elements``: streamed chunk by chunk from the zstd
+        frames for arrays stored as whole rows of chunks, else in row bands of whole chunk rows
+        through tensorstore (memory: about one band of chunks, never the whole array)."""
         if m.numpy_dtype(variable.dtype) is None:
             raise CorruptCheckpointError(f"{self.step}: {variable.key}: dtype {variable.dtype} cannot be read")
+        arr = self._arrays.get(variable.key)
+        if arr is not None and arr.rows is not None and self._db is not None and variable.size:
+            return self._streamed(variable, arr, max(1, elements))
+        return self._tensorstore_blocks(variable, elements)
+
+    def _streamed(self, var: m.Variable, arr: _Array, elements: int) -> Iterator[np.ndarray]:
+        """Each chunk's zstd frame decoded in pieces, its rows in the array cropped, cut into
+        blocks of ``elements``; a chunk never written is its fill value."""
+        import numpy as np  # noqa: PLC0415
+
+        dtype = m.numpy_dtype(var.dtype)
+        assert dtype is not None and self._db is not None
+        row = math.prod(var.shape[1:])
+        item = dtype.itemsize
+        step = max(1, elements) * item
+        where = f"{self.step}: {var.key}"
+        pending = bytearray()
+        for i, ref in enumerate(arr.rows or ()):
+            rows = min(arr.chunk[0], var.shape[0] - i * arr.chunk[0])
+            want = rows * row * item  # the rows inside the array (an edge chunk is padded)
+            for piece in self._chunk_bytes(ref, arr.chunk[0] * row * item, want, where, dtype):
+                pending += piece
+                while len(pending) >= step:
+                    yield np.frombuffer(bytes(pending[:step]), dtype=dtype)  # little-endian, as the host
+                    del pending[:step]
+        if pending:
+            yield np.frombuffer(bytes(pending), dtype=dtype)
+
+    def _chunk_bytes(self, ref: ValueRef | None, whole: int, want: int, where: str, dtype: Any) -> Iterator[bytes]:
+        """The first ``want`` of the ``whole`` decoded bytes of one chunk, in pieces."""
+        import struct  # noqa: PLC0415
+
+        import google_crc32c  # noqa: PLC0415
+        import numpy as np  # noqa: PLC0415
+        import zstandard  # noqa: PLC0415
+
+        piece = 1 << 20
+        if ref is None:  # never written: the fill value (0: _row_chunks streams no other)
+            one = np.zeros(1, dtype=dtype).tobytes()
+            for start in range(0, want, piece):
+                yield one * (min(piece, want - start) // len(one))
+            return
+        if ref.length < 20:
+            raise CorruptCheckpointError(f"{where}: a chunk of {ref.length} bytes, shorter than its shard index")
+        if ref.inline is not None:
+            tail = ref.inline[-20:]
+        else:
+            tail = self._db._read(ref.path or "", ref.offset + ref.length - 20, 20, "a shard index")  # noqa: SLF001
+        if google_crc32c.value(tail[:16]) != struct.unpack("<I", tail[16:])[0]:
+            raise CorruptCheckpointError(f"{where}: the shard index checksum does not match")
+        offset, nbytes = struct.unpack("<QQ", tail[:16])
+        if offset == nbytes == (1 << 64) - 1:
+            yield from self._chunk_bytes(None, whole, want, where, dtype)
+            return
+        if offset + nbytes > ref.length - 20:
+            raise CorruptCheckpointError(f"{where}: the shard index points past the chunk ({offset}+{nbytes})")
+        if ref.inline is not None:
+            stream: Any = io.BytesIO(ref.inline[offset : offset + nbytes])
+        else:
+            full = os.path.join(self._db.path, ref.path or "")
+            _fs.check_regular(full)
+            stream = _Window(full, ref.offset + offset, nbytes)
+        got = 0
+        try:
+            with zstandard.ZstdDecompressor().stream_reader(stream, closefd=False) as reader:
+                while got < whole:
+                    data = reader.read(min(piece, whole - got))
+                    if not data:
+                        break
+                    if got < want:
+                        yield data[: want - got]
+                    got += len(data)
+                if got != whole or reader.read(1):
+                    raise CorruptCheckpointError(f"{where}: a chunk decodes to {got}{'+' if got == whole else ''} bytes,"
+                                                 f" its shape says {whole}")
+        except zstandard.ZstdError as e:
+            raise CorruptCheckpointError(f"{where}: unreadable: a chunk's zstd data does not decode: {e}") from None
+        finally:
+            stream.close()
+
+    def _tensorstore_blocks(self, variable: m.Variable, elements: int) -> Iterator[np.ndarray]:
         store = self._store(variable)
         shape = variable.shape
         if len(shape) == 0 or variable.size == 0:
@@ -456,9 +595,10 @@ def _open(path: str, lenient: bool) -> _Opened:
     if not layout.has_manifest:
         raise CorruptCheckpointError(f"{layout.pytree}: no {MANIFEST} (the processes' databases were never joined)")
     db = _database(layout.pytree)
-    wanted = {f"{e.key}/{ZARR_JSON}".encode() for e in layout.arrays} | {f"{e.key}/c".encode() for e in layout.arrays}
-    try:
-        refs = {k: ref for k, ref in db.items() if k in wanted}
+    arrays_keys = {e.key.encode() for e in layout.arrays}
+    try:  # each array's zarr.json and chunks (where they are; values are read later)
+        refs = {k: ref for k, ref in db.items() if k.rpartition(b"/zarr.json")[0] in arrays_keys
+                or k.partition(b"/c")[0] in arrays_keys}
     except CorruptCheckpointError as e:
         raise CorruptCheckpointError(f"{layout.pytree}: the OCDBT database cannot be read: {one_line(e)}") from None
     owners = _chunk_owners(layout, problems)
@@ -481,7 +621,7 @@ def _open(path: str, lenient: bool) -> _Opened:
                 raise
             damaged.append(m.Damage(key=entry.key, name=name, file=layout.pytree, kind=m.DAMAGE_LAYOUT, problem=str(e)))
             continue
-        arrays[entry.key] = _Array(entry.key, shape, dtype, chunk)
+        arrays[entry.key] = _Array(entry.key, shape, dtype, chunk, _row_chunks(meta, shape, entry.key, refs))
         metas[entry.key] = meta
         nbytes = math.prod(shape) * m.ITEMSIZE.get(dtype, 1)
         variables.append(m.Variable(key=entry.key, name=name, shape=shape, dtype=dtype, nbytes=nbytes,
@@ -491,7 +631,7 @@ def _open(path: str, lenient: bool) -> _Opened:
     names = [v.name for v in variables]
     if len(set(names)) != len(names):  # two groups giving one name: show the stored keys
         variables = [dataclasses.replace(v, name=v.key.replace(".", "/")) for v in variables]
-    source = OrbaxSource(path, layout.pytree, arrays, files)
+    source = OrbaxSource(path, layout.pytree, arrays, files, db)
     candidates = step_candidates(_iterations(source, variables, db, refs, metas))
     step, step_source = training_step(candidates)
     number = step_of_name(path)
@@ -568,7 +708,8 @@ def check_orbax(path: str) -> Check:
         total = len(ckpt.variables) if total is None else total
         for var in ckpt.variables:
             try:
-                for block in ckpt.iter_blocks(var, CHECK_BLOCK_ELEMENTS):
+                # through tensorstore (the reader Orbax uses), not the streamed path of iter_blocks
+                for block in ckpt.source._tensorstore_blocks(var, CHECK_BLOCK_ELEMENTS):  # noqa: SLF001
                     nbytes += block.nbytes
             except CorruptCheckpointError as e:
                 damaged.append(m.Damage(key=var.key, name=var.name, file=ckpt.path, kind=m.DAMAGE_UNREADABLE, problem=str(e)))
