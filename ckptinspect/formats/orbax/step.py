@@ -351,6 +351,9 @@ class OrbaxSource(m.BaseSource):
             rows = min(arr.chunk[0], var.shape[0] - i * arr.chunk[0])
             want = rows * row * item  # the rows inside the array (an edge chunk is padded)
             for piece in self._chunk_bytes(ref, arr.chunk[0] * row * item, want, where, dtype):
+                if not pending and len(piece) == step:  # the usual case: a whole block, no copy
+                    yield np.frombuffer(piece, dtype=dtype)
+                    continue
                 pending += piece
                 while len(pending) >= step:
                     yield np.frombuffer(bytes(pending[:step]), dtype=dtype)  # little-endian, as the host
