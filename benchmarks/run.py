@@ -39,6 +39,7 @@ from typing import Any
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import _common as c  # noqa: E402
 import bench_torch  # noqa: E402 - the .safetensors / .pt pairs (issue 15)
+import bench_orbax  # noqa: E402 - the Orbax pairs (issue 24)
 
 RESULTS = c.HERE / "RESULTS.md"
 PLOT = c.HERE / "scale.png"
@@ -368,6 +369,7 @@ def make_pairs(s: c.CheckpointSet, out: pathlib.Path) -> list[Pair]:
             c.Tool("TF: get_tensor of every key", py(TF_READ_ALL.format(p=s.sharded))),
         ]),
         *torch_pairs(s, out),
+        *orbax_pairs(out),
         Pair("scan", "scan", f"a {c.RUN_CHECKPOINTS}-checkpoint run (a, b, a, b, a): per-tensor norms, changes, NaN/Inf, drift, health", [
             c.Tool("ckptinspect scan", [*CKPT, "scan", s.run], **ours),
             c.Tool("read each checkpoint once: TF get_tensor of every key", py(TF_READ_RUN.format(p=s.run))),
@@ -392,6 +394,14 @@ def torch_pairs(s: c.CheckpointSet, out: pathlib.Path) -> list[Pair]:
     st, pt = bench_torch.paths(out.parent, s.layout.size_mb, s.layout.variables)
     groups = bench_torch.tools(st, pt, _torch_missing())
     return [Pair(pid, "ls", TORCH_TITLES[pid], tools) for pid, tools in groups.items()]
+
+
+# -- the Orbax pairs (issue 24): two 1 GB steps written by orbax itself, its metadata API and
+# restore beside ckptinspect; skipped, saying why, without $CKPTINSPECT_ORBAX_PYTHON ------------
+def orbax_pairs(out: pathlib.Path) -> list[Pair]:
+    """``ls`` and ``diff`` of Orbax steps (under the work folder, ``orbax_1gb/``)."""
+    groups = bench_orbax.tools(out.parent, c.Tool, bench_orbax.orbax_python())
+    return [Pair(pid, pid.split("-")[0], bench_orbax.TITLES[pid], tools) for pid, tools in groups.items()]
 
 
 def scale_tools(s: c.CheckpointSet, baselines: bool, out: pathlib.Path) -> dict[str, list[c.Tool]]:
@@ -860,6 +870,9 @@ def main(argv: list[str] | None = None) -> int:
         bench_torch.compile_package()
     if any(p.id == "scan" for p in pairs):
         c.ensure_run(s)
+    if any(p.id in bench_orbax.PAIR_IDS for p in pairs) and bench_orbax.orbax_python():
+        log("writing the two Orbax steps (orbax, once)")
+        bench_orbax.ensure_steps(work, bench_orbax.orbax_python())
     available = [p for p in pairs if p.command in commands]
     unavailable = [p for p in pairs if p.command not in commands]
     for p in unavailable:
