@@ -129,6 +129,19 @@ def test_streamed_blocks_equal_tensorstores_reads(group, run, step):
     assert streamed >= 14
 
 
+def test_diff_of_steps_stored_as_orbax_writes_them_imports_no_tensorstore():
+    # nan_run's arrays are all stored as whole rows of chunks (one device): diff streams every one
+    probe = """
+import sys
+import ckptinspect
+report = ckptinspect.diff(sys.argv[1], sys.argv[2])
+print(len(report.variables), sorted(m for m in sys.modules if m.split(".")[0] == "tensorstore"))
+"""
+    out = subprocess.run([sys.executable, "-c", probe, str(NAN_RUN / "1"), str(NAN_RUN / "2")], capture_output=True,
+                         text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert out.stdout.split(" ", 1) == ["26", "[]\n"], out.stderr
+
+
 def test_streamed_chunk_that_does_not_decode_is_one_clean_error(tmp_path):
     step = _copy(NAN_RUN / "2", tmp_path)
     with open_checkpoint(str(step)) as ckpt:

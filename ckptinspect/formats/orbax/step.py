@@ -218,7 +218,7 @@ def _row_chunks(meta: dict[str, Any], shape: tuple[int, ...], key: str, refs: di
     streamed (:meth:`OrbaxSource.iter_blocks`). None for any other layout (tensorstore reads it)."""
     codecs = meta.get("codecs")
     grid = meta.get("chunk_grid")
-    if not shape or not isinstance(codecs, list) or len(codecs) != 1 or not isinstance(grid, dict):
+    if not isinstance(codecs, list) or len(codecs) != 1 or not isinstance(grid, dict):
         return None
     name, conf = _codec(codecs[0])
     outer = _chunk_shape({"chunk_grid": grid})
@@ -233,6 +233,8 @@ def _row_chunks(meta: dict[str, Any], shape: tuple[int, ...], key: str, refs: di
             or key_encoding not in (None, {"name": "default"}, {"name": "default", "configuration": {"separator": "/"}})
             or meta.get("fill_value") not in (0, None, False) or sys.byteorder != "little"):
         return None
+    if not shape:  # a scalar: one chunk, key "c"
+        return [refs.get(f"{key}/c".encode())]
     count = -(-shape[0] // outer[0]) if outer[0] else 0
     if count > MAX_FILES:
         return None
@@ -342,15 +344,16 @@ class OrbaxSource(m.BaseSource):
 
         dtype = m.numpy_dtype(var.dtype)
         assert dtype is not None and self._db is not None
-        row = math.prod(var.shape[1:])
+        row = math.prod(var.shape[1:])  # 1 for a scalar (one chunk of one row)
+        chunk_rows, total_rows = (arr.chunk[0], var.shape[0]) if var.shape else (1, 1)
         item = dtype.itemsize
         step = max(1, elements) * item
         where = f"{self.step}: {var.key}"
         pending = bytearray()
         for i, ref in enumerate(arr.rows or ()):
-            rows = min(arr.chunk[0], var.shape[0] - i * arr.chunk[0])
+            rows = min(chunk_rows, total_rows - i * chunk_rows)
             want = rows * row * item  # the rows inside the array (an edge chunk is padded)
-            for piece in self._chunk_bytes(ref, arr.chunk[0] * row * item, want, where, dtype):
+            for piece in self._chunk_bytes(ref, chunk_rows * row * item, want, where, dtype):
                 if not pending and len(piece) == step:  # the usual case: a whole block, no copy
                     yield np.frombuffer(piece, dtype=dtype)
                     continue
