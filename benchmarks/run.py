@@ -871,7 +871,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(p.id == "scan" for p in pairs):
         c.ensure_run(s)
     if any(p.id in bench_orbax.PAIR_IDS for p in pairs) and bench_orbax.orbax_python():
-        log("writing the two Orbax steps (orbax, once)")
+        log("the two Orbax steps (written by orbax once, then reused)")
         bench_orbax.ensure_steps(work, bench_orbax.orbax_python())
     available = [p for p in pairs if p.command in commands]
     unavailable = [p for p in pairs if p.command not in commands]
