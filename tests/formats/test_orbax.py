@@ -498,3 +498,15 @@ def test_ocdbt_zstd_bodies_are_bounded():
     assert len(zstd_decompress(bomb, 8 << 20, "node")) == 8 << 20
     with pytest.raises(errors.CorruptCheckpointError, match="does not decode|cut short"):
         zstd_decompress(bomb[:40], 1 << 20, "node")
+
+
+def test_concurrent_reads_only_when_tensorstore_chunks_are_small(monkeypatch):
+    from ckptinspect.formats.orbax import step as orbax_step
+
+    with open_checkpoint(str(NAN_RUN / "2")) as ckpt:  # every array streamed
+        assert ckpt.source.concurrent_reads
+    monkeypatch.setattr(orbax_step, "CONCURRENT_CHUNK_BYTES", 100)
+    with open_checkpoint(str(NAN_RUN / "2")) as ckpt:
+        assert ckpt.source.concurrent_reads  # streamed arrays hold a few MiB whatever their chunks
+    with open_checkpoint(str(RUN / "6")) as ckpt:  # kernels split on the model axis: tensorstore decodes them
+        assert not ckpt.source.concurrent_reads

@@ -80,6 +80,7 @@ MAX_CHUNK_BYTES = 1 << 31  # one decoded chunk (tensorstore decodes chunks whole
 MAX_DIMS = 64
 INT64_MAX = (1 << 63) - 1
 CACHE_BYTES = 32 << 20
+CONCURRENT_CHUNK_BYTES = 16 << 20  # tensorstore's chunks that two concurrent reads may decode at once
 ITERATION_NAMES = ("iteration", "iterations")
 # zarr v3 data types -> ckptinspect dtype names (the same spelling, the ones we read).
 ZARR_DTYPES = {
@@ -268,9 +269,11 @@ class OrbaxSource(m.BaseSource):
     each chunk's zstd frame from its data file in pieces (``zstandard``), never holding a decoded
     chunk: tensorstore decodes a chunk whole (64 MiB for a 4096x4096 float32 kernel on one
     device) and holds about two copies while it does. Every other array, and ``read``, go through
-    tensorstore. ``concurrent_reads`` is on: a streamed array costs a few MiB, so ``diff`` reads
-    two at once on two cores (measured on the 1 GB bench steps: 16-20 s and 272 MiB through
-    tensorstore, one at a time; see ``benchmarks/bench_orbax.py``).
+    tensorstore. ``concurrent_reads`` is on when that costs little: a streamed array holds a few
+    MiB, so ``diff`` reads two at once on two cores, unless an array tensorstore reads has chunks
+    over :data:`CONCURRENT_CHUNK_BYTES` (two decoded at once would double the peak: 463 MiB
+    instead of 274 for 64 MiB chunks). On the 1 GB bench steps: 3.4 s and 59 MiB, beside 16-20 s
+    and 272 MiB through tensorstore one at a time (``benchmarks/run.py --only diff-orbax``).
     """
 
     concurrent_reads = True
@@ -283,6 +286,10 @@ class OrbaxSource(m.BaseSource):
         self._files = tuple(files)
         self._context: Any = None  # tensorstore's, made with the first value read
         self._db = database
+        self.concurrent_reads = all(
+            a.rows is not None and database is not None
+            or math.prod(min(c, n) for c, n in zip(a.chunk, a.shape)) * m.ITEMSIZE.get(a.dtype, 8) <= CONCURRENT_CHUNK_BYTES
+            for a in arrays.values())
         self._lock = threading.Lock()
         self._open: dict[str, Any] = {}
 
