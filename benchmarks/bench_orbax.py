@@ -16,6 +16,10 @@ Two steps of about 1 GB each (16 float32 kernels of 4096x4096 and their biases, 
   numpy.
 
 Targets (issue 24): ``ls`` at least 10x the orbax script, ``diff`` at least 3x, peak under 200 MiB.
+
+``benchmarks/run.py`` times the same commands as its pairs ``ls-orbax`` and ``diff-orbax`` when
+``$CKPTINSPECT_ORBAX_PYTHON`` names a Python with jax and orbax-checkpoint (the steps are written
+once into its work folder, ``orbax_1gb/``); without it the rows are reported as not installed.
 """
 
 from __future__ import annotations
@@ -23,10 +27,12 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
+import shutil
 import statistics
 import subprocess
 import sys
 import time
+from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LAYERS, SIDE = 16, 4096
@@ -90,17 +96,58 @@ def _run(cmd: list[str], env: dict[str, str]) -> tuple[float, int, int]:
     return time.perf_counter() - start, usage.ru_maxrss * 1024, os.waitstatus_to_exitcode(status)
 
 
-def measure(directory: str, orbax_python: str, repeat: int) -> int:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+def commands(directory: str, orbax_python: str) -> dict[str, list[tuple[str, list[str]]]]:
+    """Each group's commands, ckptinspect first (what ``measure`` and ``benchmarks/run.py`` time)."""
     s1, s2 = os.path.join(directory, "1"), os.path.join(directory, "2")
     me = [sys.executable, "-m", "ckptinspect"]
-    rows = {
+    return {
         "ls": [("ckptinspect ls", [*me, "ls", s1]),
                ("orbax metadata API script", [orbax_python, "-c", ORBAX_LS, s1]),
                ("tensorstore-only listing", [sys.executable, "-c", TS_LS, s1])],
         "diff": [("ckptinspect diff", [*me, "diff", s1, s2]),
                  ("orbax restore both + numpy", [orbax_python, "-c", ORBAX_DIFF, s1, s2])],
     }
+
+
+# -- benchmarks/run.py's rows (its pairs ls-orbax and diff-orbax) ----------------------------------
+PAIR_IDS = ("ls-orbax", "diff-orbax")
+TITLES = {
+    "ls-orbax": "list a 1 GB Keras-tree Orbax step (16 float32 4096x4096 kernels, one chunk each)",
+    "diff-orbax": "compare two 1 GB Orbax steps (every kernel changed)",
+}
+ORBAX_PYTHON_ENV = "CKPTINSPECT_ORBAX_PYTHON"
+ORBAX_MISSING = f"no Python with jax and orbax-checkpoint ({ORBAX_PYTHON_ENV}=/path/to/python)"
+
+
+def orbax_python() -> str | None:
+    """The Python that has jax and orbax-checkpoint (``$CKPTINSPECT_ORBAX_PYTHON``), or None."""
+    found = os.environ.get(ORBAX_PYTHON_ENV)
+    return found if found and os.path.isfile(found) else None
+
+
+def ensure_steps(work: pathlib.Path, python: str) -> pathlib.Path:
+    """The two steps under ``work/orbax_1gb``, written once by orbax (about a minute), reused after."""
+    directory = pathlib.Path(work) / "orbax_1gb"
+    if not all((directory / s / "_CHECKPOINT_METADATA").is_file() for s in ("1", "2")):
+        shutil.rmtree(directory, ignore_errors=True)
+        subprocess.run([python, str(pathlib.Path(__file__).resolve()), "make", str(directory)], check=True,
+                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    return directory
+
+
+def tools(work: pathlib.Path, tool: type, python: str | None) -> dict[str, list[Any]]:
+    """``{pair id: [Tool, ...]}`` for run.py (``tool`` is its ``_common.Tool``), ckptinspect first;
+    every tool missing, saying why, without an orbax Python."""
+    missing = None if python else ORBAX_MISSING
+    groups = commands(str(pathlib.Path(work) / "orbax_1gb"), python or "python")
+    codes = {"diff": (0, 1)}
+    return {f"{g}-orbax": [tool(label, cmd, ok_codes=codes.get(g, (0,)) if i == 0 else (0,), ours=i == 0, missing=missing)
+                           for i, (label, cmd) in enumerate(cmds)] for g, cmds in groups.items()}
+
+
+def measure(directory: str, orbax_python: str, repeat: int) -> int:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    rows = commands(directory, orbax_python)
     print(f"{'command':<30} {'median s':>9} {'peak MiB':>9} {'ratio':>8}")
     for group, cmds in rows.items():
         ours = None

@@ -111,6 +111,53 @@ def test_blocks_stream_in_bounded_pieces():
                 np.testing.assert_array_equal(np.concatenate(blocks).reshape(v.shape), ckpt.read(v))
 
 
+STREAM_CASES = CASES + [("nan_run", NAN_RUN, s) for s in ("1", "2")]  # 1, 2: chunks in data files, not inline
+
+
+@pytest.mark.parametrize("group,run,step", STREAM_CASES, ids=[f"{g}/{s}" for g, _, s in STREAM_CASES])
+def test_streamed_blocks_equal_tensorstores_reads(group, run, step):
+    # Arrays chunked along their first axis only are streamed from their zstd frames (the others,
+    # split on another axis, through tensorstore): both equal tensorstore's own read, bit for bit.
+    streamed = 0
+    with open_checkpoint(str(run / step)) as ckpt:
+        for v in ckpt.variables:
+            streamed += ckpt.source._arrays[v.key].rows is not None
+            want = _oracle(run / step, v.key).reshape(-1)
+            for elements in (1, 5, 1 << 18):
+                got = np.concatenate([np.array(b) for b in ckpt.iter_blocks(v, elements)])
+                assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), (v.key, elements)
+    assert streamed >= 14
+
+
+def test_diff_of_steps_stored_as_orbax_writes_them_imports_no_tensorstore():
+    # nan_run's arrays are all stored as whole rows of chunks (one device): diff streams every one
+    probe = """
+import sys
+import ckptinspect
+report = ckptinspect.diff(sys.argv[1], sys.argv[2])
+print(len(report.variables), sorted(m for m in sys.modules if m.split(".")[0] == "tensorstore"))
+"""
+    out = subprocess.run([sys.executable, "-c", probe, str(NAN_RUN / "1"), str(NAN_RUN / "2")], capture_output=True,
+                         text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert out.stdout.split(" ", 1) == ["26", "[]\n"], out.stderr
+
+
+def test_streamed_chunk_that_does_not_decode_is_one_clean_error(tmp_path):
+    step = _copy(NAN_RUN / "2", tmp_path)
+    with open_checkpoint(str(step)) as ckpt:
+        # a chunk in a data file (not inline in the B+tree node): change a byte of its zstd frame
+        var = next(v for v in ckpt.variables if (ckpt.source._arrays[v.key].rows or [None])[0] is not None
+                   and ckpt.source._arrays[v.key].rows[0].inline is None)
+        ref = ckpt.source._arrays[var.key].rows[0]
+    path = step / "pytree" / ref.path
+    raw = bytearray(path.read_bytes())
+    raw[ref.offset + 12] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    with open_checkpoint(str(step)) as ckpt:
+        with pytest.raises(errors.CorruptCheckpointError, match=var.key):
+            list(ckpt.iter_blocks(ckpt[var.name], 1 << 16))
+
+
 def test_run_directory_is_a_series_with_the_interrupted_save_named():
     listing = list_directory(str(RUN))
     assert [c.number for c in listing.checkpoints] == [3, 6]
@@ -242,8 +289,124 @@ def test_declared_dtype_that_lies_about_the_chunks(tmp_path):
 def test_garbage_manifest_is_one_clean_error(tmp_path):
     step = _copy(RUN / "6", tmp_path)
     (step / "pytree" / "manifest.ocdbt").write_bytes(b"\x00" * 200)
-    with pytest.raises(errors.CorruptCheckpointError, match="Error decoding manifest"):
+    with pytest.raises(errors.CorruptCheckpointError, match="OCDBT database cannot be opened: .*not OCDBT data"):
         open_checkpoint(str(step))
+
+
+# -- the OCDBT reader the listing uses (formats/orbax/ocdbt.py) against tensorstore's ------------
+def _databases() -> list[pathlib.Path]:
+    joined = sorted(p.parent for p in FIX.rglob("pytree/manifest.ocdbt"))
+    return joined + sorted(p.parent for p in FIX.rglob("ocdbt.process_*/manifest.ocdbt"))
+
+
+def _ts_items(base: pathlib.Path) -> dict[bytes, bytes]:
+    kv = ts.KvStore.open({"driver": "ocdbt", "base": f"file://{base}/"}).result()
+    return {k: bytes(kv.read(k).result().value) for k in kv.list().result()}
+
+
+def test_ocdbt_reader_lists_and_reads_what_tensorstore_does():
+    from ckptinspect.formats.orbax.ocdbt import open_database
+
+    bases = _databases()
+    assert len(bases) >= 14 and any("ocdbt.process_1" in str(b) for b in bases)
+    for base in bases:
+        db = open_database(str(base))
+        mine = {k: db.read_value(ref) for k, ref in db.items()}
+        assert mine == _ts_items(base), base
+
+
+def test_ocdbt_reader_reads_the_newest_version_after_a_rewrite(tmp_path):
+    from ckptinspect.formats.orbax.ocdbt import open_database
+
+    step = _copy(RUN / "6", tmp_path)
+    _rewrite_zarr_json(step, "trainable_variables.sequential.dense_2.kernel", lambda meta: meta.update(data_type="float64"))
+    db = open_database(str(step / "pytree"))
+    mine = {k: db.read_value(ref) for k, ref in db.items()}
+    assert mine == _ts_items(step / "pytree")
+    assert b'"float64"' in mine[b"trainable_variables.sequential.dense_2.kernel/zarr.json"]
+
+
+def test_scalars_decoded_from_their_entries_equal_tensorstores_reads():
+    from ckptinspect.formats.orbax.ocdbt import open_database
+    from ckptinspect.formats.orbax.step import scalar_from_entry
+
+    checked = 0
+    for base in _databases()[:6]:
+        items = _ts_items(base)
+        for key, raw in items.items():
+            if not key.endswith(b"/zarr.json"):
+                continue
+            meta = json.loads(raw)
+            name = key[: -len(b"/zarr.json")].decode()
+            if meta["shape"] != [] or name.encode() + b"/c" not in items:
+                continue
+            got = scalar_from_entry(meta, items[name.encode() + b"/c"], name)
+            assert got == float(_oracle(base.parent, name)), (base, name)
+            checked += 1
+    assert checked >= 20
+
+
+def _ocdbt_manifest(path: bytes, offset: int = 0, length: int = 64) -> bytes:
+    """An uncompressed OCDBT manifest (tensorstore's format, index.rst) naming one data file."""
+    import google_crc32c
+
+    def varint(n: int) -> bytes:
+        out = b""
+        while True:
+            b, n = n & 0x7F, n >> 7
+            out += bytes([b | (0x80 if n else 0)])
+            if not n:
+                return out
+
+    body = b"\x00" * 16 + b"\x00" + varint(1024) + varint(1 << 20) + b"\x04" + varint(0)  # config, no compression
+    body += varint(1) + varint(len(path)) + varint(0) + path  # the data file table
+    body += varint(1) + varint(1) + b"\x00" + varint(0) + varint(offset) + varint(length)  # one version
+    body += varint(1) + varint(length) + varint(0) + (0).to_bytes(8, "little") + varint(0)  # statistics, no nodes
+    head = (0x0CDB3A2A).to_bytes(4, "big")
+    rest = varint(0) + varint(0) + body  # version 0, uncompressed
+    raw = head + (4 + 8 + len(rest) + 4).to_bytes(8, "little") + rest
+    return raw + google_crc32c.value(raw).to_bytes(4, "little")
+
+
+@pytest.mark.parametrize("path,error", [(b"../../outside/d/x", errors.UnsafeFileError),
+                                        (b"/etc/passwd", errors.UnsafeFileError),
+                                        (b"d/missing", errors.CkptError)])
+def test_ocdbt_manifest_naming_files_outside_or_missing(tmp_path, path, error):
+    step = _copy(RUN / "6", tmp_path)
+    (step / "pytree" / "manifest.ocdbt").write_bytes(_ocdbt_manifest(path))
+    with pytest.raises(error):
+        open_checkpoint(str(step))
+
+
+def test_ocdbt_manifest_or_node_changed_is_one_clean_error(tmp_path):
+    step = _copy(RUN / "6", tmp_path)
+    manifest = step / "pytree" / "manifest.ocdbt"
+    raw = bytearray(manifest.read_bytes())
+    raw[20] ^= 0x01
+    manifest.write_bytes(bytes(raw))
+    with pytest.raises(errors.CorruptCheckpointError, match="checksum mismatch"):
+        open_checkpoint(str(step))
+    manifest.write_bytes((RUN / "6" / "pytree" / "manifest.ocdbt").read_bytes()[:-9])  # cut short
+    with pytest.raises(errors.CorruptCheckpointError, match="declares .* bytes"):
+        open_checkpoint(str(step))
+    shutil.copy(RUN / "6" / "pytree" / "manifest.ocdbt", manifest)
+    node_file = next((step / "pytree" / "d").iterdir())
+    raw = bytearray(node_file.read_bytes())
+    raw[30] ^= 0x40
+    node_file.write_bytes(bytes(raw))
+    with pytest.raises(errors.CorruptCheckpointError):
+        open_checkpoint(str(step))
+
+
+def test_array_metadatas_are_not_where_the_bytes_are():
+    # Why the shards column lists each process' database and does not read array_metadatas/process_N:
+    # process 1 lists every array there, also the replicated ones whose chunks only process 0 wrote.
+    listed = {e["array_metadata"]["param_name"] for e in
+              json.loads((MULTI / "4" / "pytree" / "array_metadatas" / "process_1").read_text())["array_metadatas"]}
+    held = {k.decode().partition("/c")[0] for k in _ts_items(MULTI / "4" / "pytree" / "ocdbt.process_1") if b"/c" in k}
+    assert held < listed
+    with open_checkpoint(str(MULTI / "4")) as ckpt:
+        assert {v.key for v in ckpt.variables if 1 in v.shards} == held
 
 
 def test_input_never_modified():
@@ -283,12 +446,38 @@ run()
 """
 
 
-def test_without_tensorstore_one_error_line_naming_the_extra():
-    out = subprocess.run([sys.executable, "-c", NO_TENSORSTORE, str(RUN / "6")], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+def _ls(*args: str, without: str | None = None) -> subprocess.CompletedProcess:
+    script = NO_TENSORSTORE.replace('"tensorstore"', repr(without)) if without else NO_TENSORSTORE.replace(
+        'sys.modules["tensorstore"] = None', "")
+    script = script.replace('["ckptinspect", "ls", sys.argv[1]]', "['ckptinspect', *sys.argv[1:]]")
+    return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+
+
+def test_ls_lists_without_tensorstore_and_values_name_the_extra():
+    # ls reads names, shapes, dtypes, shards, the step and the times without tensorstore: the same
+    # output as with it; a value (ls --stats) needs it, and says so in one line.
+    for step in (RUN / "6", MULTI / "4"):
+        with_ts = _ls("ls", "--format", "json", str(step))
+        without = _ls("ls", "--format", "json", str(step), without="tensorstore")
+        assert with_ts.returncode == 0 and without.returncode == 0, without.stderr
+        assert json.loads(without.stdout) == json.loads(with_ts.stdout)
+        assert json.loads(without.stdout)["step"] == int(step.name)
+    out = _ls("ls", "--stats", str(RUN / "6"), without="tensorstore")
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error:") and "pip install 'ckptinspect[orbax]'" in lines[0]
+
+
+def test_ls_imports_no_tensorstore_and_without_zstandard_names_the_extra():
+    probe = LS_IMPORTS.replace('("jax", "jaxlib", "orbax", "tensorflow", "torch")', '("tensorstore", "numpy")')
+    out = subprocess.run([sys.executable, "-c", probe, str(RUN / "6")], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert "sequential/dense_1/kernel" in out.stdout and "HEAVY []" in out.stdout
+    out = _ls("ls", str(RUN / "6"), without="zstandard")
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "zstandard" in lines[0] and "pip install 'ckptinspect[orbax]'" in lines[0]
 
 
 def test_orbax_fixtures_are_small():
@@ -316,3 +505,29 @@ def test_every_value_has_its_declared_shape_scalars_included(tmp_path):
     with open_checkpoint(str(out)) as written, open_checkpoint(str(RUN / "6")) as ckpt:
         for v in scalars:
             assert written.read(v.name).shape == () and written.read(v.name) == ckpt.read(v)
+
+
+def test_ocdbt_zstd_bodies_are_bounded():
+    import zstandard
+
+    from ckptinspect.formats.orbax.ocdbt import zstd_decompress
+
+    bomb = zstandard.ZstdCompressor().compress(b"\0" * (8 << 20))  # 8 MiB from a few hundred bytes
+    assert len(bomb) < 4096
+    with pytest.raises(errors.UnsafeFileError, match="more than 1048576 bytes"):
+        zstd_decompress(bomb, 1 << 20, "node")
+    assert len(zstd_decompress(bomb, 8 << 20, "node")) == 8 << 20
+    with pytest.raises(errors.CorruptCheckpointError, match="does not decode|cut short"):
+        zstd_decompress(bomb[:40], 1 << 20, "node")
+
+
+def test_concurrent_reads_only_when_tensorstore_chunks_are_small(monkeypatch):
+    from ckptinspect.formats.orbax import step as orbax_step
+
+    with open_checkpoint(str(NAN_RUN / "2")) as ckpt:  # every array streamed
+        assert ckpt.source.concurrent_reads
+    monkeypatch.setattr(orbax_step, "CONCURRENT_CHUNK_BYTES", 100)
+    with open_checkpoint(str(NAN_RUN / "2")) as ckpt:
+        assert ckpt.source.concurrent_reads  # streamed arrays hold a few MiB whatever their chunks
+    with open_checkpoint(str(RUN / "6")) as ckpt:  # kernels split on the model axis: tensorstore decodes them
+        assert not ckpt.source.concurrent_reads

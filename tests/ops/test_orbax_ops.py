@@ -67,9 +67,47 @@ def test_extract_the_way_out(tmp_path, out):
             np.testing.assert_array_equal(got, _oracle(RUN / "6", v.key))
 
 
-def test_average_over_a_run_says_what_it_reads(tmp_path):
-    with pytest.raises(errors.CkptError, match="orbax"):
-        ckptinspect.average(str(RUN), str(tmp_path / "avg" / "ckpt"), last=2)
+def _tensorstore_keys(step: pathlib.Path) -> list[str]:
+    tree = json.loads((step / "pytree" / "_METADATA").read_text())["tree_metadata"]
+    return [".".join(eval(k)) for k in tree]  # noqa: S307 - our own fixture's keys, tuples of names
+
+
+@pytest.mark.parametrize("how", ["last", "explicit"])
+def test_average_of_orbax_steps_is_numpys_mean_of_tensorstores_reads(tmp_path, how):
+    out = tmp_path / "avg" / "ckpt"
+    steps = [RUN / "3", RUN / "6"]
+    if how == "last":
+        report = ckptinspect.average(str(RUN), str(out), last=2)  # the interrupted 9.orbax-checkpoint-tmp is not a step
+    else:
+        report = ckptinspect.average([str(RUN / "6"), str(RUN / "3")], str(out))  # put in step order
+    assert [pathlib.Path(i.path).name for i in report.inputs] == ["3", "6"]
+    assert report.verified == 26
+    with open_checkpoint(str(out)) as written, open_checkpoint(str(RUN / "6")) as newest:
+        assert written.format == "tf-bundle"
+        by_key = {v.key: v for v in newest.variables}
+        assert {v.key for v in written.variables} == {by_key[k].name for k in _tensorstore_keys(RUN / "6")}
+        for key in _tensorstore_keys(RUN / "6"):
+            values = [_oracle(s, key) for s in steps]
+            got = written.read(written[by_key[key].name])
+            if values[0].dtype.kind == "f" and by_key[key].role != "metadata":
+                want = np.mean(np.stack(values).astype(np.float64), axis=0).astype(values[0].dtype)
+            else:  # the optimizer's iteration count, the metrics: the newest's
+                want = values[-1]
+            np.testing.assert_array_equal(got, want, err_msg=key)
+            assert got.dtype == want.dtype
+        assert written.step == 6  # the newest's iterations, copied
+
+
+def test_average_of_orbax_steps_role_model_and_outputs(tmp_path):
+    report = ckptinspect.average(str(RUN), str(tmp_path / "m" / "ckpt"), last=2, role="model")
+    with open_checkpoint(str(tmp_path / "m" / "ckpt")) as written:
+        assert sorted(v.key for v in written.variables) == sorted(
+            v.name for v in report.variables if v.role == "model")
+        assert len(written.variables) == 8
+    with pytest.raises(errors.UsageError, match="other sources into a TF prefix"):
+        ckptinspect.average(str(RUN), str(tmp_path / "w.weights.h5"), last=2)
+    with pytest.raises(errors.UsageError, match="do not agree.* is tf-bundle, the newest is orbax|do not agree.* is orbax, the newest is tf-bundle"):
+        ckptinspect.average([str(RUN / "6"), str(MP / "model_tf" / "ckpt")], str(tmp_path / "x" / "ckpt"))
 
 
 @pytest.mark.slow
@@ -99,3 +137,16 @@ def test_transplant_an_orbax_step_into_the_keras_model(monkeypatch):
         for w in model.get_layer(layer).weights:
             key = f"{'non_' if not w.trainable else ''}trainable_variables.sequential.{layer}.{w.name}"
             np.testing.assert_array_equal(np.asarray(w), _oracle(RUN / "6", key))
+
+
+def test_plan_names_orbax_commit_times():
+    from ckptinspect.ops.plan.measure import measure
+
+    measured = measure(str(FIX / "nan_run"))
+    cadence = measured.cadence
+    assert cadence.time_source == "commit"  # _CHECKPOINT_METADATA's commit_timestamp_nsecs, no state file
+    commits = sorted(json.loads((FIX / "nan_run" / s / "_CHECKPOINT_METADATA").read_text())["commit_timestamp_nsecs"] / 1e9
+                     for s in "1234")
+    assert [p.time for p in cadence.points] == commits
+    gaps = sorted(b - a for a, b in zip(commits, commits[1:]))
+    assert cadence.interval_seconds == pytest.approx(gaps[1])

@@ -1,13 +1,20 @@
-"""The Orbax reader: one step directory of a Keras 3 ``OrbaxCheckpoint`` run, through tensorstore.
+"""The Orbax reader: one step directory of a Keras 3 ``OrbaxCheckpoint`` run.
 
 Names, tree, sharding and times come from the step's plain JSON files (:mod:`.layout`); each
-array's shape, dtype and chunking from its ``zarr.json`` inside the OCDBT database, and its values
-from tensorstore's ``zarr3`` driver over the ``ocdbt`` key-value store (the reader Orbax itself
-uses). JAX and orbax are never imported; tensorstore is imported when a step is opened (the
-``ckptinspect[orbax]`` extra), and its absence is one clear error.
+array's shape, dtype and chunking from its ``zarr.json`` inside the OCDBT database, read by our
+own OCDBT reader (:mod:`.ocdbt`: the manifest and B+tree nodes, zstd through ``zstandard``), and
+its values from tensorstore's ``zarr3`` driver over the ``ocdbt`` key-value store (the reader
+Orbax itself uses). Opening a step (``ls``) never imports tensorstore: it is imported when a
+value is first read (``ls --stats``, ``diff``, ``verify``...). JAX and orbax are never imported;
+the ``ckptinspect[orbax]`` extra brings tensorstore and zstandard, and the absence of either is
+one clear error when it is needed.
 
 Which process wrote which chunks (the shards column) comes from each process' own database
-(``ocdbt.process_N``): its keys are listed, never its values. Values stream chunk row by chunk
+(``ocdbt.process_N``): its keys are listed, never its values (``array_metadatas/process_N`` is no
+substitute: every process lists every array there, also the replicated ones only process 0
+writes). The optimizer's iteration count (the step) is a scalar chunk decoded from its database
+entry where it is stored as Orbax writes it (``sharding_indexed``: ``bytes`` then ``zstd``, the
+index checked with its crc32c), else read through tensorstore. Values stream chunk row by chunk
 row (:meth:`OrbaxSource.iter_blocks`).
 
 What cannot be proven: OCDBT checksums its manifests and tree nodes and the zarr shard index
@@ -19,10 +26,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import io
 import json
 import math
 import os
 import stat
+import sys
 import threading
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -31,6 +40,7 @@ from ...errors import CorruptCheckpointError, NotACheckpointError, UnsafeFileErr
 from .. import _fs
 from .._readcheck import Check
 from .._step import training_step
+from .ocdbt import Database, ValueRef, open_database, zstd_decompress
 from .layout import (
     COMMIT_MARKER,
     MANIFEST,
@@ -70,6 +80,7 @@ MAX_CHUNK_BYTES = 1 << 31  # one decoded chunk (tensorstore decodes chunks whole
 MAX_DIMS = 64
 INT64_MAX = (1 << 63) - 1
 CACHE_BYTES = 32 << 20
+CONCURRENT_CHUNK_BYTES = 16 << 20  # tensorstore's chunks that two concurrent reads may decode at once
 ITERATION_NAMES = ("iteration", "iterations")
 # zarr v3 data types -> ckptinspect dtype names (the same spelling, the ones we read).
 ZARR_DTYPES = {
@@ -143,8 +154,8 @@ def _walk_files(step: str) -> list[str]:
     return sorted(files)
 
 
-def _shape_dtype(key: str, raw: bytes, where: str) -> tuple[tuple[int, ...], str, tuple[int, ...]]:
-    """Shape, dtype and chunk shape from an array's ``zarr.json``, checked."""
+def _shape_dtype(key: str, raw: bytes, where: str) -> tuple[tuple[int, ...], str, tuple[int, ...], dict[str, Any]]:
+    """Shape, dtype, chunk shape and the metadata itself from an array's ``zarr.json``, checked."""
     if len(raw) > MAX_ZARR_JSON_BYTES:
         raise UnsafeFileError(f"{where}: {key}/{ZARR_JSON} is {len(raw)} bytes; refusing")
     try:
@@ -169,7 +180,7 @@ def _shape_dtype(key: str, raw: bytes, where: str) -> tuple[tuple[int, ...], str
         raise CorruptCheckpointError(f"{where}: {key} declares chunks {list(chunk)} for shape {list(shape)}")
     if math.prod(min(c, s) for c, s in zip(chunk, shape)) * item > MAX_CHUNK_BYTES:
         raise UnsafeFileError(f"{where}: {key} declares chunks of {list(chunk)} elements; refusing")
-    return tuple(shape), name, tuple(chunk)
+    return tuple(shape), name, tuple(chunk), meta
 
 
 def _chunk_shape(meta: dict[str, Any]) -> tuple[int, ...] | None:
@@ -190,32 +201,95 @@ def _chunk_shape(meta: dict[str, Any]) -> tuple[int, ...] | None:
 
 
 class _Array:
-    """What the source knows of one array: its tensorstore key and declared chunking."""
+    """What the source knows of one array: its tensorstore key and declared chunking, and for an
+    array stored as whole rows of chunks (:func:`_row_chunks`) where each chunk's zstd frame is."""
 
-    __slots__ = ("key", "shape", "dtype", "chunk")
+    __slots__ = ("key", "shape", "dtype", "chunk", "rows")
 
-    def __init__(self, key: str, shape: tuple[int, ...], dtype: str, chunk: tuple[int, ...]):
-        self.key, self.shape, self.dtype, self.chunk = key, shape, dtype, chunk
+    def __init__(self, key: str, shape: tuple[int, ...], dtype: str, chunk: tuple[int, ...],
+                 rows: list[ValueRef | None] | None = None):
+        self.key, self.shape, self.dtype, self.chunk, self.rows = key, shape, dtype, chunk, rows
+
+
+def _row_chunks(meta: dict[str, Any], shape: tuple[int, ...], key: str, refs: dict[bytes, ValueRef]) -> list[ValueRef | None] | None:
+    """The stored value of each chunk of an array chunked along its first axis only (every chunk
+    holds whole rows: what Orbax writes for an array on one device or split on its first axis),
+    stored as Orbax stores it (``sharding_indexed`` with one inner chunk, ``bytes`` little-endian
+    then ``zstd``, the index ``bytes`` + ``crc32c`` at the end, the default chunk keys): those are
+    streamed (:meth:`OrbaxSource.iter_blocks`). None for any other layout (tensorstore reads it)."""
+    codecs = meta.get("codecs")
+    grid = meta.get("chunk_grid")
+    if not isinstance(codecs, list) or len(codecs) != 1 or not isinstance(grid, dict):
+        return None
+    name, conf = _codec(codecs[0])
+    outer = _chunk_shape({"chunk_grid": grid})
+    inner = conf.get("chunk_shape")
+    index = [_codec(c) for c in conf.get("index_codecs") or ()]
+    inner_codecs = [_codec(c) for c in conf.get("codecs") or ()]
+    key_encoding = meta.get("chunk_key_encoding")
+    if (name != "sharding_indexed" or outer is None or list(outer) != inner or tuple(outer[1:]) != shape[1:]
+            or conf.get("index_location", "end") != "end" or [n for n, _ in index] != ["bytes", "crc32c"]
+            or [n for n, _ in inner_codecs] != ["bytes", "zstd"] or inner_codecs[0][1].get("endian", "little") != "little"
+            or index[0][1].get("endian", "little") != "little"
+            or key_encoding not in (None, {"name": "default"}, {"name": "default", "configuration": {"separator": "/"}})
+            or meta.get("fill_value") not in (0, None, False) or sys.byteorder != "little"):
+        return None
+    if not shape:  # a scalar: one chunk, key "c"
+        return [refs.get(f"{key}/c".encode())]
+    count = -(-shape[0] // outer[0]) if outer[0] else 0
+    if count > MAX_FILES:
+        return None
+    tail = "/0" * (len(shape) - 1)
+    return [refs.get(f"{key}/c/{i}{tail}".encode()) for i in range(count)]
+
+
+class _Window:
+    """``length`` bytes of a file from ``offset``, read as a stream (what zstd decodes from)."""
+
+    def __init__(self, path: str, offset: int, length: int):
+        self._f = open(path, "rb")  # noqa: SIM115 - closed by close()
+        self._f.seek(offset)
+        self._left = length
+
+    def read(self, n: int = -1) -> bytes:
+        n = self._left if n < 0 else min(n, self._left)
+        data = self._f.read(n) if n > 0 else b""
+        self._left -= len(data)
+        return data
+
+    def close(self) -> None:
+        self._f.close()
 
 
 class OrbaxSource(m.BaseSource):
     """Values of one Orbax step through tensorstore.
 
-    ``concurrent_reads`` is off although tensorstore is thread-safe: it decodes a chunk whole
-    (Orbax writes one chunk per device shard: 64 MiB for a 4096x4096 float32 kernel on one
-    device), holding about three chunks while it does, so two variables at once would double
-    the peak for no gain (the zstd decoding is the time; measured on a 1 GB step: 18.2 s and
-    463 MiB with it on, 18.6 s and 274 MiB off).
+    ``iter_blocks`` of an array stored as whole rows of chunks the way Orbax writes them (one
+    chunk per device shard, split on the first axis or not at all: :func:`_row_chunks`) streams
+    each chunk's zstd frame from its data file in pieces (``zstandard``), never holding a decoded
+    chunk: tensorstore decodes a chunk whole (64 MiB for a 4096x4096 float32 kernel on one
+    device) and holds about two copies while it does. Every other array, and ``read``, go through
+    tensorstore. ``concurrent_reads`` is on when that costs little: a streamed array holds a few
+    MiB, so ``diff`` reads two at once on two cores, unless an array tensorstore reads has chunks
+    over :data:`CONCURRENT_CHUNK_BYTES` (two decoded at once would double the peak: 463 MiB
+    instead of 274 for 64 MiB chunks). On the 1 GB bench steps: 3.4 s and 59 MiB, beside 16-20 s
+    and 272 MiB through tensorstore one at a time (``benchmarks/run.py --only diff-orbax``).
     """
 
-    concurrent_reads = False
+    concurrent_reads = True
 
-    def __init__(self, step: str, pytree: str, arrays: dict[str, _Array], files: list[str], context: Any):
+    def __init__(self, step: str, pytree: str, arrays: dict[str, _Array], files: list[str],
+                 database: Database | None = None):
         self.step = step
         self.pytree = pytree
         self._arrays = arrays
         self._files = tuple(files)
-        self._context = context
+        self._context: Any = None  # tensorstore's, made with the first value read
+        self._db = database
+        self.concurrent_reads = all(
+            a.rows is not None and database is not None
+            or math.prod(min(c, n) for c, n in zip(a.chunk, a.shape)) * m.ITEMSIZE.get(a.dtype, 8) <= CONCURRENT_CHUNK_BYTES
+            for a in arrays.values())
         self._lock = threading.Lock()
         self._open: dict[str, Any] = {}
 
@@ -225,6 +299,9 @@ class OrbaxSource(m.BaseSource):
         if store is not None:
             return store
         ts = tensorstore()
+        with self._lock:
+            if self._context is None:
+                self._context = _context(ts)
         arr = self._arrays.get(var.key)
         if arr is None:
             raise CorruptCheckpointError(f"{self.step}: no array {var.key!r}")
@@ -263,10 +340,96 @@ class OrbaxSource(m.BaseSource):
         return value
 
     def iter_blocks(self, variable: m.Variable, elements: int) -> Iterator[np.ndarray]:
-        """The flattened value in row bands of whole chunk rows where they fit in ``elements``
-        (memory: about one band of chunks, never the whole array)."""
+        """The flattened value in blocks of ``elements``: streamed chunk by chunk from the zstd
+        frames for arrays stored as whole rows of chunks, else in row bands of whole chunk rows
+        through tensorstore (memory: about one band of chunks, never the whole array)."""
         if m.numpy_dtype(variable.dtype) is None:
             raise CorruptCheckpointError(f"{self.step}: {variable.key}: dtype {variable.dtype} cannot be read")
+        arr = self._arrays.get(variable.key)
+        if arr is not None and arr.rows is not None and self._db is not None and variable.size:
+            return self._streamed(variable, arr, max(1, elements))
+        return self._tensorstore_blocks(variable, elements)
+
+    def _streamed(self, var: m.Variable, arr: _Array, elements: int) -> Iterator[np.ndarray]:
+        """Each chunk's zstd frame decoded in pieces, its rows in the array cropped, cut into
+        blocks of ``elements``; a chunk never written is its fill value."""
+        import numpy as np  # noqa: PLC0415
+
+        dtype = m.numpy_dtype(var.dtype)
+        assert dtype is not None and self._db is not None
+        row = math.prod(var.shape[1:])  # 1 for a scalar (one chunk of one row)
+        chunk_rows, total_rows = (arr.chunk[0], var.shape[0]) if var.shape else (1, 1)
+        item = dtype.itemsize
+        step = max(1, elements) * item
+        where = f"{self.step}: {var.key}"
+        pending = bytearray()
+        for i, ref in enumerate(arr.rows or ()):
+            rows = min(chunk_rows, total_rows - i * chunk_rows)
+            want = rows * row * item  # the rows inside the array (an edge chunk is padded)
+            for piece in self._chunk_bytes(ref, chunk_rows * row * item, want, where, dtype):
+                if not pending and len(piece) == step:  # the usual case: a whole block, no copy
+                    yield np.frombuffer(piece, dtype=dtype)
+                    continue
+                pending += piece
+                while len(pending) >= step:
+                    yield np.frombuffer(bytes(pending[:step]), dtype=dtype)  # little-endian, as the host
+                    del pending[:step]
+        if pending:
+            yield np.frombuffer(bytes(pending), dtype=dtype)
+
+    def _chunk_bytes(self, ref: ValueRef | None, whole: int, want: int, where: str, dtype: Any) -> Iterator[bytes]:
+        """The first ``want`` of the ``whole`` decoded bytes of one chunk, in pieces."""
+        import struct  # noqa: PLC0415
+
+        import google_crc32c  # noqa: PLC0415
+        import numpy as np  # noqa: PLC0415
+        import zstandard  # noqa: PLC0415
+
+        piece = 1 << 20
+        if ref is None:  # never written: the fill value (0: _row_chunks streams no other)
+            one = np.zeros(1, dtype=dtype).tobytes()
+            for start in range(0, want, piece):
+                yield one * (min(piece, want - start) // len(one))
+            return
+        if ref.length < 20:
+            raise CorruptCheckpointError(f"{where}: a chunk of {ref.length} bytes, shorter than its shard index")
+        if ref.inline is not None:
+            tail = ref.inline[-20:]
+        else:
+            tail = self._db._read(ref.path or "", ref.offset + ref.length - 20, 20, "a shard index")  # noqa: SLF001
+        if google_crc32c.value(tail[:16]) != struct.unpack("<I", tail[16:])[0]:
+            raise CorruptCheckpointError(f"{where}: the shard index checksum does not match")
+        offset, nbytes = struct.unpack("<QQ", tail[:16])
+        if offset == nbytes == (1 << 64) - 1:
+            yield from self._chunk_bytes(None, whole, want, where, dtype)
+            return
+        if offset + nbytes > ref.length - 20:
+            raise CorruptCheckpointError(f"{where}: the shard index points past the chunk ({offset}+{nbytes})")
+        if ref.inline is not None:
+            stream: Any = io.BytesIO(ref.inline[offset : offset + nbytes])
+        else:
+            full = os.path.join(self._db.path, ref.path or "")
+            _fs.check_regular(full)
+            stream = _Window(full, ref.offset + offset, nbytes)
+        got = 0
+        try:
+            with zstandard.ZstdDecompressor().stream_reader(stream, closefd=False) as reader:
+                while got < whole:
+                    data = reader.read(min(piece, whole - got))
+                    if not data:
+                        break
+                    if got < want:
+                        yield data[: want - got]
+                    got += len(data)
+                if got != whole or reader.read(1):
+                    raise CorruptCheckpointError(f"{where}: a chunk decodes to {got}{'+' if got == whole else ''} bytes,"
+                                                 f" its shape says {whole}")
+        except zstandard.ZstdError as e:
+            raise CorruptCheckpointError(f"{where}: unreadable: a chunk's zstd data does not decode: {e}") from None
+        finally:
+            stream.close()
+
+    def _tensorstore_blocks(self, variable: m.Variable, elements: int) -> Iterator[np.ndarray]:
         store = self._store(variable)
         shape = variable.shape
         if len(shape) == 0 or variable.size == 0:
@@ -311,14 +474,14 @@ def _context(ts: Any) -> Any:
                        "file_io_concurrency": {"limit": 4}})
 
 
-def _kvstore(ts: Any, base: str, context: Any, label: str) -> Any:
+def _database(base: str) -> Database:
     try:
-        return ts.KvStore.open({"driver": "ocdbt", "base": _file_url(base)}, context=context).result()
-    except Exception as e:
-        raise CorruptCheckpointError(f"{label}: the OCDBT database cannot be opened: {one_line(e)}") from None
+        return open_database(base)
+    except CorruptCheckpointError as e:
+        raise CorruptCheckpointError(f"{base}: the OCDBT database cannot be opened: {one_line(e)}") from None
 
 
-def _chunk_owners(ts: Any, layout: StepLayout, context: Any, problems: list[str]) -> dict[str, set[int]]:
+def _chunk_owners(layout: StepLayout, problems: list[str]) -> dict[str, set[int]]:
     """Array key -> the processes whose own database holds chunks of it (keys listed only)."""
     owners: dict[str, set[int]] = {}
     for n in layout.processes:
@@ -327,8 +490,8 @@ def _chunk_owners(ts: Any, layout: StepLayout, context: Any, problems: list[str]
             problems.append(f"{base}: no {MANIFEST} (process {n}'s database is incomplete)")
             continue
         try:
-            keys = _kvstore(ts, base, context, base).list().result()
-        except Exception as e:  # a damaged per-process database: say so, read through the joined one
+            keys = [k for k, _ in _database(base).items(with_values=False)]
+        except (CorruptCheckpointError, UnsafeFileError) as e:  # a damaged per-process database: say so, read through the joined one
             problems.append(f"{base}: cannot be listed: {one_line(e)}")
             continue
         for k in keys:
@@ -340,13 +503,85 @@ def _chunk_owners(ts: Any, layout: StepLayout, context: Any, problems: list[str]
     return owners
 
 
-def _iterations(source: OrbaxSource, variables: list[m.Variable]) -> tuple[str, int] | None:
-    import numpy as np  # noqa: PLC0415
+# Scalars decoded from their database entry (little-endian, as the zarr ``bytes`` codec says).
+_SCALAR_FORMATS = {"int8": "b", "int16": "h", "int32": "i", "int64": "q", "uint8": "B", "uint16": "H", "uint32": "I",
+                   "uint64": "Q", "float16": "e", "float32": "f", "float64": "d"}
 
+
+def _codec(c: Any) -> tuple[str, dict[str, Any]]:
+    if not isinstance(c, dict) or not isinstance(c.get("name"), str):
+        return "", {}
+    conf = c.get("configuration")
+    return c["name"], conf if isinstance(conf, dict) else {}
+
+
+def _inner_bytes(codecs: Any, data: bytes, where: str) -> bytes | None:
+    """A chunk's bytes through ``bytes`` (little-endian) and an optional ``zstd``; None for
+    other codecs."""
+    names = [_codec(c) for c in codecs] if isinstance(codecs, list) else [("", {})]
+    if not names or names[0][0] != "bytes" or names[0][1].get("endian", "little") != "little":
+        return None
+    for name, _ in names[1:]:
+        if name != "zstd":
+            return None
+        data = zstd_decompress(data, 1 << 16, where)
+    return data
+
+
+def scalar_from_entry(meta: dict[str, Any], raw: bytes, where: str) -> float | None:
+    """The value of a scalar array from its one chunk's stored bytes, decoded as Orbax writes it:
+    ``sharding_indexed`` (one inner chunk, the index ``bytes`` + ``crc32c`` at the end) over
+    ``bytes`` and ``zstd``, or ``bytes`` and ``zstd`` alone. None when stored otherwise (tensorstore
+    reads it then).
+
+    Raises:
+        CorruptCheckpointError: The entry is stored that way but does not decode.
+    """
+    import struct  # noqa: PLC0415
+
+    fmt = _SCALAR_FORMATS.get(str(meta.get("data_type")))
+    codecs = meta.get("codecs")
+    if fmt is None or meta.get("shape") != [] or not isinstance(codecs, list) or len(codecs) != 1 and not (
+            codecs and _codec(codecs[0])[0] == "bytes"):
+        return None
+    name, conf = _codec(codecs[0])
+    if name == "sharding_indexed":
+        index = [_codec(c) for c in conf.get("index_codecs") or ()]
+        if conf.get("index_location", "end") != "end" or [n for n, _ in index] != ["bytes", "crc32c"] or \
+                index[0][1].get("endian", "little") != "little" or len(raw) < 20:
+            return None
+        import google_crc32c  # noqa: PLC0415
+
+        table, crc = raw[-20:-4], struct.unpack("<I", raw[-4:])[0]
+        if google_crc32c.value(table) != crc:
+            raise CorruptCheckpointError(f"{where}: the shard index checksum does not match")
+        offset, nbytes = struct.unpack("<QQ", table)
+        if offset == nbytes == (1 << 64) - 1:  # an empty chunk: the fill value
+            fill = meta.get("fill_value")
+            return float(fill) if isinstance(fill, (int, float)) and not isinstance(fill, bool) else None
+        if offset + nbytes > len(raw) - 20:
+            raise CorruptCheckpointError(f"{where}: the shard index points past the chunk ({offset}+{nbytes})")
+        data = _inner_bytes(conf.get("codecs"), raw[offset : offset + nbytes], where)
+    else:
+        data = _inner_bytes(codecs, raw, where)
+    if data is None:
+        return None
+    if len(data) != struct.calcsize("<" + fmt):
+        raise CorruptCheckpointError(f"{where}: a scalar of {len(data)} bytes, its dtype says {struct.calcsize('<' + fmt)}")
+    return float(struct.unpack("<" + fmt, data)[0])
+
+
+def _iterations(source: OrbaxSource, variables: list[m.Variable], db: Database, refs: dict[bytes, ValueRef],
+                metas: dict[str, dict[str, Any]]) -> tuple[str, int] | None:
     for v in variables:
         if v.role == m.ROLE_OPTIMIZER and v.shape == () and v.key.rsplit(".", 1)[-1] in ITERATION_NAMES and v.dtype in m.INTEGER_DTYPES | m.FLOAT_DTYPES:
+            ref = refs.get(f"{v.key}/c".encode())
+            value: float | None = None
             try:
-                value = float(np.asarray(source.read(v)).reshape(()))
+                if ref is not None and ref.length <= 1 << 16:
+                    value = scalar_from_entry(metas.get(v.key, {}), db.read_value(ref), f"{db.path}: {v.key}/c")
+                if value is None:  # stored some other way: tensorstore reads it
+                    value = float(source.read(v).reshape(()))
             except CorruptCheckpointError:
                 return None
             return (v.key, int(value)) if math.isfinite(value) else None
@@ -374,35 +609,39 @@ def _open(path: str, lenient: bool) -> _Opened:
     if _fs.is_remote(path):
         raise NotACheckpointError(f"{path}: Orbax checkpoints are read from local directories only")
     layout = read_step_layout(path)
-    ts = tensorstore()
     files = _walk_files(path)
     problems = list(layout.problems)
-    context = _context(ts)
     if not layout.has_manifest:
         raise CorruptCheckpointError(f"{layout.pytree}: no {MANIFEST} (the processes' databases were never joined)")
-    kv = _kvstore(ts, layout.pytree, context, layout.pytree)
-    futures = [(e, kv.read(f"{e.key}/{ZARR_JSON}")) for e in layout.arrays]
-    owners = _chunk_owners(ts, layout, context, problems)
+    db = _database(layout.pytree)
+    arrays_keys = {e.key.encode() for e in layout.arrays}
+    try:  # each array's zarr.json and chunks (where they are; values are read later)
+        refs = {k: ref for k, ref in db.items() if k.rpartition(b"/zarr.json")[0] in arrays_keys
+                or k.partition(b"/c")[0] in arrays_keys}
+    except CorruptCheckpointError as e:
+        raise CorruptCheckpointError(f"{layout.pytree}: the OCDBT database cannot be read: {one_line(e)}") from None
+    owners = _chunk_owners(layout, problems)
     variables: list[m.Variable] = []
     arrays: dict[str, _Array] = {}
+    metas: dict[str, dict[str, Any]] = {}
     damaged: list[m.Damage] = []
     specs: dict[str, str] = {}
-    for entry, future in futures:
+    for entry in layout.arrays:
         name = readable_name(entry.path)
         try:
-            try:
-                result = future.result()
-            except Exception as e:
-                raise CorruptCheckpointError(f"{layout.pytree}: {entry.key}/{ZARR_JSON} cannot be read: {one_line(e)}") from None
-            if result.state != "value":
+            ref = refs.get(f"{entry.key}/{ZARR_JSON}".encode())
+            if ref is None:
                 raise CorruptCheckpointError(f"{layout.pytree}: {entry.key}: in the tree metadata but not in the database (no {ZARR_JSON})")
-            shape, dtype, chunk = _shape_dtype(entry.key, bytes(result.value), layout.pytree)
+            if ref.length > MAX_ZARR_JSON_BYTES:
+                raise UnsafeFileError(f"{layout.pytree}: {entry.key}/{ZARR_JSON} is {ref.length} bytes; refusing")
+            shape, dtype, chunk, meta = _shape_dtype(entry.key, db.read_value(ref), layout.pytree)
         except (CorruptCheckpointError, UnsafeFileError) as e:
             if not lenient:
                 raise
             damaged.append(m.Damage(key=entry.key, name=name, file=layout.pytree, kind=m.DAMAGE_LAYOUT, problem=str(e)))
             continue
-        arrays[entry.key] = _Array(entry.key, shape, dtype, chunk)
+        arrays[entry.key] = _Array(entry.key, shape, dtype, chunk, _row_chunks(meta, shape, entry.key, refs))
+        metas[entry.key] = meta
         nbytes = math.prod(shape) * m.ITEMSIZE.get(dtype, 1)
         variables.append(m.Variable(key=entry.key, name=name, shape=shape, dtype=dtype, nbytes=nbytes,
                                     shards=tuple(sorted(owners.get(entry.key, ()))), role=role_of(entry.path)))
@@ -411,8 +650,8 @@ def _open(path: str, lenient: bool) -> _Opened:
     names = [v.name for v in variables]
     if len(set(names)) != len(names):  # two groups giving one name: show the stored keys
         variables = [dataclasses.replace(v, name=v.key.replace(".", "/")) for v in variables]
-    source = OrbaxSource(path, layout.pytree, arrays, files, context)
-    candidates = step_candidates(_iterations(source, variables))
+    source = OrbaxSource(path, layout.pytree, arrays, files, db)
+    candidates = step_candidates(_iterations(source, variables, db, refs, metas))
     step, step_source = training_step(candidates)
     number = step_of_name(path)
     info: dict[str, Any] = dict(layout.config_summary)
@@ -488,7 +727,8 @@ def check_orbax(path: str) -> Check:
         total = len(ckpt.variables) if total is None else total
         for var in ckpt.variables:
             try:
-                for block in ckpt.iter_blocks(var, CHECK_BLOCK_ELEMENTS):
+                # through tensorstore (the reader Orbax uses), not the streamed path of iter_blocks
+                for block in ckpt.source._tensorstore_blocks(var, CHECK_BLOCK_ELEMENTS):  # noqa: SLF001
                     nbytes += block.nbytes
             except CorruptCheckpointError as e:
                 damaged.append(m.Damage(key=var.key, name=var.name, file=ckpt.path, kind=m.DAMAGE_UNREADABLE, problem=str(e)))

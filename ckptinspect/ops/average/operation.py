@@ -47,6 +47,12 @@ into place. ``ckptinspect verify OUT`` re-reads every byte.
 
 Keras ``.weights.h5`` files of one run average into a ``.weights.h5``, legacy ``.h5`` files (full
 models or weights, ``tf_keras`` or Keras 3's legacy writer) into a ``.h5`` (:mod:`.keras_h5`).
+
+Inputs of any other format the tool reads whose values are not TF bundle runs (the steps of a Keras
+3 Orbax run, read through tensorstore; safetensors, torch, npz files) average into a name-based TF
+bundle keyed by the variables' names, as ``extract`` writes one from such a source: every value
+streamed through the source's ``iter_blocks`` (the same arithmetic), copied ones (integers, the
+optimizer's iteration count) read from the newest and checked against its values' checksum.
 """
 
 from __future__ import annotations
@@ -98,10 +104,14 @@ __all__ = ["average", "AverageReport", "AverageInput", "AveragedVariable", "aver
 MAX_LISTED = 5  # disagreements named in the error
 SPOT_READERS = 4  # threads reading the first values back (waiting on the device, not the CPU)
 TF_NEEDS = ("tf-restorable", "stored-bytes")  # a TF bundle: values streamed from its data files (not a V1 table)
+TF_RESTORABLE = "tf-restorable"  # keys and object graph a TF model restores: kept as they are
+WRITABLE_DTYPES = frozenset(m.NUMERIC_DTYPES) | {"string"}  # what a TF bundle holds
 KIND_TF2 = "tf2-object"
 ROLE_CHOICES = (m.ROLE_MODEL,)
 WRITES = ("average writes a TF prefix (no suffix, .ckpt or .ckpt-N), a .weights.h5 from .weights.h5 inputs or a"
           " .h5 from legacy .h5 inputs")
+NAME_BASED_NOTE = ("name-based TF bundle from a {format} source, keyed by the variables' names: read it with"
+                   " tf.train.load_checkpoint(OUT) or map it with tf.compat.v1.train.init_from_checkpoint")
 # Keras HDF5 inputs: the output kind each format averages into (the newest file's layout, copied).
 KERAS_OUTPUTS = {m.FORMAT_KERAS_WEIGHTS_H5: TO_WEIGHTS_H5, m.FORMAT_KERAS_H5: TO_H5}
 
@@ -176,9 +186,15 @@ def _describe(ckpt: m.Checkpoint) -> str:
 
 
 def _check_readable(ckpt: m.Checkpoint) -> None:
-    if not capabilities(ckpt.format).issuperset(TF_NEEDS) and ckpt.format not in KERAS_OUTPUTS:
-        raise UsageError(f"{ckpt.path}: is {ckpt.format}; average reads TF bundle checkpoints (.index + .data) or"
-                         " Keras .weights.h5 and legacy .h5 files")
+    can = capabilities(ckpt.format)
+    if TF_RESTORABLE in can and not can.issuperset(TF_NEEDS):
+        raise UsageError(f"{ckpt.path}: is {ckpt.format}; average reads TF bundle checkpoints (.index + .data), not"
+                         " V1 tables")
+    if TF_RESTORABLE not in can and ckpt.format not in KERAS_OUTPUTS:  # name-based output: values encoded
+        for v in ckpt.variables:
+            if v.dtype not in WRITABLE_DTYPES:
+                raise UsageError(f"{ckpt.path}: '{m.display_name(v.name)}' has dtype {v.dtype}, which a TF bundle"
+                                 " cannot hold")
     unreadable = ckpt.info.get("unreadable") or {}
     if unreadable:
         key = next(iter(unreadable))
@@ -256,6 +272,8 @@ class _Plan:
         kept = [v for v in newest.variables if self.role is None or v.role == self.role]
         if not kept:
             raise UsageError(f"{newest.path}: no {self.role} variables to write")
+        if TF_RESTORABLE not in capabilities(newest.format):
+            return self._name_keys(kept)
         blob = object_graph_bytes(newest) if newest.info.get("kind") == KIND_TF2 else None
         if blob is None:
             if self.role is not None:
@@ -277,6 +295,20 @@ class _Plan:
         if len(pruned.root_children) == 1:
             self.notes.append(f"restore with tf.train.Checkpoint({pruned.root_children[0]}=model).read(OUT)")
         return pruned.key_map
+
+    def _name_keys(self, kept: list[m.Variable]) -> dict[str, str]:
+        """A source TF cannot restore (an Orbax step, safetensors, torch): keys are the variables'
+        names, as ``extract`` writes such a source."""
+        seen: dict[str, str] = {}
+        for v in kept:
+            if not v.name:
+                raise UsageError(f"{self.newest.path}: a variable (key {m.display_name(v.key)!r}) has an empty name")
+            if v.name in seen:
+                raise UsageError(f"{self.newest.path}: two variables share the name {m.display_name(v.name)!r}; a TF"
+                                 " bundle needs unique keys")
+            seen[v.name] = v.key
+        self.notes.append(NAME_BASED_NOTE.format(format=self.newest.format))
+        return {v.key: v.name for v in kept}
 
     def tensors(self) -> list[OutputTensor]:
         key_map = self._key_map()
@@ -418,11 +450,13 @@ class _Plan:
                 stored = [r.crc32c if r is not None else None for r in runs]
                 if p.action == ACTION_COPIED:
                     source = [r.crc32c if r is not None else None for r in _stored_runs(self.copied[p.output_key])]
-                    if all(c is None for c in source):
-                        # streamed from a remote newest (no stored runs to compare): the values themselves
-                        if not _same_values(written.read(w), self.newest.read(self.newest[p.key])):
-                            raise fail(f"'{m.display_name(p.output_key)}' is not the newest's bytes")
-                    elif stored != source:
+                    if None in source:  # streamed from the newest: the checksum of its values (strings: the values)
+                        crc = _values_crc32c(self.newest, self.newest[p.key])
+                        same = (stored == [crc] if crc is not None else
+                                np.array_equal(written.read(w), self.newest.read(self.newest[p.key])))
+                    else:
+                        same = stored == source
+                    if not same:
                         raise fail(f"'{m.display_name(p.output_key)}' is not the newest's bytes")
                 else:
                     records = self.computed[p.output_key]
@@ -444,13 +478,14 @@ class _Plan:
         return checked
 
 
-def _same_values(a: Any, b: Any) -> bool:
-    a, b = np.asarray(a), np.asarray(b)
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if a.dtype.kind in "OSU":
-        return bool(np.array_equal(a, b))
-    return a.tobytes() == b.tobytes()
+def _values_crc32c(ckpt: m.Checkpoint, var: m.Variable) -> int | None:
+    """The masked crc32c of a variable's values as a bundle records it (numeric values)."""
+    if var.dtype not in m.NUMERIC_DTYPES:
+        return None
+    record = Computed()
+    for block in ckpt.iter_blocks(var, BLOCK_ELEMENTS):
+        record.add(np.ascontiguousarray(block))
+    return record.crc32c
 
 
 def _stored_runs(tensor: OutputTensor) -> list[StoredBytes | None]:
@@ -537,7 +572,7 @@ def average(
         h5_out = kind in KERAS_OUTPUTS.values()
         if kind != KERAS_OUTPUTS.get(ckpts[-1].format, None if h5_out else kind):
             raise UsageError(f"{out}: .weights.h5 inputs average into a .weights.h5 output, legacy .h5 inputs into a"
-                             f" .h5, TF checkpoints into a TF prefix (the inputs are {ckpts[-1].format})")
+                             f" .h5, TF checkpoints and other sources into a TF prefix (the inputs are {ckpts[-1].format})")
         if h5_out:
             variables, verified, size = average_weights_h5(ckpts, out, ema, role, force, protected, progress)
             return AverageReport(

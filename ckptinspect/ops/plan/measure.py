@@ -24,6 +24,7 @@ from ...formats import is_remote, open_checkpoint
 __all__ = [
     "TIME_STATE_FILE",
     "TIME_MTIME",
+    "TIME_COMMIT",
     "PROBE_MAX_BYTES",
     "PROBE_SUFFIX",
     "CadencePoint",
@@ -35,6 +36,7 @@ __all__ = [
 ]
 
 TIME_STATE_FILE = "state-file"  # all_model_checkpoint_timestamps of the ``checkpoint`` file
+TIME_COMMIT = "commit"  # the commit time each checkpoint records itself (an Orbax step's _CHECKPOINT_METADATA)
 TIME_MTIME = "mtime"  # the modification time of each checkpoint's index (or V1 file)
 INDEX_SUFFIX = ".index"  # a TF bundle's index: written last by a save, so its mtime is the save's end
 
@@ -70,8 +72,9 @@ class Cadence:
 
     Attributes:
         points: The retained checkpoints that exist, oldest first.
-        time_source: ``state-file`` (the ``checkpoint`` file's timestamps) or ``mtime`` (file
-            times), or None when no two checkpoints have distinct times.
+        time_source: ``state-file`` (the ``checkpoint`` file's timestamps), ``commit`` (the
+            commit time each checkpoint records itself: an Orbax step's ``_CHECKPOINT_METADATA``)
+            or ``mtime`` (file times), or None when no two checkpoints have distinct times.
         interval_seconds: Median time between consecutive saves, or None.
         interval_steps: Median step difference between consecutive saves, or None.
         seconds_per_step: Median of (time difference / step difference), or None.
@@ -151,8 +154,9 @@ def _median(values: list[float]) -> float | None:
 
 
 def cadence_of(retained: tuple[m.RetainedCheckpoint, ...]) -> Cadence:
-    """The cadence of a directory's retained checkpoints: state-file timestamps when every
-    existing checkpoint has one, else file modification times; step deltas from their steps.
+    """The cadence of a directory's retained checkpoints: recorded timestamps when every existing
+    checkpoint has one (the state file's, or the commit time a checkpoint records itself where no
+    state file lists it), else file modification times; step deltas from their steps.
 
     Args:
         retained: ``Checkpoint.checkpoints`` of a directory.
@@ -160,7 +164,8 @@ def cadence_of(retained: tuple[m.RetainedCheckpoint, ...]) -> Cadence:
     existing = [c for c in retained if c.exists]
     stamped = [c for c in existing if c.timestamp is not None]
     if len(existing) >= 2 and len(stamped) == len(existing):
-        source: str | None = TIME_STATE_FILE
+        # A timestamp on a checkpoint no state file lists was recorded by the checkpoint itself.
+        source: str | None = TIME_STATE_FILE if all(c.in_state_file for c in existing) else TIME_COMMIT
         points = [CadencePoint(c.path, c.step, c.timestamp) for c in existing]
     else:
         points = [CadencePoint(c.path, c.step, _save_time(c)) for c in existing]
