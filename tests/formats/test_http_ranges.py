@@ -1,0 +1,65 @@
+"""``http://`` / ``https://`` paths (issue 29): checkpoints served by a real HTTP server on
+127.0.0.1 that answers ranged GETs (tests/helpers/range_server.py) read as the local files do,
+listing fetches only their metadata (the Hugging Face Hub serves safetensors this way)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from conftest import FIXTURES
+
+import range_server
+from ckptinspect.cli import app
+
+pytest.importorskip("fsspec")
+pytest.importorskip("aiohttp")  # fsspec's HTTP file system
+
+runner = CliRunner()
+# a TF prefix (its .index and data file found by name), a Keras 3 file (HDF5 read in place),
+# a torch zip, a safetensors file
+CHECKPOINTS = ["run/ckpt-8", "keras/model.weights.h5", "torch/training.pt", "torch/model.safetensors"]
+
+
+@pytest.fixture(scope="module")
+def http_root():
+    server = range_server.serve(str(FIXTURES))
+    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+    server.server_close()
+
+
+def _json(*args: str) -> dict:
+    result = runner.invoke(app, [*args, "--format", "json"])
+    assert result.exit_code == 0, (result.stdout, result.stderr)
+    return json.loads(result.stdout)
+
+
+def _local(doc: dict, root: str) -> str:
+    return json.dumps(doc, sort_keys=True).replace(root, "ROOT/")
+
+
+@pytest.mark.parametrize("rel", CHECKPOINTS)
+def test_ls_stats_and_verify_over_http_are_what_they_are_locally(http_root, rel):
+    for command in (["ls"], ["ls", "--stats"], ["verify"]):
+        far = _local(_json(*command, http_root + rel), http_root)
+        near = _local(_json(*command, str(FIXTURES / rel)), str(FIXTURES) + "/")
+        assert far == near, command
+
+
+@pytest.mark.parametrize("rel", ["run/ckpt-8", "torch/model.safetensors"])
+def test_diff_over_http_against_the_local_file_is_equal(http_root, rel):
+    doc = _json("diff", http_root + rel, str(FIXTURES / rel))
+    assert doc["variables"] and all(v["status"] == "equal" for v in doc["variables"]), doc["variables"][:3]
+
+
+def test_listing_a_safetensors_file_takes_few_requests(http_root):
+    before = range_server.RangeHandler.requests
+    _json("ls", http_root + "torch/model.safetensors")
+    assert range_server.RangeHandler.requests - before <= 3
+
+
+def test_a_missing_object_is_one_error_line(http_root):
+    result = runner.invoke(app, ["ls", http_root + "torch/no_such.safetensors"])
+    assert result.exit_code == 2 and result.stderr.startswith("Error: ") and result.stderr.count("\n") == 1, result.stderr
