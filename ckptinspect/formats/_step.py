@@ -52,9 +52,8 @@ def training_step(candidates: Mapping[str, int]) -> tuple[int | None, str | None
     explicit step variable, else the first optimizer counter; (None, None) when there is none."""
     explicit = [k for k in candidates if is_training_step(k) and not k.startswith("optimizer:")]
     counters = [k for k in candidates if k.startswith("optimizer:")]
-    for label in (*explicit, *counters):
-        return candidates[label], label
-    return None, None
+    best = (explicit or counters or [None])[0]
+    return (candidates[best], best) if best is not None else (None, None)
 
 
 def name_number(path: str, format: str) -> tuple[int | None, str | None]:
