@@ -175,8 +175,8 @@ class RetainedCheckpoint:
 
     Attributes:
         path: The checkpoint prefix.
-        step: Its training step where the listing read it from its variables (a TF
-            directory's newest checkpoints), else None.
+        step: Its training step where the listing read it from its variables (the newest 32
+            of a TF directory or a folder of checkpoint files), else None.
         timestamp: Save time from the state file, or None.
         exists: Whether its index (and data) files are on disk.
         in_state_file: Whether the ``checkpoint`` state file lists it.
@@ -199,7 +199,7 @@ class RetainedCheckpoint:
 
 def run_positions(steps: Sequence[int | None], numbers: Sequence[int | None]) -> tuple[list[int | None], str | None]:
     """The one rule placing the checkpoints of a run in order and on an axis (``scan``,
-    ``average``, ``verify``'s newest, ``plan``'s cadence): their training steps when every one
+    ``average``, ``verify``'s newest intact): their training steps when every one
     has one; else the numbers in their names (or epochs) when every one has one; else none
     (the order given stands).
 
@@ -453,8 +453,8 @@ class Checkpoint:
         number: The checkpoint's number when it is not a training step: the number in its
             name (a ``CheckpointManager``'s ``ckpt-7``, ``epoch=2`` in a Lightning name), else
             an epoch or save counter a variable records; None when there is none.
-        number_source: What ``number`` is (:data:`NUMBER_SOURCES` phrases: ``name:checkpoint``,
-            ``name:epoch``, ``name:step``, ``variable:epoch``, ``save_counter``...).
+        number_source: What ``number`` is (``name:checkpoint``, ``name:epoch``, ``name:step``,
+            ``name``, ``variable:epoch``, ``metadata:epoch``, ``save_counter``).
         num_shards: Number of data files (1 for single-file formats).
         checkpoints: For a directory, every checkpoint it holds; empty otherwise.
         info: Format-specific header facts (Keras version, model class, ...).
