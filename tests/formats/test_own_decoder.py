@@ -289,3 +289,24 @@ def test_doctor_and_its_weights_with_a_keras_model_of_another_backend(tmp_path):
     with ckptinspect.open(str(out)) as fixed, ckptinspect.open(str(ROOT / "fixtures/keras/model.weights.h5")) as src:
         for v in fixed.variables:
             assert same_value(fixed.read(v), src.read(v.key)), v.key
+
+
+@pytest.mark.slow
+def test_extract_builder_from_a_tf_checkpoint_on_another_backend_without_tensorflow(tmp_path):
+    """The one pairing plan pairs a TF checkpoint with a Keras 3 model of the torch backend by
+    names: extract --builder needs no TensorFlow; each model weight written holds the source's
+    value for it (the same bytes, matched by shape and value)."""
+    pytest.importorskip("torch")
+    out = tmp_path / "w.weights.h5"
+    proc = run_without_tf("extract", str(ROOT / "fixtures/run/ckpt-8"), "-o", str(out), "--builder",
+                          "ckptinspect.trainer.net:build_model", backend="torch")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines()[-1] == "tensorflow imported: False"
+    with ckptinspect.open(str(out)) as written, ckptinspect.open(str(ROOT / "fixtures/run/ckpt-8")) as src:
+        source = [src.read(v) for v in src.variables if v.role == "model"]
+        values = [written.read(v) for v in written.variables if v.role == "model"]
+        assert len(values) == len(source) == 10
+        for value in values:
+            assert sum(same_value(value, s) for s in source) >= 1
+        for s in source:
+            assert sum(same_value(value, s) for value in values) >= 1
