@@ -110,7 +110,7 @@ KIND_TF2 = "tf2-object"
 ROLE_CHOICES = (m.ROLE_MODEL,)
 WRITES = ("average writes a TF prefix (no suffix, .ckpt or .ckpt-N), a .weights.h5 from .weights.h5 inputs or a"
           " .h5 from legacy .h5 inputs")
-NAME_BASED_NOTE = ("name-based TF bundle from a {format} source, keyed by the variables' names: read it with"
+NAME_BASED_NOTE = ("name-based TF bundle from the {format} source, keyed by the variables' names: read it with"
                    " tf.train.load_checkpoint(OUT) or map it with tf.compat.v1.train.init_from_checkpoint")
 # Keras HDF5 inputs: the output kind each format averages into (the newest file's layout, copied).
 KERAS_OUTPUTS = {m.FORMAT_KERAS_WEIGHTS_H5: TO_WEIGHTS_H5, m.FORMAT_KERAS_H5: TO_H5}

@@ -323,7 +323,7 @@ def _write_weights_h5(ckpt: m.Checkpoint, tmp: str, out: str, builder: Builder |
     if builder is None:
         why = ("Keras 3's positional layout comes from the model's structure" if "tf-restorable" in capabilities(ckpt.format)
                else "the Keras model its values go into")
-        raise UsageError(f"{ckpt.path}: a .weights.h5 output from a {ckpt.format} source needs --builder "
+        raise UsageError(f"{ckpt.path}: a .weights.h5 output from the {ckpt.format} source needs --builder "
                          f"module:function ({why})")
     from .convert import write_weights_by_names  # noqa: PLC0415 - TF, Keras
 

@@ -204,7 +204,7 @@ def _plan_name_based(ckpt: m.Checkpoint, kept: list[m.Variable]) -> _Plan:
                              " needs unique keys")
         seen[v.name] = v.key
     notes = [
-        f"name-based TF bundle from a {ckpt.format} source, keyed by the variables' names: read it with "
+        f"name-based TF bundle from the {ckpt.format} source, keyed by the variables' names: read it with "
         "tf.train.load_checkpoint(OUT) or map it with tf.compat.v1.train.init_from_checkpoint"
     ]
     return _Plan({v.key: v.name for v in kept}, None, None, notes)
