@@ -50,7 +50,7 @@ import tempfile
 import threading
 import uuid
 import zipfile
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from .errors import OutputExistsError, OutputWriteError, UsageError
 
@@ -588,23 +588,11 @@ def atomic_prefix(dest: str, *, force: bool = False, protected: Iterable[str] = 
         with _remote_temporary() as tmp_dir, signals_unwind():
             tmp_prefix = os.path.join(tmp_dir, posixpath.basename(dest))
             yield tmp_prefix
-            written = prefix_files(tmp_prefix)
-            if tmp_prefix + INDEX_SUFFIX not in written:
-                raise UsageError(f"{dest}: nothing was written (no {posixpath.basename(dest)}.index)")
+            written = _written_bundle(tmp_prefix, dest)
             old = check_output(dest, force=force, prefix=True, protected=protected)
             remote = _remote_api()
-            with _signals_wait():  # as locally: the old index goes first, the new one comes last
-                if dest + INDEX_SUFFIX in old:
-                    remote.remove(dest + INDEX_SUFFIX)
-                written.sort(key=lambda p: p.endswith(INDEX_SUFFIX))
-                new_names = set()
-                for path in written:
-                    target = dest + path[len(tmp_prefix):]
-                    new_names.add(target)
-                    remote.upload(path, target)
-                for path in old:
-                    if path not in new_names:
-                        remote.remove(path)
+            with _signals_wait():
+                _publish_bundle(written, tmp_prefix, dest, old, remote.upload, remote.remove)
         return
     directory, created = _make_directory(dest)
     tmp_dir = os.path.join(directory, f"{TMP_MARK}{uuid.uuid4().hex[:12]}")
@@ -615,23 +603,10 @@ def atomic_prefix(dest: str, *, force: bool = False, protected: Iterable[str] = 
         unwind.__enter__()
         os.mkdir(tmp_dir)
         yield tmp_prefix
-        written = prefix_files(tmp_prefix)
-        if tmp_prefix + INDEX_SUFFIX not in written:
-            raise UsageError(f"{dest}: nothing was written (no {os.path.basename(dest)}.index)")
+        written = _written_bundle(tmp_prefix, dest)
         old = check_output(dest, force=force, prefix=True, protected=protected)
         with _signals_wait():  # a signal now waits until every file is in place
-            # The old index goes first and the new one comes last: the index is what makes a
-            # prefix a checkpoint, so no reader ever pairs an index with another bundle's data.
-            _remove(dest + INDEX_SUFFIX)
-            written.sort(key=lambda p: p.endswith(INDEX_SUFFIX))
-            new_names = set()
-            for path in written:
-                target = dest + path[len(tmp_prefix):]
-                new_names.add(target)
-                os.replace(path, target)
-            for path in old:
-                if path not in new_names:
-                    _remove(path)
+            _publish_bundle(written, tmp_prefix, dest, old, os.replace, _remove)
             done = True
     except Exception as e:
         if _disk_full(e):
@@ -644,6 +619,32 @@ def atomic_prefix(dest: str, *, force: bool = False, protected: Iterable[str] = 
         if not done:
             _remove_created(created)
         unwind.__exit__(None, None, None)
+
+
+def _written_bundle(tmp_prefix: str, dest: str) -> list[str]:
+    """The files the ``with`` body wrote at ``tmp_prefix``; an error when it wrote no index."""
+    written = prefix_files(tmp_prefix)
+    if tmp_prefix + INDEX_SUFFIX not in written:
+        raise UsageError(f"{dest}: nothing was written (no {posixpath.basename(dest)}.index)")
+    return written
+
+
+def _publish_bundle(written: list[str], tmp_prefix: str, dest: str, old: list[str],
+                    move: Callable[[str, str], Any], remove: Callable[[str], Any]) -> None:
+    """Put a written bundle in place at ``dest``, on disk (``os.replace``) or in an object store
+    (upload): the old index goes first and the new one comes last, since the index is what makes
+    a prefix a checkpoint, so no reader ever pairs an index with another bundle's data; then the
+    old files the new bundle does not have (a ``.data`` shard) are removed."""
+    if dest + INDEX_SUFFIX in old:
+        remove(dest + INDEX_SUFFIX)
+    new_names = set()
+    for path in sorted(written, key=lambda p: p.endswith(INDEX_SUFFIX)):
+        target = dest + path[len(tmp_prefix):]
+        new_names.add(target)
+        move(path, target)
+    for path in old:
+        if path not in new_names:
+            remove(path)
 
 
 # -- remote outputs --------------------------------------------------------------------------
