@@ -69,6 +69,7 @@ from ... import _atomic
 from ..._parallel import ordered_map
 from ... import model as m
 from ...errors import CkptError, CorruptCheckpointError, UsageError, VerificationError
+from ..extract.to_tf import name_keys
 from ..sources import files_size
 from ...formats import (
     TO_H5,
@@ -110,8 +111,6 @@ KIND_TF2 = "tf2-object"
 ROLE_CHOICES = (m.ROLE_MODEL,)
 WRITES = ("average writes a TF prefix (no suffix, .ckpt or .ckpt-N), a .weights.h5 from .weights.h5 inputs or a"
           " .h5 from legacy .h5 inputs")
-NAME_BASED_NOTE = ("name-based TF bundle from the {format} source, keyed by the variables' names: read it with"
-                   " tf.train.load_checkpoint(OUT) or map it with tf.compat.v1.train.init_from_checkpoint")
 # Keras HDF5 inputs: the output kind each format averages into (the newest file's layout, copied).
 KERAS_OUTPUTS = {m.FORMAT_KERAS_WEIGHTS_H5: TO_WEIGHTS_H5, m.FORMAT_KERAS_H5: TO_H5}
 
@@ -298,17 +297,10 @@ class _Plan:
 
     def _name_keys(self, kept: list[m.Variable]) -> dict[str, str]:
         """A source TF cannot restore (an Orbax step, safetensors, torch): keys are the variables'
-        names, as ``extract`` writes such a source."""
-        seen: dict[str, str] = {}
-        for v in kept:
-            if not v.name:
-                raise UsageError(f"{self.newest.path}: a variable (key {m.display_name(v.key)!r}) has an empty name")
-            if v.name in seen:
-                raise UsageError(f"{self.newest.path}: two variables share the name {m.display_name(v.name)!r}; a TF"
-                                 " bundle needs unique keys")
-            seen[v.name] = v.key
-        self.notes.append(NAME_BASED_NOTE.format(format=self.newest.format))
-        return {v.key: v.name for v in kept}
+        names, as ``extract`` writes such a source (:func:`~ckptinspect.ops.extract.to_tf.name_keys`)."""
+        keys, note = name_keys(self.newest, kept)
+        self.notes.append(note)
+        return keys
 
     def tensors(self) -> list[OutputTensor]:
         key_map = self._key_map()

@@ -51,6 +51,7 @@ __all__ = [
     "TfOutput",
     "write_tf",
     "tf_metadata",
+    "name_keys",
 ]
 
 # safetensors ``__metadata__`` entries that let a TF2 checkpoint go to .safetensors and back:
@@ -195,6 +196,20 @@ def _plan_name_based(ckpt: m.Checkpoint, kept: list[m.Variable]) -> _Plan:
         if ckpt.format == m.FORMAT_TF_V1:
             notes.append("the V1 table source was rewritten as a V2 bundle (.index + .data)")
         return _Plan({v.key: v.key for v in kept}, None, None, notes)
+    keys, note = name_keys(ckpt, kept)
+    return _Plan(keys, None, None, [note])
+
+
+def name_keys(ckpt: m.Checkpoint, kept: list[m.Variable]) -> tuple[dict[str, str], str]:
+    """A name-based bundle's keys for a source TF cannot restore (an Orbax step, safetensors,
+    torch): each variable's name (``extract`` and ``average`` write such a source so).
+
+    Returns:
+        (key -> output key, the note saying how to read the output).
+
+    Raises:
+        UsageError: A variable without a name, or two sharing one.
+    """
     seen: dict[str, str] = {}
     for v in kept:
         if not v.name:
@@ -203,11 +218,9 @@ def _plan_name_based(ckpt: m.Checkpoint, kept: list[m.Variable]) -> _Plan:
             raise UsageError(f"{ckpt.path}: two kept variables share the name {m.display_name(v.name)!r}; a TF bundle"
                              " needs unique keys")
         seen[v.name] = v.key
-    notes = [
-        f"name-based TF bundle from the {ckpt.format} source, keyed by the variables' names: read it with "
-        "tf.train.load_checkpoint(OUT) or map it with tf.compat.v1.train.init_from_checkpoint"
-    ]
-    return _Plan({v.key: v.name for v in kept}, None, None, notes)
+    note = (f"name-based TF bundle from the {ckpt.format} source, keyed by the variables' names: read it with "
+            "tf.train.load_checkpoint(OUT) or map it with tf.compat.v1.train.init_from_checkpoint")
+    return {v.key: v.name for v in kept}, note
 
 
 def _refuse_unwritable(ckpt: m.Checkpoint, kept: list[m.Variable]) -> None:
