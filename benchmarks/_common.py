@@ -406,6 +406,17 @@ def remove(path: str | os.PathLike[str]) -> None:
             f.unlink()
 
 
+def compile_package() -> None:
+    """Compile ckptinspect's bytecode, as ``pip install`` does for an installed copy.
+
+    An editable install under ``PYTHONDONTWRITEBYTECODE=1`` (this project's machines set it)
+    would otherwise compile every module of ckptinspect from source on every run, 0.02-0.1 s
+    that no installed copy pays, while the peers' packages (installed by pip) have theirs.
+    """
+    code = "import compileall, os, ckptinspect; compileall.compile_dir(os.path.dirname(ckptinspect.__file__), quiet=1)"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def input_files(paths: Iterable[str]) -> list[str]:
     """The files behind inputs: a file itself, every file under a folder, a TF prefix's files."""
     out: list[str] = []

@@ -15,9 +15,8 @@ peak RSS and the ratios.
 ``benchmarks/run.py`` times the same pairs (``ls-safetensors``, ``ls-pt``) through
 :func:`tools` and :func:`ensure_files`; without torch their rows are skipped, saying so.
 
-Before timing, the package's bytecode is compiled (:func:`compile_package`), as ``pip install``
-does: an editable install under ``PYTHONDONTWRITEBYTECODE=1`` would otherwise compile every
-module of ckptinspect from source on every run (~0.1 s), which no installed copy pays.
+Before timing, the package's bytecode is compiled (``_common.compile_package``), as ``pip install``
+does.
 """
 
 from __future__ import annotations
@@ -86,12 +85,6 @@ def ensure_files(work: pathlib.Path, size_mb: int, variables: int) -> tuple[path
     return st_path, pt_path
 
 
-def compile_package() -> None:
-    """Compile ckptinspect's bytecode, as an installed copy has it (see the module docstring)."""
-    code = "import compileall, os, ckptinspect; compileall.compile_dir(os.path.dirname(ckptinspect.__file__), quiet=1)"
-    subprocess.run([sys.executable, "-c", code], check=True)
-
-
 def tools(st_path: pathlib.Path, pt_path: pathlib.Path, missing: str | None = None) -> dict[str, list[_common.Tool]]:
     """The two pairs, ckptinspect first: ``{pair id: tools}``."""
     ck = [sys.executable, "-m", "ckptinspect"]
@@ -121,7 +114,7 @@ def main() -> None:
     if not torch_available():
         raise SystemExit(TORCH_MISSING)
     st_path, pt_path = ensure_files(pathlib.Path(args.work), args.size_mb, args.variables)
-    compile_package()
+    _common.compile_package()
     groups = {"safetensors": tools(st_path, pt_path)["ls-safetensors"], "torch .pt": tools(st_path, pt_path)["ls-pt"]}
     print(f"{args.variables} float32 tensors, {os.cpu_count()} cores, {args.rounds} rounds, load {os.getloadavg()[0]:.1f}")
     for group, group_tools in groups.items():

@@ -684,11 +684,11 @@ def med(results: dict[str, dict[str, Any]], pair: str, label: str) -> c.Measurem
 
 
 def evaluate_targets(results: dict[str, dict[str, Any]], s: c.CheckpointSet, floor_peak: int | None, scale: list[dict[str, Any]]) -> list[list[str]]:
-    """Issues 8, 16 and 28's targets, each as ``[target, measured, verdict]``."""
+    """The targets of issues 8, 14, 15, 16, 24, 26 and 28, each as ``[target, measured, verdict]``."""
     rows: list[list[str]] = []
 
     def add(target: str, measured: str | None, ok: bool | None) -> None:
-        rows.append([target, measured or "not measured", "n/a" if ok is None else ("met" if ok else "**missed**")])
+        rows.append(_verdict(target, measured, ok))
 
     ls, lv = med(results, "ls", "ckptinspect ls"), med(results, "ls", "tf.train.list_variables")
     add(f"ls >= 10x faster than tf.train.list_variables ({s.meta['entries']} variables)",
@@ -782,6 +782,7 @@ def evaluate_targets(results: dict[str, dict[str, Any]], s: c.CheckpointSet, flo
     add("(context) average vs reading the three once (cat)",
         f"{a.median / r.median:.2f}x ({a.median:.3f} s vs {r.median:.3f} s)" if a and r else None, None)
     rows += many_targets(results)
+    rows += orbax_targets(results)
     return rows
 
 
@@ -790,7 +791,7 @@ def many_targets(results: dict[str, dict[str, Any]]) -> list[list[str]]:
     rows: list[list[str]] = []
 
     def add(target: str, measured: str | None, ok: bool | None) -> None:
-        rows.append([target, measured or "not measured", "n/a" if ok is None else ("met" if ok else "**missed**")])
+        rows.append(_verdict(target, measured, ok))
 
     main = 2000
     d, h = med(results, f"diff-kw3-{main}", "ckptinspect diff"), med(results, f"diff-kw3-{main}", "h5diff -d 0.01")
@@ -831,6 +832,28 @@ def many_targets(results: dict[str, dict[str, Any]]) -> list[list[str]]:
         add(f"(context) {pid}: {ours} vs {peer}, both with a cold page cache",
             f"{y.median / x.median:.2f}x ({x.median:.3f} s vs {y.median:.3f} s)" if x and y else None, None)
     return rows
+
+
+def orbax_targets(results: dict[str, dict[str, Any]]) -> list[list[str]]:
+    """Issue 24's targets on two 1 GB Orbax steps: against orbax's own scripts (with their JAX import)."""
+    rows: list[list[str]] = []
+    for pid, ours, peer, factor in (("ls-orbax", "ckptinspect ls", "orbax metadata API script", 10),
+                                    ("diff-orbax", "ckptinspect diff", "orbax restore both + numpy", 3)):
+        x, y = med(results, pid, ours), med(results, pid, peer)
+        rows.append(_verdict(f"{ours.split()[1]} of a 1 GB Orbax step >= {factor}x faster than the {peer} (issue 24)",
+                             f"{y.median / x.median:.2f}x ({x.median:.3f} s vs {y.median:.3f} s)" if x and y else None,
+                             y.median >= factor * x.median if x and y else None))
+    peaks = [(pid, med(results, pid, ours)) for pid, ours in (("ls-orbax", "ckptinspect ls"), ("diff-orbax", "ckptinspect diff"))]
+    peaks = [(pid, m) for pid, m in peaks if m]
+    rows.append(_verdict("ls and diff of 1 GB Orbax steps under 200 MiB peak (issue 24)",
+                         ", ".join(f"{pid}: {mib(m.peak)} MiB" for pid, m in peaks) if peaks else None,
+                         all(m.peak < 200 * MIB for _, m in peaks) if peaks else None))
+    return rows
+
+
+def _verdict(target: str, measured: str | None, ok: bool | None) -> list[str]:
+    """One row of the verdict table: ``[target, measured, verdict]``."""
+    return [target, measured or "not measured", "n/a" if ok is None else ("met" if ok else "**missed**")]
 
 
 def _giant_header_bytes() -> int | None:
@@ -938,7 +961,8 @@ def write_results(path: pathlib.Path, args: argparse.Namespace, info: dict[str, 
         f"pair alternating, the order reversed each round; {args.warmup} untimed warm-up run(s) per tool first",
         f"(page cache warm), then {args.rounds} timed round(s): the median wall time, the spread (max - min) and",
         "the largest peak RSS of the child (`ru_maxrss` from `os.wait4`). Ratio: the tool's median over",
-        "ckptinspect's (above 1 means ckptinspect is faster).",
+        "ckptinspect's (above 1 means ckptinspect is faster). ckptinspect's bytecode is compiled first, as",
+        "`pip install` does (an editable install under `PYTHONDONTWRITEBYTECODE=1` would compile it on every run).",
         "",
         "## Machine",
         "",
@@ -964,7 +988,7 @@ def write_results(path: pathlib.Path, args: argparse.Namespace, info: dict[str, 
         "",
         table(["check", "expected", "got", "verdict"], checks, align="llll") if checks else "(none run)",
         "",
-        "## Targets (issues 8, 16 and 28)",
+        "## Targets (issues 8, 14, 15, 16, 24, 26 and 28)",
         "",
         table(["target", "measured", "verdict"], targets, align="lll"),
         "",
@@ -1083,15 +1107,16 @@ def main(argv: list[str] | None = None) -> int:
     s = sets[main_layout.name]
     pairs = select(make_pairs(s, work / "_out"), args.only)
     if any(p.id in bench_torch.PAIR_IDS for p in pairs) and _torch_missing() is None:
-        log("writing the .safetensors / .pt files (torch), compiling ckptinspect's bytecode")
+        log("writing the .safetensors / .pt files (torch)")
         bench_torch.ensure_files(work, s.layout.size_mb, s.layout.variables)
-        bench_torch.compile_package()
     if any(p.id in ("scan", "scan-cold") for p in pairs):
         c.ensure_run(s)
     bench_many.ensure({p.id for p in pairs}, work, log=log)
     if any(p.id in bench_orbax.PAIR_IDS for p in pairs) and bench_orbax.orbax_python():
         log("the two Orbax steps (written by orbax once, then reused)")
         bench_orbax.ensure_steps(work, bench_orbax.orbax_python())
+    log("compiling ckptinspect's bytecode, as pip install does")
+    c.compile_package()
     available = [p for p in pairs if p.command in commands]
     unavailable = [p for p in pairs if p.command not in commands]
     for p in unavailable:
