@@ -306,8 +306,9 @@ def list_directory(directory: str, *, steps: bool = True) -> DirectoryListing:
 
     Args:
         directory: The directory.
-        steps: For a TF directory, read the last checkpoints' steps from their indexes (as ``ls``
-            shows them); False: from their names only (for callers that open every checkpoint).
+        steps: Read the newest checkpoints' training steps (a TF directory's from their indexes,
+            a file series' or an Orbax run's from their metadata; as ``ls`` shows them); False:
+            none, their names' numbers only (for callers that open every checkpoint).
 
     Returns:
         The :class:`~ckptinspect.formats.series.DirectoryListing`.

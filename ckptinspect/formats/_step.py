@@ -28,9 +28,12 @@ from . import _fs
 from ._layout import prefix_number
 from ._names import name_numbers
 
-__all__ = ["STEP_NAMES", "is_training_step", "training_step", "name_number", "apply_step_rule"]
+__all__ = ["MAX_STEP_LOOKUPS", "STEP_NAMES", "is_training_step", "training_step", "name_number", "apply_step_rule"]
 
 # The last part of a variable's (or metadata key's) name that makes it an explicit step counter.
+# A series' newest checkpoints (a TF directory's, a file series', an Orbax run's) opened for their
+# training steps, at most this many: listing a long series stays cheap.
+MAX_STEP_LOOKUPS = 32
 STEP_NAMES = frozenset({"global_step", "step", "iteration", "iter_num", "iter", "steps", "global_steps"})
 
 

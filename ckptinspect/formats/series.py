@@ -30,6 +30,7 @@ from . import _fs
 from ._layout import INDEX_SUFFIX, STATE_FILE
 from ._listing import SERIES_KERAS, SERIES_TF, SERIES_TORCH, DirectoryListing
 from ._names import FILE_SERIES_SUFFIXES, NameNumbers, name_numbers
+from ._step import MAX_STEP_LOOKUPS
 
 __all__ = [
     "SERIES_TF",
@@ -48,7 +49,6 @@ __all__ = [
 
 TF_MARKERS = (STATE_FILE, "saved_model.pb", "saved_model.pbtxt")
 MAX_SERIES_FILES = 100_000  # names looked at in one directory
-MAX_STEP_LOOKUPS = 32  # newest files of a series opened for their training steps (a TF directory's likewise)
 
 def _checkpoint_files(directory: str) -> tuple[str | None, list[str]]:
     """The file-series kind of a directory and its checkpoint files (sorted names), or (None, [])
@@ -134,7 +134,7 @@ def list_series(directory: str, *, steps: bool = True) -> DirectoryListing:
     from .orbax.run import is_run, list_run  # noqa: PLC0415 - names and small files only
 
     if is_run(directory):
-        return list_run(directory)
+        return list_run(directory, steps=steps)
     from .tf.resolve import list_directory  # noqa: PLC0415 - the TF readers load for TF directories only
 
     return list_directory(directory, steps=steps)

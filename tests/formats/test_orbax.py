@@ -168,6 +168,17 @@ def test_run_directory_is_a_series_with_the_interrupted_save_named():
         assert ckpt.path == str(RUN / "6") and len(ckpt.checkpoints) == 2
 
 
+def test_run_listing_reads_each_steps_training_step_and_plan_gets_a_step_cadence():
+    from ckptinspect.ops.plan.measure import measure  # noqa: PLC0415
+
+    listing = list_directory(str(RUN))
+    want = [EXPECTED["model_parallel/run"][c]["iterations"] for c in ("3", "6")]
+    assert [c.step for c in listing.checkpoints] == want == [3, 6]
+    assert [c.step for c in list_directory(str(RUN), steps=False).checkpoints] == [None, None]
+    cadence = measure(str(RUN)).cadence
+    assert cadence is not None and cadence.interval_steps == 3
+
+
 def test_verify_run_intact_and_interrupted_step_damaged():
     report = ckptinspect.verify(str(RUN))
     assert report.intact and len(report.checkpoints) == 2

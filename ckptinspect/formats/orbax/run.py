@@ -8,9 +8,10 @@ import dataclasses
 import os
 
 from ... import model as m
-from ...errors import NotACheckpointError
+from ...errors import CkptError, NotACheckpointError
 from .. import _fs
 from .._listing import DirectoryListing
+from .._step import MAX_STEP_LOOKUPS
 from .layout import CHECKPOINT_METADATA, COMMIT_MARKER, read_json
 from .sniff import run_entries
 
@@ -36,19 +37,39 @@ def _commit_time(step: str) -> float | None:
     return ns / 1e9 if isinstance(ns, int) and not isinstance(ns, bool) and ns > 0 else None
 
 
-def list_run(directory: str) -> DirectoryListing:
+def _training_step(step: str) -> int | None:
+    """A step directory's training step by the step rule (its optimizer's iterations), or None
+    when it has none or does not open (a damaged step is verify's to report)."""
+    from .. import open_checkpoint  # noqa: PLC0415 - the door applies the step rule
+
+    try:
+        with open_checkpoint(step) as ckpt:
+            return ckpt.step
+    except (CkptError, OSError):
+        return None
+
+
+def list_run(directory: str, *, steps: bool = True) -> DirectoryListing:
     """The steps of an Orbax run directory in step order, the newest committed one its latest,
-    interrupted saves (``.orbax-checkpoint-tmp``) and uncommitted steps named in its notes."""
+    interrupted saves (``.orbax-checkpoint-tmp``) and uncommitted steps named in its notes.
+
+    Args:
+        directory: The run directory (``OrbaxCheckpoint(directory=DIR)``).
+        steps: Read the training steps of the newest committed steps (``MAX_STEP_LOOKUPS``, as a
+            file series does: metadata and one scalar each); False: none (their directory
+            names are their numbers either way).
+    """
     found = run_entries(directory)
     if found is None or not found[0]:
         raise NotACheckpointError(f"{directory}: no numbered Orbax step directory")
-    steps, tmps = found
-    paths = [(n, _fs.join(directory, name)) for n, name in steps]
+    numbered, tmps = found
+    paths = [(n, _fs.join(directory, name)) for n, name in numbered]
     committed = [p for _, p in paths if _fs.exists(_fs.join(p, COMMIT_MARKER)) or _commit_time(p) is not None]
     latest = committed[-1] if committed else paths[-1][1]
+    looked_up = set(committed[-MAX_STEP_LOOKUPS:]) if steps else set()
     checkpoints = tuple(
-        m.RetainedCheckpoint(path=p, step=None, timestamp=_commit_time(p), exists=True, in_state_file=False,
-                             latest=p == latest, number=n)
+        m.RetainedCheckpoint(path=p, step=_training_step(p) if p in looked_up else None, timestamp=_commit_time(p),
+                             exists=True, in_state_file=False, latest=p == latest, number=n)
         for n, p in paths
     )
     notes = [CHECKSUM_NOTE]

@@ -28,6 +28,7 @@ from .. import _fs
 from .variables import step_from_name
 from .._layout import INDEX_SUFFIX, STATE_FILE, data_path
 from .._listing import DirectoryListing
+from .._step import MAX_STEP_LOOKUPS
 
 __all__ = [
     "STATE_FILE",
@@ -49,8 +50,7 @@ __all__ = [
 
 MAX_STATE_FILE_BYTES = 1 << 20  # ~8,000 retained checkpoints; anything larger is not a state file
 # A retained checkpoint's step is read from its index (as ``ls`` reads the header's step) for at
-# most this many checkpoints, newest first, and only for indexes up to this size: it stays cheap.
-MAX_STEP_LOOKUPS = 32
+# most MAX_STEP_LOOKUPS checkpoints, newest first, and only for indexes up to this size.
 MAX_STEP_INDEX_BYTES = 1 << 20
 # A directory whose state file changed this recently is being saved into: wait this long (polling)
 # for its next write before calling a vanished checkpoint missing rather than rotated.
