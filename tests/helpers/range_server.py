@@ -12,12 +12,19 @@ import re
 import threading
 
 
+HOLD_MIN_BYTES = 1 << 16  # ranged reads up to this size are metadata windows (formats/remote.py)
+
+
 class RangeHandler(http.server.SimpleHTTPRequestHandler):
     """Files under the server's directory, whole (200) or by one byte range (206); 404 for a
     directory or a missing file (an object store has no directories to list over HTTP)."""
 
     requests = 0  # answered so far, by every handler of the process
     _count_lock = threading.Lock()
+    hold_from: int | None = None  # ranges starting at or past this offset wait for `released`
+    hold_name = ""  # ... of files whose name ends so
+    released = threading.Event()
+    held = threading.Event()  # set once a request has been held
 
     def log_message(self, *args) -> None:  # quiet: the tests read their own output
         pass
@@ -42,6 +49,10 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
                 f.close()
                 self.send_error(416)
                 return None
+            if (self.hold_from is not None and start >= self.hold_from and path.endswith(self.hold_name)
+                    and end - start + 1 > HOLD_MIN_BYTES):
+                self.held.set()
+                self.released.wait(120)
             self.send_response(206)
             self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
             f.seek(start)
@@ -64,8 +75,26 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
             left -= len(block)
 
 
-def serve(root: str) -> http.server.ThreadingHTTPServer:
+class HoldingHandler(RangeHandler):
+    """A :class:`RangeHandler` whose ranged reads of tensor data (over :data:`HOLD_MIN_BYTES`;
+    metadata windows pass) of files named ``...hold_name`` from offset ``hold_from`` on wait until
+    the test sets ``released`` (at most 120 s): a command reading there is caught mid-read,
+    whatever the machine's speed. Set both per test (:meth:`hold`)."""
+
+    hold_from = 0
+    released = threading.Event()
+    held = threading.Event()
+
+    @classmethod
+    def hold(cls, name: str, offset: int) -> None:
+        """Hold the reads of files named ``...name`` from ``offset`` on, until ``released``."""
+        cls.hold_name, cls.hold_from = name, offset
+        cls.released.clear()
+        cls.held.clear()
+
+
+def serve(root: str, handler: type[RangeHandler] = RangeHandler) -> http.server.ThreadingHTTPServer:
     """Serve ``root`` on 127.0.0.1 (a free port: ``server.server_address[1]``) until ``shutdown()``."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(RangeHandler, directory=root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=root))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
