@@ -61,7 +61,8 @@ from .legacy import (
     _legacy_variables,
     summarize_model_config,  # noqa: F401 - public, used by keras_zip
 )
-from .h5_read import MAX_OBJECT_ELEMENTS, H5Source, _open_file, _read_dataset, guard_h5, open_h5py  # noqa: F401 - re-exported
+from .h5_read import MAX_OBJECT_ELEMENTS, H5Source, _check_local, _open_file, _read_dataset, guard_h5, open_h5py  # noqa: F401 - re-exported
+from .h5_own import OwnFile, Unsupported, own_walk
 from .h5_walk import (
     MAX_DECLARED_BYTES,
     VARS_GROUP,
@@ -95,6 +96,18 @@ MAX_INDEX_JSON_BYTES = 64 << 20
 INFO_UNALLOCATED = "unallocated"
 
 # -- layouts -------------------------------------------------------------------------------
+
+
+def _own_layout(own: OwnFile) -> str | None:
+    """:func:`_layout` of a file our reader listed."""
+    walk = own.walk
+    if MODEL_WEIGHTS in walk.groups and (own.has_attr(MODEL_WEIGHTS, LAYER_NAMES_ATTR) or own.has_attr(MODEL_WEIGHTS, LAYER_NAMES_ATTR + "0")):
+        return LAYOUT_LEGACY_FULL
+    if own.has_attr("", LAYER_NAMES_ATTR) or own.has_attr("", LAYER_NAMES_ATTR + "0"):
+        return LAYOUT_LEGACY_WEIGHTS
+    if walk.vars_names or any(g == VARS_GROUP or g.endswith("/" + VARS_GROUP) for g in walk.groups):
+        return LAYOUT_KERAS3
+    return None
 
 
 def _layout(h5: Any, walk: _Walk) -> str | None:
@@ -199,7 +212,7 @@ def list_h5_file(h5: Any, label: str, namer: VarNamer | None = None) -> H5Listin
     """
     walk = _walk(h5, label)
     layout = _layout(h5, walk)
-    locations = {k: (ds.offset, ds.stored) for k, ds in walk.datasets.items() if ds.offset is not None}
+    locations = _locations(walk)
 
     def read(v: m.Variable) -> np.ndarray:
         return _read_dataset(_safe_dataset(h5, v.key, label), v, label)
@@ -217,6 +230,43 @@ def list_h5_file(h5: Any, label: str, namer: VarNamer | None = None) -> H5Listin
         f"{label}: an HDF5 file but not Keras weights (no {MODEL_WEIGHTS} group, no"
         f" {LAYER_NAMES_ATTR} attribute, no {VARS_GROUP} groups)"
     )
+
+
+def _locations(walk: _Walk) -> dict[str, tuple[int, Any]]:
+    return {k: (ds.offset, ds.stored) for k, ds in walk.datasets.items() if ds.offset is not None}
+
+
+def _own_listing(path: str, label: str, namer: VarNamer | None = None) -> H5Listing | None:
+    """:func:`list_h5_file` through our own HDF5 reader (no h5py), or None when the file is
+    outside its subset (or a layout it does not list): the caller lists it through h5py."""
+    try:
+        own = own_walk(path)
+    except (Unsupported, OSError):
+        return None
+    with own:
+        walk = own.walk
+        if _own_layout(own) != LAYOUT_KERAS3:
+            return None
+        locations = _locations(walk)
+
+        def read(v: m.Variable) -> np.ndarray:
+            where = locations.get(v.key)
+            if where is None:  # not contiguous: one value through h5py
+                h5 = _open_file(path, label)
+                try:
+                    return guard_h5(label, lambda: _read_dataset(_safe_dataset(h5, v.key, label), v, label))
+                finally:
+                    h5.close()
+            offset, stored = where
+            try:
+                raw = own.reader.read(offset, v.size * stored.itemsize)
+            except Unsupported as e:
+                raise CorruptCheckpointError(f"{label}: cannot read dataset {v.key!r}: {e}") from None
+            return np.frombuffer(raw, dtype=stored).reshape(v.shape).copy()
+
+        variables = tuple(_keras3_variables([walk], namer))
+        info = _with_unallocated(_with_counter(_keras3_info([walk]), variables), [walk])
+        return H5Listing(m.FORMAT_KERAS_WEIGHTS_H5, variables, info, *counter_step(read, variables), locations=locations)
 
 
 def open_h5(path: str) -> m.Checkpoint:
@@ -237,11 +287,16 @@ def open_h5(path: str) -> m.Checkpoint:
     """
     path = str(path)
     listed = None if _fs.is_remote(path) else _fs.fingerprint(path)  # the file as it was listed
-    h5 = _open_file(path)
-    try:
-        listing = guard_h5(path, lambda: list_h5_file(h5, path))
-    finally:
-        h5.close()
+    listing = None
+    if listed is not None:
+        _check_local(path, path)
+        listing = _own_listing(path, path)
+    if listing is None:
+        h5 = _open_file(path)
+        try:
+            listing = guard_h5(path, lambda: list_h5_file(h5, path))
+        finally:
+            h5.close()
     return m.Checkpoint(
         path=path,
         format=listing.format,

@@ -41,6 +41,8 @@ MAX_DEPTH = 64  # group nesting and B-tree levels
 MAX_HEADER_BYTES = 1 << 24  # one object header chunk, one local heap, one global heap collection
 MAX_RANK = 32  # HDF5's own limit
 FIRST_READ = 512  # bytes read at an object header first (most headers fit)
+WINDOW = 4096  # bytes read at least at once (metadata lies in small clusters)
+WINDOWS = 4  # the last windows kept
 
 # Layout classes (the data layout message).
 COMPACT, CONTIGUOUS, CHUNKED = 0, 1, 2
@@ -106,6 +108,7 @@ class File:
         try:
             self.size = os.fstat(self.fd).st_size
             self._budget = MAX_OBJECTS
+            self._windows: list[tuple[int, bytes]] = []
             self._heaps: dict[int, dict[int, bytes]] = {}
             self.root = self._superblock()
         except BaseException:
@@ -125,12 +128,20 @@ class File:
 
     # -- bytes -------------------------------------------------------------------------------
     def read(self, offset: int, n: int) -> bytes:
+        """``n`` bytes at ``offset``, from one of the last windows read when they hold them
+        (a group's header, heap, B-tree and symbol nodes usually lie together)."""
         if offset < 0 or n < 0 or offset + n > self.size:
             raise Unsupported(f"{n} bytes at {offset} lie past the end of the file ({self.size} bytes)")
-        data = os.pread(self.fd, n, offset)
-        if len(data) != n:
+        for start, window in self._windows:
+            if start <= offset and offset + n <= start + len(window):
+                return window[offset - start : offset - start + n]
+        want = max(n, min(WINDOW, self.size - offset))
+        data = os.pread(self.fd, want, offset)
+        if len(data) < n:
             raise Unsupported(f"short read at {offset} (the file shrank?)")
-        return data
+        self._windows.insert(0, (offset, data))
+        del self._windows[WINDOWS:]
+        return data[:n] if len(data) > n else data
 
     def _spend(self) -> None:
         self._budget -= 1
