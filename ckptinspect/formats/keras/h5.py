@@ -57,6 +57,7 @@ from .legacy import (
     LAYOUT_LEGACY_FULL,
     LAYOUT_LEGACY_WEIGHTS,
     MODEL_WEIGHTS,
+    H5pyAttrs,
     _legacy_info,
     _legacy_variables,
     summarize_model_config,  # noqa: F401 - public, used by keras_zip
@@ -101,9 +102,11 @@ INFO_UNALLOCATED = "unallocated"
 def _own_layout(own: OwnFile) -> str | None:
     """:func:`_layout` of a file our reader listed."""
     walk = own.walk
-    if MODEL_WEIGHTS in walk.groups and (own.has_attr(MODEL_WEIGHTS, LAYER_NAMES_ATTR) or own.has_attr(MODEL_WEIGHTS, LAYER_NAMES_ATTR + "0")):
+    if MODEL_WEIGHTS in walk.datasets:
+        raise Unsupported(f"{MODEL_WEIGHTS} is a dataset")
+    if MODEL_WEIGHTS in walk.groups and (own.has(MODEL_WEIGHTS, LAYER_NAMES_ATTR) or own.has(MODEL_WEIGHTS, LAYER_NAMES_ATTR + "0")):
         return LAYOUT_LEGACY_FULL
-    if own.has_attr("", LAYER_NAMES_ATTR) or own.has_attr("", LAYER_NAMES_ATTR + "0"):
+    if own.has("", LAYER_NAMES_ATTR) or own.has("", LAYER_NAMES_ATTR + "0"):
         return LAYOUT_LEGACY_WEIGHTS
     if walk.vars_names or any(g == VARS_GROUP or g.endswith("/" + VARS_GROUP) for g in walk.groups):
         return LAYOUT_KERAS3
@@ -219,8 +222,9 @@ def list_h5_file(h5: Any, label: str, namer: VarNamer | None = None) -> H5Listin
 
     if layout in (LAYOUT_LEGACY_FULL, LAYOUT_LEGACY_WEIGHTS):
         base = MODEL_WEIGHTS if layout == LAYOUT_LEGACY_FULL else ""
-        variables = tuple(_legacy_variables(h5, walk, base, label))
-        info = _with_unallocated(_with_counter(_legacy_info(h5, layout), variables), [walk])
+        attrs = H5pyAttrs(h5)
+        variables = tuple(_legacy_variables(attrs, walk, base, label))
+        info = _with_unallocated(_with_counter(_legacy_info(attrs, walk, layout), variables), [walk])
         return H5Listing(m.FORMAT_KERAS_H5, variables, info, *counter_step(read, variables), locations=locations)
     if layout == LAYOUT_KERAS3:
         variables = tuple(_keras3_variables([walk], namer))
@@ -243,30 +247,44 @@ def _own_listing(path: str, label: str, namer: VarNamer | None = None) -> H5List
         own = own_walk(path)
     except (Unsupported, OSError):
         return None
-    with own:
-        walk = own.walk
-        if _own_layout(own) != LAYOUT_KERAS3:
-            return None
-        locations = _locations(walk)
+    try:
+        with own:
+            return _list_own(own, path, label, namer)
+    except Unsupported:
+        return None
 
-        def read(v: m.Variable) -> np.ndarray:
-            where = locations.get(v.key)
-            if where is None:  # not contiguous: one value through h5py
-                h5 = _open_file(path, label)
-                try:
-                    return guard_h5(label, lambda: _read_dataset(_safe_dataset(h5, v.key, label), v, label))
-                finally:
-                    h5.close()
-            offset, stored = where
+
+def _list_own(own: OwnFile, path: str, label: str, namer: VarNamer | None) -> H5Listing | None:
+    """:func:`list_h5_file` of a file our reader walked (None: no Keras layout)."""
+    walk = own.walk
+    layout = _own_layout(own)
+    if layout is None:
+        return None  # h5py's listing says what the file is not
+    locations = _locations(walk)
+
+    def read(v: m.Variable) -> np.ndarray:
+        where = locations.get(v.key)
+        if where is None:  # not contiguous: one value through h5py
+            h5 = _open_file(path, label)
             try:
-                raw = own.reader.read(offset, v.size * stored.itemsize)
-            except Unsupported as e:
-                raise CorruptCheckpointError(f"{label}: cannot read dataset {v.key!r}: {e}") from None
-            return np.frombuffer(raw, dtype=stored).reshape(v.shape).copy()
+                return guard_h5(label, lambda: _read_dataset(_safe_dataset(h5, v.key, label), v, label))
+            finally:
+                h5.close()
+        offset, stored = where
+        try:
+            raw = own.reader.read(offset, v.size * stored.itemsize)
+        except Unsupported as e:
+            raise CorruptCheckpointError(f"{label}: cannot read dataset {v.key!r}: {e}") from None
+        return np.frombuffer(raw, dtype=stored).reshape(v.shape).copy()
 
-        variables = tuple(_keras3_variables([walk], namer))
-        info = _with_unallocated(_with_counter(_keras3_info([walk]), variables), [walk])
-        return H5Listing(m.FORMAT_KERAS_WEIGHTS_H5, variables, info, *counter_step(read, variables), locations=locations)
+    if layout in (LAYOUT_LEGACY_FULL, LAYOUT_LEGACY_WEIGHTS):
+        base = MODEL_WEIGHTS if layout == LAYOUT_LEGACY_FULL else ""
+        variables = tuple(_legacy_variables(own, walk, base, label))
+        info = _with_unallocated(_with_counter(_legacy_info(own, walk, layout), variables), [walk])
+        return H5Listing(m.FORMAT_KERAS_H5, variables, info, *counter_step(read, variables), locations=locations)
+    variables = tuple(_keras3_variables([walk], namer))
+    info = _with_unallocated(_with_counter(_keras3_info([walk]), variables), [walk])
+    return H5Listing(m.FORMAT_KERAS_WEIGHTS_H5, variables, info, *counter_step(read, variables), locations=locations)
 
 
 def open_h5(path: str) -> m.Checkpoint:

@@ -48,13 +48,46 @@ class OwnFile:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def has_attr(self, group: str, name: str) -> bool:
-        return name.encode() in self.group_attrs.get(group, {})
+    # The legacy layout's Attrs (see .legacy).
+    def has(self, group: str, name: str) -> bool:
+        return name.encode() in self._attrs(group)
 
-    def attr(self, group: str, name: str) -> np.ndarray | None:
-        """An attribute's value as h5py reads it, or None when the group has no such attribute."""
-        found = self.group_attrs.get(group, {}).get(name.encode())
-        return None if found is None else self.reader.attribute_value(found)
+    def text(self, group: str, name: str) -> str:
+        return _text(self._value(group, name))
+
+    def split(self, group: str, name: str) -> list[str]:
+        """:func:`~.h5_walk._split_attr`: whole, or ``name0``, ``name1``..."""
+        attrs = self._attrs(group)
+        if name.encode() in attrs:
+            return self._strings(group, name)
+        out: list[str] = []
+        index = 0
+        while f"{name}{index}".encode() in attrs:
+            out.extend(self._strings(group, f"{name}{index}"))
+            index += 1
+        return out
+
+    def _attrs(self, group: str) -> dict[bytes, Any]:
+        found = self.group_attrs.get(group)
+        if found is None:
+            raise Unsupported(f"attributes of {group!r}, which is not a group")
+        return found
+
+    def _value(self, group: str, name: str) -> np.ndarray:
+        attr = self._attrs(group)[name.encode()]
+        if attr.shape is None:
+            raise Unsupported(f"attribute {name!r} of {group!r} has a null dataspace")
+        return self.reader.attribute_value(attr)
+
+    def _strings(self, group: str, name: str) -> list[str]:
+        """:func:`~.h5_walk._attr_values`."""
+        attr = self._attrs(group)[name.encode()]
+        if attr.shape is None or math.prod(attr.shape) == 0:
+            return []
+        value = self.reader.attribute_value(attr)
+        if value.dtype.kind == "S":
+            return [x.decode("utf-8", "replace") for x in value.reshape(-1).tolist()]
+        return [_text(x) for x in value.reshape(-1)]
 
 
 def _name(raw: bytes) -> str:
