@@ -53,7 +53,9 @@ class OwnFile:
         return name.encode() in self._attrs(group)
 
     def text(self, group: str, name: str) -> str:
-        return _text(self._value(group, name))
+        """``_text(attrs[name])`` as h5py's attribute manager reads it (which decodes ASCII
+        variable-length strings to ``str`` too)."""
+        return _text(self._value(group, name, decode=True))
 
     def split(self, group: str, name: str) -> list[str]:
         """:func:`~.h5_walk._split_attr`: whole, or ``name0``, ``name1``..."""
@@ -73,11 +75,11 @@ class OwnFile:
             raise Unsupported(f"attributes of {group!r}, which is not a group")
         return found
 
-    def _value(self, group: str, name: str) -> np.ndarray:
+    def _value(self, group: str, name: str, decode: bool = False) -> np.ndarray:
         attr = self._attrs(group)[name.encode()]
         if attr.shape is None:
             raise Unsupported(f"attribute {name!r} of {group!r} has a null dataspace")
-        return self.reader.attribute_value(attr)
+        return self.reader.attribute_value(attr, decode)
 
     def _strings(self, group: str, name: str) -> list[str]:
         """:func:`~.h5_walk._attr_values`."""

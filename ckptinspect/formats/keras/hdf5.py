@@ -331,9 +331,11 @@ class File:
                 raise Unsupported("external storage or a filter pipeline")
         if ds.dtype is None or layout is None or len(layout) < 2:
             raise Unsupported("a dataset without a datatype or layout")
-        if layout[0] != 3:
-            raise Unsupported(f"data layout message version {layout[0]}")
         ds.layout = layout[1]
+        # Version 4 (h5py's libver="latest") stores contiguous and compact layouts as version 3
+        # does; its chunk indexes (and virtual datasets) are left to h5py.
+        if layout[0] != 3 and not (layout[0] == 4 and ds.layout in (COMPACT, CONTIGUOUS)):
+            raise Unsupported(f"data layout message version {layout[0]} of class {ds.layout}")
         if ds.layout == CONTIGUOUS:
             if len(layout) < 18:
                 raise Unsupported("truncated layout message")
@@ -394,9 +396,10 @@ class File:
             raise Unsupported("attribute value past the end of its message")
         return name, Attribute(dtype, shape, body[at : at + nbytes], vlen)
 
-    def attribute_value(self, attr: Attribute) -> np.ndarray:
-        """The value as h5py reads it: an array (``object`` of ``str``/``bytes`` for
-        variable-length strings)."""
+    def attribute_value(self, attr: Attribute, decode: bool = False) -> np.ndarray:
+        """The value as h5py's low-level read gives it: an array (``object`` of ``str`` for
+        variable-length UTF-8 strings, of ``bytes`` for ASCII ones, or ``str`` too with
+        ``decode``, as h5py's ``attrs[name]`` gives them)."""
         shape = attr.shape if attr.shape is not None else ()
         if attr.vlen is None:
             return np.frombuffer(attr.raw, dtype=attr.dtype).reshape(shape).copy()
@@ -408,7 +411,7 @@ class File:
             if len(data) < length:
                 raise Unsupported("variable-length string longer than its heap object")
             data = data[:length]
-            if attr.vlen == "str":
+            if attr.vlen == "str" or decode:
                 try:
                     flat[i] = data.decode("utf-8")
                 except UnicodeDecodeError:
@@ -623,7 +626,7 @@ def _parse_datatype(body: bytes) -> tuple[np.dtype, str | None]:
     bits = body[1] | body[2] << 8 | body[3] << 16
     size = _U32.unpack_from(body, 4)[0]
     order = ">" if bits & 1 else "<"
-    if version not in (1, 2, 3):
+    if version not in (1, 2, 3, 4):  # 4: h5py's libver="latest" (its enumerations as version 3's)
         raise Unsupported(f"datatype version {version}")
     if cls == 0:  # fixed-point
         if len(body) < 12 or struct.unpack_from("<HH", body, 8) != (0, 8 * size) or (size, bool(bits & 8)) not in _INTS:
@@ -657,7 +660,7 @@ def _parse_datatype(body: bytes) -> tuple[np.dtype, str | None]:
             if end < 0:
                 raise Unsupported("truncated enumeration")
             names.append(body[at:end])
-            at = end + 1 if version == 3 else at + ((end - at + 8) & ~7)
+            at = end + 1 if version >= 3 else at + ((end - at + 8) & ~7)
         if names != [b"FALSE", b"TRUE"] or body[at : at + 2] != b"\x00\x01":
             raise Unsupported("an enumeration other than h5py's boolean")
         return np.dtype(bool), None
