@@ -1,8 +1,11 @@
 """Keras HDF5 files: legacy ``.h5`` (full model or weights only), ``.weights.h5``, sharded weights.
 
-Everything is read through h5py; TensorFlow and Keras are never imported. Listing reads only
-HDF5 metadata (links, attributes, dataset shapes and types), never tensor bytes; values are
-read one dataset at a time by :class:`H5Source`.
+A local file is listed by our own HDF5 metadata reader (:mod:`.hdf5`, through :mod:`.h5_own`)
+when it lies inside the subset that reader knows; otherwise (and for remote files, ``.keras``
+members and sharded weights) through h5py, decided once per file. TensorFlow and Keras are
+never imported. Listing reads only HDF5 metadata (links, attributes, dataset shapes and types),
+never tensor bytes; values are read one dataset at a time by :class:`H5Source` (contiguous ones
+with one ``pread`` at the offset the listing found, the rest through h5py).
 
 Layouts, as Keras writes them (keras/src/legacy/saving/legacy_h5_format.py,
 keras/src/saving/saving_lib.py, tf_keras/src/saving/legacy/hdf5_format.py):
