@@ -1,8 +1,11 @@
 """Keras HDF5 files: legacy ``.h5`` (full model or weights only), ``.weights.h5``, sharded weights.
 
-Everything is read through h5py; TensorFlow and Keras are never imported. Listing reads only
-HDF5 metadata (links, attributes, dataset shapes and types), never tensor bytes; values are
-read one dataset at a time by :class:`H5Source`.
+A local file is listed by our own HDF5 metadata reader (:mod:`.hdf5`, through :mod:`.h5_own`)
+when it lies inside the subset that reader knows; otherwise (and for remote files, ``.keras``
+members and sharded weights) through h5py, decided once per file. TensorFlow and Keras are
+never imported. Listing reads only HDF5 metadata (links, attributes, dataset shapes and types),
+never tensor bytes; values are read one dataset at a time by :class:`H5Source` (contiguous ones
+with one ``pread`` at the offset the listing found, the rest through h5py).
 
 Layouts, as Keras writes them (keras/src/legacy/saving/legacy_h5_format.py,
 keras/src/saving/saving_lib.py, tf_keras/src/saving/legacy/hdf5_format.py):
@@ -57,11 +60,13 @@ from .legacy import (
     LAYOUT_LEGACY_FULL,
     LAYOUT_LEGACY_WEIGHTS,
     MODEL_WEIGHTS,
+    H5pyAttrs,
     _legacy_info,
     _legacy_variables,
     summarize_model_config,  # noqa: F401 - public, used by keras_zip
 )
-from .h5_read import MAX_OBJECT_ELEMENTS, H5Source, _open_file, _read_dataset, guard_h5, open_h5py  # noqa: F401 - re-exported
+from .h5_read import MAX_OBJECT_ELEMENTS, H5Source, _check_local, _open_file, _read_dataset, guard_h5, open_h5py  # noqa: F401 - re-exported
+from .h5_own import OwnFile, Unsupported, own_walk
 from .h5_walk import (
     MAX_DECLARED_BYTES,
     VARS_GROUP,
@@ -95,6 +100,20 @@ MAX_INDEX_JSON_BYTES = 64 << 20
 INFO_UNALLOCATED = "unallocated"
 
 # -- layouts -------------------------------------------------------------------------------
+
+
+def _own_layout(own: OwnFile) -> str | None:
+    """:func:`_layout` of a file our reader listed."""
+    walk = own.walk
+    if MODEL_WEIGHTS in walk.datasets:
+        raise Unsupported(f"{MODEL_WEIGHTS} is a dataset")
+    if MODEL_WEIGHTS in walk.groups and (own.has(MODEL_WEIGHTS, LAYER_NAMES_ATTR) or own.has(MODEL_WEIGHTS, LAYER_NAMES_ATTR + "0")):
+        return LAYOUT_LEGACY_FULL
+    if own.has("", LAYER_NAMES_ATTR) or own.has("", LAYER_NAMES_ATTR + "0"):
+        return LAYOUT_LEGACY_WEIGHTS
+    if walk.vars_names or any(g == VARS_GROUP or g.endswith("/" + VARS_GROUP) for g in walk.groups):
+        return LAYOUT_KERAS3
+    return None
 
 
 def _layout(h5: Any, walk: _Walk) -> str | None:
@@ -199,15 +218,16 @@ def list_h5_file(h5: Any, label: str, namer: VarNamer | None = None) -> H5Listin
     """
     walk = _walk(h5, label)
     layout = _layout(h5, walk)
-    locations = {k: (ds.offset, ds.stored) for k, ds in walk.datasets.items() if ds.offset is not None}
+    locations = _locations(walk)
 
     def read(v: m.Variable) -> np.ndarray:
         return _read_dataset(_safe_dataset(h5, v.key, label), v, label)
 
     if layout in (LAYOUT_LEGACY_FULL, LAYOUT_LEGACY_WEIGHTS):
         base = MODEL_WEIGHTS if layout == LAYOUT_LEGACY_FULL else ""
-        variables = tuple(_legacy_variables(h5, walk, base, label))
-        info = _with_unallocated(_with_counter(_legacy_info(h5, layout), variables), [walk])
+        attrs = H5pyAttrs(h5)
+        variables = tuple(_legacy_variables(attrs, walk, base, label))
+        info = _with_unallocated(_with_counter(_legacy_info(attrs, walk, layout), variables), [walk])
         return H5Listing(m.FORMAT_KERAS_H5, variables, info, *counter_step(read, variables), locations=locations)
     if layout == LAYOUT_KERAS3:
         variables = tuple(_keras3_variables([walk], namer))
@@ -217,6 +237,57 @@ def list_h5_file(h5: Any, label: str, namer: VarNamer | None = None) -> H5Listin
         f"{label}: an HDF5 file but not Keras weights (no {MODEL_WEIGHTS} group, no"
         f" {LAYER_NAMES_ATTR} attribute, no {VARS_GROUP} groups)"
     )
+
+
+def _locations(walk: _Walk) -> dict[str, tuple[int, Any]]:
+    return {k: (ds.offset, ds.stored) for k, ds in walk.datasets.items() if ds.offset is not None}
+
+
+def _own_listing(path: str, label: str, namer: VarNamer | None = None) -> H5Listing | None:
+    """:func:`list_h5_file` through our own HDF5 reader (no h5py), or None when the file is
+    outside its subset (or a layout it does not list): the caller lists it through h5py."""
+    try:
+        own = own_walk(path)
+    except (Unsupported, OSError):
+        return None
+    try:
+        with own:
+            return _list_own(own, path, label, namer)
+    except Unsupported:
+        return None
+
+
+def _list_own(own: OwnFile, path: str, label: str, namer: VarNamer | None) -> H5Listing | None:
+    """:func:`list_h5_file` of a file our reader walked (None: no Keras layout)."""
+    walk = own.walk
+    layout = _own_layout(own)
+    if layout is None:
+        return None  # h5py's listing says what the file is not
+    locations = _locations(walk)
+
+    def read(v: m.Variable) -> np.ndarray:
+        where = locations.get(v.key)
+        if where is None:  # not contiguous: one value through h5py
+            h5 = _open_file(path, label)
+            try:
+                return guard_h5(label, lambda: _read_dataset(_safe_dataset(h5, v.key, label), v, label))
+            finally:
+                h5.close()
+        offset, stored = where
+        try:
+            raw = own.reader.read(offset, v.size * stored.itemsize)
+        except Unsupported as e:
+            raise CorruptCheckpointError(f"{label}: cannot read dataset {v.key!r}: {e}") from None
+        return np.frombuffer(raw, dtype=stored).reshape(v.shape).copy()
+
+    if layout in (LAYOUT_LEGACY_FULL, LAYOUT_LEGACY_WEIGHTS):
+        base = MODEL_WEIGHTS if layout == LAYOUT_LEGACY_FULL else ""
+        variables = tuple(_legacy_variables(own, walk, base, label))
+        info = _with_unallocated(_with_counter(_legacy_info(own, walk, layout), variables), [walk])
+        return H5Listing(m.FORMAT_KERAS_H5, variables, info, *counter_step(read, variables), locations=locations)
+    variables = tuple(_keras3_variables([walk], namer))
+    info = _with_unallocated(_with_counter(_keras3_info([walk]), variables), [walk])
+    return H5Listing(m.FORMAT_KERAS_WEIGHTS_H5, variables, info, *counter_step(read, variables), locations=locations)
 
 
 def open_h5(path: str) -> m.Checkpoint:
@@ -237,11 +308,16 @@ def open_h5(path: str) -> m.Checkpoint:
     """
     path = str(path)
     listed = None if _fs.is_remote(path) else _fs.fingerprint(path)  # the file as it was listed
-    h5 = _open_file(path)
-    try:
-        listing = guard_h5(path, lambda: list_h5_file(h5, path))
-    finally:
-        h5.close()
+    listing = None
+    if listed is not None:
+        _check_local(path, path)
+        listing = _own_listing(path, path)
+    if listing is None:
+        h5 = _open_file(path)
+        try:
+            listing = guard_h5(path, lambda: list_h5_file(h5, path))
+        finally:
+            h5.close()
     return m.Checkpoint(
         path=path,
         format=listing.format,

@@ -170,14 +170,20 @@ def _open_file(path: str, label: str | None = None) -> Any:
             f.close()
             raise NotACheckpointError(f"{label}: not an HDF5 file (no HDF5 signature)")
         return open_h5py(f, label, owned=f)
+    _check_local(path, label)
+    return open_h5py(path, label)
+
+
+def _check_local(path: str, label: str) -> None:
+    """A local path is an existing regular file (not a FIFO, on which opening by name would
+    block forever) that starts with the HDF5 signature."""
     if not _fs.exists(path):
         raise CheckpointNotFoundError(f"{label}: no such file")
     if _fs.isdir(path):
         raise NotACheckpointError(f"{label}: is a directory, not an HDF5 file")
-    _fs.check_regular(path)  # h5py opens by name: on a FIFO it would block forever
+    _fs.check_regular(path)
     if not is_hdf5_head(_fs.read_head(path, HDF5_HEAD_BYTES)):
         raise NotACheckpointError(f"{label}: not an HDF5 file (no HDF5 signature)")
-    return open_h5py(path, label)
 
 
 _OWNING_FILE_CLASS: list[type] = []
@@ -308,6 +314,9 @@ class H5Source(m.BaseSource):
         """The value of ``variable`` as a numpy array."""
         shard = variable.shards[0] if variable.shards else 0
         label = self._labels[shard]
+        listed = self._listed_location(shard, variable)
+        if listed is not None:  # contiguous bytes where the listing found them: one read, no HDF5
+            return self._direct_read(label, variable, *listed)
 
         def go() -> np.ndarray:
             ds = _safe_dataset(self._file(shard), variable.key, label)
@@ -397,6 +406,18 @@ class H5Source(m.BaseSource):
         if size is None or offset + nbytes > size or dsid.get_storage_size() != nbytes:
             return None
         return path, offset, dtype
+
+    def _direct_read(self, label: str, variable: m.Variable, path: str, offset: int, dtype: np.dtype) -> np.ndarray:
+        value = np.empty(variable.size, dtype=dtype)
+        nbytes = value.nbytes
+        if nbytes:
+            try:
+                got = self._data.pread_into(path, memoryview(value.view(np.uint8)), offset)
+            except OSError as e:
+                raise CorruptCheckpointError(f"{label}: cannot read dataset {variable.key!r}: {e.strerror or e}") from None
+            if got != nbytes:
+                raise CorruptCheckpointError(f"{label}: dataset {variable.key!r} ends past the end of the file")
+        return value.reshape(variable.shape)
 
     def _direct_blocks(self, label: str, variable: m.Variable, path: str, offset: int, dtype: np.dtype,
                        elements: int) -> Iterator[np.ndarray]:

@@ -10,6 +10,8 @@ from typing import Any
 
 from ... import model as m
 from ...errors import CorruptCheckpointError
+from typing import Protocol
+
 from .h5_walk import _h5py, _make_variables, _split_attr, _strip_index, _text, _Walk, _join
 
 # Legacy layout names.
@@ -38,11 +40,41 @@ def _legacy_model_name(layer: str, weight_name: str) -> str:
     return f"{layer}/{wn}"
 
 
-def _legacy_variables(h5: Any, walk: _Walk, base: str, label: str) -> list[m.Variable]:
-    h5py = _h5py()
-    root = h5["/"].id
-    group = h5[base] if base else h5
-    layer_names = _split_attr(group, LAYER_NAMES_ATTR)
+class Attrs(Protocol):
+    """The attributes of a file's groups, by the group's path (``""``: the root)."""
+
+    def has(self, group: str, name: str) -> bool: ...
+
+    def text(self, group: str, name: str) -> str:
+        """The attribute as text (``_text`` of its value as h5py reads it)."""
+
+    def split(self, group: str, name: str) -> list[str]:
+        """A list attribute, whole or split into ``name0``, ``name1``... (:func:`_split_attr`)."""
+
+
+class H5pyAttrs:
+    """:class:`Attrs` of an open ``h5py.File``."""
+
+    def __init__(self, h5: Any):
+        self.h5 = h5
+
+    def _obj(self, group: str) -> Any:
+        return self.h5[group] if group else self.h5
+
+    def has(self, group: str, name: str) -> bool:
+        return name in self._obj(group).attrs
+
+    def text(self, group: str, name: str) -> str:
+        return _text(self._obj(group).attrs[name])
+
+    def split(self, group: str, name: str) -> list[str]:
+        if not group:
+            return _split_attr(self.h5, name)
+        return _split_attr(_h5py().h5o.open(self.h5["/"].id, group.encode()), name)
+
+
+def _legacy_variables(attrs: Attrs, walk: _Walk, base: str, label: str) -> list[m.Variable]:
+    layer_names = attrs.split(base, LAYER_NAMES_ATTR)
     if TOP_LEVEL_MODEL_WEIGHTS not in layer_names and _join(base, TOP_LEVEL_MODEL_WEIGHTS) in walk.groups:
         layer_names.append(TOP_LEVEL_MODEL_WEIGHTS)
     out: list[tuple[str, str, str]] = []  # (key, name, role)
@@ -62,11 +94,11 @@ def _legacy_variables(h5: Any, walk: _Walk, base: str, label: str) -> list[m.Var
             raise CorruptCheckpointError(
                 f"{label}: {LAYER_NAMES_ATTR} lists layer {layer!r} but the file has no group {layer_path!r}"
             )
-        for wn in _split_attr(h5py.h5o.open(root, layer_path.encode()), WEIGHT_NAMES_ATTR):
+        for wn in attrs.split(layer_path, WEIGHT_NAMES_ATTR):
             claim(_join(layer_path, wn), _legacy_model_name(layer, wn), m.ROLE_MODEL, f"layer {layer!r}")
 
     if base and OPTIMIZER_WEIGHTS in walk.groups:
-        for wn in _split_attr(h5[OPTIMIZER_WEIGHTS], WEIGHT_NAMES_ATTR):
+        for wn in attrs.split(OPTIMIZER_WEIGHTS, WEIGHT_NAMES_ATTR):
             claim(_join(OPTIMIZER_WEIGHTS, wn), "optimizer/" + _strip_index(wn), m.ROLE_OPTIMIZER, OPTIMIZER_WEIGHTS)
 
     # Datasets no attribute names: optimizer ones stay optimizer state; anything else is
@@ -81,11 +113,11 @@ def _legacy_variables(h5: Any, walk: _Walk, base: str, label: str) -> list[m.Var
     return _make_variables(out, walk)
 
 
-def _json_attr(h5: Any, name: str) -> dict | list | None:
-    if name not in h5.attrs:
+def _json_attr(attrs: Attrs, name: str) -> dict | list | None:
+    if not attrs.has("", name):
         return None
     try:
-        return json.loads(_text(h5.attrs[name]))
+        return json.loads(attrs.text("", name))
     except (ValueError, TypeError):
         return None
 
@@ -114,21 +146,22 @@ def summarize_model_config(config: Any) -> dict[str, Any]:
     return out
 
 
-def _legacy_info(h5: Any, layout: str) -> dict[str, Any]:
+def _legacy_info(attrs: Attrs, walk: _Walk, layout: str) -> dict[str, Any]:
+    """Header facts from the attributes of the root (or of ``model_weights``)."""
     info: dict[str, Any] = {"layout": layout}
-    src = h5 if KERAS_VERSION_ATTR in h5.attrs else h5.get(MODEL_WEIGHTS, h5)
+    has_weights = MODEL_WEIGHTS in walk.groups or MODEL_WEIGHTS in walk.datasets
+    src = "" if attrs.has("", KERAS_VERSION_ATTR) or not has_weights else MODEL_WEIGHTS
     for attr in (KERAS_VERSION_ATTR, BACKEND_ATTR):
-        if attr in src.attrs:
-            info[attr] = _text(src.attrs[attr])
-    model_config = _json_attr(h5, MODEL_CONFIG_ATTR)
+        if attrs.has(src, attr):
+            info[attr] = attrs.text(src, attr)
+    model_config = _json_attr(attrs, MODEL_CONFIG_ATTR)
     if model_config is not None:
         info.update(summarize_model_config(model_config))
-    elif MODEL_CONFIG_ATTR in h5.attrs:
+    elif attrs.has("", MODEL_CONFIG_ATTR):
         info["model_config_error"] = "model_config is not valid JSON"
-    base = h5[MODEL_WEIGHTS] if layout == LAYOUT_LEGACY_FULL else h5
-    names = _split_attr(base, LAYER_NAMES_ATTR)
+    names = attrs.split(MODEL_WEIGHTS if layout == LAYOUT_LEGACY_FULL else "", LAYER_NAMES_ATTR)
     info.setdefault("layer_count", len(names))
-    training = _json_attr(h5, TRAINING_CONFIG_ATTR)
+    training = _json_attr(attrs, TRAINING_CONFIG_ATTR)
     if isinstance(training, dict):
         opt = training.get("optimizer_config")
         if isinstance(opt, dict) and "class_name" in opt:
