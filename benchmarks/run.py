@@ -44,6 +44,7 @@ import bench_orbax  # noqa: E402 - the Orbax pairs (issue 24)
 
 RESULTS = c.HERE / "RESULTS.md"
 PLOT = c.HERE / "scale.png"
+RATIO_PLOT = c.HERE / "ratios.png"
 NOTES_START = "<!-- notes:start -->"
 NOTES_END = "<!-- notes:end -->"
 FLOOR_MB = 4  # the small checkpoint whose diff peak is the "baseline" of diff's memory target
@@ -946,10 +947,56 @@ def plot_scale(scale: list[dict[str, Any]], path: pathlib.Path) -> str:
 
 
 # -- the report ---------------------------------------------------------------------------
+def ratio_rows(pairs: list[Pair], results: dict[str, dict[str, Any]]) -> list[tuple[str, float]]:
+    """``(pair: peer, the peer's median over ckptinspect's)`` for every pair measured, in order."""
+    rows = []
+    for pair in pairs:
+        measured = results.get(pair.id, {})
+        ours = next((t for t in pair.tools if t.ours), None)
+        m = measured.get(ours.label) if ours else None
+        if not isinstance(m, c.Measurement) or m.median <= 0:
+            continue
+        for t in pair.tools:
+            peer = measured.get(t.label)
+            if t is not ours and not t.label.startswith("ckptinspect") and isinstance(peer, c.Measurement):
+                rows.append((f"{pair.id}: {t.label}", peer.median / m.median))
+    return rows
+
+
+def plot_ratios(rows: list[tuple[str, float]], path: pathlib.Path) -> str:
+    """Every pair's ratios in one chart (log scale, right of 1x: ckptinspect faster); a line
+    saying what happened."""
+    try:
+        import matplotlib  # noqa: PLC0415
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: PLC0415
+    except ImportError:
+        return "matplotlib is not installed (pip install -e .[bench]): no plot written"
+    if not rows:
+        return "no pair measured: no ratio plot written"
+    fig, ax = plt.subplots(figsize=(10, 0.8 + 0.26 * len(rows)))
+    ys = list(range(len(rows)))[::-1]
+    values = [r for _, r in rows]
+    ax.barh(ys, values, color=["tab:green" if v >= 1 else "tab:red" for v in values], height=0.7)
+    ax.set_yticks(ys, [name for name, _ in rows], fontsize=8)
+    ax.set_xscale("log")
+    ax.axvline(1.0, color="black", linewidth=1)
+    for y, v in zip(ys, values):
+        ax.text(v, y, f" {v:.2f}x", va="center", fontsize=7)
+    ax.set_xlabel("the peer's median time over ckptinspect's (log scale; right of 1: ckptinspect faster)")
+    ax.set_title(f"every pair, one run: whole processes, {os.cpu_count()} cores", fontsize=10)
+    ax.grid(True, axis="x", which="major", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return f"ratio plot written to {path}"
+
+
 def write_results(path: pathlib.Path, args: argparse.Namespace, info: dict[str, Any], s: c.CheckpointSet,
                   pairs: list[Pair], unavailable: list[Pair], results: dict[str, dict[str, Any]],
                   targets: list[list[str]], scale: list[dict[str, Any]], floor_peak: int | None,
-                  plot_line: str | None, notes: str, checks: list[list[str]]) -> None:
+                  plot_line: str | None, notes: str, checks: list[list[str]], ratio_line: str | None = None) -> None:
     meta = s.meta
     mem = info["memory_bytes"]
     v = info["versions"]
@@ -995,6 +1042,10 @@ def write_results(path: pathlib.Path, args: argparse.Namespace, info: dict[str, 
         "## Pairs",
         "",
     ]
+    if ratio_line and ratio_line.startswith("ratio plot written"):
+        lines += [f"![every pair's ratio, one run]({os.path.relpath(args.ratio_plot_path, path.parent)})", ""]
+    elif ratio_line:
+        lines += [f"({ratio_line})", ""]
     for pair in pairs:
         runs = []
         if pair.rounds is not None and pair.rounds < args.rounds:
@@ -1053,6 +1104,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", default=str(c.DEFAULT_WORK), help="where checkpoints are generated and cached")
     ap.add_argument("--results", default=str(RESULTS), help="the Markdown report to write")
     ap.add_argument("--plot", default=str(PLOT), help="the scale plot to write")
+    ap.add_argument("--ratio-plot", default=str(RATIO_PLOT), help="the plot of every pair's ratio to write")
     ap.add_argument("--wait-quiet", action="store_true", help="wait for the load average to drop first")
     ap.add_argument("--quiet-load", type=float, default=1.0, help="load average to wait for (default 1.0)")
     ap.add_argument("--max-wait", type=float, default=40, help="minutes to wait at most (default 40)")
@@ -1073,6 +1125,7 @@ def main(argv: list[str] | None = None) -> int:
     _WORK = work
     results_path = pathlib.Path(args.results).resolve()
     plot_path = args.plot_path = pathlib.Path(args.plot).resolve()
+    args.ratio_plot_path = pathlib.Path(args.ratio_plot).resolve()
     for tool in ("h5ls", "h5diff"):
         if shutil.which(tool) is None:
             log(f"warning: {tool} not found (Debian: apt-get install hdf5-tools); its rows are skipped")
@@ -1175,9 +1228,12 @@ def main(argv: list[str] | None = None) -> int:
     plot_line = plot_scale(scale, plot_path) if scale else None
     if plot_line:
         log(plot_line)
+    ratio_line = plot_ratios(ratio_rows(available, results), args.ratio_plot_path)
+    log(ratio_line)
     targets = evaluate_targets(results, s, floor_peak, scale)
     notes = read_notes(results_path)
-    write_results(results_path, args, info, s, pairs, unavailable, results, targets, scale, floor_peak, plot_line, notes, checks)
+    write_results(results_path, args, info, s, pairs, unavailable, results, targets, scale, floor_peak, plot_line, notes, checks,
+                  ratio_line)
     (work / "results.json").write_text(json.dumps({"machine": info, "meta": s.meta, "pairs": to_json(results), "floor_peak": floor_peak,
                                                     "scale": [{**p, "results": to_json(p["results"])} for p in scale], "targets": targets}, indent=1))
     log(f"results written to {results_path}")
