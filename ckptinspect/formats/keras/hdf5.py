@@ -294,7 +294,7 @@ class File:
                 name, attr = self._attribute(body)
                 attrs[name] = attr
             elif t == 0x15:  # attribute info: dense attribute storage in a fractal heap
-                _attribute_info(body)
+                _compact_only(body, "attribute", 2)
         if 0x08 in types:
             return self._dataset(msgs, attrs)
         if 0x11 in types:
@@ -304,7 +304,7 @@ class File:
         if 0x02 in types or 0x06 in types or 0x0A in types:
             for t, body, _ in msgs:
                 if t == 0x02:
-                    _link_info(body)
+                    _compact_only(body, "link", 8)
             links = [_link(body) for t, body, _ in msgs if t == 0x06]
             links.sort(key=lambda x: x[0])
             return Group(links, attrs)
@@ -531,24 +531,17 @@ def _continuation(body: bytes) -> tuple[int, int]:
     return struct.unpack_from("<QQ", body, 0)
 
 
-def _link_info(body: bytes) -> None:
+def _compact_only(body: bytes, what: str, index_bytes: int) -> None:
+    """A link info or attribute info message (``what``): refuse dense storage (a fractal heap
+    address defined), the one part of it our reader does not follow. ``index_bytes`` is the
+    optional creation-order field flag bit 0 adds (8 for links, 2 for attributes)."""
     if len(body) < 2 or body[0] != 0:
-        raise Unsupported("link info message of an unknown version")
-    at = 2 + (8 if body[1] & 1 else 0)
+        raise Unsupported(f"{what} info message of an unknown version")
+    at = 2 + (index_bytes if body[1] & 1 else 0)
     if len(body) < at + 8:
-        raise Unsupported("truncated link info message")
+        raise Unsupported(f"truncated {what} info message")
     if _U64.unpack_from(body, at)[0] != UNDEF:
-        raise Unsupported("dense link storage (a fractal heap)")
-
-
-def _attribute_info(body: bytes) -> None:
-    if len(body) < 2 or body[0] != 0:
-        raise Unsupported("attribute info message of an unknown version")
-    at = 2 + (2 if body[1] & 1 else 0)
-    if len(body) < at + 8:
-        raise Unsupported("truncated attribute info message")
-    if _U64.unpack_from(body, at)[0] != UNDEF:
-        raise Unsupported("dense attribute storage (a fractal heap)")
+        raise Unsupported(f"dense {what} storage (a fractal heap)")
 
 
 def _link(body: bytes) -> tuple[bytes, int]:
