@@ -575,7 +575,7 @@ def _dataspace(body: bytes) -> tuple[int, ...] | None:
     """The shape (``()`` for a scalar), or None for a null dataspace."""
     if len(body) < 4:
         raise Unsupported("truncated dataspace message")
-    version, rank, flags = body[0], body[1], body[2]
+    version, rank = body[0], body[1]  # body[2]: flags (maximum dimensions follow; not needed)
     if version == 1:
         at = 8
         kind = 1 if rank else 0  # version 1 has no null dataspace; rank 0 is a scalar
