@@ -186,6 +186,9 @@ class BundleSource(m.BaseSource):
         self._slices = index.slice_entries
         self._unreadable = unreadable_entries(index)
         self._files = _fs.DataFiles()
+        # the verdicts of the runs streamed whole (their checksums): verify's check of this
+        # checkpoint takes them instead of reading the bytes again (scan; BundleCheck.run's seen)
+        self.ledger = tf_data.Ledger()
         self._pinned = False
         self._held: set[str] = set()  # data files held open since pin()
 
@@ -338,7 +341,7 @@ class BundleSource(m.BaseSource):
         raw = self._raw_entry(variable)
         if raw is None:
             return super().iter_blocks(variable, elements)
-        return tf_data.iter_raw_blocks(raw[0], raw[1], raw[2], elements, self._files)
+        return tf_data.iter_raw_blocks(raw[0], raw[1], raw[2], elements, self._files, self.ledger)
 
     def raw_blocks(self, variable: m.Variable, elements: int) -> Iterator[np.ndarray] | None:
         """``variable``'s blocks straight from its local data file (see :func:`stream_blocks`),
@@ -347,7 +350,7 @@ class BundleSource(m.BaseSource):
         raw = self._raw_entry(variable)
         if raw is None or _fs.is_remote(raw[0]):
             return None
-        return tf_data.iter_raw_blocks(raw[0], raw[1], raw[2], elements, self._files)
+        return tf_data.iter_raw_blocks(raw[0], raw[1], raw[2], elements, self._files, self.ledger)
 
     def stored_runs(self, variable: m.Variable) -> tuple[StoredRun, ...] | None:
         """Where a variable's bytes lie, for byte-exact copies: one run for a whole tensor,
@@ -392,7 +395,8 @@ class BundleSource(m.BaseSource):
                 return None
             out.append(StoredSliceBlocks(
                 run.starts, run.lengths, entry.shape,
-                lambda run=run, dtype=dtype: tf_data.iter_raw_blocks(run.path, run.entry, dtype, elements, self._files),
+                lambda run=run, dtype=dtype: tf_data.iter_raw_blocks(run.path, run.entry, dtype, elements, self._files,
+                                                                                  self.ledger),
             ))
         return tuple(out)
 

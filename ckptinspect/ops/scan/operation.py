@@ -333,10 +333,11 @@ def _damaged(entry: Entry, step: int | None, error: str) -> StepReport:
                       number=entry.number, number_source=entry.number_source)
 
 
-def _verify_problems(path: str) -> tuple[str, ...]:
+def _verify_problems(path: str, seen: m.Checkpoint | None = None) -> tuple[str, ...]:
     """verify's verdict on one checkpoint (:func:`~ckptinspect.ops.verify.check_checkpoint`,
-    the same code ``verify`` runs), as lines: none when it is intact."""
-    result = check_checkpoint(path)
+    the same code ``verify`` runs), as lines: none when it is intact. ``seen``: the checkpoint
+    as scan opened and read it: the runs its reads checked are not read again."""
+    result = check_checkpoint(path, seen=seen)
     if result.intact:
         return ()
     return tuple([*result.problems, *(f"{d.name}: {d.problem}" for d in result.damaged)])
@@ -521,7 +522,7 @@ def _measure_windows(opened: list[tuple[int, Entry, int | None, m.Checkpoint | N
             for i, entry, st in members:
                 report = _report(st)
                 # verify's verdict decides; a checkpoint scan could not read whole is damaged too
-                problems = _verify_problems(st.ckpt.path) or tuple(st.failures)
+                problems = _verify_problems(st.ckpt.path, st.ckpt) or tuple(st.failures)
                 if problems:
                     report = dataclasses.replace(report, status=STATUS_DAMAGED, problems=problems)
                 results[i] = report
