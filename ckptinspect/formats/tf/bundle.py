@@ -182,6 +182,7 @@ class BundleSource(m.BaseSource):
     def __init__(self, prefix: str, index: BundleIndex):
         self.prefix = prefix
         self.num_shards = index.num_shards
+        self._index = index  # held while the checkpoint is: read_index of the same bytes reuses it
         self._entries = {e.key: e for e in index.entries}
         self._slices = index.slice_entries
         self._unreadable = unreadable_entries(index)
@@ -395,8 +396,8 @@ class BundleSource(m.BaseSource):
                 return None
             out.append(StoredSliceBlocks(
                 run.starts, run.lengths, entry.shape,
-                lambda run=run, dtype=dtype: tf_data.iter_raw_blocks(run.path, run.entry, dtype, elements, self._files,
-                                                                                  self.ledger),
+                lambda run=run, dtype=dtype: tf_data.iter_raw_blocks(
+                    run.path, run.entry, dtype, elements, self._files, self.ledger),
             ))
         return tuple(out)
 

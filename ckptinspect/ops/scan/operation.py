@@ -356,14 +356,24 @@ def _layers(variables: list[VariableStep], sums: list[Sums]) -> tuple[LayerStep,
     names group by optimizer, not by layer: ``adam/dense_kernel_momentum``), unless the scan
     holds no model variable at all (``--role optimizer``)."""
     has_model = any(v.role == m.ROLE_MODEL and v.dtype in m.FLOAT_DTYPES for v in variables)
-    grouped: dict[str, tuple[Sums, list[int]]] = {}
+    grouped: dict[str, list] = {}  # layer -> [its variables' sums added, how many, the first one's figures]
     for v, s in zip(variables, sums):
         if v.dtype not in m.FLOAT_DTYPES or (has_model and v.role != m.ROLE_MODEL):
             continue
-        total, count = grouped.setdefault(v.layer, (Sums(), [0]))
-        total.add(s)
-        count[0] += 1
-    return tuple(LayerStep(layer, count[0], figures_of(total)) for layer, (total, count) in grouped.items())
+        group = grouped.get(v.layer)
+        if group is None:
+            grouped[v.layer] = [s, 1, v.figures]
+            continue
+        if group[1] == 1:
+            total = Sums()
+            total.add(group[0])
+            group[0] = total
+        group[0].add(s)
+        group[1] += 1
+    # a layer of one variable has that variable's figures (its sums added to zeros: the same
+    # floats), computed once
+    return tuple(LayerStep(layer, count, first if count == 1 and first is not None else figures_of(total))
+                 for layer, (total, count, first) in grouped.items())
 
 
 @dataclasses.dataclass
