@@ -123,3 +123,25 @@ def test_other_checks_accept_seen_and_read_their_own_bytes(tmp_path):
         seen = prepare_check(path)[1].run(seen=ckpt)
     alone = prepare_check(path)[1].run()
     assert seen == alone and seen.nbytes == 48 and seen.status == "intact"
+
+
+def test_verify_s_check_of_an_open_checkpoint_uses_its_parsed_index_only_for_the_same_bytes(tmp_path):
+    """The index a checkpoint holds open is not parsed again for its check; an index whose bytes
+    changed is."""
+    from ckptinspect.formats.tf.index import read_index
+
+    prefix = _copy(tmp_path)
+    with open_checkpoint(prefix) as ckpt:
+        held = read_index(prefix)
+        assert read_index(prefix) is held  # the same bytes, the same parse
+        index = pathlib.Path(prefix + ".index")
+        raw = index.read_bytes()
+        index.write_bytes(raw + b"\0")  # other bytes: parsed again (or refused), never the held parse
+        try:
+            other = read_index(prefix)
+        except CorruptCheckpointError:
+            other = None
+        assert other is not held
+        index.write_bytes(raw)
+        assert read_index(prefix) is held
+        assert ckpt.variables
