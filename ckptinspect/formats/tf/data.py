@@ -174,6 +174,15 @@ def crc_mismatch(stored: int, actual: int) -> str:
     )
 
 
+_BUFFER_EXTEND: list = []  # buffer_crc32c(), resolved once (a run of 100 KB paid a lock and a closure)
+
+
+def _buffer_extend() -> Any:
+    if not _BUFFER_EXTEND:
+        _BUFFER_EXTEND.append(buffer_crc32c())
+    return _BUFFER_EXTEND[0]
+
+
 class RunCheck:
     """The check of one stored run of raw bytes (a numeric or bool tensor, or one stored slice)
     against the masked crc32c the index records, fed its bytes as they are read, in order.
@@ -206,7 +215,7 @@ class RunCheck:
             self.got += len(data)
             return
         if self._extend is None:
-            self._extend = buffer_crc32c()
+            self._extend = _BUFFER_EXTEND[0] if _BUFFER_EXTEND else _buffer_extend()
         self.crc = self._extend(self.crc, data, nbytes, start)
         self.got += nbytes
 

@@ -10,8 +10,10 @@ One pass per checkpoint: each variable is streamed in blocks beside the previous
 value of the same variable (two blocks in memory). The blocks a format checksums (TF bundles'
 crc32c) are checked as they are read. Whether a checkpoint is intact is ``verify``'s answer,
 from the same code (:func:`ckptinspect.ops.verify.check_checkpoint`, run on every checkpoint
-scanned): a checkpoint verify calls damaged is damaged here, with verify's problems, and so is
-one whose values scan could not all read. A checkpoint deleted while scan ran by the process
+scanned, given the open checkpoint: a TF bundle's check takes the verdicts of the runs scan's
+reads checked and reads only the rest, so each byte is read once): a checkpoint verify calls
+damaged is damaged here, with verify's problems, and so is one whose values scan could not all
+read. A checkpoint deleted while scan ran by the process
 saving into the directory is ``rotated``, by verify's rule (:func:`~ckptinspect.ops.verify.rotated_out`).
 Only intact checkpoints count for drift (a damaged one's names may come from raw keys).
 """
