@@ -14,7 +14,7 @@ import shutil
 import pytest
 
 from ckptinspect.errors import CorruptCheckpointError
-from ckptinspect.formats import open_checkpoint, prepare_check
+from ckptinspect.formats import open_checkpoint, prepare_check, stream_blocks
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 RUN = ROOT / "fixtures" / "run"
@@ -42,12 +42,12 @@ def _flip(path: str, offset: int) -> None:
 
 
 def _read_all(ckpt) -> list[str]:
-    """Stream every numeric value as scan does; the keys whose reads failed."""
+    """Stream every numeric value as scan does (``stream_blocks``); the keys whose reads failed."""
     failed = []
     for v in ckpt.variables:
         if v.dtype in ("float32", "int64"):
             try:
-                for _ in ckpt.iter_blocks(v, BLOCK):
+                for _ in stream_blocks(ckpt, v, BLOCK):
                     pass
             except CorruptCheckpointError:
                 failed.append(v.key)
@@ -103,7 +103,7 @@ def test_a_read_left_unfinished_leaves_no_verdict(tmp_path):
     item = _largest_float(prefix)
     with open_checkpoint(prefix) as ckpt:
         var = next(v for v in ckpt.variables if v.key == item.key)
-        blocks = ckpt.iter_blocks(var, BLOCK)
+        blocks = stream_blocks(ckpt, var, BLOCK)
         next(blocks)  # the first block only
         blocks.close()
         _flip(data, item.offset + item.size - 1)  # in the part never read
@@ -145,3 +145,17 @@ def test_verify_s_check_of_an_open_checkpoint_uses_its_parsed_index_only_for_the
         index.write_bytes(raw)
         assert read_index(prefix) is held
         assert ckpt.variables
+
+
+def test_other_reads_leave_no_verdict(tmp_path):
+    """Only scan's streamed reads are recorded (a diff of giant indexes holds no entry per run):
+    after ``iter_blocks`` the check reads the bytes itself."""
+    prefix = _copy(tmp_path)
+    item = _largest_float(prefix)
+    with open_checkpoint(prefix) as ckpt:
+        var = next(v for v in ckpt.variables if v.key == item.key)
+        for _ in ckpt.iter_blocks(var, BLOCK):
+            pass
+        _flip(prefix + ".data-00000-of-00001", item.offset)
+        seen = prepare_check(prefix)[1].run(seen=ckpt)
+    assert [d.key for d in seen.damaged] == [item.key]

@@ -118,7 +118,9 @@ def stream_blocks(checkpoint: m.Checkpoint, variable: m.Variable, elements: int)
     """One variable of a local TF bundle in blocks, as :meth:`~ckptinspect.model.Checkpoint.iter_blocks`
     gives them (``elements`` at a time, each a view of a buffer the next block reuses, checksum
     checked after the last), read without TensorFlow, safe to run in several threads at once
-    (several per thread too, each with its own buffer).
+    (several per thread too, each with its own buffer). A value read whole leaves its checksum
+    verdict with the checkpoint: ``verify``'s check given the checkpoint (``seen``) does not
+    read it again.
 
     Returns:
         The blocks, or None when the value is not a plain run of bytes of a local bundle
@@ -187,8 +189,10 @@ class BundleSource(m.BaseSource):
         self._slices = index.slice_entries
         self._unreadable = unreadable_entries(index)
         self._files = _fs.DataFiles()
-        # the verdicts of the runs streamed whole (their checksums): verify's check of this
-        # checkpoint takes them instead of reading the bytes again (scan; BundleCheck.run's seen)
+        # the verdicts of the runs streamed whole by raw_blocks (stream_blocks: scan's reads):
+        # verify's check of this checkpoint takes them instead of reading the bytes again
+        # (BundleCheck.run's seen). Other reads record nothing (a diff or an average of giant
+        # indexes holds no entry per run).
         self.ledger = tf_data.Ledger()
         self._pinned = False
         self._held: set[str] = set()  # data files held open since pin()
@@ -342,7 +346,7 @@ class BundleSource(m.BaseSource):
         raw = self._raw_entry(variable)
         if raw is None:
             return super().iter_blocks(variable, elements)
-        return tf_data.iter_raw_blocks(raw[0], raw[1], raw[2], elements, self._files, self.ledger)
+        return tf_data.iter_raw_blocks(raw[0], raw[1], raw[2], elements, self._files)
 
     def raw_blocks(self, variable: m.Variable, elements: int) -> Iterator[np.ndarray] | None:
         """``variable``'s blocks straight from its local data file (see :func:`stream_blocks`),
@@ -396,8 +400,7 @@ class BundleSource(m.BaseSource):
                 return None
             out.append(StoredSliceBlocks(
                 run.starts, run.lengths, entry.shape,
-                lambda run=run, dtype=dtype: tf_data.iter_raw_blocks(
-                    run.path, run.entry, dtype, elements, self._files, self.ledger),
+                lambda run=run, dtype=dtype: tf_data.iter_raw_blocks(run.path, run.entry, dtype, elements, self._files),
             ))
         return tuple(out)
 

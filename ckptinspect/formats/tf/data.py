@@ -232,7 +232,8 @@ class RunCheck:
 
 
 class Ledger:
-    """The verdicts of the runs a checkpoint's reader streamed whole (:func:`iter_raw_blocks`),
+    """The verdicts of the runs a checkpoint's reader streamed whole for ``scan``
+    (:func:`~.bundle.stream_blocks` through :func:`iter_raw_blocks`),
     kept so that ``verify``'s check of the same checkpoint (:meth:`BundleCheck.run` with
     ``seen``) takes them instead of reading those bytes again: ``scan`` reads every value once
     and its verify verdict comes from those reads.
