@@ -947,19 +947,37 @@ def plot_scale(scale: list[dict[str, Any]], path: pathlib.Path) -> str:
 
 
 # -- the report ---------------------------------------------------------------------------
-def ratio_rows(pairs: list[Pair], results: dict[str, dict[str, Any]]) -> list[tuple[str, float]]:
-    """``(pair: peer, the peer's median over ckptinspect's)`` for every pair measured, in order."""
+def _measured_pair(pair: Pair, results: dict[str, dict[str, Any]]) -> tuple[Any, list[tuple[str, Any]]]:
+    """ckptinspect's measurement of a pair (None when it failed or did not run) and each
+    alternative's ``(label, measurement)`` that ran."""
+    measured = results.get(pair.id, {})
+    ours = next((t for t in pair.tools if t.ours), None)
+    m = measured.get(ours.label) if ours else None
+    if not isinstance(m, c.Measurement) or m.median <= 0:
+        return None, []
+    return m, [(t.label, measured[t.label]) for t in pair.tools
+               if t is not ours and not t.label.startswith("ckptinspect") and isinstance(measured.get(t.label), c.Measurement)]
+
+
+def summary_rows(pairs: list[Pair], results: dict[str, dict[str, Any]]) -> list[list[str]]:
+    """One row per pair measured: ckptinspect's median and peak beside every alternative's, with
+    the ratio (the alternative's median over ours): the summary the README quotes."""
     rows = []
     for pair in pairs:
-        measured = results.get(pair.id, {})
-        ours = next((t for t in pair.tools if t.ours), None)
-        m = measured.get(ours.label) if ours else None
-        if not isinstance(m, c.Measurement) or m.median <= 0:
-            continue
-        for t in pair.tools:
-            peer = measured.get(t.label)
-            if t is not ours and not t.label.startswith("ckptinspect") and isinstance(peer, c.Measurement):
-                rows.append((f"{pair.id}: {t.label}", peer.median / m.median))
+        m, peers = _measured_pair(pair, results)
+        if m is not None:
+            rows.append([f"`{pair.id}`", f"{m.median:.3f} s, {mib(m.peak)} MiB",
+                         "; ".join(f"{label} {p.median:.3f} s, {mib(p.peak)} MiB ({p.median / m.median:.2f}x)"
+                                   for label, p in peers) or "-"])
+    return rows
+
+
+def ratio_rows(pairs: list[Pair], results: dict[str, dict[str, Any]]) -> list[tuple[str, float]]:
+    """``(pair: alternative, its median over ckptinspect's)`` for every pair measured, in order."""
+    rows = []
+    for pair in pairs:
+        m, peers = _measured_pair(pair, results)
+        rows += [(f"{pair.id}: {label}", p.median / m.median) for label, p in peers]
     return rows
 
 
@@ -1038,6 +1056,13 @@ def write_results(path: pathlib.Path, args: argparse.Namespace, info: dict[str, 
         "## Targets (issues 8, 14, 15, 16, 24, 26 and 28)",
         "",
         table(["target", "measured", "verdict"], targets, align="lll"),
+        "",
+        "## Summary",
+        "",
+        "Every pair of this run: ckptinspect's median time and peak RSS, then each alternative's and",
+        "its ratio (the alternative's time over ckptinspect's; above 1 means ckptinspect is faster).",
+        "",
+        table(["pair", "ckptinspect", "alternatives"], summary_rows(pairs, results), align="lll"),
         "",
         "## Pairs",
         "",
