@@ -82,7 +82,7 @@ STREAM_RUN_BYTES = 1 << 20  # bytes read in a row (each read within STREAM_GAP_B
 STREAM_GAP_BYTES = 1 << 20
 MAX_WINDOWS = 4096
 MAX_WINDOW_BYTES = 32 << 20  # metadata windows kept per object
-PREFETCH_GAP_BYTES = 16 << 10  # spans closer than this are fetched in one range
+PREFETCH_GAP_BYTES = WINDOW_BYTES  # spans closer than this are fetched in one range (at most CHUNK_BYTES)
 STAT_SECONDS = 5.0  # how long what a store said about a name is believed
 ATTEMPTS = 2  # tries of one request here, each after the file system package's own (s3fs: 3 x botocore's 2)
 BACKOFF_SECONDS = 0.25
@@ -323,6 +323,13 @@ def stat(path: str) -> Stat | None:
             listdir(path)  # whoever asks about a directory looks inside next: one listing answers it all
         return value
 
+    if _is_http(fs):  # one ranged GET: the size and the first window together (a HEAD would cost a request too)
+        value = _retrying(path, lambda: _http_stat(fs, path, name), "cannot access")
+        if value is not _UNKNOWN:
+            with _lock:
+                _stats[name] = (until, value)
+            return value
+
     def info() -> Stat | None:
         _requests["info"] += 1
         try:
@@ -337,6 +344,53 @@ def stat(path: str) -> Stat | None:
     with _lock:
         _stats[name] = (until, value)
     return value
+
+
+_UNKNOWN = Stat("unknown")  # _http_stat could not tell (fs.info asks instead)
+_heads: dict[str, tuple[Stat, bytes]] = {}  # an object's first window, fetched with its size (http)
+
+
+def _is_http(fs: Any) -> bool:
+    return bool({"http", "https"} & set(_names(getattr(fs, "protocol", ())))) and hasattr(fs, "set_session")
+
+
+def _http_stat(fs: Any, path: str, name: str) -> Stat | None:
+    """What an HTTP server says about ``path`` from one GET of its first :data:`WINDOW_BYTES`
+    (``Range: bytes=0-...``): None for 404/410; the size from ``Content-Range`` (a 206) and the
+    bytes kept as the object's first window. A server that answers 200 (no ranges) is answered
+    by its ``Content-Length`` without reading the body. :data:`_UNKNOWN` when the answer does not
+    say the size (fsspec's ``info`` decides then)."""
+    from fsspec.asyn import sync  # noqa: PLC0415 - fsspec's HTTP file system is asynchronous
+
+    async def probe() -> Stat | None:
+        session = await fs.set_session()
+        options = dict(fs.kwargs)
+        headers = {**options.pop("headers", {}), "Range": f"bytes=0-{WINDOW_BYTES - 1}", "Accept-Encoding": "identity"}
+        _requests["get"] += 1
+        async with session.get(fs.encode_url(path), headers=headers, **options) as r:
+            if r.status in (404, 410):
+                return None
+            if r.status in (401, 403):
+                raise PermissionError(f"HTTP {r.status}")
+            r.raise_for_status()
+            if r.headers.get("Content-Encoding", "identity") not in ("identity", ""):
+                return _UNKNOWN
+            tag = r.headers.get("ETag") or r.headers.get("Last-Modified")
+            if r.status == 206:
+                total = (r.headers.get("Content-Range") or "").rpartition("/")[2]
+                if not total.isdigit():
+                    return _UNKNOWN
+                data = await r.read()
+                info = Stat("file", int(total), tag)
+                if len(data) == min(WINDOW_BYTES, info.size or 0):
+                    with _lock:
+                        _heads[name] = (info, data)
+                return info
+            length = r.headers.get("Content-Length")
+            r.close()  # the whole object would follow: never read it here
+            return Stat("file", int(length), tag) if r.status == 200 and length and length.isdigit() else _UNKNOWN
+
+    return sync(fs.loop, probe)
 
 
 def listdir(path: str) -> list[str]:
@@ -389,6 +443,7 @@ def forget(path: str) -> None:
         for k in [k for k in _complete if name.startswith(k.rstrip("/")) or k.startswith(parent)]:
             del _complete[k]
         _blobs.pop(name, None)
+        _heads.pop(name, None)
     invalidate = getattr(fs, "invalidate_cache", None)
     if invalidate is not None:
         invalidate(parent)
@@ -401,6 +456,7 @@ def clear() -> None:
         _stats.clear()
         _complete.clear()
         _blobs.clear()
+        _heads.clear()
         _filesystems.clear()
 
 
@@ -508,7 +564,7 @@ class _Blob:
                     todo.append((offset, end))
         merged: list[list[int]] = []
         for start, end in todo:
-            if merged and start - merged[-1][1] <= PREFETCH_GAP_BYTES:
+            if merged and start - merged[-1][1] <= PREFETCH_GAP_BYTES and end - merged[-1][0] <= CHUNK_BYTES:
                 merged[-1][1] = max(merged[-1][1], end)
             else:
                 merged.append([start, end])
@@ -602,6 +658,9 @@ def _blob(path: str) -> _Blob:
         blob = _blobs.get(name)
         if blob is None or blob.size != info.size or blob.tag != info.tag:
             blob = _blobs[name] = _Blob(fs, path, int(info.size or 0), info.tag)
+            head = _heads.pop(name, None)
+            if head is not None and head[0] == info:  # fetched with the size (http): the first window
+                blob._keep(0, head[1])
         _blobs.move_to_end(name)
         while len(_blobs) > MAX_BLOBS:
             _blobs.popitem(last=False)

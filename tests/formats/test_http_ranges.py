@@ -12,6 +12,7 @@ from conftest import FIXTURES
 
 import range_server
 from ckptinspect.cli import app
+from ckptinspect.formats import remote
 
 pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")  # fsspec's HTTP file system
@@ -54,10 +55,22 @@ def test_diff_over_http_against_the_local_file_is_equal(http_root, rel):
     assert doc["variables"] and all(v["status"] == "equal" for v in doc["variables"]), doc["variables"][:3]
 
 
-def test_listing_a_safetensors_file_takes_few_requests(http_root):
+def test_listing_a_safetensors_file_takes_at_most_three_requests(http_root):
+    """Nothing remembered from earlier tests: one ranged GET gives the object's size and its
+    first window (no HEAD), one asks for a TF index named like it (404), one reads the footer a
+    TF table would have. (A HEAD and fsspec's GET after a 404 HEAD made it 5.)"""
+    remote.clear()
     before = range_server.RangeHandler.requests
     _json("ls", http_root + "torch/model.safetensors")
     assert range_server.RangeHandler.requests - before <= 3
+
+
+def test_a_missing_object_costs_one_request_per_name_asked(http_root):
+    remote.clear()
+    before = range_server.RangeHandler.requests
+    result = runner.invoke(app, ["ls", http_root + "torch/no_such.safetensors"])
+    assert result.exit_code == 2
+    assert range_server.RangeHandler.requests - before == 2  # the name and the name + ".index"
 
 
 def test_a_missing_object_is_one_error_line(http_root):

@@ -270,3 +270,23 @@ def test_average_and_rewrite_to_the_object_store(s3, tmp_path):
     assert far.exit_code == near.exit_code == 0, far.stderr
     assert cli("diff", f"{out}/rw", str(tmp_path / "rw")).exit_code == 0
     assert cli("verify", f"{out}/rw").exit_code == 0
+
+
+# -- metadata spread through a file: fetched together ---------------------------------------
+def test_npz_member_headers_are_fetched_in_few_coalesced_ranges(s3, tmp_path):
+    """An .npz of 60 arrays of 32 KiB: each member's local header and .npy header lie 32 KiB
+    apart; they are fetched as a few merged ranges (gaps under a window are bridged), not one
+    GET per member. The listing is the local one."""
+    np = pytest.importorskip("numpy")
+    from object_store import upload_tree  # noqa: PLC0415
+
+    path = tmp_path / "many.npz"
+    np.savez(path, **{f"w{i:03d}": np.full(8192, i, np.float32) for i in range(60)})
+    upload_tree(s3.endpoint, path, f"fixtures/tmp/{tmp_path.name}/many.npz")
+    url = s3.url(f"tmp/{tmp_path.name}/many.npz")
+    proc, requests = run_counted(s3, "ls", url, "--format", "json", delay=0)
+    assert proc.returncode == 0, proc.stderr
+    near = cli("ls", str(path), "--format", "json")
+    assert same(proc.stdout, url) == same(near.stdout, str(path))
+    assert len(json.loads(proc.stdout)["variables"]) == 60
+    assert requests <= 5, requests  # a LIST, the head, the tail (central directory), the headers' range(s); was 63
