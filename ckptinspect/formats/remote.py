@@ -552,16 +552,19 @@ class _Blob:
             while len(self._windows) > MAX_WINDOWS or self._window_bytes > MAX_WINDOW_BYTES:
                 self._window_bytes -= len(self._windows.popitem(last=False)[1])
 
-    def prefetch(self, spans: list[tuple[int, int]]) -> None:
-        """Fetch the (offset, size) spans not in memory yet, all at once (near ones in one range):
-        a reader that knows where its metadata lies (an archive's member headers) asks for it in
-        one round trip instead of one per span."""
+    def prefetch(self, spans: list[tuple[int, int]], at_least: int = 0) -> None:
+        """Fetch the (offset, size) spans not in memory yet, all at once (near ones in one range,
+        several ranges in flight): a reader that knows where its metadata lies (an archive's
+        member headers, the object headers of a group's children) asks for it in one round trip
+        instead of one per span. Each range fetched covers at least ``at_least`` bytes from its
+        span's start (a window for the reads around an address whose size the reader does not
+        know yet)."""
         todo = []
         with self._lock:
             for offset, n in sorted(spans):
                 end = min(self.size, offset + n)
                 if end > offset and self._from_windows(offset, end) is None:
-                    todo.append((offset, end))
+                    todo.append((offset, min(self.size, max(end, offset + at_least))))
         merged: list[list[int]] = []
         for start, end in todo:
             if merged and start - merged[-1][1] <= PREFETCH_GAP_BYTES and end - merged[-1][0] <= CHUNK_BYTES:
@@ -715,9 +718,9 @@ class RemoteFile(io.RawIOBase):
             return self._blob.exact(offset, n)
         return self._blob.window(offset, n)
 
-    def prefetch(self, spans: list[tuple[int, int]]) -> None:
+    def prefetch(self, spans: list[tuple[int, int]], at_least: int = 0) -> None:
         """See :meth:`_Blob.prefetch`."""
-        self._blob.prefetch(spans)
+        self._blob.prefetch(spans, at_least)
 
     def read(self, n: int = -1) -> bytes:
         if self.closed:
