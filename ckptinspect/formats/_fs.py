@@ -179,7 +179,8 @@ def check_remote(path: str) -> None:
             raise CheckpointNotFoundError(f"{path}: {e}") from None
         missing = str(e) if name in _remote.EXTRAS else None
     else:
-        _remote.stat(path)  # no such bucket, access denied, no network: one line (CheckpointNotFoundError)
+        if name not in ("http", "https"):  # http has no bucket or credentials to check first: the first read reports
+            _remote.stat(path)  # no such bucket, access denied, no network: one line (CheckpointNotFoundError)
         return
     from .._tf import tensorflow_available  # noqa: PLC0415 - tf.io.gfile only where TensorFlow is installed
 

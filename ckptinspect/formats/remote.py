@@ -73,7 +73,8 @@ __all__ = [
     "request_count",
 ]
 
-WINDOW_BYTES = 64 << 10  # a metadata miss fetches at least this much
+WINDOW_BYTES = 64 << 10  # a metadata miss fetches at least this much...
+HEAD_WINDOW_BYTES = 256 << 10  # ...at an object's start this much (a safetensors header of ~2,500 tensors, a TF index of ~2,000)
 CHUNK_BYTES = 8 << 20  # streaming reads fetch aligned chunks of this size...
 AHEAD_CHUNKS = 4  # ...this many in flight ahead of the reader
 MAX_CHUNKS = 2 * (AHEAD_CHUNKS + 2)  # chunks kept per object until read through (two readers: diff's threads)
@@ -355,7 +356,7 @@ def _is_http(fs: Any) -> bool:
 
 
 def _http_stat(fs: Any, path: str, name: str) -> Stat | None:
-    """What an HTTP server says about ``path`` from one GET of its first :data:`WINDOW_BYTES`
+    """What an HTTP server says about ``path`` from one GET of its first :data:`HEAD_WINDOW_BYTES`
     (``Range: bytes=0-...``): None for 404/410; the size from ``Content-Range`` (a 206) and the
     bytes kept as the object's first window. A server that answers 200 (no ranges) is answered
     by its ``Content-Length`` without reading the body. :data:`_UNKNOWN` when the answer does not
@@ -365,7 +366,7 @@ def _http_stat(fs: Any, path: str, name: str) -> Stat | None:
     async def probe() -> Stat | None:
         session = await fs.set_session()
         options = dict(fs.kwargs)
-        headers = {**options.pop("headers", {}), "Range": f"bytes=0-{WINDOW_BYTES - 1}", "Accept-Encoding": "identity"}
+        headers = {**options.pop("headers", {}), "Range": f"bytes=0-{HEAD_WINDOW_BYTES - 1}", "Accept-Encoding": "identity"}
         _requests["get"] += 1
         async with session.get(fs.encode_url(path), headers=headers, **options) as r:
             if r.status in (404, 410):
@@ -382,7 +383,7 @@ def _http_stat(fs: Any, path: str, name: str) -> Stat | None:
                     return _UNKNOWN
                 data = await r.read()
                 info = Stat("file", int(total), tag)
-                if len(data) == min(WINDOW_BYTES, info.size or 0):
+                if len(data) == min(HEAD_WINDOW_BYTES, info.size or 0):
                     with _lock:
                         _heads[name] = (info, data)
                 return info
@@ -540,7 +541,7 @@ class _Blob:
         if end > self.size - WINDOW_BYTES:  # near the end: the tail (a zip's directory, HDF5's last object)
             start, stop = max(0, min(offset, self.size - WINDOW_BYTES)), self.size
         else:
-            start, stop = offset, min(self.size, offset + max(n, WINDOW_BYTES))
+            start, stop = offset, min(self.size, offset + max(n, HEAD_WINDOW_BYTES if offset == 0 else WINDOW_BYTES))
         data = self.get(start, stop)
         self._keep(start, data)
         return data[offset - start : end - start]

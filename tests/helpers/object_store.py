@@ -73,7 +73,7 @@ class Proxy:
     after another: 1; ranges fetched together: more).
     """
 
-    def __init__(self, upstream: str, delay: float = 0.0, bandwidth: float = 0.0):
+    def __init__(self, upstream: str, delay: float = 0.0, bandwidth: float = 0.0, listen_port: int = 0):
         host, port = upstream.rsplit("//", 1)[1].split(":")
         self.upstream = (host, int(port))
         self.delay = delay
@@ -86,7 +86,7 @@ class Proxy:
         self.most_in_flight = 0
         self._cuts = 0
         self._lock = threading.Lock()
-        self._server = socket.create_server(("127.0.0.1", 0))
+        self._server = socket.create_server(("127.0.0.1", listen_port))
         self.endpoint = f"http://127.0.0.1:{self._server.getsockname()[1]}"
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
