@@ -120,23 +120,26 @@ DIFF_ROWS = {"tf": ("tf_a/ckpt", "tf_b/ckpt", ".data-00000-of-00001"), "safetens
 LS_REQUEST_TARGETS = {"tf": TARGET_LS_REQUESTS, "safetensors": TARGET_LS_REQUESTS}
 
 
-def http_pairs(base: str, sources: dict[str, pathlib.Path]) -> dict[str, tuple[str, str, list[tuple[str, list[str], bool, tuple[int, ...]]]]]:
+def http_pairs(base: str, sources: dict[str, pathlib.Path], every: bool = False
+               ) -> dict[str, tuple[str, str, list[tuple[str, list[str], bool, tuple[int, ...]]]]]:
     """run.py's remote pairs on the http store at ``base`` (``http://127.0.0.1:PORT/``): id ->
-    (command, title, [(label, argv, ours, ok exit codes)])."""
+    (command, title, [(label, argv, ours, ok exit codes)]); those whose files are missing are
+    left out, unless ``every`` (run.py names them before the files are generated)."""
     ck = [sys.executable, "-m", "ckptinspect"]
     out = {}
     for kind, name in LS_ROWS.items():
-        if not any(k.startswith(name) for k in sources):
+        found = [k for k in sources if k.startswith(name)]
+        if not found and not every:
             continue
-        what = f"{sources[next(k for k in sources if k.startswith(name))].stat().st_size / 2**20:.0f} MiB"
-        out[f"ls-remote-{kind}"] = ("ls", f"ls of a {kind} checkpoint ({what}) over https:// ranged GETs, each request held"
+        what = f" ({sum(sources[k].stat().st_size for k in found) / 2**20:.0f} MiB)" if found else ""
+        out[f"ls-remote-{kind}"] = ("ls", f"ls of a {kind} checkpoint{what} over http ranged GETs, each request held"
                                     " LATENCY ms by the proxy", [("ckptinspect ls", [*ck, "ls", base + name], True, (0,))])
     for kind, (a, b, data) in DIFF_ROWS.items():
-        if not any(k.startswith(a) for k in sources) or not any(k.startswith(b) for k in sources):
+        if (not any(k.startswith(a) for k in sources) or not any(k.startswith(b) for k in sources)) and not every:
             continue
         plain = [sys.executable, "-c", PLAIN_READ, base.split("://")[0], f"{base}{a}{data}|{base}{b}{data}"]
         note = " (the same bytes under two names)" if kind == "safetensors" else ""
-        out[f"diff-remote-{kind}"] = ("diff", f"diff of two 1 GB {kind} checkpoints{note} over https://, each request held LATENCY ms",
+        out[f"diff-remote-{kind}"] = ("diff", f"diff of two 1 GB {kind} checkpoints{note} over http ranged GETs, each request held LATENCY ms",
                                       [("ckptinspect diff", [*ck, "diff", base + a, base + b, "-q"], True, (0, 1)),
                                        ("fsspec open().read() of both + numpy compare", plain, False, (0,))])
     return out
