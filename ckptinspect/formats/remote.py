@@ -84,6 +84,7 @@ STREAM_GAP_BYTES = 1 << 20
 MAX_WINDOWS = 4096
 MAX_WINDOW_BYTES = 32 << 20  # metadata windows kept per object
 PREFETCH_GAP_BYTES = WINDOW_BYTES  # spans closer than this are fetched in one range (at most CHUNK_BYTES)
+MAX_PREFETCH_BYTES = 16 << 20  # fetched by one prefetch call at most (spans past it are read when asked for)
 STAT_SECONDS = 5.0  # how long what a store said about a name is believed
 ATTEMPTS = 2  # tries of one request here, each after the file system package's own (s3fs: 3 x botocore's 2)
 BACKOFF_SECONDS = 0.25
@@ -567,11 +568,19 @@ class _Blob:
                 if end > offset and self._from_windows(offset, end) is None:
                     todo.append((offset, min(self.size, max(end, offset + at_least))))
         merged: list[list[int]] = []
+        total = 0
         for start, end in todo:
             if merged and start - merged[-1][1] <= PREFETCH_GAP_BYTES and end - merged[-1][0] <= CHUNK_BYTES:
-                merged[-1][1] = max(merged[-1][1], end)
+                grown = max(merged[-1][1], end) - merged[-1][1]
+                if total + grown > MAX_PREFETCH_BYTES:
+                    break
+                merged[-1][1] += grown
+                total += grown
             else:
+                if total + end - start > MAX_PREFETCH_BYTES:
+                    break  # the rest is read as it comes (memory: what one call fetches is held until kept)
                 merged.append([start, end])
+                total += end - start
         futs = [(start, _executor().submit(self.get, start, end)) for start, end in merged]
         for start, fut in futs:
             self._keep(start, fut.result())

@@ -292,12 +292,12 @@ def test_npz_member_headers_are_fetched_in_few_coalesced_ranges(s3, tmp_path):
     assert requests <= 5, requests  # a LIST, the head, the tail (central directory), the headers' range(s); was 63
 
 
-def test_hdf5_object_headers_of_a_level_are_fetched_together(s3, tmp_path):
+def test_hdf5_object_headers_of_sibling_groups_are_fetched_together(s3, tmp_path):
     """A Keras-style HDF5 file of 40 groups whose metadata lies beside each one's 195 KiB of data
-    (farther apart than a window and the gap bridged), with a second hard link to a group and a link back up (a cycle):
-    the walk lists a level of the tree, then fetches every object header of the level at once
-    (several requests in flight; h5py alone reads them one after another), and lists what the
-    local file lists, in the same order."""
+    (farther apart than a window and the gap bridged), with a second hard link to a group and a
+    link back up (a cycle): entering a group, the walk fetches its children's object headers
+    together (several requests in flight; h5py alone reads them one after another), and lists
+    what the local file lists, in the same order."""
     np = pytest.importorskip("numpy")
     h5py = pytest.importorskip("h5py")
     from object_store import upload_tree  # noqa: PLC0415
