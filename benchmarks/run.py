@@ -11,7 +11,10 @@ runs that leave the page cache warm), and records the median wall time, the spre
 and the peak RSS of each child (``ru_maxrss`` from ``os.wait4``). A scale series times ``ls``,
 ``ls --stats``, ``diff`` (TF bundles and .h5), ``verify``, ``scan``, ``average`` and ``extract`` (and
 their TensorFlow or read-once counterparts) against checkpoint size and plots it
-to ``benchmarks/scale.png`` (needs matplotlib: ``pip install -e .[bench]``).
+to ``benchmarks/scale.png`` (needs matplotlib: ``pip install -e .[bench]``). The object storage rows
+(``ls-remote-*``, ``diff-remote-*``; issue 29) read the same files over http ranged GETs from a range
+server on 127.0.0.1 behind a proxy holding each request 20 ms, which counts the requests
+(``bench_remote.py``).
 
 Writes ``benchmarks/RESULTS.md`` (and ``results.json`` in the work folder). Hand-written notes
 between ``<!-- notes:start -->`` and ``<!-- notes:end -->`` in an existing RESULTS.md are kept.
