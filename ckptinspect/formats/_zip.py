@@ -81,6 +81,12 @@ class FileWindow(_Window):
         super().__init__(size)
         self._f = f
         self._start = start
+        if getattr(f, "prefetch", None) is not None:  # a remote archive: spans fetched together (see _fs.prefetch)
+            self.prefetch = self._prefetch
+
+    def _prefetch(self, spans: list[tuple[int, int]], at_least: int = 0) -> None:
+        self._f.prefetch([(self._start + offset, min(n, self._size - offset)) for offset, n in spans if 0 <= offset < self._size],
+                         at_least)
 
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
