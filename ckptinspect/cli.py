@@ -238,13 +238,14 @@ def ls_command(path: str, filter: Optional[str], role: Optional[str], stats: boo
     """List the variables of a checkpoint: shapes, dtypes, sizes, shards and roles."""
     from . import open as open_checkpoint  # noqa: PLC0415
     from .ops.listing import list_variables  # noqa: PLC0415
-    from .render import ls_view, ls_warnings  # noqa: PLC0415
+    from .render import ls_chunks, ls_warnings  # noqa: PLC0415
 
     with open_checkpoint(path) as ckpt, progress("stats", when=stats) as shown:
         listing = list_variables(ckpt, pattern=filter, role=role, sort=sort, stats=stats, progress=shown,
                                  optimizer_pattern=optimizer_pattern)
-    sys.stderr.write(ls_warnings(listing))
-    emit(ls_view(listing, format, tree=tree))
+        sys.stderr.write(ls_warnings(listing))
+        for chunk in ls_chunks(listing, format, tree=tree):  # a listing of a million rows, a block at a time
+            emit(chunk)
 
 
 @app.command("diff")

@@ -49,6 +49,8 @@ __all__ = [
     "terminal_width",
     "simple_table",
     "progress_line",
+    "csv_cell",
+    "COLUMN_GAP",
 ]
 
 
@@ -445,6 +447,9 @@ def _csv_cell(value: Any) -> Any:
     if isinstance(value, str):
         return csv_safe(display_name(value))
     return "" if value is None else csv_safe(value)
+
+
+csv_cell = _csv_cell  # one CSV cell as render writes it (lists joined, names shown, formulas guarded)
 
 
 def progress_line(label: str, done: int, total: int, name: str, width: int) -> str:
