@@ -208,6 +208,37 @@ class VariableTable(Sequence[Variable]):
         self.rows = rows
         self._index = {} if _index is None else _index  # find's hashes, shared with views
 
+    @classmethod
+    def from_variables(cls, variables: Iterable[Variable]) -> VariableTable | None:
+        """The columns of ``variables``, or None when one has slices or an object-graph path
+        (which the columns do not keep)."""
+        import numpy as np  # noqa: PLC0415
+
+        names, keys, name_ends, key_ends = bytearray(), bytearray(), [], []
+        codes: dict[str, dict[Any, int]] = {"shape": {}, "dtype": {}, "role": {}, "shards": {}}
+        columns: dict[str, list[int]] = {k: [] for k in codes}
+        nbytes: list[int] = []
+        same_keys = True
+        for v in variables:
+            if v.slices or v.graph_path is not None:
+                return None
+            name = v.name.encode("utf-8", "surrogatepass")
+            names += name
+            name_ends.append(len(names))
+            if v.key != v.name:
+                same_keys = False
+            keys += v.key.encode("utf-8", "surrogatepass")
+            key_ends.append(len(keys))
+            for field, value in (("shape", v.shape), ("dtype", v.dtype), ("role", v.role), ("shards", v.shards)):
+                known = codes[field]
+                columns[field].append(known.setdefault(value, len(known)))
+            nbytes.append(v.nbytes)
+        return cls(bytes(names), np.array(name_ends, np.int64), list(codes["shape"]),
+                   np.array(columns["shape"], np.int32), list(codes["dtype"]), np.array(columns["dtype"], np.int32),
+                   np.array(nbytes, np.int64), list(codes["role"]), np.array(columns["role"], np.int32),
+                   list(codes["shards"]), np.array(columns["shards"], np.int32),
+                   None if same_keys else bytes(keys), None if same_keys else np.array(key_ends, np.int64))
+
     # -- the sequence ----------------------------------------------------------------------
     def __len__(self) -> int:
         return len(self.name_ends) if self.rows is None else len(self.rows)
