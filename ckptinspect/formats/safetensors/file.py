@@ -381,9 +381,10 @@ class SafetensorsSource(m.BaseSource):
     def _lookup(self, variable: m.Variable) -> tuple[int, SafetensorsTensor, np.dtype]:
         if variable.key in self._problems:
             raise CorruptCheckpointError(self._problems[variable.key])
-        if variable.key not in self._entries:
+        found = self._entries.get(variable.key)  # one look-up (a table's is a search)
+        if found is None:
             raise CheckpointNotFoundError(f"{self._paths[0]}: no tensor {variable.key!r}")
-        i, t = self._entries[variable.key]
+        i, t = found
         dtype = numpy_dtype(t.dtype)
         if dtype is None:
             raise CorruptCheckpointError(f"{self._paths[i]}: {t.name!r}: dtype {t.dtype} cannot be read")
