@@ -311,22 +311,28 @@ class VariableTable(Sequence[Variable]):
         array of the keys' hashes, made on first use: no dict of a million keys)."""
         import numpy as np  # noqa: PLC0415
 
-        if not self._index:
+        index = self._index
+        guess = index.get("next", 0)  # the row after the last one found: callers often go in order
+        if guess < len(self.name_ends) and self.key_of(guess) == key:
+            index["next"] = guess + 1
+            return guess
+        if "hashes" not in index:
             buf, ends = (self.names, self.name_ends) if self.keys is None else (self.keys, self.key_ends)
             bounds = ends.tolist()
             hashes = np.fromiter(map(hash, map(buf.__getitem__, map(slice, [0, *bounds[:-1]], bounds))),
                                  np.int64, len(bounds))
             order = np.argsort(hashes, kind="stable")
-            self._index["hashes"], self._index["order"] = hashes[order], order
-        hashes, order = self._index["hashes"], self._index["order"]
+            index["hashes"], index["order"] = hashes[order], order
+        hashes, order = index["hashes"], index["order"]
         try:
             wanted = hash(key.encode("utf-8", "surrogatepass"))
         except UnicodeEncodeError:  # pragma: no cover - every str encodes with surrogatepass
             return None
-        i = int(np.searchsorted(hashes, wanted))
+        i = int(hashes.searchsorted(wanted))
         while i < len(hashes) and hashes[i] == wanted:
             r = int(order[i])
             if self.key_of(r) == key:
+                index["next"] = r + 1
                 return r
             i += 1
         return None
