@@ -312,10 +312,11 @@ class VariableTable(Sequence[Variable]):
         import numpy as np  # noqa: PLC0415
 
         index = self._index
-        guess = index.get("next", 0)  # the row after the last one found: callers often go in order
-        if guess < len(self.name_ends) and self.key_of(guess) == key:
-            index["next"] = guess + 1
-            return guess
+        after = index.get("next", 0)  # callers often go in order, or ask for the same one twice
+        for guess in (after, after - 1):
+            if 0 <= guess < len(self.name_ends) and self.key_of(guess) == key:
+                index["next"] = guess + 1
+                return guess
         if "hashes" not in index:
             buf, ends = (self.names, self.name_ends) if self.keys is None else (self.keys, self.key_ends)
             bounds = ends.tolist()
