@@ -351,11 +351,15 @@ class VariableTable(Sequence[Variable]):
             # UTF-8 bytes sort as their code points do; numpy's fixed-width bytes pad with NULs
             fixed = np.zeros((len(rows), widest), np.uint8)
             buf = np.frombuffer(self.names, np.uint8)
-            for column in range(widest):  # one vectorised copy per byte position
+            first = starts[rows]
+            for column in range(widest):  # one vectorised copy per byte position (no array per byte)
                 has = lengths > column
-                fixed[has, column] = buf[starts[rows[has]] + column]
-            order = np.argsort(fixed.view(f"S{widest}").reshape(-1), kind="stable")
-            return rows[order]
+                fixed[has, column] = buf[first[has] + column]
+            del first
+            keys = fixed.view(f"S{widest}").reshape(-1)
+            if bool((keys[1:] >= keys[:-1]).all()):  # in order already (writers often sort)
+                return rows
+            return rows[np.argsort(keys, kind="stable")]
         name_of = self.name_of
         return np.asarray(sorted(rows.tolist(), key=name_of), dtype=np.int64)
 
