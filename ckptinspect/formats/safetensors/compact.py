@@ -5,13 +5,15 @@ A header of a million tensors parsed by ``json.loads`` costs a dict, a list and 
 tensor (about 600 bytes each) before a single :class:`~ckptinspect.model.Variable` is made. The
 writers' headers have one shape: compact JSON, ``{"__metadata__":{...},"name":{"dtype":"F32",
 "shape":[2,3],"data_offsets":[0,24]},...}`` (the three keys in one order throughout, any order),
-then spaces. :func:`scan_header` reads exactly that shape with one regular expression per tensor
-(C code, in chunks of a few MB) and keeps its fields in columns. It proves the matches tile the
-header byte for byte (so nothing was skipped and every match is a real entry), then checks what
+then spaces. :func:`scan_header` reads exactly that shape, a window of the file at a time, with
+one regular expression per tensor (C code: ``re.split`` of each chunk of about 1 MB, whose pieces
+between the matches must all be empty: the matches then tile the chunk byte for byte, so nothing
+was skipped and every match is a real entry), keeps the fields in columns, then checks what
 :func:`~ckptinspect.formats.safetensors.file.read_header` checks: names' escapes, UTF-8, no name
-twice, known dtypes, at most ``MAX_DIMS`` dims, spans equal to dtype size x shape, every span in
-the file, no two overlapping. A header of any other shape, or one that fails a check, gives None:
-the caller reads it with ``json.loads`` as before (same result, or the same error message).
+twice, known dtypes, at most ``MAX_DIMS`` dims, numbers without leading zeros, spans equal to
+dtype size x shape, every span in the file, no two overlapping. A header of any other shape, or
+one that fails a check, gives None: the caller reads it with ``json.loads`` as before (same
+result, or the same error message).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import dataclasses
 import itertools
 import json
 import re
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ... import model as m
 from ...errors import CkptError
@@ -45,7 +47,6 @@ _VALUES = {
     "data_offsets": rb"\[(" + _INT + rb"),(" + _INT + rb")\]",
 }
 _SHAPE = re.compile(rb"(?:(?:0|[1-9][0-9]{0,17})(?:,(?:0|[1-9][0-9]{0,17})){0,63})?")  # at most MAX_DIMS dims
-_EMPTY = {"dtype": b'""', "shape": b"[]", "data_offsets": b"[,]"}
 _STRING = rb'"' + _STRING_BODY + rb'"'
 _METADATA = re.compile(rb'"__metadata__":(\{(?:' + _STRING + rb":" + _STRING + rb"(?:," + _STRING + rb":"
                        + _STRING + rb")*)?\})")
@@ -59,7 +60,6 @@ class _Order:
     keys: tuple[str, ...]
     first: re.Pattern[bytes]  # the entry right after ``{``
     rest: re.Pattern[bytes]  # each later entry, its comma first
-    fixed: int  # bytes of a later entry besides its captured fields
     dtype: int  # index of each field in a match's groups
     shape: int
     begin: int
@@ -72,12 +72,12 @@ def _order(keys: tuple[str, ...]) -> _Order:
     for k in keys:
         groups[k] = at
         at += 2 if k == "data_offsets" else 1
-    empty = b',"":{' + b",".join(b'"' + k.encode() + b'":' + _EMPTY[k] for k in keys) + b"}"
-    return _Order(keys, re.compile(_NAME + b":" + body), re.compile(b"," + _NAME + b":" + body), len(empty),
+    return _Order(keys, re.compile(_NAME + b":" + body), re.compile(b"," + _NAME + b":" + body),
                   groups["dtype"], groups["shape"], groups["data_offsets"])
 
 
 _ORDERS = [_order(keys) for keys in itertools.permutations(("dtype", "shape", "data_offsets"))]
+_GROUPS = 5  # groups of an entry pattern: name, dtype, shape, two offsets
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,8 +191,7 @@ def _scan(read: Callable[[int, int], bytes], path: str, n: int, size: int, stric
         if order is None or entry is None:
             raise _NotCompact
         _utf8(buf, pos, entry.end())
-        first = [entry.groups()]
-        first_length = entry.end() - pos - (order.fixed - (0 if pos > 1 else 1))  # its fields' bytes
+        first = entry.groups()
         pos = entry.end()
         base = 0  # the header offset of buf[0]
         while base + pos < end:
@@ -207,15 +206,16 @@ def _scan(read: Callable[[int, int], bytes], path: str, n: int, size: int, stric
                 pos = 0
                 continue
             stop = limit if stop < 0 else stop + 1
-            _utf8(buf, pos, stop)
-            matches = order.rest.findall(buf, pos, stop)
-            captured = _columns(matches, order, buf.find(b"\\", pos, stop) >= 0, *columns, np)
-            if captured + order.fixed * len(matches) != stop - pos:
-                raise _NotCompact  # the matches do not tile the chunk: not this shape
-            del matches
+            piece = buf[pos:stop]
+            _utf8(piece, 0, len(piece))
+            # split: between the matches, what no match took: all empty when the matches tile the piece
+            parts = order.rest.split(piece)
+            if any(parts[0::_GROUPS + 1]):
+                raise _NotCompact  # not this shape
+            _columns([parts[g::_GROUPS + 1] for g in range(1, _GROUPS + 1)], order, b"\\" in piece, *columns, np)
+            del parts, piece
             pos = stop
-        if _columns(first, order, True, *columns, np, first=True) != first_length:
-            raise _NotCompact  # a number with a leading zero
+        _columns([[g] for g in first], order, True, *columns, np, first=True)
     del buf
     return _checked(path, n, size, strict, dtypes, unreadable, counter_names, header_length, metadata, *columns, np)
 
@@ -235,55 +235,47 @@ def _decoded_name(name: bytes) -> bytes:
     return json.loads(b'"' + name + b'"').encode("utf-8", "surrogatepass")
 
 
-def _columns(matches: list[tuple[bytes, ...]], order: _Order, escapes: bool, names: list[bytes],
+def _columns(fields: list[Sequence[bytes]], order: _Order, escapes: bool, names: list[bytes],
              name_lengths: list[Any], hashes: list[Any], dtype_index: dict[bytes, int],
              shape_index: dict[bytes, int], dtype_chunks: list[Any], shape_chunks: list[Any],
-             begin_chunks: list[Any], end_chunks: list[Any], np: Any, first: bool = False) -> int:
-    """One chunk's matches into the columns (the first entry's chunk is put in front).
-
-    Returns:
-        The bytes the matches' captured fields take, as the header spells them (a number with a
-        leading zero, which JSON forbids, counts short: the tiling check then fails).
-    """
-    if not matches:
-        return 0
-    columns = list(zip(*matches))
-    chunk_names = list(columns[0])
+             begin_chunks: list[Any], end_chunks: list[Any], np: Any, first: bool = False) -> None:
+    """One chunk's fields (one sequence per group of the entry pattern) into the columns (the
+    first entry's are put in front)."""
+    chunk_names = list(fields[0])
     count = len(chunk_names)
-    lengths = np.fromiter(map(len, chunk_names), np.int32, count)
-    captured = int(lengths.sum(dtype=np.int64))
+    if not count:
+        return
     if escapes:
         for i, name in enumerate(chunk_names):
             if b"\\" in name:
                 chunk_names[i] = _decoded_name(name)
-        lengths = np.fromiter(map(len, chunk_names), np.int32, count)
-    for code in set(columns[order.dtype]) - dtype_index.keys():
+    lengths = np.fromiter(map(len, chunk_names), np.int32, count)
+    for code in set(fields[order.dtype]) - dtype_index.keys():
         dtype_index[code] = len(dtype_index)
-    for shape in set(columns[order.shape]) - shape_index.keys():
+    for shape in set(fields[order.shape]) - shape_index.keys():
         if not _SHAPE.fullmatch(shape):
             raise _NotCompact
         shape_index[shape] = len(shape_index)
     packed = b"".join(chunk_names)
     chunk_hashes = np.fromiter(map(hash, chunk_names), np.int64, count)
-    dtype_codes = np.fromiter(map(dtype_index.__getitem__, columns[order.dtype]), np.int16, count)
-    shape_codes = np.fromiter(map(shape_index.__getitem__, columns[order.shape]), np.int32, count)
-    spelled = np.array([len(k) for k in dtype_index] or [0], np.int64)
-    captured += int(spelled[dtype_codes].sum())
-    spelled = np.array([len(k) for k in shape_index] or [0], np.int64)
-    captured += int(spelled[shape_codes].sum())
-    begins = np.array(columns[order.begin], dtype="S18").astype(np.int64)
-    ends = np.array(columns[order.begin + 1], dtype="S18").astype(np.int64)
-    for values in (begins, ends):  # digits of the value: its length when it has no leading zero
-        captured += int(np.searchsorted(_POWERS_OF_TEN, values, side="right").sum()) + int((values == 0).sum())
+    dtype_codes = np.fromiter(map(dtype_index.__getitem__, fields[order.dtype]), np.int16, count)
+    shape_codes = np.fromiter(map(shape_index.__getitem__, fields[order.shape]), np.int32, count)
+    offsets = []
+    for column in (fields[order.begin], fields[order.begin + 1]):
+        values = np.fromiter(map(int, column), np.int64, count)
+        # JSON spells a number without leading zeros: its length is then its count of digits
+        digits = int(np.searchsorted(_POWERS_OF_TEN, values, side="right").sum()) + int((values == 0).sum())
+        if digits != sum(map(len, column)):
+            raise _NotCompact
+        offsets.append(values)
     where = 0 if first else len(names)
     names.insert(where, packed)
     name_lengths.insert(where, lengths)
     hashes.insert(where, chunk_hashes)
     dtype_chunks.insert(where, dtype_codes)
     shape_chunks.insert(where, shape_codes)
-    begin_chunks.insert(where, begins)
-    end_chunks.insert(where, ends)
-    return captured
+    begin_chunks.insert(where, offsets[0])
+    end_chunks.insert(where, offsets[1])
 
 
 _POWERS_OF_TEN = [10**i for i in range(19)]
