@@ -267,13 +267,14 @@ def diff_command(a: str, b: str, atol: float, rtol: float, role: Optional[str], 
                  quiet: bool, format: OutputFormat) -> None:  # noqa: A002
     """Compare two checkpoints, also across formats (exit 0 equal within tolerance, 1 different)."""
     from .ops.diff.operation import diff  # noqa: PLC0415
-    from .render import diff_view  # noqa: PLC0415
+    from .render import diff_chunks  # noqa: PLC0415
 
     with progress("diff", when=not quiet) as shown:
         report = diff(a, b, atol=atol, rtol=rtol, role=role, mapping=maps, progress=shown,
                       optimizer_pattern=optimizer_pattern, transpose_dense=transpose_dense, conv_layout=conv_layout)
     if not quiet:
-        emit(diff_view(report, format, hide_equal=hide_equal))
+        for chunk in diff_chunks(report, format, hide_equal=hide_equal):  # a million rows: never held whole
+            emit(chunk)
     if not report.identical:
         raise click.exceptions.Exit(EXIT_DIFFERENT)
 

@@ -19,15 +19,22 @@ from ._core import (
     fmt_shape,
     human_bytes,
     render,
+    render_chunks,
     terminal_width,
 )
 from ._columns import json_chunks, plain_names, table_chunks
 
-__all__ = ['diff_view', 'ls_chunks', 'ls_view', 'ls_warnings', 'verify_view']
+__all__ = ['diff_chunks', 'diff_view', 'ls_chunks', 'ls_view', 'ls_warnings', 'verify_view']
 
 
 def diff_view(report, fmt: OutputFormat, width: int | None = AUTO, *, hide_equal: bool = False) -> str:
-    """Render a :class:`~ckptinspect.ops.diff.operation.DiffReport`: variables by movement, layers, verdict.
+    """Render a :class:`~ckptinspect.ops.diff.operation.DiffReport` (see :func:`diff_chunks`)."""
+    return "".join(diff_chunks(report, fmt, width, hide_equal=hide_equal))
+
+
+def diff_chunks(report, fmt: OutputFormat, width: int | None = AUTO, *, hide_equal: bool = False) -> Iterator[str]:
+    """:func:`diff_view`'s text in pieces, the table and CSV rows made twice rather than held
+    (a diff of a million variables): variables by movement, layers, verdict.
 
     The table shows the NaN/Inf columns only when a variable has a NaN or an Inf; fitted to a
     narrow terminal it leaves out ``differing``, ``dtype``, ``cosine``, then ``shape`` (and says
@@ -47,32 +54,36 @@ def diff_view(report, fmt: OutputFormat, width: int | None = AUTO, *, hide_equal
         doc = report.to_dict()
         if hide_equal:
             doc["variables"] = [v.to_dict() for v in shown_variables]
-        return render(fmt, doc=doc, rows=(), columns=())
-    rows = []
+        yield render(fmt, doc=doc, rows=(), columns=())
+        return
     table = fmt == OutputFormat.table
-    for v in shown_variables:
-        size = 1
-        for d in v.shape_a or v.shape_b or ():
-            size *= d
-        rows.append({
-            **({"status": v.status} if table else
-               {**v.to_dict(), **{k: None if getattr(v, k) is None else fmt_shape(getattr(v, k))  # as ls: [8,16]
-                                  for k in ("shape_a", "shape_b")}}),  # the table shows no other field of it
-            "shown_name": f"{v.name_a} -> {v.name_b}" if v.names_differ else v.name,
-            "shape": pair(v.shape_a, v.shape_b, fmt_shape),
-            "dtype": pair(v.dtype_a, v.dtype_b),
-            "max_abs": fmt_float(v.max_abs_diff),
-            "rel": fmt_float(v.rel_l2),
-            "cos": fmt_float(v.cosine, 6),
-            "diff_elems": "-" if v.num_different is None else f"{v.num_different}/{size}",
-            "nan": counts(v.nan_a, v.nan_b),
-            "inf": counts(v.inf_a, v.inf_b),
-        })
+
+    def rows() -> Iterator[dict[str, Any]]:
+        for v in shown_variables:
+            size = 1
+            for d in v.shape_a or v.shape_b or ():
+                size *= d
+            yield {
+                **({"status": v.status} if table else
+                   {**v.to_dict(), **{k: None if getattr(v, k) is None else fmt_shape(getattr(v, k))  # as ls: [8,16]
+                                      for k in ("shape_a", "shape_b")}}),  # the table shows no other field of it
+                "shown_name": f"{v.name_a} -> {v.name_b}" if v.names_differ else v.name,
+                "shape": pair(v.shape_a, v.shape_b, fmt_shape),
+                "dtype": pair(v.dtype_a, v.dtype_b),
+                "max_abs": fmt_float(v.max_abs_diff),
+                "rel": fmt_float(v.rel_l2),
+                "cos": fmt_float(v.cosine, 6),
+                "diff_elems": "-" if v.num_different is None else f"{v.num_different}/{size}",
+                "nan": counts(v.nan_a, v.nan_b),
+                "inf": counts(v.inf_a, v.inf_b),
+            }
+
     if fmt != OutputFormat.table:
         csv_cols = ["name", "status", "name_a", "name_b", "key_a", "key_b", "matched_by", "role", "shape_a", "shape_b",
                     "dtype_a", "dtype_b", "max_abs_diff", "rel_l2", "cosine", "num_different", "nan_a", "inf_a", "nan_b", "inf_b",
                     "layout"]
-        return render(fmt, doc=report.to_dict(), rows=rows, columns=[(c, c) for c in csv_cols])
+        yield from render_chunks(fmt, doc={}, rows=rows, columns=[(c, c) for c in csv_cols])
+        return
     header = [
         f"a: {report.a} ({report.format_a})",
         f"b: {report.b} ({report.format_b})",
@@ -104,8 +115,9 @@ def diff_view(report, fmt: OutputFormat, width: int | None = AUTO, *, hide_equal
         footer.append(f"{unchanged} layer{'s' if unchanged != 1 else ''} unchanged" if moved else
                       f"all {len(layers)} layer{'s' if len(layers) != 1 else ''} unchanged")
     footer += ["", report.verdict]
-    return render(fmt, doc={}, rows=rows, columns=columns, header=header, footer=footer, width=width,
-                  squeeze=["shown_name"], optional=["diff_elems", "dtype", "cos", "shape"], names_first=True)
+    yield from render_chunks(fmt, doc={}, rows=rows, columns=columns, header=header, footer=footer, width=width,
+                             squeeze=["shown_name"], optional=["diff_elems", "dtype", "cos", "shape"],
+                             names_first=True)
 
 
 

@@ -229,3 +229,18 @@ def test_the_writers_shapes_are_read_into_columns(case, columns, tmp_path, monke
     _columns(monkeypatch, True)
     with ckptinspect.open(path) as ckpt:
         assert isinstance(ckpt.variables, m.VariableTable) is columns
+
+
+@pytest.mark.parametrize("lines", [1, 2, 3, 7])
+@pytest.mark.parametrize("fmt", ["table", "csv"])
+@pytest.mark.parametrize("command", ["ls", "diff"])
+def test_text_written_in_blocks_is_the_text_written_whole(written, monkeypatch, lines, fmt, command):
+    """Blocks of a few lines (their edges before, inside and after the header and footer) give
+    the same bytes as one block."""
+    from ckptinspect.render import _core
+
+    _columns(monkeypatch, False)
+    args = ("ls", written, "--role", "metadata") if command == "ls" else ("diff", written, FIXTURES[0])
+    whole = _cli(*args, "--format", fmt)
+    monkeypatch.setattr(_core, "LINES_PER_CHUNK", lines)
+    assert _cli(*args, "--format", fmt) == whole and whole[1]
