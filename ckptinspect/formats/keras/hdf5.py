@@ -28,9 +28,10 @@ from __future__ import annotations
 import math
 import os
 import struct
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported only where values are read (a listing needs none)
+    import numpy as np
 
 UNDEF = 0xFFFFFFFFFFFFFFFF
 SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -60,12 +61,57 @@ class Unsupported(Exception):
     """The file is outside this reader's subset, or damaged: read it through h5py instead."""
 
 
+class DType:
+    """The numpy dtype h5py gives a datatype, described without importing numpy: ``str``
+    (numpy's ``dtype.str``: ``<f4``, ``|b1``, ``|S8``, ``|O``), ``kind``, ``itemsize`` and
+    ``name`` as numpy's. ``dtype`` is the numpy dtype itself (numpy imported then), so numpy
+    accepts a DType wherever it takes a dtype, and a numpy dtype compares equal to it."""
+
+    __slots__ = ("str", "kind", "itemsize", "name", "_numpy")
+    names = None  # no records
+    subdtype = None  # no sub-arrays
+
+    def __init__(self, code: str, kind: str, itemsize: int, name: str):
+        self.str = code
+        self.kind = kind
+        self.itemsize = itemsize
+        self.name = name
+        self._numpy: Any = None
+
+    @property
+    def dtype(self) -> np.dtype:
+        if self._numpy is None:
+            import numpy as np  # noqa: PLC0415 - numpy only where values are read
+
+            self._numpy = np.dtype(self.str)
+        return self._numpy
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, DType):
+            return self.str == other.str
+        return NotImplemented  # a numpy dtype compares itself (through .dtype)
+
+    def __hash__(self) -> int:
+        return hash(self.str)
+
+    def __repr__(self) -> str:
+        return f"DType({self.str!r})"
+
+
+def _dtype(order: str, kind: str, itemsize: int, name: str) -> DType:
+    return DType(f"{'|' if itemsize == 1 or kind in 'SOb' else order}{kind}{itemsize if kind != 'O' else ''}", kind, itemsize, name)
+
+
+BOOL = _dtype("|", "b", 1, "bool")
+OBJECT = DType("|O", "O", 8, "object")
+
+
 class Attribute:
-    """One attribute: its numpy dtype (``object`` for variable-length strings), shape and raw bytes."""
+    """One attribute: its dtype (``object`` for variable-length strings), shape and raw bytes."""
 
     __slots__ = ("dtype", "shape", "raw", "vlen")
 
-    def __init__(self, dtype: np.dtype, shape: tuple[int, ...] | None, raw: bytes, vlen: str | None):
+    def __init__(self, dtype: DType, shape: tuple[int, ...] | None, raw: bytes, vlen: str | None):
         self.dtype = dtype
         self.shape = shape  # None: a null dataspace
         self.raw = raw
@@ -78,7 +124,7 @@ class Dataset:
     __slots__ = ("dtype", "vlen", "shape", "null", "layout", "address", "storage", "attrs")
 
     def __init__(self) -> None:
-        self.dtype: np.dtype | None = None
+        self.dtype: DType | None = None
         self.vlen: str | None = None
         self.shape: tuple[int, ...] = ()
         self.null = False
@@ -400,12 +446,30 @@ class File:
         """The value as h5py's low-level read gives it: an array (``object`` of ``str`` for
         variable-length UTF-8 strings, of ``bytes`` for ASCII ones, or ``str`` too with
         ``decode``, as h5py's ``attrs[name]`` gives them)."""
+        import numpy as np  # noqa: PLC0415 - numpy only where values are read
+
         shape = attr.shape if attr.shape is not None else ()
         if attr.vlen is None:
-            return np.frombuffer(attr.raw, dtype=attr.dtype).reshape(shape).copy()
+            return np.frombuffer(attr.raw, dtype=attr.dtype.dtype).reshape(shape).copy()
         out = np.empty(shape, dtype=object)
         flat = out.reshape(-1)
-        for i in range(flat.size):
+        for i, item in enumerate(self.strings(attr, decode)):
+            flat[i] = item
+        return out
+
+    def strings(self, attr: Attribute, decode: bool = False) -> list[str | bytes]:
+        """The elements of a string attribute (fixed-length or variable-length) in C order, as
+        Python objects, without numpy: each element as :meth:`attribute_value`'s array holds it
+        (``bytes`` of a fixed-length string without its trailing NULs, as numpy gives them)."""
+        count = math.prod(attr.shape) if attr.shape is not None else 0
+        if attr.vlen is None:
+            if attr.dtype.kind != "S":
+                raise Unsupported("not a string attribute")
+            size = attr.dtype.itemsize
+            raw = attr.raw
+            return [raw[i : i + size].rstrip(b"\0") for i in range(0, count * size, size)]
+        out: list[str | bytes] = []
+        for i in range(count):
             length, collection, index = struct.unpack_from("<IQI", attr.raw, 16 * i)
             data = self._global(collection, index) if collection else b""
             if len(data) < length:
@@ -413,11 +477,11 @@ class File:
             data = data[:length]
             if attr.vlen == "str" or decode:
                 try:
-                    flat[i] = data.decode("utf-8")
+                    out.append(data.decode("utf-8"))
                 except UnicodeDecodeError:
                     raise Unsupported("a UTF-8 string attribute that is not UTF-8") from None
             else:
-                flat[i] = data
+                out.append(data)
         return out
 
     def _global(self, collection: int, index: int) -> bytes:
@@ -604,10 +668,10 @@ _INTS = {(1, False): "u1", (2, False): "u2", (4, False): "u4", (8, False): "u8",
          (1, True): "i1", (2, True): "i2", (4, True): "i4", (8, True): "i8"}
 # size -> (precision, exponent location, exponent size, mantissa location, mantissa size, bias)
 _IEEE = {2: (16, 10, 5, 0, 10, 15), 4: (32, 23, 8, 0, 23, 127), 8: (64, 52, 11, 0, 52, 1023)}
-_DTYPES: dict[bytes, tuple[np.dtype, str | None]] = {}
+_DTYPES: dict[bytes, tuple[DType, str | None]] = {}
 
 
-def _datatype(body: bytes) -> tuple[np.dtype, str | None]:
+def _datatype(body: bytes) -> tuple[DType, str | None]:
     """The numpy dtype h5py gives this datatype, and ``"str"``/``"bytes"`` for variable-length
     strings (dtype ``object``)."""
     cached = _DTYPES.get(body)
@@ -619,7 +683,7 @@ def _datatype(body: bytes) -> tuple[np.dtype, str | None]:
     return out
 
 
-def _parse_datatype(body: bytes) -> tuple[np.dtype, str | None]:
+def _parse_datatype(body: bytes) -> tuple[DType, str | None]:
     if len(body) < 8:
         raise Unsupported("truncated datatype message")
     cls, version = body[0] & 0x0F, body[0] >> 4
@@ -631,7 +695,8 @@ def _parse_datatype(body: bytes) -> tuple[np.dtype, str | None]:
     if cls == 0:  # fixed-point
         if len(body) < 12 or struct.unpack_from("<HH", body, 8) != (0, 8 * size) or (size, bool(bits & 8)) not in _INTS:
             raise Unsupported("an integer type numpy has no dtype for")
-        return np.dtype(order + _INTS[size, bool(bits & 8)]), None
+        signed = bool(bits & 8)
+        return _dtype(order, "i" if signed else "u", size, f"{'int' if signed else 'uint'}{8 * size}"), None
     if cls == 1:  # floating point
         if size not in _IEEE or bits & 0x40 or len(body) < 20:
             raise Unsupported("a floating-point type other than IEEE half, single or double")
@@ -639,19 +704,19 @@ def _parse_datatype(body: bytes) -> tuple[np.dtype, str | None]:
         layout = (precision, body[12], body[13], body[14], body[15], _U32.unpack_from(body, 16)[0])
         if offset != 0 or layout != _IEEE[size] or (bits >> 8) & 0xFF != 8 * size - 1 or (bits >> 4) & 3 != 2:
             raise Unsupported("a floating-point type other than IEEE half, single or double")
-        return np.dtype(f"{order}f{size}"), None
+        return _dtype(order, "f", size, f"float{8 * size}"), None
     if cls == 3:  # fixed-length string
         if size == 0:
             raise Unsupported("a zero-length string type")
-        return np.dtype(f"S{size}"), None
+        return _dtype("|", "S", size, f"bytes{8 * size}"), None
     if cls == 9:  # variable-length
         if bits & 0x0F != 1:
             raise Unsupported("a variable-length sequence")
         charset = (bits >> 8) & 0x0F
-        return np.dtype(object), ("str" if charset == 1 else "bytes")
+        return OBJECT, ("str" if charset == 1 else "bytes")
     if cls == 8:  # enumeration: h5py's boolean (int8 FALSE=0, TRUE=1) only
         base, _ = _datatype(body[8:])
-        if base != np.dtype("i1") or (bits & 0xFFFF) != 2:
+        if base.str != "|i1" or (bits & 0xFFFF) != 2:
             raise Unsupported("an enumeration other than h5py's boolean")
         at = 8 + 12
         names = []
@@ -663,5 +728,5 @@ def _parse_datatype(body: bytes) -> tuple[np.dtype, str | None]:
             at = end + 1 if version >= 3 else at + ((end - at + 8) & ~7)
         if names != [b"FALSE", b"TRUE"] or body[at : at + 2] != b"\x00\x01":
             raise Unsupported("an enumeration other than h5py's boolean")
-        return np.dtype(bool), None
+        return BOOL, None
     raise Unsupported(f"datatype class {cls}")
