@@ -154,7 +154,7 @@ class File:
         try:
             self.size = os.fstat(self.fd).st_size
             self._budget = MAX_OBJECTS
-            self._windows: list[tuple[int, bytes]] = []
+            self._windows: list[tuple[int, int, bytes]] = []  # (start, end, bytes)
             self._heaps: dict[int, dict[int, bytes]] = {}
             self.root = self._superblock()
         except BaseException:
@@ -176,18 +176,32 @@ class File:
     def read(self, offset: int, n: int) -> bytes:
         """``n`` bytes at ``offset``, from one of the last windows read when they hold them
         (a group's header, heap, B-tree and symbol nodes usually lie together)."""
-        if offset < 0 or n < 0 or offset + n > self.size:
+        end = offset + n
+        if offset < 0 or n < 0 or end > self.size:
             raise Unsupported(f"{n} bytes at {offset} lie past the end of the file ({self.size} bytes)")
-        for start, window in self._windows:
-            if start <= offset and offset + n <= start + len(window):
-                return window[offset - start : offset - start + n]
+        for start, stop, window in self._windows:
+            if start <= offset and end <= stop:
+                return window[offset - start : end - start]
         want = max(n, min(WINDOW, self.size - offset))
         data = os.pread(self.fd, want, offset)
         if len(data) < n:
             raise Unsupported(f"short read at {offset} (the file shrank?)")
-        self._windows.insert(0, (offset, data))
+        self._windows.insert(0, (offset, offset + len(data), data))
         del self._windows[WINDOWS:]
         return data[:n] if len(data) > n else data
+
+    def _window(self, offset: int, n: int) -> tuple[bytes, int]:
+        """:meth:`read` without the copy: a buffer holding the ``n`` bytes at ``offset`` and
+        where they start in it."""
+        end = offset + n
+        if offset < 0 or n < 0 or end > self.size:
+            raise Unsupported(f"{n} bytes at {offset} lie past the end of the file ({self.size} bytes)")
+        for start, stop, window in self._windows:
+            if start <= offset and end <= stop:
+                return window, offset - start
+        self.read(offset, n)
+        start, _, window = self._windows[0]  # the window that read just made holds them
+        return window, offset - start
 
     def _spend(self) -> None:
         self._budget -= 1
@@ -275,20 +289,21 @@ class File:
         return self.read(at, length)
 
     def _v1_messages(self, chunk: bytes, out: list, pending: list) -> None:
+        unpack = _MSG1.unpack_from
         at, end = 0, len(chunk)
         while at + 8 <= end:
-            mtype, size, flags = _MSG1.unpack_from(chunk, at)
+            mtype, size, flags = unpack(chunk, at)
             at += 8
-            if at + size > end:
+            stop = at + size
+            if stop > end:
                 raise Unsupported("object header message past the end of its block")
             if flags & 0x02:  # shared message (a committed datatype, a shared dataspace)
                 raise Unsupported(f"shared object header message of type {mtype}")
-            body = chunk[at : at + size]
-            at += size
             if mtype == 0x10:
-                pending.append(_continuation(body))
-            elif mtype:
-                out.append((mtype, body, flags))
+                pending.append(_continuation(chunk[at:stop]))
+            elif mtype:  # (type 0: padding)
+                out.append((mtype, chunk[at:stop], flags))
+            at = stop
 
     def _v2_first(self, address: int, first: bytes) -> bytes:
         if len(first) < 6 or first[4] != 2:
@@ -330,31 +345,41 @@ class File:
     def object(self, address: int) -> Group | Dataset | None:
         """The group or dataset at ``address`` (None for a named datatype)."""
         msgs = self.messages(address)
-        types = {t for t, _, _ in msgs}
-        for t, _, flags in msgs:
+        attrs: dict[bytes, Any] = {}
+        dataset = links = datatype = False
+        table = None
+        for t, body, flags in msgs:  # one pass: what the object is, its attributes
             if flags & 0x80 and t not in KNOWN_MESSAGES:  # "always fail if unknown" messages
                 raise Unsupported(f"unknown object header message {t} marked must-understand")
-        attrs: dict[bytes, Any] = {}
-        for t, body, _ in msgs:
             if t == 0x0C:
                 name, attr = self._attribute(body)
                 attrs[name] = attr
+            elif t == 0x08:
+                dataset = True
+            elif t == 0x11:
+                if table is None:
+                    table = body
             elif t == 0x15:  # attribute info: dense attribute storage in a fractal heap
                 _attribute_info(body)
-        if 0x08 in types:
+            elif t in (0x02, 0x06, 0x0A):
+                links = True
+            elif t == 0x03:
+                datatype = True
+        if dataset:
             return self._dataset(msgs, attrs)
-        if 0x11 in types:
-            body = next(b for t, b, _ in msgs if t == 0x11)
-            btree, heap = struct.unpack_from("<QQ", body, 0)
+        if table is not None:
+            if len(table) < 16:
+                raise Unsupported("truncated symbol table message")
+            btree, heap = struct.unpack_from("<QQ", table, 0)
             return Group(self._symbol_table(btree, heap), attrs)
-        if 0x02 in types or 0x06 in types or 0x0A in types:
+        if links:
             for t, body, _ in msgs:
                 if t == 0x02:
                     _link_info(body)
-            links = [_link(body) for t, body, _ in msgs if t == 0x06]
-            links.sort(key=lambda x: x[0])
-            return Group(links, attrs)
-        if 0x03 in types:
+            found = [_link(body) for t, body, _ in msgs if t == 0x06]
+            found.sort(key=lambda x: x[0])
+            return Group(found, attrs)
+        if datatype:
             return None  # a named (committed) datatype
         raise Unsupported(f"object at {address} is neither a group, a dataset nor a datatype")
 
@@ -513,76 +538,75 @@ class File:
     # -- groups ------------------------------------------------------------------------------
     def _symbol_table(self, btree: int, heap: int) -> list[tuple[bytes, int]]:
         self._spend()
-        head = self.read(heap, 32)
-        if head[:4] != b"HEAP" or head[4] != 0:
+        buf, i = self._window(heap, 32)
+        if buf[i : i + 4] != b"HEAP" or buf[i + 4] != 0:
             raise Unsupported(f"no local heap at {heap}")
-        size, _free, data_at = struct.unpack_from("<QQQ", head, 8)
+        size, _free, data_at = struct.unpack_from("<QQQ", buf, i + 8)
         if size > MAX_HEADER_BYTES:
             raise Unsupported(f"local heap of {size} bytes")
         names = self.read(data_at, size)
+        find = names.find
+        entry = _SYMBOL_ENTRY.unpack_from
         links: list[tuple[bytes, int]] = []
-
-        def leaf(address: int) -> None:
+        for address, _ in self._btree(btree, 0):
             self._spend()
-            head = self.read(address, 8)
-            if head[:4] != b"SNOD" or head[4] != 1:
+            buf, i = self._window(address, 8)
+            if buf[i : i + 4] != b"SNOD" or buf[i + 4] != 1:
                 raise Unsupported(f"no symbol table node at {address}")
-            count = _U16.unpack_from(head, 6)[0]
+            count = _U16.unpack_from(buf, i + 6)[0]
             if count > 1 << 16:
                 raise Unsupported("symbol table node too large")
-            body = self.read(address + 8, 40 * count)
-            for i in range(count):
-                name_at, obj, cache, scratch = _SYMBOL_ENTRY.unpack_from(body, 40 * i)
+            buf, i = self._window(address + 8, 40 * count)
+            for at in range(i, i + 40 * count, 40):
+                name_at, obj, cache, _scratch = entry(buf, at)
                 if cache == 2:
                     raise Unsupported("a soft link")
-                end = names.find(b"\0", name_at)
+                end = find(b"\0", name_at)
                 if name_at >= size or end < 0:
                     raise Unsupported("link name outside its local heap")
                 links.append((names[name_at:end], obj))
-
-        self._btree(btree, 0, leaf)
         for i in range(1, len(links)):
             if links[i - 1][0] >= links[i][0]:
                 raise Unsupported("group links out of order or repeated")
         return links
 
-    def _btree(self, address: int, node_type: int, leaf: Callable[..., None], key_size: int = 8) -> None:
-        """Visit the children of a v1 B-tree depth first, left to right; ``leaf`` is called for
-        each child of a level-0 node (symbol nodes, or chunk addresses with their keys)."""
+    def _btree(self, address: int, node_type: int, key_size: int = 8) -> list[tuple[int, bytes | None]]:
+        """The children of the level-0 nodes of a v1 B-tree, depth first, left to right: symbol
+        nodes (``node_type`` 0), or chunk addresses with their keys (1)."""
         seen: set[int] = set()
-
-        def node(at: int, depth: int, expect: int | None) -> None:
+        out: list[tuple[int, bytes | None]] = []
+        stack: list[tuple[int, int, int | None]] = [(address, 0, None)]  # (node, depth, level expected)
+        step = key_size + 8
+        while stack:
+            at, depth, expect = stack.pop()
             if at in seen:
                 raise Unsupported(f"B-tree node at {at} reached twice (a loop)")
             seen.add(at)
             self._spend()
-            head = self.read(at, 24)
-            if head[:4] != b"TREE" or head[4] != node_type:
+            buf, i = self._window(at, 24)
+            if buf[i : i + 4] != b"TREE" or buf[i + 4] != node_type:
                 raise Unsupported(f"no B-tree node at {at}")
-            level, count = head[5], _U16.unpack_from(head, 6)[0]
+            level, count = buf[i + 5], _U16.unpack_from(buf, i + 6)[0]
             if (expect is not None and level != expect) or depth > MAX_DEPTH or level > MAX_DEPTH:
                 raise Unsupported("B-tree levels inconsistent")
-            body = self.read(at + 24, count * (key_size + 8) + key_size)
-            for i in range(count):
-                child = _U64.unpack_from(body, key_size * (i + 1) + 8 * i)[0]
-                if level == 0:
-                    leaf(child) if node_type == 0 else leaf(child, body[(key_size + 8) * i : (key_size + 8) * i + key_size])
+            buf, i = self._window(at + 24, count * step + key_size)
+            children = [_U64.unpack_from(buf, i + key_size + step * k)[0] for k in range(count)]
+            if level == 0:
+                if node_type == 0:
+                    out.extend((child, None) for child in children)
                 else:
-                    node(child, depth + 1, level - 1)
-
-        node(address, 0, None)
+                    out.extend((child, buf[i + step * k : i + step * k + key_size]) for k, child in enumerate(children))
+            else:
+                stack.extend((child, depth + 1, level - 1) for child in reversed(children))
+        return out
 
     def _chunk_storage(self, btree: int, rank: int) -> int:
         total = 0
-
-        def chunk(address: int, key: bytes) -> None:
-            nonlocal total
-            size = _U32.unpack_from(key, 0)[0]
+        for address, key in self._btree(btree, 1, key_size=8 + 8 * rank):
+            size = _U32.unpack_from(key, 0)[0]  # type: ignore[arg-type]
             if address + size > self.size:
                 raise Unsupported(f"chunk at {address} past the end of the file")
             total += size
-
-        self._btree(btree, 1, chunk, key_size=8 + 8 * rank)
         return total
 
 
