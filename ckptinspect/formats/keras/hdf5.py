@@ -176,32 +176,31 @@ class File:
     def read(self, offset: int, n: int) -> bytes:
         """``n`` bytes at ``offset``, from one of the last windows read when they hold them
         (a group's header, heap, B-tree and symbol nodes usually lie together)."""
+        window, at = self._window(offset, n)
+        return window[at : at + n] if at or len(window) != n else window
+
+    def _window(self, offset: int, n: int) -> tuple[bytes, int]:
+        """:meth:`read` without the copy: a buffer holding the ``n`` bytes at ``offset`` and
+        where they start in it. The windows are kept most recently used first."""
         end = offset + n
+        start, stop, window = self._windows[0] if self._windows else (0, -1, b"")
+        if start <= offset and end <= stop and offset <= end:  # (n >= 0)
+            return window, offset - start
         if offset < 0 or n < 0 or end > self.size:
             raise Unsupported(f"{n} bytes at {offset} lie past the end of the file ({self.size} bytes)")
-        for start, stop, window in self._windows:
+        windows = self._windows
+        for k in range(1, len(windows)):
+            start, stop, window = windows[k]
             if start <= offset and end <= stop:
-                return window[offset - start : end - start]
+                windows.insert(0, windows.pop(k))
+                return window, offset - start
         want = max(n, min(WINDOW, self.size - offset))
         data = os.pread(self.fd, want, offset)
         if len(data) < n:
             raise Unsupported(f"short read at {offset} (the file shrank?)")
-        self._windows.insert(0, (offset, offset + len(data), data))
-        del self._windows[WINDOWS:]
-        return data[:n] if len(data) > n else data
-
-    def _window(self, offset: int, n: int) -> tuple[bytes, int]:
-        """:meth:`read` without the copy: a buffer holding the ``n`` bytes at ``offset`` and
-        where they start in it."""
-        end = offset + n
-        if offset < 0 or n < 0 or end > self.size:
-            raise Unsupported(f"{n} bytes at {offset} lie past the end of the file ({self.size} bytes)")
-        for start, stop, window in self._windows:
-            if start <= offset and end <= stop:
-                return window, offset - start
-        self.read(offset, n)
-        start, _, window = self._windows[0]  # the window that read just made holds them
-        return window, offset - start
+        windows.insert(0, (offset, offset + len(data), data))
+        del windows[WINDOWS:]
+        return data, 0
 
     def _spend(self) -> None:
         self._budget -= 1
