@@ -247,10 +247,24 @@ class File:
         self._spend()
         if address >= self.size:
             raise Unsupported(f"object header at {address} lies past the end of the file")
-        first = self.read(address, min(FIRST_READ, self.size - address))
+        buf, i = self._window(address, min(FIRST_READ, self.size - address))
         out: list[tuple[int, bytes]] = []
         pending: list[tuple[int, int]] = []
         seen: set[int] = {address}
+        if buf[i] == 1 and i + 16 <= len(buf):  # version 1 (h5py's default): the chunk sliced from the window once
+            count = _U16.unpack_from(buf, i + 2)[0]
+            size = _U32.unpack_from(buf, i + 8)[0]
+            start = i + 16
+            chunk = buf[start : start + size] if start + size <= len(buf) else self._block(address + 16, size)
+            self._v1_messages(chunk, out, pending)
+            while pending:
+                at, length = pending.pop(0)
+                self._visit_block(at, seen)
+                self._v1_messages(self._block(at, length), out, pending)
+            if len(out) > count:
+                raise Unsupported(f"object header at {address} holds more messages than it declares")
+            return out
+        first = buf[i : i + min(FIRST_READ, self.size - address)]
         if first[:4] == b"OHDR":
             chunk = self._v2_first(address, first)
             self._v2_messages(chunk, 0, out, pending)
@@ -262,19 +276,8 @@ class File:
                     raise Unsupported(f"continuation block at {at} without its signature")
                 self._v2_messages(block[:-4], 4, out, pending)
             return out
-        if len(first) < 16 or first[0] != 1:
-            raise Unsupported(f"object header at {address}: version {first[0] if first else None}")
-        count = _U16.unpack_from(first, 2)[0]
-        size = _U32.unpack_from(first, 8)[0]
-        chunk = first[16 : 16 + size] if 16 + size <= len(first) else self._block(address + 16, size)
-        self._v1_messages(chunk, out, pending)
-        while pending:
-            at, length = pending.pop(0)
-            self._visit_block(at, seen)
-            self._v1_messages(self._block(at, length), out, pending)
-        if len(out) > count:
-            raise Unsupported(f"object header at {address} holds more messages than it declares")
-        return out
+        # Neither a version-2 header nor a whole version-1 prefix (a truncated file, another version).
+        raise Unsupported(f"object header at {address}: version {first[0] if first else None}")
 
     def _visit_block(self, at: int, seen: set[int]) -> None:
         if at in seen:
@@ -543,7 +546,10 @@ class File:
         size, _free, data_at = struct.unpack_from("<QQQ", buf, i + 8)
         if size > MAX_HEADER_BYTES:
             raise Unsupported(f"local heap of {size} bytes")
-        names = self.read(data_at, size)
+        if data_at == heap + 32 and i + 32 + size <= len(buf):  # the names follow the heap's header
+            names = buf[i + 32 : i + 32 + size]
+        else:
+            names = self.read(data_at, size)
         find = names.find
         entry = _SYMBOL_ENTRY.unpack_from
         links: list[tuple[bytes, int]] = []
@@ -555,7 +561,10 @@ class File:
             count = _U16.unpack_from(buf, i + 6)[0]
             if count > 1 << 16:
                 raise Unsupported("symbol table node too large")
-            buf, i = self._window(address + 8, 40 * count)
+            if i + 8 + 40 * count <= len(buf):  # the entries follow in the same window
+                i += 8
+            else:
+                buf, i = self._window(address + 8, 40 * count)
             for at in range(i, i + 40 * count, 40):
                 name_at, obj, cache, _scratch = entry(buf, at)
                 if cache == 2:
@@ -588,7 +597,10 @@ class File:
             level, count = buf[i + 5], _U16.unpack_from(buf, i + 6)[0]
             if (expect is not None and level != expect) or depth > MAX_DEPTH or level > MAX_DEPTH:
                 raise Unsupported("B-tree levels inconsistent")
-            buf, i = self._window(at + 24, count * step + key_size)
+            if i + 24 + count * step + key_size <= len(buf):  # the keys and children follow in the same window
+                i += 24
+            else:
+                buf, i = self._window(at + 24, count * step + key_size)
             children = [_U64.unpack_from(buf, i + key_size + step * k)[0] for k in range(count)]
             if level == 0:
                 if node_type == 0:
