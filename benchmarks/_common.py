@@ -231,8 +231,7 @@ def ensure_checkpoints(wanted: Sequence[tuple[Layout, Iterable[str]]], work: pat
                 sets[layout.name] = CheckpointSet(layout, folder, meta)
                 continue
             kinds |= set(meta.get("kinds", ())) if meta.get("units") == layout.units else set()
-        if folder.exists():
-            shutil.rmtree(folder)
+        _clear_for_generation(folder, meta_path.is_file(), sorted(kinds))
         folder.mkdir(parents=True)
         (folder / f"{MODEL_MODULE}.py").write_text(
             MODEL_TEMPLATE.format(layers=layout.layers, units=layout.units, big=BIG_FACTOR)
@@ -260,6 +259,19 @@ def ensure_checkpoints(wanted: Sequence[tuple[Layout, Iterable[str]]], work: pat
             layout = Layout(job["size_mb"], job["variables"], job["layers"], job["units"])
             sets[layout.name] = CheckpointSet(layout, folder, json.loads((folder / META).read_text()))
     return sets
+
+
+def _clear_for_generation(folder: pathlib.Path, ours: bool, kinds: list[str]) -> None:
+    """Remove ``folder`` before its checkpoints are generated again, only where this script wrote
+    it (its metadata file is there) or it is empty; a symbolic link (a shared set) or a folder of
+    someone else's files stops the run instead, saying so."""
+    if folder.is_symlink():
+        raise SystemExit(f"{folder}: a symbolic link to a checkpoint set without the kinds {kinds}: generate them"
+                         f" where the set lives (--work {folder.resolve().parent}), or use a work folder of your own")
+    if folder.exists():
+        if not ours and any(folder.iterdir()):
+            raise SystemExit(f"{folder}: not a folder this script generated (no {META}): move it away first")
+        shutil.rmtree(folder)
 
 
 def _generate(jobs: list[dict[str, Any]]) -> None:

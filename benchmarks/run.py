@@ -11,7 +11,10 @@ runs that leave the page cache warm), and records the median wall time, the spre
 and the peak RSS of each child (``ru_maxrss`` from ``os.wait4``). A scale series times ``ls``,
 ``ls --stats``, ``diff`` (TF bundles and .h5), ``verify``, ``scan``, ``average`` and ``extract`` (and
 their TensorFlow or read-once counterparts) against checkpoint size and plots it
-to ``benchmarks/scale.png`` (needs matplotlib: ``pip install -e .[bench]``).
+to ``benchmarks/scale.png`` (needs matplotlib: ``pip install -e .[bench]``). The object storage rows
+(``ls-remote-*``, ``diff-remote-*``; issue 29) read the same files over http ranged GETs from a range
+server on 127.0.0.1 behind a proxy holding each request 20 ms, which counts the requests
+(``bench_remote.py``).
 
 Writes ``benchmarks/RESULTS.md`` (and ``results.json`` in the work folder). Hand-written notes
 between ``<!-- notes:start -->`` and ``<!-- notes:end -->`` in an existing RESULTS.md are kept.
@@ -23,6 +26,7 @@ are missing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import fnmatch
@@ -41,9 +45,11 @@ import _common as c  # noqa: E402
 import bench_torch  # noqa: E402 - the .safetensors / .pt pairs (issue 15)
 import bench_many  # noqa: E402 - many small objects, scan's quarters run, giant headers (issue 28)
 import bench_orbax  # noqa: E402 - the Orbax pairs (issue 24)
+import bench_remote  # noqa: E402 - the object storage pairs (issue 29)
 
 RESULTS = c.HERE / "RESULTS.md"
 PLOT = c.HERE / "scale.png"
+RATIO_PLOT = c.HERE / "ratios.png"
 NOTES_START = "<!-- notes:start -->"
 NOTES_END = "<!-- notes:end -->"
 FLOOR_MB = 4  # the small checkpoint whose diff peak is the "baseline" of diff's memory target
@@ -404,6 +410,7 @@ def make_pairs(s: c.CheckpointSet, out: pathlib.Path) -> list[Pair]:
         *many_pairs(out.parent, h5ls, h5diff),
         *cold_pairs(s),
         *orbax_pairs(out),
+        *remote_pairs(s, out.parent),
         Pair("scan", "scan", f"a {c.RUN_CHECKPOINTS}-checkpoint run (a, b, a, b, a): per-tensor norms, changes, NaN/Inf, drift, health", [
             c.Tool("ckptinspect scan", [*CKPT, "scan", s.run], **ours),
             c.Tool("read each checkpoint once: TF get_tensor of every key", py(TF_READ_RUN.format(p=s.run))),
@@ -521,6 +528,92 @@ def orbax_pairs(out: pathlib.Path) -> list[Pair]:
     """``ls`` and ``diff`` of Orbax steps (under the work folder, ``orbax_1gb/``)."""
     groups = bench_orbax.tools(out.parent, c.Tool, bench_orbax.orbax_python())
     return [Pair(pid, pid.split("-")[0], bench_orbax.TITLES[pid], tools) for pid, tools in groups.items()]
+
+
+# -- object storage (issue 29): the 1 GB files over http ranged GETs (a range server on 127.0.0.1
+# behind a proxy holding each request REMOTE_LATENCY_MS and counting requests) --------------------
+REMOTE_LATENCY_MS = 20.0
+REMOTE_REQUESTS: dict[str, dict[str, int]] = {}  # pair id -> tool -> requests of one untimed run
+REMOTE_LINK: dict[str, float] = {}  # bench_remote.link_profile's measures of the link
+
+
+@functools.lru_cache(maxsize=None)
+def _remote_port() -> int:
+    import socket  # noqa: PLC0415
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _remote_sources(s: c.CheckpointSet, work: pathlib.Path) -> dict[str, pathlib.Path]:
+    return bench_remote.http_sources(work, s.layout.size_mb, s.layout.variables)
+
+
+def remote_pairs(s: c.CheckpointSet, work: pathlib.Path) -> list[Pair]:
+    """``ls`` of each format and ``diff`` of two TF bundles / safetensors files over http
+    (``bench_remote.http_pairs``); a pair whose files are not in the work folder is skipped, saying so."""
+    sources = _remote_sources(s, work)
+    base = f"http://127.0.0.1:{_remote_port()}/"
+    pairs = []
+    for pid, (command, title, tools) in bench_remote.http_pairs(base, sources, every=True).items():
+        names = {u[len(base):] for _, argv, _, _ in tools for a in argv for u in a.split("|") if u.startswith(base)}
+        missing = sorted(n for n in names if not any(k.startswith(n) for k in sources))
+        why = (f"not in the work folder: {', '.join(missing)} (run.py's set, bench_torch's files, bench_remote.py --store moto's"
+               " .h5/.npz)") if missing else None
+        pairs.append(Pair(pid, command, title.replace("LATENCY", f"{REMOTE_LATENCY_MS:g}"),
+                          [c.Tool(label, argv, ok_codes=ok, ours=ours, missing=why) for label, argv, ours, ok in tools]))
+    return pairs
+
+
+def count_remote_requests(pair: Pair, proxy: Any, env: dict[str, str], cwd: str) -> None:
+    """One more (untimed) run of each tool of a remote pair, its requests counted by the proxy."""
+    for tool in pair.tools:
+        if tool.missing is not None:
+            continue
+        proxy.reset()
+        try:
+            c.run_timed(tool.cmd, env=env, cwd=cwd, ok_codes=tool.ok_codes)
+        except c.ToolFailed:
+            continue
+        REMOTE_REQUESTS.setdefault(pair.id, {})[tool.label] = proxy.requests
+
+
+def remote_targets(results: dict[str, dict[str, Any]], size_mb: int) -> list[list[str]]:
+    """Issue 29's targets: requests of ls over http, diff against fsspec's plain read of both files."""
+    rows: list[list[str]] = []
+
+    def add(target: str, measured: str | None, ok: bool | None) -> None:
+        rows.append(_verdict(target, measured, ok))
+
+    for kind in ("tf", "safetensors", "pt", "h5", "npz"):
+        pid = f"ls-remote-{kind}"
+        n = REMOTE_REQUESTS.get(pid, {}).get("ckptinspect ls")
+        m = med(results, pid, "ckptinspect ls")
+        measured = f"{n} requests, {m.median:.2f} s" if n is not None and m else None
+        if kind in bench_remote.LS_REQUEST_TARGETS:
+            most = bench_remote.LS_REQUEST_TARGETS[kind]
+            add(f"ls of a {size_mb} MB {kind} checkpoint over http in at most {most} requests ({REMOTE_LATENCY_MS:g} ms each; issue 29)",
+                measured, n <= most if n is not None else None)
+        else:
+            add(f"(context) ls of a {kind} checkpoint over http ({REMOTE_LATENCY_MS:g} ms a request): requests and time", measured, None)
+    plain = "fsspec open().read() of both + numpy compare"
+    for kind in ("tf", "safetensors"):
+        pid = f"diff-remote-{kind}"
+        d, p = med(results, pid, "ckptinspect diff"), med(results, pid, plain)
+        req = REMOTE_REQUESTS.get(pid, {})
+        add(f"diff of two {size_mb} MB {kind} checkpoints over http >= {bench_remote.TARGET_DIFF_RATIO:g}x faster than fsspec's plain"
+            f" open().read() of both ({REMOTE_LATENCY_MS:g} ms a request; issue 29)",
+            f"{p.median / d.median:.2f}x ({d.median:.2f} s, {req.get('ckptinspect diff', '?')} requests vs {p.median:.2f} s,"
+            f" {req.get(plain, '?')} requests)" if d and p else None,
+            p.median >= bench_remote.TARGET_DIFF_RATIO * d.median if d and p else None)
+    if REMOTE_LINK:
+        bound = bench_remote.diff_bound(REMOTE_LINK, size_mb << 20, REMOTE_LATENCY_MS / 1000)
+        add("(context) the link (proxy + range server on 127.0.0.1): a request's round trip; one stream's and eight streams' rate;"
+            " the most parallel ranges can gain over one plain read per file from the link alone",
+            f"{REMOTE_LINK['rtt_s'] * 1000:.1f} ms; {REMOTE_LINK['one_stream_bytes_s'] / MIB:.0f} MiB/s vs"
+            f" {REMOTE_LINK['eight_streams_bytes_s'] / MIB:.0f} MiB/s; {bound:.2f}x", None)
+    return rows
 
 
 def scale_tools(s: c.CheckpointSet, baselines: bool, out: pathlib.Path) -> dict[str, list[c.Tool]]:
@@ -684,7 +777,7 @@ def med(results: dict[str, dict[str, Any]], pair: str, label: str) -> c.Measurem
 
 
 def evaluate_targets(results: dict[str, dict[str, Any]], s: c.CheckpointSet, floor_peak: int | None, scale: list[dict[str, Any]]) -> list[list[str]]:
-    """The targets of issues 8, 14, 15, 16, 24, 26 and 28, each as ``[target, measured, verdict]``."""
+    """The targets of issues 8, 14, 15, 16, 24, 26, 28 and 29, each as ``[target, measured, verdict]``."""
     rows: list[list[str]] = []
 
     def add(target: str, measured: str | None, ok: bool | None) -> None:
@@ -783,6 +876,7 @@ def evaluate_targets(results: dict[str, dict[str, Any]], s: c.CheckpointSet, flo
         f"{a.median / r.median:.2f}x ({a.median:.3f} s vs {r.median:.3f} s)" if a and r else None, None)
     rows += many_targets(results)
     rows += orbax_targets(results)
+    rows += remote_targets(results, s.layout.size_mb)
     return rows
 
 
@@ -946,10 +1040,74 @@ def plot_scale(scale: list[dict[str, Any]], path: pathlib.Path) -> str:
 
 
 # -- the report ---------------------------------------------------------------------------
+def _measured_pair(pair: Pair, results: dict[str, dict[str, Any]]) -> tuple[Any, list[tuple[str, Any]]]:
+    """ckptinspect's measurement of a pair (None when it failed or did not run) and each
+    alternative's ``(label, measurement)`` that ran."""
+    measured = results.get(pair.id, {})
+    ours = next((t for t in pair.tools if t.ours), None)
+    m = measured.get(ours.label) if ours else None
+    if not isinstance(m, c.Measurement) or m.median <= 0:
+        return None, []
+    return m, [(t.label, measured[t.label]) for t in pair.tools
+               if t is not ours and not t.label.startswith("ckptinspect") and isinstance(measured.get(t.label), c.Measurement)]
+
+
+def summary_rows(pairs: list[Pair], results: dict[str, dict[str, Any]]) -> list[list[str]]:
+    """One row per pair measured: ckptinspect's median and peak beside every alternative's, with
+    the ratio (the alternative's median over ours): the summary the README quotes."""
+    rows = []
+    for pair in pairs:
+        m, peers = _measured_pair(pair, results)
+        if m is not None:
+            rows.append([f"`{pair.id}`", f"{m.median:.3f} s, {mib(m.peak)} MiB",
+                         "; ".join(f"{label} {p.median:.3f} s, {mib(p.peak)} MiB ({p.median / m.median:.2f}x)"
+                                   for label, p in peers) or "-"])
+    return rows
+
+
+def ratio_rows(pairs: list[Pair], results: dict[str, dict[str, Any]]) -> list[tuple[str, float]]:
+    """``(pair: alternative, its median over ckptinspect's)`` for every pair measured, in order."""
+    rows = []
+    for pair in pairs:
+        m, peers = _measured_pair(pair, results)
+        rows += [(f"{pair.id}: {label}", p.median / m.median) for label, p in peers]
+    return rows
+
+
+def plot_ratios(rows: list[tuple[str, float]], path: pathlib.Path) -> str:
+    """Every pair's ratios in one chart (log scale, right of 1x: ckptinspect faster); a line
+    saying what happened."""
+    try:
+        import matplotlib  # noqa: PLC0415
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: PLC0415
+    except ImportError:
+        return "matplotlib is not installed (pip install -e .[bench]): no plot written"
+    if not rows:
+        return "no pair measured: no ratio plot written"
+    fig, ax = plt.subplots(figsize=(10, 0.8 + 0.26 * len(rows)))
+    ys = list(range(len(rows)))[::-1]
+    values = [r for _, r in rows]
+    ax.barh(ys, values, color=["tab:green" if v >= 1 else "tab:red" for v in values], height=0.7)
+    ax.set_yticks(ys, [name for name, _ in rows], fontsize=8)
+    ax.set_xscale("log")
+    ax.axvline(1.0, color="black", linewidth=1)
+    for y, v in zip(ys, values):
+        ax.text(v, y, f" {v:.2f}x", va="center", fontsize=7)
+    ax.set_xlabel("the peer's median time over ckptinspect's (log scale; right of 1: ckptinspect faster)")
+    ax.set_title(f"every pair, one run: whole processes, {os.cpu_count()} cores", fontsize=10)
+    ax.grid(True, axis="x", which="major", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return f"ratio plot written to {path}"
+
+
 def write_results(path: pathlib.Path, args: argparse.Namespace, info: dict[str, Any], s: c.CheckpointSet,
                   pairs: list[Pair], unavailable: list[Pair], results: dict[str, dict[str, Any]],
                   targets: list[list[str]], scale: list[dict[str, Any]], floor_peak: int | None,
-                  plot_line: str | None, notes: str, checks: list[list[str]]) -> None:
+                  plot_line: str | None, notes: str, checks: list[list[str]], ratio_line: str | None = None) -> None:
     meta = s.meta
     mem = info["memory_bytes"]
     v = info["versions"]
@@ -988,13 +1146,24 @@ def write_results(path: pathlib.Path, args: argparse.Namespace, info: dict[str, 
         "",
         table(["check", "expected", "got", "verdict"], checks, align="llll") if checks else "(none run)",
         "",
-        "## Targets (issues 8, 14, 15, 16, 24, 26 and 28)",
+        "## Targets (issues 8, 14, 15, 16, 24, 26, 28 and 29)",
         "",
         table(["target", "measured", "verdict"], targets, align="lll"),
+        "",
+        "## Summary",
+        "",
+        "Every pair of this run: ckptinspect's median time and peak RSS, then each alternative's and",
+        "its ratio (the alternative's time over ckptinspect's; above 1 means ckptinspect is faster).",
+        "",
+        table(["pair", "ckptinspect", "alternatives"], summary_rows(pairs, results), align="lll"),
         "",
         "## Pairs",
         "",
     ]
+    if ratio_line and ratio_line.startswith("ratio plot written"):
+        lines += [f"![every pair's ratio, one run]({os.path.relpath(args.ratio_plot_path, path.parent)})", ""]
+    elif ratio_line:
+        lines += [f"({ratio_line})", ""]
     for pair in pairs:
         runs = []
         if pair.rounds is not None and pair.rounds < args.rounds:
@@ -1003,6 +1172,9 @@ def write_results(path: pathlib.Path, args: argparse.Namespace, info: dict[str, 
             runs.append("no warm-up" if pair.warmup == 0 else f"{pair.warmup} warm-up run(s)")
         lines += [f"### `{pair.id}`: {pair.title}" + (f" ({', '.join(runs)})" if runs else ""), "",
                   table(["tool", "median s", "spread s", "peak MiB", "time vs ckptinspect"], pair_rows(pair, results.get(pair.id, {})), align="lrrrl"), ""]
+        if pair.id in REMOTE_REQUESTS:
+            lines += ["Requests (one more run each, counted by the proxy): "
+                      + "; ".join(f"{label} {n}" for label, n in REMOTE_REQUESTS[pair.id].items()) + ".", ""]
     if unavailable:
         lines += ["### Not available", ""]
         lines += [f"- `{p.id}`: `ckptinspect {p.command}` does not exist yet" for p in unavailable]
@@ -1046,13 +1218,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", help="comma-separated pair ids or patterns: ls, ls-sharded, ls-h5, ls-weights-h5, ls-stats, diff, "
                     "diff-h5, extract, extract-weights-h5, transplant, transplant-weights-h5, average, verify, verify-sharded, ls-safetensors, "
                     "ls-pt, ls-kw3-N, diff-kw3-N (N: 100, 2000, 20000), scan-quarters, {ls,verify,diff}-giant-{safetensors,tf}, "
-                    "{ls,diff,verify,scan}-cold, scan; ls*, diff*...")
+                    "{ls,diff,verify,scan}-cold, scan, ls-remote-{tf,safetensors,pt,h5,npz}, diff-remote-{tf,safetensors}; ls*, diff*...")
     ap.add_argument("--scale", default="100,1024,4096", help="checkpoint sizes (MB) of the scale series; '' for none")
     ap.add_argument("--scale-rounds", type=int, help="timed runs per tool in the scale series (default: --rounds)")
     ap.add_argument("--scale-baselines", action=argparse.BooleanOptionalAction, default=True, help="time TensorFlow in the scale series too")
     ap.add_argument("--work", default=str(c.DEFAULT_WORK), help="where checkpoints are generated and cached")
     ap.add_argument("--results", default=str(RESULTS), help="the Markdown report to write")
     ap.add_argument("--plot", default=str(PLOT), help="the scale plot to write")
+    ap.add_argument("--ratio-plot", default=str(RATIO_PLOT), help="the plot of every pair's ratio to write")
     ap.add_argument("--wait-quiet", action="store_true", help="wait for the load average to drop first")
     ap.add_argument("--quiet-load", type=float, default=1.0, help="load average to wait for (default 1.0)")
     ap.add_argument("--max-wait", type=float, default=40, help="minutes to wait at most (default 40)")
@@ -1073,6 +1246,7 @@ def main(argv: list[str] | None = None) -> int:
     _WORK = work
     results_path = pathlib.Path(args.results).resolve()
     plot_path = args.plot_path = pathlib.Path(args.plot).resolve()
+    args.ratio_plot_path = pathlib.Path(args.ratio_plot).resolve()
     for tool in ("h5ls", "h5diff"):
         if shutil.which(tool) is None:
             log(f"warning: {tool} not found (Debian: apt-get install hdf5-tools); its rows are skipped")
@@ -1133,16 +1307,32 @@ def main(argv: list[str] | None = None) -> int:
     info["date"] = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
 
     results: dict[str, dict[str, Any]] = {}
+    stack = contextlib.ExitStack()
+    proxy = None
+    if any(p.id.startswith(("ls-remote-", "diff-remote-")) for p in available):
+        sources = _remote_sources(s, work)
+        root = bench_remote.link_tree(work / "remote_http", sources)
+        proxy = stack.enter_context(bench_remote.http_store(root, REMOTE_LATENCY_MS, port=_remote_port()))
     for pair in available:
         start = time.perf_counter()
         res = c.time_tools(pair.tools, min(args.rounds, pair.rounds or args.rounds),
                            args.warmup if pair.warmup is None else min(args.warmup, pair.warmup), env=s.env(), cwd=str(work))
         results[pair.id] = res
+        if proxy is not None and pair.id.startswith(("ls-remote-", "diff-remote-")):
+            count_remote_requests(pair, proxy, s.env(), str(work))
+            log(f"  requests: {REMOTE_REQUESTS.get(pair.id)}")
         summary = ", ".join(f"{k} {v.median:.2f}s/{mib(v.peak)}MiB" if isinstance(v, c.Measurement) else f"{k} FAILED" for k, v in res.items())
         log(f"{pair.id} ({time.perf_counter() - start:.0f} s): {summary}")
         for k, v in res.items():
             if isinstance(v, str):
                 log(f"  {k}: {v}")
+
+    if proxy is not None:
+        big = next((k for k in ("tf_a/ckpt.data-00000-of-00001", "st_a.safetensors") if k in sources), None)
+        if big is not None:
+            rtt, one, eight = bench_remote.link_profile(proxy.endpoint + "/" + big, sources[big].stat().st_size, s.env())
+            REMOTE_LINK.update(rtt_s=rtt, one_stream_bytes_s=one, eight_streams_bytes_s=eight)
+    stack.close()
 
     floor_peak = None
     if floor_layout.name in sets and "diff" in commands:
@@ -1175,11 +1365,16 @@ def main(argv: list[str] | None = None) -> int:
     plot_line = plot_scale(scale, plot_path) if scale else None
     if plot_line:
         log(plot_line)
+    ratio_line = plot_ratios(ratio_rows(available, results), args.ratio_plot_path)
+    log(ratio_line)
     targets = evaluate_targets(results, s, floor_peak, scale)
     notes = read_notes(results_path)
-    write_results(results_path, args, info, s, pairs, unavailable, results, targets, scale, floor_peak, plot_line, notes, checks)
+    write_results(results_path, args, info, s, pairs, unavailable, results, targets, scale, floor_peak, plot_line, notes, checks,
+                  ratio_line)
     (work / "results.json").write_text(json.dumps({"machine": info, "meta": s.meta, "pairs": to_json(results), "floor_peak": floor_peak,
-                                                    "scale": [{**p, "results": to_json(p["results"])} for p in scale], "targets": targets}, indent=1))
+                                                    "scale": [{**p, "results": to_json(p["results"])} for p in scale], "targets": targets,
+                                                    "remote": {"requests": REMOTE_REQUESTS, "link": REMOTE_LINK,
+                                                               "latency_ms": REMOTE_LATENCY_MS}}, indent=1))
     log(f"results written to {results_path}")
     for row in targets:
         log(f"  {row[2]:>10}  {row[0]}: {row[1]}")

@@ -281,10 +281,12 @@ def prepare_check(path: str) -> tuple[FormatSpec, Any]:
     """Plan the check of one checkpoint (not a directory): what ``verify`` runs.
 
     Returns:
-        (kind, a check with ``.total`` and ``.run(progress, done=0, total=None)`` returning a
-        :class:`~ckptinspect.model.CheckResult`). Damage is reported in the result; the check is
-        None for a directory of checkpoints, a series (``verify`` lists it and checks each
-        checkpoint).
+        (kind, a check with ``.total`` and ``.run(progress, done=0, total=None, seen=None)``
+        returning a :class:`~ckptinspect.model.CheckResult`; ``seen``: the same checkpoint,
+        opened and read by the caller, whose reads a format's check may take instead of reading
+        the bytes again, with the same verdict: a TF bundle's checksums). Damage is reported in
+        the result; the check is None for a directory of checkpoints, a series (``verify``
+        lists it and checks each checkpoint).
 
     Raises:
         CheckpointNotFoundError, NotACheckpointError, UnsafeFileError: The path cannot be

@@ -179,7 +179,8 @@ def check_remote(path: str) -> None:
             raise CheckpointNotFoundError(f"{path}: {e}") from None
         missing = str(e) if name in _remote.EXTRAS else None
     else:
-        _remote.stat(path)  # no such bucket, access denied, no network: one line (CheckpointNotFoundError)
+        if name not in ("http", "https"):  # http has no bucket or credentials to check first: the first read reports
+            _remote.stat(path)  # no such bucket, access denied, no network: one line (CheckpointNotFoundError)
         return
     from .._tf import tensorflow_available  # noqa: PLC0415 - tf.io.gfile only where TensorFlow is installed
 
@@ -423,11 +424,13 @@ def file_size(f: BinaryIO) -> int:
     return os.fstat(f.fileno()).st_size
 
 
-def prefetch(f: BinaryIO, spans: list[tuple[int, int]]) -> None:
+def prefetch(f: BinaryIO, spans: list[tuple[int, int]], at_least: int = 0) -> None:
     """Tell an open file which (offset, size) spans will be read next: a remote file fetches them
-    at once (one round trip, not one per span); a local file ignores it."""
-    if isinstance(f, _remote.RemoteFile) and spans:
-        f.prefetch(spans)
+    at once (one round trip, not one per span; each range at least ``at_least`` bytes from its
+    span's start); a local file ignores it."""
+    fetch = getattr(f, "prefetch", None)  # a RemoteFile, or a zip member's window onto one
+    if fetch is not None and spans:
+        fetch(spans, at_least)
 
 
 def human_size(n: int) -> str:

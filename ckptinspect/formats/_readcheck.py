@@ -24,7 +24,10 @@ class Check:
         self.total = total
         self._fn = fn
 
-    def run(self, progress: m.Progress | None = None, done: int = 0, total: int | None = None) -> m.CheckResult:
+    def run(self, progress: m.Progress | None = None, done: int = 0, total: int | None = None,
+            seen: m.Checkpoint | None = None) -> m.CheckResult:
+        """Run it (``seen``, the checkpoint opened and read by the caller, is not used: this
+        check reads its own bytes)."""
         return self._fn(progress, done, total)
 
 
@@ -59,8 +62,10 @@ class ReadCheck:
             self._problem = str(e)
         self.total = len(self._opened.ckpt.variables) if self._opened else 0
 
-    def run(self, progress: m.Progress | None = None, done: int = 0, total: int | None = None) -> m.CheckResult:
-        """Read every tensor; return the verdict."""
+    def run(self, progress: m.Progress | None = None, done: int = 0, total: int | None = None,
+            seen: m.Checkpoint | None = None) -> m.CheckResult:
+        """Read every tensor; return the verdict (``seen``, the checkpoint opened and read by
+        the caller, is not used: every tensor is read here)."""
         if self._opened is None:
             return m.CheckResult(self.path, None, m.STATUS_DAMAGED, problems=(self._problem or "unreadable",))
         opened = self._opened

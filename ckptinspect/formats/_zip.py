@@ -28,7 +28,7 @@ from ..errors import CorruptCheckpointError, NotACheckpointError, UnsafeFileErro
 from . import _fs
 from ._readcheck import Opened, ReadCheck
 
-__all__ = ["open_zip_archive", "check_archive", "check_duplicates", "check_bomb", "open_member", "member_head", "member_damage"]
+__all__ = ["FileWindow", "open_zip_archive", "check_archive", "check_duplicates", "check_bomb", "open_member", "member_head", "member_damage"]
 
 ZIP_LOCAL_HEADER_SIGNATURE = b"PK\x03\x04"
 ZIP_LOCAL_HEADER = struct.Struct("<4s5HL2L2H")  # 30 bytes; the last two are name/extra lengths
@@ -73,13 +73,20 @@ class _Window(io.RawIOBase):
         return self._pos
 
 
-class _MemberWindow(_Window):
-    """A read-only, seekable view of ``size`` bytes at ``start`` of an open file."""
+class FileWindow(_Window):
+    """A read-only, seekable view of ``size`` bytes at ``start`` of an open file, which it owns
+    (closed with it): a stored zip member, a zstd frame in an Orbax data file."""
 
     def __init__(self, f: BinaryIO, start: int, size: int):
         super().__init__(size)
         self._f = f
         self._start = start
+        if getattr(f, "prefetch", None) is not None:  # a remote archive: spans fetched together (see _fs.prefetch)
+            self.prefetch = self._prefetch
+
+    def _prefetch(self, spans: list[tuple[int, int]], at_least: int = 0) -> None:
+        self._f.prefetch([(self._start + offset, min(n, self._size - offset)) for offset, n in spans if 0 <= offset < self._size],
+                         at_least)
 
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
@@ -346,7 +353,7 @@ def open_member(path: str, name: str) -> io.RawIOBase:
             f.seek(0, io.SEEK_END)
             start = _data_offset(path, f, info, f.tell())
             if info.compress_type == zipfile.ZIP_STORED:
-                return _MemberWindow(f, start, info.file_size)
+                return FileWindow(f, start, info.file_size)
             return _InflateWindow(f, start, info.compress_size, info.file_size)
         return _ZipStream(zf.open(info), f)  # zipfile's seekable stream; slow, bounded memory
     except KeyError:

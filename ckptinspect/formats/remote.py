@@ -73,8 +73,9 @@ __all__ = [
     "request_count",
 ]
 
-WINDOW_BYTES = 64 << 10  # a metadata miss fetches at least this much
-CHUNK_BYTES = 8 << 20  # streaming reads fetch aligned chunks of this size...
+WINDOW_BYTES = 64 << 10  # a metadata miss fetches at least this much...
+HEAD_WINDOW_BYTES = 256 << 10  # ...at an object's start this much (a safetensors header of ~2,500 tensors, a TF index of ~2,000)
+CHUNK_BYTES = 2 << 20  # streaming reads fetch aligned chunks of this size...
 AHEAD_CHUNKS = 4  # ...this many in flight ahead of the reader
 MAX_CHUNKS = 2 * (AHEAD_CHUNKS + 2)  # chunks kept per object until read through (two readers: diff's threads)
 STREAM_READ_BYTES = 256 << 10  # a read this large streams at once; smaller ones after a sequential run
@@ -82,7 +83,8 @@ STREAM_RUN_BYTES = 1 << 20  # bytes read in a row (each read within STREAM_GAP_B
 STREAM_GAP_BYTES = 1 << 20
 MAX_WINDOWS = 4096
 MAX_WINDOW_BYTES = 32 << 20  # metadata windows kept per object
-PREFETCH_GAP_BYTES = 16 << 10  # spans closer than this are fetched in one range
+PREFETCH_GAP_BYTES = WINDOW_BYTES  # spans closer than this are fetched in one range (at most CHUNK_BYTES)
+MAX_PREFETCH_BYTES = 16 << 20  # fetched by one prefetch call at most (spans past it are read when asked for)
 STAT_SECONDS = 5.0  # how long what a store said about a name is believed
 ATTEMPTS = 2  # tries of one request here, each after the file system package's own (s3fs: 3 x botocore's 2)
 BACKOFF_SECONDS = 0.25
@@ -323,6 +325,13 @@ def stat(path: str) -> Stat | None:
             listdir(path)  # whoever asks about a directory looks inside next: one listing answers it all
         return value
 
+    if _is_http(fs):  # one ranged GET: the size and the first window together (a HEAD would cost a request too)
+        value = _retrying(path, lambda: _http_stat(fs, path, name), "cannot access")
+        if value is not _UNKNOWN:
+            with _lock:
+                _stats[name] = (until, value)
+            return value
+
     def info() -> Stat | None:
         _requests["info"] += 1
         try:
@@ -337,6 +346,53 @@ def stat(path: str) -> Stat | None:
     with _lock:
         _stats[name] = (until, value)
     return value
+
+
+_UNKNOWN = Stat("unknown")  # _http_stat could not tell (fs.info asks instead)
+_heads: dict[str, tuple[Stat, bytes]] = {}  # an object's first window, fetched with its size (http)
+
+
+def _is_http(fs: Any) -> bool:
+    return bool({"http", "https"} & set(_names(getattr(fs, "protocol", ())))) and hasattr(fs, "set_session")
+
+
+def _http_stat(fs: Any, path: str, name: str) -> Stat | None:
+    """What an HTTP server says about ``path`` from one GET of its first :data:`HEAD_WINDOW_BYTES`
+    (``Range: bytes=0-...``): None for 404/410; the size from ``Content-Range`` (a 206) and the
+    bytes kept as the object's first window. A server that answers 200 (no ranges) is answered
+    by its ``Content-Length`` without reading the body. :data:`_UNKNOWN` when the answer does not
+    say the size (fsspec's ``info`` decides then)."""
+    from fsspec.asyn import sync  # noqa: PLC0415 - fsspec's HTTP file system is asynchronous
+
+    async def probe() -> Stat | None:
+        session = await fs.set_session()
+        options = dict(fs.kwargs)
+        headers = {**options.pop("headers", {}), "Range": f"bytes=0-{HEAD_WINDOW_BYTES - 1}", "Accept-Encoding": "identity"}
+        _requests["get"] += 1
+        async with session.get(fs.encode_url(path), headers=headers, **options) as r:
+            if r.status in (404, 410):
+                return None
+            if r.status in (401, 403):
+                raise PermissionError(f"HTTP {r.status}")
+            r.raise_for_status()
+            if r.headers.get("Content-Encoding", "identity") not in ("identity", ""):
+                return _UNKNOWN
+            tag = r.headers.get("ETag") or r.headers.get("Last-Modified")
+            if r.status == 206:
+                total = (r.headers.get("Content-Range") or "").rpartition("/")[2]
+                if not total.isdigit():
+                    return _UNKNOWN
+                data = await r.read()
+                info = Stat("file", int(total), tag)
+                if len(data) == min(HEAD_WINDOW_BYTES, info.size or 0):
+                    with _lock:
+                        _heads[name] = (info, data)
+                return info
+            length = r.headers.get("Content-Length")
+            r.close()  # the whole object would follow: never read it here
+            return Stat("file", int(length), tag) if r.status == 200 and length and length.isdigit() else _UNKNOWN
+
+    return sync(fs.loop, probe)
 
 
 def listdir(path: str) -> list[str]:
@@ -389,6 +445,7 @@ def forget(path: str) -> None:
         for k in [k for k in _complete if name.startswith(k.rstrip("/")) or k.startswith(parent)]:
             del _complete[k]
         _blobs.pop(name, None)
+        _heads.pop(name, None)
     invalidate = getattr(fs, "invalidate_cache", None)
     if invalidate is not None:
         invalidate(parent)
@@ -401,6 +458,7 @@ def clear() -> None:
         _stats.clear()
         _complete.clear()
         _blobs.clear()
+        _heads.clear()
         _filesystems.clear()
 
 
@@ -484,7 +542,7 @@ class _Blob:
         if end > self.size - WINDOW_BYTES:  # near the end: the tail (a zip's directory, HDF5's last object)
             start, stop = max(0, min(offset, self.size - WINDOW_BYTES)), self.size
         else:
-            start, stop = offset, min(self.size, offset + max(n, WINDOW_BYTES))
+            start, stop = offset, min(self.size, offset + max(n, HEAD_WINDOW_BYTES if offset == 0 else WINDOW_BYTES))
         data = self.get(start, stop)
         self._keep(start, data)
         return data[offset - start : end - start]
@@ -496,22 +554,33 @@ class _Blob:
             while len(self._windows) > MAX_WINDOWS or self._window_bytes > MAX_WINDOW_BYTES:
                 self._window_bytes -= len(self._windows.popitem(last=False)[1])
 
-    def prefetch(self, spans: list[tuple[int, int]]) -> None:
-        """Fetch the (offset, size) spans not in memory yet, all at once (near ones in one range):
-        a reader that knows where its metadata lies (an archive's member headers) asks for it in
-        one round trip instead of one per span."""
+    def prefetch(self, spans: list[tuple[int, int]], at_least: int = 0) -> None:
+        """Fetch the (offset, size) spans not in memory yet, all at once (near ones in one range,
+        several ranges in flight): a reader that knows where its metadata lies (an archive's
+        member headers, the object headers of a group's children) asks for it in one round trip
+        instead of one per span. Each range fetched covers at least ``at_least`` bytes from its
+        span's start (a window for the reads around an address whose size the reader does not
+        know yet)."""
         todo = []
         with self._lock:
             for offset, n in sorted(spans):
                 end = min(self.size, offset + n)
                 if end > offset and self._from_windows(offset, end) is None:
-                    todo.append((offset, end))
+                    todo.append((offset, min(self.size, max(end, offset + at_least))))
         merged: list[list[int]] = []
+        total = 0
         for start, end in todo:
-            if merged and start - merged[-1][1] <= PREFETCH_GAP_BYTES:
-                merged[-1][1] = max(merged[-1][1], end)
+            if merged and start - merged[-1][1] <= PREFETCH_GAP_BYTES and end - merged[-1][0] <= CHUNK_BYTES:
+                grown = max(merged[-1][1], end) - merged[-1][1]
+                if total + grown > MAX_PREFETCH_BYTES:
+                    break
+                merged[-1][1] += grown
+                total += grown
             else:
+                if total + end - start > MAX_PREFETCH_BYTES:
+                    break  # the rest is read as it comes (memory: what one call fetches is held until kept)
                 merged.append([start, end])
+                total += end - start
         futs = [(start, _executor().submit(self.get, start, end)) for start, end in merged]
         for start, fut in futs:
             self._keep(start, fut.result())
@@ -602,6 +671,9 @@ def _blob(path: str) -> _Blob:
         blob = _blobs.get(name)
         if blob is None or blob.size != info.size or blob.tag != info.tag:
             blob = _blobs[name] = _Blob(fs, path, int(info.size or 0), info.tag)
+            head = _heads.pop(name, None)
+            if head is not None and head[0] == info:  # fetched with the size (http): the first window
+                blob._keep(0, head[1])
         _blobs.move_to_end(name)
         while len(_blobs) > MAX_BLOBS:
             _blobs.popitem(last=False)
@@ -656,9 +728,9 @@ class RemoteFile(io.RawIOBase):
             return self._blob.exact(offset, n)
         return self._blob.window(offset, n)
 
-    def prefetch(self, spans: list[tuple[int, int]]) -> None:
+    def prefetch(self, spans: list[tuple[int, int]], at_least: int = 0) -> None:
         """See :meth:`_Blob.prefetch`."""
-        self._blob.prefetch(spans)
+        self._blob.prefetch(spans, at_least)
 
     def read(self, n: int = -1) -> bytes:
         if self.closed:

@@ -175,17 +175,22 @@ def rotated_out(directory: str, before: object, not_intact: Iterable[str]) -> se
     return gone if gone and directory_changed(directory, before) else set()
 
 
-def check_checkpoint(path: str, progress: Progress | None = None, done: int = 0, total: int | None = None) -> CheckpointResult:
+def check_checkpoint(path: str, progress: Progress | None = None, done: int = 0, total: int | None = None,
+                     seen: m.Checkpoint | None = None) -> CheckpointResult:
     """``verify``'s verdict on one checkpoint (not a directory): the format's check
     (:func:`~ckptinspect.formats.prepare_check`) run whole; a checkpoint that cannot be
     checked at all (a refusal, a file that vanished) is damaged, with the reason. ``scan``
-    takes each checkpoint's status from here."""
+    takes each checkpoint's status from here.
+
+    ``seen``: the same checkpoint, opened, whose values the caller has just read (``scan``).
+    A format whose check is fed by its reader (a TF bundle's checksums) takes the verdicts of
+    the runs already read from it instead of reading them again; the verdict is the same."""
 
     def run() -> CheckpointResult:
         kind, check = prepare_check(path)
         if check is None:
             raise NotACheckpointError(f"{path}: a directory, not one checkpoint")
-        return check.run(progress, done, total)
+        return check.run(progress, done, total, seen=seen)
 
     return _guarded(path, run)
 

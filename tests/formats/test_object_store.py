@@ -270,3 +270,50 @@ def test_average_and_rewrite_to_the_object_store(s3, tmp_path):
     assert far.exit_code == near.exit_code == 0, far.stderr
     assert cli("diff", f"{out}/rw", str(tmp_path / "rw")).exit_code == 0
     assert cli("verify", f"{out}/rw").exit_code == 0
+
+
+# -- metadata spread through a file: fetched together ---------------------------------------
+def test_npz_member_headers_are_fetched_in_few_coalesced_ranges(s3, tmp_path):
+    """An .npz of 60 arrays of 32 KiB: each member's local header and .npy header lie 32 KiB
+    apart; they are fetched as a few merged ranges (gaps under a window are bridged), not one
+    GET per member. The listing is the local one."""
+    np = pytest.importorskip("numpy")
+    from object_store import upload_tree  # noqa: PLC0415
+
+    path = tmp_path / "many.npz"
+    np.savez(path, **{f"w{i:03d}": np.full(8192, i, np.float32) for i in range(60)})
+    upload_tree(s3.endpoint, path, f"fixtures/tmp/{tmp_path.name}/many.npz")
+    url = s3.url(f"tmp/{tmp_path.name}/many.npz")
+    proc, requests = run_counted(s3, "ls", url, "--format", "json", delay=0)
+    assert proc.returncode == 0, proc.stderr
+    near = cli("ls", str(path), "--format", "json")
+    assert same(proc.stdout, url) == same(near.stdout, str(path))
+    assert len(json.loads(proc.stdout)["variables"]) == 60
+    assert requests <= 5, requests  # a LIST, the head, the tail (central directory), the headers' range(s); was 63
+
+
+def test_hdf5_object_headers_of_sibling_groups_are_fetched_together(s3, tmp_path):
+    """A Keras-style HDF5 file of 40 groups whose metadata lies beside each one's 195 KiB of data
+    (farther apart than a window and the gap bridged), with a second hard link to a group and a
+    link back up (a cycle): entering a group, the walk fetches its children's object headers
+    together (several requests in flight; h5py alone reads them one after another), and lists
+    what the local file lists, in the same order."""
+    np = pytest.importorskip("numpy")
+    h5py = pytest.importorskip("h5py")
+    from object_store import upload_tree  # noqa: PLC0415
+
+    path = tmp_path / "spread.weights.h5"
+    with h5py.File(path, "w") as f:
+        for i in range(40):
+            f.create_dataset(f"layers/g_{i:02d}/vars/0", data=np.full(50000, i, np.float32))
+        f["alias"] = f["layers/g_03"]
+        f["layers/g_00/up"] = f["layers"]
+    upload_tree(s3.endpoint, path, f"fixtures/tmp/{tmp_path.name}/spread.weights.h5")
+    url = s3.url(f"tmp/{tmp_path.name}/spread.weights.h5")
+    proc, requests = run_counted(s3, "ls", url, "--format", "json", delay=0.02)
+    assert proc.returncode == 0, proc.stderr
+    near = cli("ls", str(path), "--format", "json")
+    assert same(proc.stdout, url) == same(near.stdout, str(path))
+    assert len(json.loads(proc.stdout)["variables"]) == 40
+    assert s3.proxy.most_in_flight >= 4, s3.proxy.most_in_flight  # was 1: one object header after another
+    assert requests <= 51, requests  # as many as one by one (51): a window per group, the metadata is spread through the file

@@ -69,9 +69,11 @@ class Proxy:
     held ``delay`` seconds before it is forwarded (a store's round trip). ``cut(n)`` makes the
     next ``n`` responses stop after their first bytes, the connection closed (a connection lost
     mid-read). ``bandwidth`` (bytes/s) caps each connection's answers, as a store's single stream.
+    ``most_in_flight``: the most requests sent and not yet answered at one moment (reads one
+    after another: 1; ranges fetched together: more).
     """
 
-    def __init__(self, upstream: str, delay: float = 0.0, bandwidth: float = 0.0):
+    def __init__(self, upstream: str, delay: float = 0.0, bandwidth: float = 0.0, listen_port: int = 0):
         host, port = upstream.rsplit("//", 1)[1].split(":")
         self.upstream = (host, int(port))
         self.delay = delay
@@ -80,9 +82,11 @@ class Proxy:
         self.methods: dict[str, int] = {}
         self.lines: list[str] = []  # each request's first line
         self.bytes_out = 0
+        self.in_flight = 0
+        self.most_in_flight = 0
         self._cuts = 0
         self._lock = threading.Lock()
-        self._server = socket.create_server(("127.0.0.1", 0))
+        self._server = socket.create_server(("127.0.0.1", listen_port))
         self.endpoint = f"http://127.0.0.1:{self._server.getsockname()[1]}"
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
@@ -93,6 +97,7 @@ class Proxy:
             self.methods = {}
             self.lines = []
             self.bytes_out = 0
+            self.most_in_flight = self.in_flight
 
     def cut(self, n: int) -> None:
         with self._lock:
@@ -116,7 +121,7 @@ class Proxy:
         except OSError:
             client.close()
             return
-        state = {"new": True, "cut": False}
+        state = {"new": True, "cut": False, "waiting": False}
 
         def up() -> None:  # client -> server: a burst after an answer is a new request
             try:
@@ -131,6 +136,9 @@ class Proxy:
                             self.requests += 1
                             self.methods[method] = self.methods.get(method, 0) + 1
                             self.lines.append(data.split(b"\r\n", 1)[0].decode("latin-1"))
+                            state["waiting"] = True
+                            self.in_flight += 1
+                            self.most_in_flight = max(self.most_in_flight, self.in_flight)
                             if self._cuts > 0 and method == "GET":
                                 self._cuts -= 1
                                 state["cut"] = True
@@ -150,6 +158,10 @@ class Proxy:
                     if not data:
                         break
                     state["new"] = True
+                    if state["waiting"]:  # the first bytes of the answer
+                        with self._lock:
+                            state["waiting"] = False
+                            self.in_flight -= 1
                     if state["cut"]:  # the headers and a few bytes, then the connection drops
                         client.sendall(data[: min(len(data), 600)])
                         break
@@ -161,6 +173,10 @@ class Proxy:
             except OSError:
                 pass
             finally:
+                if state["waiting"]:  # never answered
+                    with self._lock:
+                        state["waiting"] = False
+                        self.in_flight -= 1
                 for s in (client, upstream):
                     with contextlib.suppress(OSError):
                         s.shutdown(socket.SHUT_RDWR)

@@ -125,3 +125,25 @@ def test_scan_status_is_verify_status_for_any_cut(tmp_path, cut):
     verify = ckptinspect.verify(str(run))
     scan = ckptinspect.scan(str(run))
     assert [c.status for c in verify.checkpoints] == [s.status for s in scan.steps] == ["intact", "damaged", "intact"]
+
+
+def test_a_flipped_byte_in_a_value_is_verify_damage_from_scan_s_one_read(tmp_path):
+    """issue 28: scan reads each value once and its verify verdict comes from those reads (the
+    check is fed the reader's checksums); the answer is verify's, damage for damage."""
+    from ckptinspect.formats import prepare_check
+
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
+    prefix = str(run / "ckpt-6")
+    item = max((it for it in prepare_check(prefix)[1].items if it.dtype == "float32"), key=lambda it: it.size)
+    with open(prefix + ".data-00000-of-00001", "r+b") as f:
+        f.seek(item.offset + 5)
+        byte = f.read(1)
+        f.seek(item.offset + 5)
+        f.write(bytes([byte[0] ^ 1]))
+    verify = ckptinspect.verify(str(run))
+    scan = ckptinspect.scan(str(run))
+    assert [c.status for c in verify.checkpoints] == [s.status for s in scan.steps] == ["intact", "damaged", "intact"]
+    (d,) = verify.checkpoints[1].damaged
+    assert d.kind == "checksum" and d.key == item.key
+    assert scan.steps[1].problems == (f"{d.name}: {d.problem}",)

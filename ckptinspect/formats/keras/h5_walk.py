@@ -353,7 +353,12 @@ def _walk(h5: Any, label: str) -> _Walk:
     # The callback returns None (continue): an exception raised inside HDF5's callback does not
     # propagate cleanly through h5py.
     links: list[tuple[bytes, int, int]] = []  # (name, link type, object address for hard links)
-    root.links.visit(lambda raw, info: links.append((raw, info.type, info.u)), info=True)
+    owned = getattr(h5, "_owned", None)  # the file object h5py reads (a remote file, a zip member)
+    prefetching = owned is not None and getattr(owned, "prefetch", None) is not None
+    if prefetching:
+        links = _links_prefetching(root, owned)
+    else:
+        root.links.visit(lambda raw, info: links.append((raw, info.type, info.u)), info=True)
     hard = h5l.TYPE_HARD
     for raw, link_type, _ in links:
         if link_type == hard:
@@ -375,7 +380,10 @@ def _walk(h5: Any, label: str) -> _Walk:
     vars_leaf = b"/" + VARS_GROUP.encode()
     name_attr = NAME_ATTR.encode()
     types, attr_types = _TypeCache(), _TypeCache()
-    for raw, _, address in links:
+    for i, (raw, _, address) in enumerate(links):
+        if prefetching and i % PREFETCH_BATCH == 0:  # the headers met next, fetched together (the walk's may be gone)
+            _fs.prefetch(owned, [(a, PREFETCH_HEADER_BYTES) for _, k, a in links[i:i + PREFETCH_BATCH] if k == hard and a not in seen],
+                         at_least=PREFETCH_WINDOW_BYTES)
         if address in seen:  # reached again through another hard link
             continue
         seen.add(address)
@@ -397,6 +405,50 @@ def _walk(h5: Any, label: str) -> _Walk:
                 if named is not None:
                     vars_names[name] = named
     return _Walk(datasets, groups, vars_names)
+
+
+PREFETCH_WINDOW_BYTES = 64 << 10  # each range fetched for them: a group's B-tree and heap lie beside its header
+PREFETCH_BATCH = 64  # objects whose headers are fetched together (at most 64 windows: 4-8 MiB)
+PREFETCH_HEADER_BYTES = 4096  # an object header's usual reach; each range fetched is a metadata window (64 KiB) from there
+
+
+def _links_prefetching(root: Any, f: Any) -> list[tuple[bytes, int, int]]:
+    """``root.links.visit(..., info=True)``'s list (depth first in name order, each group
+    entered once), walked here so that the objects' headers are fetched ahead: entering a group
+    lists its links without opening their objects (a link carries its object's address), and
+    the headers of its next :data:`PREFETCH_BATCH` children are fetched together
+    (``_fs.prefetch``: several ranged requests in flight, near ones merged) before the first of
+    them is opened. Over an object store that is a round of parallel requests per batch of
+    siblings instead of one request after another per object (h5py reads one at a time); the
+    depth-first order keeps each child's own subtree, stored beside it, in the windows just
+    fetched."""
+    h5py = _h5py()
+    hard = h5py.h5l.TYPE_HARD
+    group = h5py.h5o.TYPE_GROUP
+
+    def links_of(path: bytes) -> list[tuple[bytes, int, int]]:
+        kids: list[tuple[bytes, int, int]] = []
+        root.links.iterate(lambda raw, info: kids.append((raw, info.type, info.u)), info=True, obj_name=path)
+        return kids
+
+    out: list[tuple[bytes, int, int]] = []
+    entered = {h5py.h5o.get_info(root).addr}
+    stack = [(b"", links_of(b"."), 0)]  # (prefix, the group's links, the next one to visit)
+    while stack:
+        prefix, kids, i = stack.pop()
+        if i >= len(kids):
+            continue
+        if i % PREFETCH_BATCH == 0:
+            _fs.prefetch(f, [(a, PREFETCH_HEADER_BYTES) for _, k, a in kids[i:i + PREFETCH_BATCH] if k == hard and a not in entered],
+                         at_least=PREFETCH_WINDOW_BYTES)
+        raw, kind, addr = kids[i]
+        stack.append((prefix, kids, i + 1))
+        full = prefix + raw
+        out.append((full, kind, addr))
+        if kind == hard and addr not in entered and h5py.h5o.get_info(root, full).type == group:
+            entered.add(addr)
+            stack.append((full + b"/", links_of(full), 0))
+    return out
 
 
 def _safe_dataset(h5: Any, key: str, label: str) -> Any:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import os
 import struct
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # numpy is imported only where values are read (a listing needs none)
     import numpy as np
@@ -362,7 +362,7 @@ class File:
                 if table is None:
                     table = body
             elif t == 0x15:  # attribute info: dense attribute storage in a fractal heap
-                _attribute_info(body)
+                _compact_only(body, "attribute", 2)
             elif t in (0x02, 0x06, 0x0A):
                 links = True
             elif t == 0x03:
@@ -377,7 +377,7 @@ class File:
         if links:
             for t, body, _ in msgs:
                 if t == 0x02:
-                    _link_info(body)
+                    _compact_only(body, "link", 8)
             found = [_link(body) for t, body, _ in msgs if t == 0x06]
             found.sort(key=lambda x: x[0])
             return Group(found, attrs)
@@ -630,24 +630,17 @@ def _continuation(body: bytes) -> tuple[int, int]:
     return struct.unpack_from("<QQ", body, 0)
 
 
-def _link_info(body: bytes) -> None:
+def _compact_only(body: bytes, what: str, index_bytes: int) -> None:
+    """A link info or attribute info message (``what``): refuse dense storage (a fractal heap
+    address defined), the one part of it our reader does not follow. ``index_bytes`` is the
+    optional creation-order field flag bit 0 adds (8 for links, 2 for attributes)."""
     if len(body) < 2 or body[0] != 0:
-        raise Unsupported("link info message of an unknown version")
-    at = 2 + (8 if body[1] & 1 else 0)
+        raise Unsupported(f"{what} info message of an unknown version")
+    at = 2 + (index_bytes if body[1] & 1 else 0)
     if len(body) < at + 8:
-        raise Unsupported("truncated link info message")
+        raise Unsupported(f"truncated {what} info message")
     if _U64.unpack_from(body, at)[0] != UNDEF:
-        raise Unsupported("dense link storage (a fractal heap)")
-
-
-def _attribute_info(body: bytes) -> None:
-    if len(body) < 2 or body[0] != 0:
-        raise Unsupported("attribute info message of an unknown version")
-    at = 2 + (2 if body[1] & 1 else 0)
-    if len(body) < at + 8:
-        raise Unsupported("truncated attribute info message")
-    if _U64.unpack_from(body, at)[0] != UNDEF:
-        raise Unsupported("dense attribute storage (a fractal heap)")
+        raise Unsupported(f"dense {what} storage (a fractal heap)")
 
 
 def _link(body: bytes) -> tuple[bytes, int]:
@@ -681,7 +674,7 @@ def _dataspace(body: bytes) -> tuple[int, ...] | None:
     """The shape (``()`` for a scalar), or None for a null dataspace."""
     if len(body) < 4:
         raise Unsupported("truncated dataspace message")
-    version, rank, flags = body[0], body[1], body[2]
+    version, rank = body[0], body[1]  # body[2]: flags (maximum dimensions follow; not needed)
     if version == 1:
         at = 8
         kind = 1 if rank else 0  # version 1 has no null dataspace; rank 0 is a scalar

@@ -40,6 +40,7 @@ from ...errors import CorruptCheckpointError, NotACheckpointError, UnsafeFileErr
 from .. import _fs
 from .._readcheck import Check
 from .._step import training_step
+from .._zip import FileWindow
 from .ocdbt import Database, ValueRef, open_database, zstd_decompress
 from .layout import (
     COMMIT_MARKER,
@@ -243,24 +244,6 @@ def _row_chunks(meta: dict[str, Any], shape: tuple[int, ...], key: str, refs: di
     return [refs.get(f"{key}/c/{i}{tail}".encode()) for i in range(count)]
 
 
-class _Window:
-    """``length`` bytes of a file from ``offset``, read as a stream (what zstd decodes from)."""
-
-    def __init__(self, path: str, offset: int, length: int):
-        self._f = open(path, "rb")  # noqa: SIM115 - closed by close()
-        self._f.seek(offset)
-        self._left = length
-
-    def read(self, n: int = -1) -> bytes:
-        n = self._left if n < 0 else min(n, self._left)
-        data = self._f.read(n) if n > 0 else b""
-        self._left -= len(data)
-        return data
-
-    def close(self) -> None:
-        self._f.close()
-
-
 class OrbaxSource(m.BaseSource):
     """Values of one Orbax step through tensorstore.
 
@@ -410,7 +393,7 @@ class OrbaxSource(m.BaseSource):
         else:
             full = os.path.join(self._db.path, ref.path or "")
             _fs.check_regular(full)
-            stream = _Window(full, ref.offset + offset, nbytes)
+            stream = FileWindow(open(full, "rb"), ref.offset + offset, nbytes)  # noqa: SIM115 - closed below
         got = 0
         try:
             with zstandard.ZstdDecompressor().stream_reader(stream, closefd=False) as reader:

@@ -118,7 +118,9 @@ def stream_blocks(checkpoint: m.Checkpoint, variable: m.Variable, elements: int)
     """One variable of a local TF bundle in blocks, as :meth:`~ckptinspect.model.Checkpoint.iter_blocks`
     gives them (``elements`` at a time, each a view of a buffer the next block reuses, checksum
     checked after the last), read without TensorFlow, safe to run in several threads at once
-    (several per thread too, each with its own buffer).
+    (several per thread too, each with its own buffer). A value read whole leaves its checksum
+    verdict with the checkpoint: ``verify``'s check given the checkpoint (``seen``) does not
+    read it again.
 
     Returns:
         The blocks, or None when the value is not a plain run of bytes of a local bundle
@@ -182,10 +184,16 @@ class BundleSource(m.BaseSource):
     def __init__(self, prefix: str, index: BundleIndex):
         self.prefix = prefix
         self.num_shards = index.num_shards
+        self._index = index  # held while the checkpoint is: read_index of the same bytes reuses it
         self._entries = {e.key: e for e in index.entries}
         self._slices = index.slice_entries
         self._unreadable = unreadable_entries(index)
         self._files = _fs.DataFiles()
+        # the verdicts of the runs streamed whole by raw_blocks (stream_blocks: scan's reads):
+        # verify's check of this checkpoint takes them instead of reading the bytes again
+        # (BundleCheck.run's seen). Other reads record nothing (a diff or an average of giant
+        # indexes holds no entry per run).
+        self.ledger = tf_data.Ledger()
         self._pinned = False
         self._held: set[str] = set()  # data files held open since pin()
 
@@ -347,7 +355,7 @@ class BundleSource(m.BaseSource):
         raw = self._raw_entry(variable)
         if raw is None or _fs.is_remote(raw[0]):
             return None
-        return tf_data.iter_raw_blocks(raw[0], raw[1], raw[2], elements, self._files)
+        return tf_data.iter_raw_blocks(raw[0], raw[1], raw[2], elements, self._files, self.ledger)
 
     def stored_runs(self, variable: m.Variable) -> tuple[StoredRun, ...] | None:
         """Where a variable's bytes lie, for byte-exact copies: one run for a whole tensor,

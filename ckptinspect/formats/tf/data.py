@@ -55,6 +55,8 @@ __all__ = [
     "value_dtype",
     "read_value",
     "tensor_crc32c",
+    "RunCheck",
+    "Ledger",
     "BundleCheck",
     "plan_check",
 ]
@@ -172,14 +174,99 @@ def crc_mismatch(stored: int, actual: int) -> str:
     )
 
 
+_BUFFER_EXTEND: list = []  # buffer_crc32c(), resolved once (a run of 100 KB paid a lock and a closure)
+
+
+def _buffer_extend() -> Any:
+    if not _BUFFER_EXTEND:
+        _BUFFER_EXTEND.append(buffer_crc32c())
+    return _BUFFER_EXTEND[0]
+
+
+class RunCheck:
+    """The check of one stored run of raw bytes (a numeric or bool tensor, or one stored slice)
+    against the masked crc32c the index records, fed its bytes as they are read, in order.
+
+    The one definition of that check: ``verify``'s pass (:class:`BundleCheck`) and every read
+    of values (:func:`iter_raw_blocks`, :func:`read_value`) feed it the bytes they read, and
+    take its :meth:`verdict`.
+
+    Args:
+        offset: Where the run starts in its file.
+        size: Its length in bytes.
+        stored: The masked crc32c the index records (None: proto3 omitted a zero).
+    """
+
+    __slots__ = ("offset", "size", "stored", "crc", "got", "_extend")
+
+    def __init__(self, offset: int, size: int, stored: int | None):
+        self.offset = offset
+        self.size = size
+        self.stored = stored or 0  # proto3 omits a zero field
+        self.crc = 0
+        self.got = 0
+        self._extend: Any = None
+
+    def update(self, data: bytes | bytearray, nbytes: int | None = None, start: int = 0) -> None:
+        """Add the next bytes: ``data`` whole (``bytes``), or ``nbytes`` of a ``bytearray``
+        from ``start`` (checksummed without the GIL)."""
+        if nbytes is None:
+            self.crc = crc32c_module().extend(self.crc, data)
+            self.got += len(data)
+            return
+        if self._extend is None:
+            self._extend = _BUFFER_EXTEND[0] if _BUFFER_EXTEND else _buffer_extend()
+        self.crc = self._extend(self.crc, data, nbytes, start)
+        self.got += nbytes
+
+    def verdict(self) -> tuple[str, str, int | None] | None:
+        """None when the run was read whole and its checksum matches; else (damage kind,
+        problem, the computed masked crc32c or None)."""
+        if self.got < self.size:
+            return (m.DAMAGE_TRUNCATED, f"needs bytes {self.offset}..{self.offset + self.size}, only {self.got} could be read",
+                    None)
+        actual = mask(self.crc)
+        if actual != self.stored:
+            return m.DAMAGE_CHECKSUM, crc_mismatch(self.stored, actual), actual
+        return None
+
+
+class Ledger:
+    """The verdicts of the runs a checkpoint's reader streamed whole for ``scan``
+    (:func:`~.bundle.stream_blocks` through :func:`iter_raw_blocks`),
+    kept so that ``verify``'s check of the same checkpoint (:meth:`BundleCheck.run` with
+    ``seen``) takes them instead of reading those bytes again: ``scan`` reads every value once
+    and its verify verdict comes from those reads.
+
+    A verdict is keyed by the file, the file's size when read, the run's offset, length and
+    stored checksum: the check uses it only for exactly that run of exactly that file. Safe
+    from several threads (one dict item set per run).
+    """
+
+    def __init__(self) -> None:
+        self._verdicts: dict[tuple[str, int | None, int, int, int], tuple[str, str, int | None] | None] = {}
+
+    def record(self, path: str, file_size: int | None, run: RunCheck) -> None:
+        self._verdicts[(path, file_size, run.offset, run.size, run.stored)] = run.verdict()
+
+    def get(self, path: str, file_size: int | None, offset: int, size: int, stored: int | None) -> tuple[bool, Any]:
+        """(known, verdict) of a run."""
+        key = (path, file_size, offset, size, stored or 0)
+        if key in self._verdicts:
+            return True, self._verdicts[key]
+        return False, None
+
+
 def iter_raw_blocks(
-    path: str, entry: IndexEntry, dtype: np.dtype, block_elements: int, files: _fs.DataFiles
+    path: str, entry: IndexEntry, dtype: np.dtype, block_elements: int, files: _fs.DataFiles,
+    ledger: Ledger | None = None,
 ) -> Iterator[np.ndarray]:
     """Blocks of ``block_elements`` elements of a tensor, read straight from its data file.
 
     Each block is a view of one pooled buffer that the next block overwrites: use it (or copy
     it) before asking for the next. Several of these may run at once in several threads on the
-    same ``files`` (local files).
+    same ``files`` (local files). The bytes go through the run's :class:`RunCheck`; read whole,
+    its verdict is recorded in ``ledger`` (when given).
 
     Raises:
         CorruptCheckpointError: The file ends early, or the bytes do not match the stored
@@ -188,8 +275,7 @@ def iter_raw_blocks(
     import numpy as np  # noqa: PLC0415 - numpy only where values are read (`ls` lists without it)
 
     total = entry.size // dtype.itemsize
-    crc_extend = buffer_crc32c()  # releases the GIL: two threads may stream tensors at once
-    crc = 0
+    run = RunCheck(entry.offset, entry.size, entry.crc32c)
     done = 0
     offset = entry.offset
     buf = files.take_buffer(max(1, min(block_elements, total)) * dtype.itemsize)
@@ -201,16 +287,17 @@ def iter_raw_blocks(
             got = files.pread_into(path, view[:nbytes], offset)
             if got != nbytes:
                 raise CorruptCheckpointError(f"{path}: truncated: {entry.key!r} ends past the end of the file")
-            crc = crc_extend(crc, buf, nbytes)
+            run.update(buf, nbytes)  # releases the GIL: two threads may stream tensors at once
             done += n
             offset += nbytes
             yield np.frombuffer(buf, dtype=dtype, count=n)
     finally:
         files.give_buffer(buf)
-    actual = mask(crc)
-    stored = entry.crc32c or 0
-    if actual != stored:
-        raise CorruptCheckpointError(f"{path}: {entry.key!r}: {crc_mismatch(stored, actual)}")
+    if ledger is not None:
+        ledger.record(path, files.size(path), run)
+    found = run.verdict()
+    if found is not None:
+        raise CorruptCheckpointError(f"{path}: {entry.key!r}: {found[1]}")
 
 
 # -- whole values ----------------------------------------------------------------------------
@@ -285,8 +372,7 @@ def _read_whole(path: str, entry: IndexEntry, files: _fs.DataFiles, check: bool 
     stored crc32c (as raw bytes: numeric and bool tensors)."""
     buf = bytearray(entry.size)
     view = memoryview(buf)
-    crc_extend = buffer_crc32c()  # releases the GIL: other threads read meanwhile
-    crc = 0
+    run = RunCheck(entry.offset, entry.size, entry.crc32c)
     done = 0
     while done < entry.size:
         n = min(READ_CHUNK_BYTES, entry.size - done)
@@ -294,13 +380,12 @@ def _read_whole(path: str, entry: IndexEntry, files: _fs.DataFiles, check: bool 
         if got <= 0:
             raise truncated(path, entry, entry.offset + done)
         if check:
-            crc = crc_extend(crc, buf, got, done)
+            run.update(buf, got, done)  # releases the GIL: other threads read meanwhile
         done += got
     if check:
-        actual = mask(crc)
-        stored = entry.crc32c or 0  # proto3 omits a zero field
-        if actual != stored:
-            raise CorruptCheckpointError(f"{path}: {entry.key!r}: {crc_mismatch(stored, actual)}")
+        found = run.verdict()
+        if found is not None:
+            raise CorruptCheckpointError(f"{path}: {entry.key!r}: {found[1]}")
     return buf
 
 
@@ -444,38 +529,44 @@ def _read_exact(f: Any, size: int) -> Iterator[bytes]:
         yield chunk
 
 
-def _check_item(f: Any, item: _Item, crc32c: Any) -> tuple[str, str, int | None] | None:
-    """Stream one item's bytes from the open shard ``f`` and compare checksums.
-
-    Returns:
-        None when intact, else (damage kind, problem, computed masked crc or None).
-    """
-    stored = item.crc32c if item.crc32c is not None else 0  # proto3 omits a zero field
+def _size_damage(item: _Item) -> tuple[str, str, None] | None:
+    """The damage of an item whose recorded size is not its fixed-size dtype's times its shape
+    (found before any byte is read, or taken from a reader's ledger), else None."""
     expected = expected_nbytes(item.dtype, item.shape)
     if item.dtype not in VARIABLE_LENGTH_DTYPES and expected is not None and expected != item.size:
         return (m.DAMAGE_SIZE, f"the index records {item.size} bytes, a {item.dtype} tensor of shape "
                 f"{list(item.shape)} takes {expected}", None)
+    return None
+
+
+def _check_item(f: Any, item: _Item) -> tuple[str, str, int | None] | None:
+    """Stream one item's bytes from the open shard ``f`` and compare checksums (a run of raw
+    bytes through its :class:`RunCheck`).
+
+    Returns:
+        None when intact, else (damage kind, problem, computed masked crc or None).
+    """
+    sized = _size_damage(item)
+    if sized is not None:
+        return sized
     f.seek(item.offset)
-    got = 0
     if item.dtype in VARIABLE_LENGTH_DTYPES:
+        stored = item.crc32c if item.crc32c is not None else 0  # proto3 omits a zero field
         raw = b"".join(_read_exact(f, item.size))
         got = len(raw)
-        if got == item.size:
-            try:
-                actual = tensor_crc32c(item.dtype, item.shape, raw)
-            except MalformedError as e:
-                return m.DAMAGE_LAYOUT, f"{item.dtype} tensor does not decode: {e}", None
-    else:
-        crc = 0
-        for chunk in _read_exact(f, item.size):
-            crc = crc32c.extend(crc, chunk)
-            got += len(chunk)
-        actual = mask(crc)
-    if got < item.size:
-        return m.DAMAGE_TRUNCATED, f"needs bytes {item.offset}..{item.offset + item.size}, only {got} could be read", None
-    if actual != stored:
-        return m.DAMAGE_CHECKSUM, crc_mismatch(stored, actual), actual
-    return None
+        if got < item.size:
+            return m.DAMAGE_TRUNCATED, f"needs bytes {item.offset}..{item.offset + item.size}, only {got} could be read", None
+        try:
+            actual = tensor_crc32c(item.dtype, item.shape, raw)
+        except MalformedError as e:
+            return m.DAMAGE_LAYOUT, f"{item.dtype} tensor does not decode: {e}", None
+        if actual != stored:
+            return m.DAMAGE_CHECKSUM, crc_mismatch(stored, actual), actual
+        return None
+    run = RunCheck(item.offset, item.size, item.crc32c)
+    for chunk in _read_exact(f, item.size):
+        run.update(chunk)
+    return run.verdict()
 
 
 def _open_binary(path: str) -> Any:
@@ -508,7 +599,8 @@ class BundleCheck:
     def total(self) -> int:
         return len(self.items)
 
-    def run(self, progress: m.Progress | None = None, done: int = 0, total: int | None = None) -> m.CheckResult:
+    def run(self, progress: m.Progress | None = None, done: int = 0, total: int | None = None,
+            seen: m.Checkpoint | None = None) -> m.CheckResult:
         """Check every item, in file order; local shards are checksummed by up to
         ``_parallel.WORKERS`` threads (``CKPTINSPECT_WORKERS``), a batch of about
         ``BATCH_BYTES`` each, at most one batch more than workers in flight. Results (and progress calls) come in file
@@ -518,6 +610,10 @@ class BundleCheck:
             progress: Called as ``progress(done, total, item)`` after each item.
             done: Items already checked by the caller (a directory's earlier checkpoints).
             total: The caller's total (default: this check's).
+            seen: The same checkpoint, opened, whose values the caller has read (``scan``):
+                the runs its reader streamed whole are not read again, their :class:`RunCheck`
+                verdicts are taken from its :class:`Ledger` (the same file, size, offset,
+                length and stored checksum); every other run is read here.
 
         Returns:
             The result; damage is reported in it, not raised.
@@ -525,17 +621,17 @@ class BundleCheck:
         if self.result is not None:
             return self.result
         total = self.total if total is None else total
-        crc32c = crc32c_module()
         damaged = list(self.damaged)
         handles: dict[int, Any] = {}
         workers = _parallel.WORKERS
         parallel = workers > 1 and not _fs.is_remote(self.path)
+        ledger = getattr(getattr(seen, "source", None), "ledger", None)
 
         def check(work: list[tuple[_Item, str, Any, Any]]) -> list[tuple[_Item, str, tuple[str, str, int | None] | None]]:
-            return [(it, path, pre if f is None else _checked(f, it, crc32c)) for it, path, pre, f in work]
+            return [(it, path, pre if f is None else _checked(f, it)) for it, path, pre, f in work]
 
-        results = _parallel.ordered_map(check, self._batches(handles, parallel), workers=workers if parallel else 1,
-                                        ahead=workers + 1)
+        batches = self._batches(handles, parallel, ledger if isinstance(ledger, Ledger) else None)
+        results = _parallel.ordered_map(check, batches, workers=workers if parallel else 1, ahead=workers + 1)
         try:
             with contextlib.closing(results):  # the threads are done before the shards close
                 for checked in results:
@@ -565,16 +661,21 @@ class BundleCheck:
             return m.DAMAGE_TRUNCATED, f"needs bytes {it.offset}..{it.offset + it.size}, the shard has {size}", None
         return None
 
-    def _batches(self, handles: dict[int, Any], parallel: bool) -> Iterator[list[tuple[_Item, str, Any, Any]]]:
+    def _batches(self, handles: dict[int, Any], parallel: bool,
+                 ledger: Ledger | None = None) -> Iterator[list[tuple[_Item, str, Any, Any]]]:
         """Items in file order, in batches of about BATCH_BYTES (one item a batch when not
-        parallel), each with its damage known up front or the file to check it in; the
-        shards are opened here, in the calling thread, into ``handles`` (shard -> file)."""
+        parallel), each with its verdict known up front (its damage whatever its bytes hold,
+        or a reader's verdict from ``ledger``) or the file to check it in; the shards are
+        opened here, in the calling thread, into ``handles`` (shard -> file)."""
         batch: list[tuple[_Item, str, Any, Any]] = []
         batch_bytes = 0
         for it in self.items:
             path = data_path(self.path, it.shard, self.num_shards)
-            known = self._known_damage(it)
-            if known is not None:
+            known = self._known_damage(it) or _size_damage(it)
+            found = False
+            if known is None and ledger is not None and it.dtype not in VARIABLE_LENGTH_DTYPES:
+                found, known = ledger.get(path, self.sizes.get(it.shard), it.offset, it.size, it.crc32c)
+            if known is not None or found:
                 batch.append((it, path, known, None))
             else:
                 f = handles.get(it.shard)
@@ -628,10 +729,10 @@ class _Positioned:
         return data
 
 
-def _checked(f: Any, item: _Item, crc32c: Any) -> tuple[str, str, int | None] | None:
+def _checked(f: Any, item: _Item) -> tuple[str, str, int | None] | None:
     """:func:`_check_item`, a read error being that item's damage."""
     try:
-        return _check_item(f, item, crc32c)
+        return _check_item(f, item)
     except OSError as e:
         return m.DAMAGE_UNREADABLE, f"read error: {e.strerror or e}", None
 

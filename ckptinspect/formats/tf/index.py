@@ -24,6 +24,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import hashlib
+import threading
+import weakref
 
 from ... import model as m
 from ...errors import CorruptCheckpointError
@@ -325,7 +328,23 @@ def read_index(prefix: str) -> BundleIndex:
     """
     path = prefix + INDEX_SUFFIX
     data = _fs.read_bytes(path, limit=MAX_INDEX_BYTES, what="checkpoint index")
+    key = (path, hashlib.blake2b(data, digest_size=32).digest())
+    with _LIVE_LOCK:
+        found = _LIVE.get(key)
+    if found is not None:
+        return found
     try:
-        return parse_index(data)
+        index = parse_index(data)
     except MalformedError as e:
         raise CorruptCheckpointError(f"{path}: not a valid checkpoint index: {e}") from None
+    with _LIVE_LOCK:
+        _LIVE[key] = index
+    return index
+
+
+# The indexes parsed and still held by someone (an open checkpoint's reader), by file and the
+# digest of the bytes read: reading the same bytes of the same file again gives the same parse
+# (``scan`` opens a checkpoint, then verify's check of it plans from its index without parsing
+# it twice). Nothing is kept once no checkpoint holds it (the parsed index is immutable).
+_LIVE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_LIVE_LOCK = threading.Lock()

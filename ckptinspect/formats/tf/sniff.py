@@ -60,7 +60,7 @@ def bundle_prefix(probe: Probe) -> str | None:
         probe.name
         and _fs.exists(path + INDEX_SUFFIX)
         and (_fs.is_remote(path) or not probe.isdir)
-        and not (_fs.is_regular(path) and not _fs.is_regular(path + INDEX_SUFFIX))
+        and (_fs.is_regular(path + INDEX_SUFFIX) or not _fs.is_regular(path))  # the index first: known already
     ):
         return path
     return None

@@ -10,8 +10,10 @@ One pass per checkpoint: each variable is streamed in blocks beside the previous
 value of the same variable (two blocks in memory). The blocks a format checksums (TF bundles'
 crc32c) are checked as they are read. Whether a checkpoint is intact is ``verify``'s answer,
 from the same code (:func:`ckptinspect.ops.verify.check_checkpoint`, run on every checkpoint
-scanned): a checkpoint verify calls damaged is damaged here, with verify's problems, and so is
-one whose values scan could not all read. A checkpoint deleted while scan ran by the process
+scanned, given the open checkpoint: a TF bundle's check takes the verdicts of the runs scan's
+reads checked and reads only the rest, so each byte is read once): a checkpoint verify calls
+damaged is damaged here, with verify's problems, and so is one whose values scan could not all
+read. A checkpoint deleted while scan ran by the process
 saving into the directory is ``rotated``, by verify's rule (:func:`~ckptinspect.ops.verify.rotated_out`).
 Only intact checkpoints count for drift (a damaged one's names may come from raw keys).
 """
@@ -333,10 +335,11 @@ def _damaged(entry: Entry, step: int | None, error: str) -> StepReport:
                       number=entry.number, number_source=entry.number_source)
 
 
-def _verify_problems(path: str) -> tuple[str, ...]:
+def _verify_problems(path: str, seen: m.Checkpoint | None = None) -> tuple[str, ...]:
     """verify's verdict on one checkpoint (:func:`~ckptinspect.ops.verify.check_checkpoint`,
-    the same code ``verify`` runs), as lines: none when it is intact."""
-    result = check_checkpoint(path)
+    the same code ``verify`` runs), as lines: none when it is intact. ``seen``: the checkpoint
+    as scan opened and read it: the runs its reads checked are not read again."""
+    result = check_checkpoint(path, seen=seen)
     if result.intact:
         return ()
     return tuple([*result.problems, *(f"{d.name}: {d.problem}" for d in result.damaged)])
@@ -355,14 +358,24 @@ def _layers(variables: list[VariableStep], sums: list[Sums]) -> tuple[LayerStep,
     names group by optimizer, not by layer: ``adam/dense_kernel_momentum``), unless the scan
     holds no model variable at all (``--role optimizer``)."""
     has_model = any(v.role == m.ROLE_MODEL and v.dtype in m.FLOAT_DTYPES for v in variables)
-    grouped: dict[str, tuple[Sums, list[int]]] = {}
+    grouped: dict[str, list] = {}  # layer -> [its variables' sums added, how many, the first one's figures]
     for v, s in zip(variables, sums):
         if v.dtype not in m.FLOAT_DTYPES or (has_model and v.role != m.ROLE_MODEL):
             continue
-        total, count = grouped.setdefault(v.layer, (Sums(), [0]))
-        total.add(s)
-        count[0] += 1
-    return tuple(LayerStep(layer, count[0], figures_of(total)) for layer, (total, count) in grouped.items())
+        group = grouped.get(v.layer)
+        if group is None:
+            grouped[v.layer] = [s, 1, v.figures]
+            continue
+        if group[1] == 1:
+            total = Sums()
+            total.add(group[0])
+            group[0] = total
+        group[0].add(s)
+        group[1] += 1
+    # a layer of one variable has that variable's figures (its sums added to zeros: the same
+    # floats), computed once
+    return tuple(LayerStep(layer, count, first if count == 1 and first is not None else figures_of(total))
+                 for layer, (total, count, first) in grouped.items())
 
 
 @dataclasses.dataclass
@@ -521,7 +534,7 @@ def _measure_windows(opened: list[tuple[int, Entry, int | None, m.Checkpoint | N
             for i, entry, st in members:
                 report = _report(st)
                 # verify's verdict decides; a checkpoint scan could not read whole is damaged too
-                problems = _verify_problems(st.ckpt.path) or tuple(st.failures)
+                problems = _verify_problems(st.ckpt.path, st.ckpt) or tuple(st.failures)
                 if problems:
                     report = dataclasses.replace(report, status=STATUS_DAMAGED, problems=problems)
                 results[i] = report
