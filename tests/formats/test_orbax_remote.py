@@ -109,3 +109,28 @@ def test_ls_of_a_remote_step_request_count(s3):
     # sharding, model config), the joined database's manifest and one window of B+tree nodes,
     # process 0's manifest and one window of its nodes (the shards column)
     assert 1 <= requests <= 11, (requests, s3.proxy.lines)
+
+
+@pytest.mark.parametrize("whole", [0, 1 << 20])
+def test_remote_chunks_stream_from_their_zstd_frames_as_locally(s3, monkeypatch, whole):
+    # nan_run's chunks lie in data files (not inline): a small one is fetched whole (its index
+    # and frame in one read); with the threshold at 0 every frame streams through a FileWindow
+    # over the remote file, 1 MiB a read, as a large chunk does. Bit for bit what the local copy streams.
+    import numpy as np  # noqa: PLC0415
+
+    from ckptinspect.formats import open_checkpoint  # noqa: PLC0415
+    from ckptinspect.formats.orbax import step as orbax_step  # noqa: PLC0415
+
+    monkeypatch.setattr(orbax_step, "REMOTE_WHOLE_CHUNK_BYTES", whole)
+    rel = "orbax/nan_run/2"
+    streamed = 0
+    with open_checkpoint(s3.url(rel)) as far, open_checkpoint(str(FIXTURES / rel)) as near:
+        assert [v.key for v in far.variables] == [v.key for v in near.variables]
+        for v in far.variables:
+            rows = far.source._arrays[v.key].rows  # noqa: SLF001
+            streamed += rows is not None and any(r is not None and r.inline is None for r in rows)
+            for elements in (5, 1 << 18):
+                got = np.concatenate([np.array(b) for b in far.iter_blocks(v, elements)])
+                want = np.concatenate([np.array(b) for b in near.iter_blocks(near[v.name], elements)])
+                assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), (v.key, elements)
+    assert streamed >= 1
