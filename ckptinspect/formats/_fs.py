@@ -45,6 +45,7 @@ __all__ = [
     "check_shard_name",
     "listdir",
     "walk_remote",
+    "warm_remote",
     "remote_message",
     "getsize",
     "check_regular",
@@ -289,6 +290,14 @@ def walk_remote(path: str, limit: int) -> list[tuple[str, int]] | None:
         return _remote.walk(path, limit)
     except _remote.RemoteUnavailable as e:
         raise CheckpointNotFoundError(f"{path}: {e}") from None
+
+
+def warm_remote(paths: list[str]) -> None:
+    """Fetch small remote files about to be read whole, all at once (:func:`.remote.warm`);
+    nothing for local paths or without fsspec."""
+    paths = [p for p in paths if is_remote(p) and _fsspec(p) is not None]
+    if paths:
+        _remote.warm(paths)
 
 
 def remote_message(text: str) -> str:

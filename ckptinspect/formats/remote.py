@@ -62,6 +62,7 @@ __all__ = [
     "stat",
     "listdir",
     "walk",
+    "warm",
     "forget",
     "clear",
     "open_file",
@@ -471,6 +472,22 @@ def walk(path: str, limit: int) -> list[tuple[str, int]]:
             _stats[folder] = (until, Stat("dir"))
             _complete[folder + "/"] = until
     return sorted(out)
+
+
+def warm(paths: list[str]) -> None:
+    """Fetch the first window of each of ``paths`` (small files a reader is about to read whole:
+    metadata, manifests), all in flight at once: the reads that follow are answered from memory,
+    one round trip for them all instead of one each. What fails here is left for those reads to
+    report. At most :data:`MAX_BLOBS` // 2 paths (the rest are read as they come)."""
+    def fetch(path: str) -> None:
+        try:
+            _blob(path).window(0, HEAD_WINDOW_BYTES)
+        except Exception:  # noqa: BLE001 - the reader's own read says what is wrong
+            pass
+
+    futs = [_executor().submit(fetch, p) for p in paths[: MAX_BLOBS // 2]]
+    for fut in futs:
+        fut.result()
 
 
 def forget(path: str) -> None:

@@ -194,6 +194,14 @@ def _walk_files(step: str) -> list[str]:
     return sorted(files)
 
 
+def _small_files(step: str, files: list[str]) -> list[str]:
+    """The plain files opening a step reads whole: its metadata JSON and the databases' manifests."""
+    names = {_fs.join(step, n) for n in ("_CHECKPOINT_METADATA", "pytree/_METADATA", "pytree/_sharding",
+                                        "model_config/_strings.json", "pytree/" + MANIFEST)}
+    manifests = [f for f in files if f.endswith("/" + MANIFEST) and f.startswith(_fs.join(step, "pytree", PROCESS_PREFIX))]
+    return [f for f in files if f in names] + manifests
+
+
 def _shape_dtype(key: str, raw: bytes, where: str) -> tuple[tuple[int, ...], str, tuple[int, ...], dict[str, Any]]:
     """Shape, dtype, chunk shape and the metadata itself from an array's ``zarr.json``, checked."""
     if len(raw) > MAX_ZARR_JSON_BYTES:
@@ -637,6 +645,7 @@ def _open(path: str, lenient: bool) -> _Opened:
     path = str(path).rstrip("/") or "/"
     if _fs.is_remote(path):  # one listing first: every name the layout asks about is answered from it
         files = _walk_files(path)
+        _fs.warm_remote(_small_files(path, files))  # then the small files read whole, in one round trip
         layout = read_step_layout(path)
     else:
         layout = read_step_layout(path)
