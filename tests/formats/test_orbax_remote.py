@@ -134,3 +134,25 @@ def test_remote_chunks_stream_from_their_zstd_frames_as_locally(s3, monkeypatch,
                 want = np.concatenate([np.array(b) for b in near.iter_blocks(near[v.name], elements)])
                 assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), (v.key, elements)
     assert streamed >= 1
+
+
+def test_tensorstores_remote_errors_name_neither_endpoint_nor_secrets(s3):
+    # tensorstore's s3 kvstore (the arrays streaming does not cover, verify) configured from the
+    # environment; what it says when a read fails reaches the user without the endpoint or keys
+    import os  # noqa: PLC0415
+
+    import tensorstore as ts  # noqa: PLC0415
+
+    from ckptinspect.formats import _fs  # noqa: PLC0415
+    from ckptinspect.formats.orbax import step as orbax_step  # noqa: PLC0415
+
+    base = orbax_step._kvstore_base("s3://no-such-bucket-here/run/3/pytree")  # noqa: SLF001
+    assert base["endpoint"] == os.environ["AWS_ENDPOINT_URL"] and base["bucket"] == "no-such-bucket-here"
+    with pytest.raises(Exception) as info:  # noqa: PT011 - tensorstore raises ValueError for everything
+        spec = {"driver": "zarr3", "kvstore": {"driver": "ocdbt", "base": base, "path": "params.w/"}}
+        ts.open(spec, open=True, read=True).result()
+    endpoint = os.environ["AWS_ENDPOINT_URL"]
+    text = orbax_step._message(info.value)  # noqa: SLF001
+    assert endpoint.split("//")[1] not in text and os.environ["AWS_SECRET_ACCESS_KEY"] not in text, text
+    assert "\n" not in text and "does not exist" in text and "tensorstore_spec" not in text, text
+    assert endpoint.split("//")[1] not in _fs.remote_message(str(info.value))  # the spec's copy too, were it kept

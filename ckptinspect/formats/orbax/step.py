@@ -135,8 +135,11 @@ def _kvstore_base(path: str) -> Any:
 
 
 def _message(e: BaseException) -> str:
-    """tensorstore's error in one line, without the environment's endpoints or secrets."""
-    return _fs.remote_message(one_line(e))
+    """tensorstore's error in one line, without the spec it appends (``[tensorstore_spec=...]``:
+    the endpoint, among others) and without the environment's endpoints or secrets."""
+    text = one_line(e)
+    cut = text.find(" [tensorstore_spec=")
+    return _fs.remote_message(text[:cut] if cut > 0 else text)
 
 
 def _iso(nsecs: Any) -> str | None:
