@@ -156,3 +156,28 @@ def test_tensorstores_remote_errors_name_neither_endpoint_nor_secrets(s3):
     assert endpoint.split("//")[1] not in text and os.environ["AWS_SECRET_ACCESS_KEY"] not in text, text
     assert "\n" not in text and "does not exist" in text and "tensorstore_spec" not in text, text
     assert endpoint.split("//")[1] not in _fs.remote_message(str(info.value))  # the spec's copy too, were it kept
+
+
+@pytest.mark.parametrize("damage", ["tree-name-leaving", "garbage-manifest"])
+def test_hostile_remote_steps_are_refused_as_locally(s3, tmp_path, damage):
+    import shutil  # noqa: PLC0415
+
+    from object_store import upload_tree  # noqa: PLC0415
+
+    step = tmp_path / "3"
+    shutil.copytree(FIXTURES / STEP, step)
+    if damage == "tree-name-leaving":
+        meta_path = step / "pytree" / "_METADATA"
+        meta = json.loads(meta_path.read_text())
+        tree = meta["tree_metadata"]
+        tree["('trainable_variables', '..', 'etc', 'passwd')"] = tree.pop(next(iter(tree)))
+        meta_path.write_text(json.dumps(meta))
+    else:
+        (step / "pytree" / "manifest.ocdbt").write_bytes(b"\x00" * 200)
+    remote = f"fixtures/tmp/{tmp_path.name}/3"
+    upload_tree(s3.endpoint, step, remote)
+    far = runner.invoke(app, ["ls", f"s3://{remote}"])
+    near = runner.invoke(app, ["ls", str(step)])
+    assert far.exit_code == near.exit_code == 2, far.output
+    assert far.stdout == "" and same(far.stderr, f"s3://{remote}") == same(near.stderr, str(step))
+    assert far.stderr.count("\n") == 1 and far.stderr.startswith("Error: "), far.stderr
