@@ -1,7 +1,7 @@
 """How Orbax step directories and runs of them are recognised (standard library only: no
 tensorstore, JAX or orbax; detection runs for every path). Remote folders (``s3://``, ``gs://``)
-through :mod:`.._fs`: a run's folder listed once, each numbered step's folder once (that listing
-answers for its metadata file and commit marker too)."""
+through :mod:`.._fs`: a run's folder listed once, each numbered step's folder once, 8 at a time
+(that listing answers for its metadata file and commit marker too)."""
 
 from __future__ import annotations
 
@@ -51,10 +51,15 @@ def run_entries(path: str) -> tuple[list[tuple[int, str]], list[tuple[int, str]]
             names = _fs.listdir(path)
             if len(names) > MAX_RUN_ENTRIES:
                 return None
+            numbered = [(int(mt.group(1)), name) for name in names if (mt := _STEP_RE.match(name))]
+            if numbered:  # one listing per step folder, 8 in flight
+                from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415 - remote runs only
+
+                with ThreadPoolExecutor(min(8, len(numbered))) as pool:
+                    found = list(pool.map(lambda item: is_step(_fs.join(path, item[1])), numbered))
+                steps = [item for item, ok in zip(numbered, found) if ok]
             for name in names:
-                if (mt := _STEP_RE.match(name)) and is_step(_fs.join(path, name)):
-                    steps.append((int(mt.group(1)), name))
-                elif (mt := _TMP_RE.match(name)) and _fs.isdir(_fs.join(path, name)):
+                if (mt := _TMP_RE.match(name)) and _fs.isdir(_fs.join(path, name)):
                     tmps.append((int(mt.group(1)), name))
         except (CkptError, OSError, ValueError):
             return None
