@@ -428,7 +428,7 @@ def listdir(path: str) -> list[str]:
     return sorted(names)
 
 
-def walk(path: str, limit: int) -> list[tuple[str, int]]:
+def walk(path: str, limit: int) -> list[tuple[str, int]] | None:
     """Every object under remote folder ``path``, each as (path, size) sorted, from one recursive
     listing (no delimiter: one request per 1,000 keys on S3), remembered as :func:`stat` and
     :func:`listdir` remember theirs (every folder under ``path`` listed complete), so what a
@@ -452,7 +452,7 @@ def walk(path: str, limit: int) -> list[tuple[str, int]]:
 
     entries = _retrying(path, listing, "cannot list")
     if len(entries) > limit:
-        return None  # type: ignore[return-value]
+        return None
     base = path.rstrip("/")
     out: list[tuple[str, int]] = []
     with _lock:
