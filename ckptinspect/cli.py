@@ -238,13 +238,14 @@ def ls_command(path: str, filter: Optional[str], role: Optional[str], stats: boo
     """List the variables of a checkpoint: shapes, dtypes, sizes, shards and roles."""
     from . import open as open_checkpoint  # noqa: PLC0415
     from .ops.listing import list_variables  # noqa: PLC0415
-    from .render import ls_view, ls_warnings  # noqa: PLC0415
+    from .render import ls_chunks, ls_warnings  # noqa: PLC0415
 
     with open_checkpoint(path) as ckpt, progress("stats", when=stats) as shown:
         listing = list_variables(ckpt, pattern=filter, role=role, sort=sort, stats=stats, progress=shown,
                                  optimizer_pattern=optimizer_pattern)
-    sys.stderr.write(ls_warnings(listing))
-    emit(ls_view(listing, format, tree=tree))
+        sys.stderr.write(ls_warnings(listing))
+        for chunk in ls_chunks(listing, format, tree=tree):  # a listing of a million rows, a block at a time
+            emit(chunk)
 
 
 @app.command("diff")
@@ -266,13 +267,14 @@ def diff_command(a: str, b: str, atol: float, rtol: float, role: Optional[str], 
                  quiet: bool, format: OutputFormat) -> None:  # noqa: A002
     """Compare two checkpoints, also across formats (exit 0 equal within tolerance, 1 different)."""
     from .ops.diff.operation import diff  # noqa: PLC0415
-    from .render import diff_view  # noqa: PLC0415
+    from .render import diff_chunks  # noqa: PLC0415
 
     with progress("diff", when=not quiet) as shown:
         report = diff(a, b, atol=atol, rtol=rtol, role=role, mapping=maps, progress=shown,
                       optimizer_pattern=optimizer_pattern, transpose_dense=transpose_dense, conv_layout=conv_layout)
     if not quiet:
-        emit(diff_view(report, format, hide_equal=hide_equal))
+        for chunk in diff_chunks(report, format, hide_equal=hide_equal):  # a million rows: never held whole
+            emit(chunk)
     if not report.identical:
         raise click.exceptions.Exit(EXIT_DIFFERENT)
 

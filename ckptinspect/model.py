@@ -24,6 +24,7 @@ __all__ = [
     "ROLE_METADATA",
     "SliceInfo",
     "Variable",
+    "VariableTable",
     "RetainedCheckpoint",
     "Checkpoint",
     "TensorSource",
@@ -113,7 +114,7 @@ class SliceInfo:
     nbytes: int
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class Variable:
     """One stored variable: metadata only, never its value.
 
@@ -167,6 +168,219 @@ class Variable:
             "shards": list(self.shards),
             "role": self.role,
         }
+
+
+class VariableTable(Sequence[Variable]):
+    """Many variables kept as columns: a checkpoint of a million tensors without a million objects.
+
+    A ``Sequence[Variable]`` (what :attr:`Checkpoint.variables` may hold instead of a tuple): each
+    :class:`Variable` is made when asked. Names (and keys, when they differ) are UTF-8 in one
+    packed buffer with end offsets; shapes, dtypes, shards and roles are codes into short tuples
+    of their distinct values; sizes are an int64 array. Variables have no slices and no
+    object-graph path. ``rows`` (positions, optional) makes a view: a filtered or sorted listing
+    sharing the columns.
+
+    Args:
+        names: The names' UTF-8 bytes (``surrogatepass``), one after another.
+        name_ends: numpy int64, the end of each name in ``names``.
+        shapes, shape_codes: Distinct shapes, and each variable's index into them.
+        dtypes, dtype_codes: Distinct dtype names, and each variable's index.
+        nbytes: numpy int64, each variable's bytes.
+        roles, role_codes: Distinct roles, and each variable's index.
+        shards, shard_codes: Distinct shard tuples, and each variable's index.
+        keys, key_ends: The keys, packed as the names; None when every key is its name.
+    """
+
+    __slots__ = ("names", "name_ends", "shapes", "shape_codes", "dtypes", "dtype_codes", "nbytes", "roles",
+                 "role_codes", "shards", "shard_codes", "keys", "key_ends", "rows", "_index")
+
+    def __init__(self, names: bytes, name_ends: Any, shapes: Sequence[tuple[int, ...]], shape_codes: Any,
+                 dtypes: Sequence[str], dtype_codes: Any, nbytes: Any, roles: Sequence[str], role_codes: Any,
+                 shards: Sequence[tuple[int, ...]], shard_codes: Any, keys: bytes | None = None,
+                 key_ends: Any = None, rows: Any = None, _index: dict[str, Any] | None = None):
+        self.names, self.name_ends = names, name_ends
+        self.shapes, self.shape_codes = tuple(shapes), shape_codes
+        self.dtypes, self.dtype_codes = tuple(dtypes), dtype_codes
+        self.nbytes = nbytes
+        self.roles, self.role_codes = tuple(roles), role_codes
+        self.shards, self.shard_codes = tuple(shards), shard_codes
+        self.keys, self.key_ends = keys, key_ends
+        self.rows = rows
+        self._index = {} if _index is None else _index  # find's hashes, shared with views
+
+    @classmethod
+    def from_variables(cls, variables: Iterable[Variable]) -> VariableTable | None:
+        """The columns of ``variables``, or None when one has slices or an object-graph path
+        (which the columns do not keep)."""
+        import numpy as np  # noqa: PLC0415
+
+        names, keys, name_ends, key_ends = bytearray(), bytearray(), [], []
+        codes: dict[str, dict[Any, int]] = {"shape": {}, "dtype": {}, "role": {}, "shards": {}}
+        columns: dict[str, list[int]] = {k: [] for k in codes}
+        nbytes: list[int] = []
+        same_keys = True
+        for v in variables:
+            if v.slices or v.graph_path is not None:
+                return None
+            name = v.name.encode("utf-8", "surrogatepass")
+            names += name
+            name_ends.append(len(names))
+            if v.key != v.name:
+                same_keys = False
+            keys += v.key.encode("utf-8", "surrogatepass")
+            key_ends.append(len(keys))
+            for field, value in (("shape", v.shape), ("dtype", v.dtype), ("role", v.role), ("shards", v.shards)):
+                known = codes[field]
+                columns[field].append(known.setdefault(value, len(known)))
+            nbytes.append(v.nbytes)
+        return cls(bytes(names), np.array(name_ends, np.int64), list(codes["shape"]),
+                   np.array(columns["shape"], np.int32), list(codes["dtype"]), np.array(columns["dtype"], np.int32),
+                   np.array(nbytes, np.int64), list(codes["role"]), np.array(columns["role"], np.int32),
+                   list(codes["shards"]), np.array(columns["shards"], np.int32),
+                   None if same_keys else bytes(keys), None if same_keys else np.array(key_ends, np.int64))
+
+    # -- the sequence ----------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.name_ends) if self.rows is None else len(self.rows)
+
+    def _row(self, i: int) -> int:
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("variable index out of range")
+        return i if self.rows is None else int(self.rows[i])
+
+    @staticmethod
+    def _text(buf: bytes, ends: Any, r: int) -> str:
+        start = int(ends[r - 1]) if r else 0
+        return buf[start:int(ends[r])].decode("utf-8", "surrogatepass")
+
+    def name_of(self, r: int) -> str:
+        """The name of row ``r`` of the columns (not of the view)."""
+        return self._text(self.names, self.name_ends, r)
+
+    def key_of(self, r: int) -> str:
+        """The key of row ``r`` of the columns."""
+        return self.name_of(r) if self.keys is None else self._text(self.keys, self.key_ends, r)
+
+    def variable(self, r: int) -> Variable:
+        """The :class:`Variable` of row ``r`` of the columns."""
+        name = self.name_of(r)
+        return Variable(key=name if self.keys is None else self._text(self.keys, self.key_ends, r), name=name,
+                        shape=self.shapes[self.shape_codes[r]], dtype=self.dtypes[self.dtype_codes[r]],
+                        nbytes=int(self.nbytes[r]), shards=self.shards[self.shard_codes[r]],
+                        role=self.roles[self.role_codes[r]])
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return self.view(self.positions()[i])
+        return self.variable(self._row(i))
+
+    def __iter__(self) -> Iterator[Variable]:
+        variable = self.variable
+        if self.rows is None:
+            return map(variable, range(len(self.name_ends)))
+        return map(variable, self.rows.tolist())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"<VariableTable of {len(self)} variables>"
+
+    # -- columns ---------------------------------------------------------------------------
+    def positions(self) -> Any:
+        """The rows of the columns this table shows, in order (numpy int64)."""
+        import numpy as np  # noqa: PLC0415 - a table's columns are numpy arrays
+
+        return np.arange(len(self.name_ends), dtype=np.int64) if self.rows is None else self.rows
+
+    def view(self, rows: Any) -> VariableTable:
+        """A table of the same columns showing ``rows`` (positions into the columns)."""
+        return VariableTable(self.names, self.name_ends, self.shapes, self.shape_codes, self.dtypes,
+                             self.dtype_codes, self.nbytes, self.roles, self.role_codes, self.shards,
+                             self.shard_codes, self.keys, self.key_ends, rows, self._index)
+
+    def find(self, key: str) -> int | None:
+        """The row (of the columns) of the variable whose key is ``key``, or None (a sorted
+        array of the keys' hashes, made on first use: no dict of a million keys)."""
+        import numpy as np  # noqa: PLC0415
+
+        index = self._index
+        after = index.get("next", 0)  # callers often go in order, or ask for the same one twice
+        for guess in (after, after - 1):
+            if 0 <= guess < len(self.name_ends) and self.key_of(guess) == key:
+                index["next"] = guess + 1
+                return guess
+        if "hashes" not in index:
+            buf, ends = (self.names, self.name_ends) if self.keys is None else (self.keys, self.key_ends)
+            bounds = ends.tolist()
+            hashes = np.fromiter(map(hash, map(buf.__getitem__, map(slice, [0, *bounds[:-1]], bounds))),
+                                 np.int64, len(bounds))
+            order = np.argsort(hashes, kind="stable")
+            index["hashes"], index["order"] = hashes[order], order
+        hashes, order = index["hashes"], index["order"]
+        try:
+            wanted = hash(key.encode("utf-8", "surrogatepass"))
+        except UnicodeEncodeError:  # pragma: no cover - every str encodes with surrogatepass
+            return None
+        i = int(hashes.searchsorted(wanted))
+        while i < len(hashes) and hashes[i] == wanted:
+            r = int(order[i])
+            if self.key_of(r) == key:
+                index["next"] = r + 1
+                return r
+            i += 1
+        return None
+
+    def name_order(self) -> Any:
+        """This table's positions sorted by name (Python's string order: code points; stable)."""
+        import numpy as np  # noqa: PLC0415
+
+        rows = self.positions()
+        ends = self.name_ends
+        starts = np.concatenate(([0], ends[:-1]))
+        lengths = (ends - starts)[rows]
+        widest = int(lengths.max()) if len(rows) else 0
+        if widest and len(rows) * widest <= _SORT_BUFFER_BYTES and b"\0" not in self.names:
+            # UTF-8 bytes sort as their code points do; numpy's fixed-width bytes pad with NULs
+            fixed = np.zeros((len(rows), widest), np.uint8)
+            buf = np.frombuffer(self.names, np.uint8)
+            first = starts[rows]
+            for column in range(widest):  # one vectorised copy per byte position (no array per byte)
+                has = lengths > column
+                fixed[has, column] = buf[first[has] + column]
+            del first
+            keys = fixed.view(f"S{widest}").reshape(-1)
+            if bool((keys[1:] >= keys[:-1]).all()):  # in order already (writers often sort)
+                return rows
+            return rows[np.argsort(keys, kind="stable")]
+        name_of = self.name_of
+        return np.asarray(sorted(rows.tolist(), key=name_of), dtype=np.int64)
+
+    def role_totals(self) -> dict[str, dict[str, int]]:
+        """:func:`role_totals` of these variables, from the columns."""
+        import numpy as np  # noqa: PLC0415
+
+        rows = self.positions()
+        codes = self.role_codes[rows]
+        counts = np.bincount(codes, minlength=len(self.roles))
+        nbytes = self.nbytes[rows]
+        out = {r: {"count": 0, "nbytes": 0} for r in (*ROLES, "all")}
+        for code, role in enumerate(self.roles):
+            if counts[code]:
+                out[role]["count"] += int(counts[code])
+                out[role]["nbytes"] += sum(nbytes[codes == code].tolist())
+        out["all"] = {"count": len(rows), "nbytes": sum(nbytes.tolist())}
+        return out
+
+
+_SORT_BUFFER_BYTES = 64 << 20  # names sorted as fixed-width bytes up to this much, else one by one
 
 
 @dataclasses.dataclass(frozen=True)
@@ -444,7 +658,8 @@ class Checkpoint:
     Attributes:
         path: The resolved path (TF prefix, HDF5 or zip file).
         format: A format name (``ckptinspect.formats.FORMATS``, from the format registry).
-        variables: The variables, in file order.
+        variables: The variables, in file order: a tuple, or a :class:`VariableTable` where a
+            checkpoint holds very many.
         step: The training step a variable records, or None (:func:`run_positions` and the
             formats' step rule: ``global_step``/``step`` first, else the optimizer's
             iteration count; never a number read from the name).
@@ -462,7 +677,7 @@ class Checkpoint:
 
     path: str
     format: str
-    variables: tuple[Variable, ...]
+    variables: Sequence[Variable]  # a tuple, or a VariableTable (very many variables)
     step: int | None = None
     step_source: str | None = None
     number: int | None = None
@@ -524,6 +739,8 @@ class Checkpoint:
 
     def totals(self) -> dict[str, dict[str, int]]:
         """Count and bytes per role, plus ``all``."""
+        if isinstance(self.variables, VariableTable):
+            return self.variables.role_totals()
         return role_totals(self.variables)
 
     # -- values --------------------------------------------------------------------------
@@ -572,8 +789,9 @@ class Checkpoint:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON form of ``ls --format json`` (without stats)."""
+    def to_dict(self, variables: bool = True) -> dict[str, Any]:
+        """The JSON form of ``ls --format json`` (without stats); ``variables=False``: with an
+        empty ``variables`` list, for a caller writing them one at a time."""
         out: dict[str, Any] = {
             "path": self.path,
             "format": self.format,
@@ -588,5 +806,5 @@ class Checkpoint:
         if self.info:
             out["info"] = dict(self.info)
         out["totals"] = self.totals()
-        out["variables"] = [v.to_dict() for v in self.variables]
+        out["variables"] = [v.to_dict() for v in self.variables] if variables else []
         return out

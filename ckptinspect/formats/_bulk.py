@@ -11,9 +11,25 @@ from __future__ import annotations
 import contextlib
 import gc
 import threading
-from typing import Iterator
+from typing import Iterable, Iterator, Sequence
 
-__all__ = ["paused_gc"]
+from .. import model as m
+
+__all__ = ["paused_gc", "compact_variables", "COMPACT_MIN_VARIABLES"]
+
+COMPACT_MIN_VARIABLES = 20_000  # a listing of more variables keeps them as columns (VariableTable)
+
+
+def compact_variables(variables: Iterable[m.Variable]) -> Sequence[m.Variable]:
+    """``variables`` as :attr:`Checkpoint.variables <ckptinspect.model.Checkpoint.variables>`
+    holds them: a :class:`~ckptinspect.model.VariableTable` when there are very many (and none
+    has slices or an object-graph path), else a tuple."""
+    variables = tuple(variables)
+    if len(variables) >= COMPACT_MIN_VARIABLES:
+        table = m.VariableTable.from_variables(variables)
+        if table is not None:
+            return table
+    return variables
 
 _lock = threading.Lock()
 _depth = 0

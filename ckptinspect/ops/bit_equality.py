@@ -64,8 +64,10 @@ def _address(a: np.ndarray) -> int:
     if a.flags.writeable:
         import ctypes  # noqa: PLC0415 - loaded by _libc_memcmp already
 
-        # Through a byte view: the buffer protocol has no format for dtypes such as bfloat16.
-        return ctypes.addressof(ctypes.c_char.from_buffer(a.reshape(-1).view(np.uint8)))
+        try:
+            return ctypes.addressof(ctypes.c_char.from_buffer(a))
+        except ValueError:  # the buffer protocol has no format for dtypes such as bfloat16: a byte view has
+            return ctypes.addressof(ctypes.c_char.from_buffer(a.reshape(-1).view(np.uint8)))
     return a.__array_interface__["data"][0]
 
 

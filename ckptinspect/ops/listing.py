@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from ..errors import UsageError
-from ..model import ROLES, Checkpoint, Variable
+from ..model import ROLES, Checkpoint, Variable, VariableTable
 from .roles import mark_optimizer
 
 if TYPE_CHECKING:  # the statistics module loads for --stats only
@@ -20,7 +20,7 @@ class Listing:
     """What ``ls`` shows: the checkpoint, the chosen variables and (with stats) their statistics."""
 
     checkpoint: Checkpoint
-    variables: tuple[Variable, ...]
+    variables: Sequence[Variable]  # a tuple, or a view of the checkpoint's VariableTable
     stats: dict[str, Stats | None] | None = None
 
     @property
@@ -29,20 +29,44 @@ class Listing:
         leftover temporaries), one line each."""
         return tuple(self.checkpoint.info.get("warnings", ()))
 
-    def to_dict(self) -> dict[str, Any]:
-        """The ``ls --format json`` document (see shared/INTERFACE.md)."""
-        doc = self.checkpoint.to_dict()
-        doc["variables"] = []
+    def to_dict(self, variables: bool = True) -> dict[str, Any]:
+        """The ``ls --format json`` document (see shared/INTERFACE.md); ``variables=False``:
+        with an empty ``variables`` list (:meth:`variable_dicts` gives them one at a time)."""
+        doc = self.checkpoint.to_dict(variables=False)
+        doc["variables"] = list(self.variable_dicts()) if variables else []
+        return doc
+
+    def variable_dicts(self) -> Iterator[dict[str, Any]]:
+        """The ``variables`` of :meth:`to_dict`, one at a time."""
         for v in self.variables:
             item = v.to_dict()
             if self.stats is not None:
                 s = self.stats.get(v.key)
                 item["stats"] = s.to_dict() if s is not None else None
-            doc["variables"].append(item)
-        return doc
+            yield item
 
 
 SORT_KEYS = ("role", "name", "size", "file")
+
+
+def _sorted_table(table: VariableTable, role: str | None, sort: str) -> VariableTable:
+    """:func:`_sorted` of a table's variables of ``role`` (or all), from its columns."""
+    import numpy as np  # noqa: PLC0415 - a table's columns are numpy arrays
+
+    rows = table.positions()
+    if role is not None:
+        code = table.roles.index(role) if role in table.roles else -1
+        rows = rows[table.role_codes[rows] == code]
+    table = table.view(rows)
+    if sort == "file":
+        return table
+    rows = table.name_order()  # stable sorts by the other keys keep names in order within them
+    if sort == "size":
+        rows = rows[np.argsort(-table.nbytes[rows], kind="stable")]
+    elif sort == "role":
+        order = np.array([ROLES.index(r) if r in ROLES else len(ROLES) for r in table.roles], np.int64)
+        rows = rows[np.argsort(order[table.role_codes[rows]], kind="stable")]
+    return table.view(rows)
 
 
 def _sorted(variables: tuple[Variable, ...], sort: str) -> tuple[Variable, ...]:
@@ -90,7 +114,10 @@ def list_variables(
     if sort not in SORT_KEYS:
         raise UsageError(f"unknown sort {sort!r}; expected one of {', '.join(SORT_KEYS)}")
     try:
-        chosen = _sorted(tuple(ckpt.filter(pattern, role)), sort)
+        if isinstance(ckpt.variables, VariableTable) and not pattern:  # very many: from the columns
+            chosen: Sequence[Variable] = _sorted_table(ckpt.variables, role, sort)
+        else:
+            chosen = _sorted(tuple(ckpt.filter(pattern, role)), sort)
     except re.error as e:
         raise UsageError(f"bad --filter regex {pattern!r}: {e}") from None
     values = None

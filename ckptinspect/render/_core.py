@@ -27,7 +27,7 @@ import re
 import shutil
 import sys
 import textwrap
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ..model import display_name, format_shape
 
@@ -48,7 +48,11 @@ __all__ = [
     "ELLIPSIS",
     "terminal_width",
     "simple_table",
+    "simple_table_lines",
+    "render_chunks",
     "progress_line",
+    "csv_cell",
+    "COLUMN_GAP",
 ]
 
 
@@ -302,6 +306,34 @@ def render(
     if fmt == OutputFormat.json:
         return to_json(doc) + "\n"
     rows = list(rows)
+    return "".join(render_chunks(fmt, doc=doc, rows=lambda: rows, columns=columns, header=header, footer=footer,
+                                 csv_columns=csv_columns, squeeze=squeeze, optional=optional, wrap_last=wrap_last,
+                                 width=width, names_first=names_first))
+
+
+LINES_PER_CHUNK = 4096
+
+
+def render_chunks(
+    fmt: OutputFormat,
+    *,
+    doc: dict[str, Any],
+    rows: Callable[[], Iterable[dict[str, Any]]],
+    columns: Sequence[Column],
+    header: Sequence[str] = (),
+    footer: Sequence[str] = (),
+    csv_columns: Sequence[str] | None = None,
+    squeeze: Sequence[str] = ("name",),
+    optional: Sequence[str] = (),
+    wrap_last: bool = False,
+    width: int | None = AUTO,
+    names_first: bool = False,
+) -> Iterator[str]:
+    """:func:`render`'s text in pieces, ``rows()`` giving the rows afresh at each call (the
+    table takes two passes: widths, then lines): a listing of a million rows is never held."""
+    if fmt == OutputFormat.json:
+        yield to_json(doc) + "\n"
+        return
     if fmt == OutputFormat.csv:
         import csv  # noqa: PLC0415 - csv output only
         import io  # noqa: PLC0415
@@ -310,21 +342,34 @@ def render(
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=keys, extrasaction="ignore", lineterminator="\n")
         writer.writeheader()
-        for row in rows:
+        for n, row in enumerate(rows(), 1):
             writer.writerow({k: _csv_cell(row.get(k)) for k in keys})
-        return buf.getvalue()
+            if n % LINES_PER_CHUNK == 0:
+                yield buf.getvalue()
+                buf.seek(0)
+                buf.truncate()
+        yield buf.getvalue()
+        return
     if width == AUTO:
         width = terminal_width()
     parts = fit_lines(header, width)
-    if rows:
-        keys = [k for k, _ in columns]
-        table = simple_table([h for _, h in columns], [[row.get(k, "") for k in keys] for row in rows], width=width,
-                             squeeze=[keys.index(k) for k in squeeze if k in keys],
-                             optional=[keys.index(k) for k in optional if k in keys], wrap_last=wrap_last,
-                             names_first=names_first)
-        parts += ["", table] if header else [table]
+    flushed = False
+    keys = [k for k, _ in columns]
+    if next(iter(rows()), None) is not None:
+        lines = simple_table_lines([h for _, h in columns], lambda: ([row.get(k, "") for k in keys] for row in rows()),
+                                   width=width, squeeze=[keys.index(k) for k in squeeze if k in keys],
+                                   optional=[keys.index(k) for k in optional if k in keys], wrap_last=wrap_last,
+                                   names_first=names_first)
+        if header:
+            parts.append("")
+        for line in lines:
+            parts.append(line)
+            if len(parts) >= LINES_PER_CHUNK:  # each line of a block ends with its newline
+                yield "\n".join(parts) + "\n"
+                flushed, parts = True, []
     parts += fit_lines(footer, width)
-    return "\n".join(parts) + "\n"
+    if parts or not flushed:
+        yield "\n".join(parts) + "\n"
 
 
 def _table_width(widths: Sequence[int]) -> int:
@@ -377,29 +422,48 @@ def simple_table(
     ``names_first`` the ``optional`` columns are left out first, as long as a ``squeeze``
     column would otherwise be shortened: the names stay whole while other columns can go.
     """
+    return "\n".join(simple_table_lines(headers, lambda: rows, width=width, squeeze=squeeze, optional=optional,
+                                         wrap_last=wrap_last, names_first=names_first))
+
+
+def _cells(raw: Sequence[Any]) -> tuple[list[str], bool]:
+    """A row's cells as shown (control characters escaped), and whether they are printable ASCII."""
+    row = ["" if c is None else c if type(c) is str else str(c) for c in raw]
+    joined = "".join(row)
+    if joined.isascii() and joined.isprintable():
+        return row, True
+    return [escape_controls(c) for c in row], False
+
+
+def simple_table_lines(
+    headers: Sequence[str],
+    rows: Callable[[], Iterable[Sequence[Any]]],
+    *,
+    width: int | None = None,
+    squeeze: Sequence[int] = (),
+    optional: Sequence[int] = (),
+    wrap_last: bool = False,
+    names_first: bool = False,
+) -> Iterator[str]:
+    """:func:`simple_table`'s lines, one at a time, in two passes over ``rows()`` (a fresh
+    iterable each call): the column widths first, then the lines; a table of a million rows is
+    never held (nor its text)."""
     headers = [escape_controls(h) for h in headers]
-    cells: list[list[str]] = []
-    plain: list[bool] = []  # rows of printable ASCII only: escaping changes nothing, a width is a length
     content = [0] * len(headers)
-    for raw in rows:
-        row = ["" if c is None else c if type(c) is str else str(c) for c in raw]
-        joined = "".join(row)
-        if joined.isascii() and joined.isprintable():
-            widths_of = map(len, row)
-            plain.append(True)
-        else:
-            row = [escape_controls(c) for c in row]
-            widths_of = map(display_width, row)
-            plain.append(False)
-        cells.append(row)
-        for i, w in enumerate(widths_of):
+    count = 0
+    for raw in rows():
+        row, plain = _cells(raw)
+        count += 1
+        for i, w in enumerate(map(len, row) if plain else map(display_width, row)):
             if w > content[i]:
                 content[i] = w
     keep = list(range(len(headers)))
     hidden: list[str] = []
     widths = [max(display_width(h) + 2, c) for h, c in zip(headers, content)]
     wrap = False
+    fitted = False
     if width is not None and _table_width(widths) > width:
+        fitted = True
         pending = [i for i in optional if 0 <= i < len(headers)]
         while True:
             wrap = wrap_last and keep[-1] == len(headers) - 1
@@ -412,31 +476,32 @@ def simple_table(
             keep.remove(dropped)
             hidden.append(headers[dropped])
         headers = [headers[i] for i in keep]
-        cells = [[row[i] for i in keep] for row in cells]
-        last = len(keep) - 1
-        for r, row in enumerate(cells):
+        headers = [middle_ellipsis(h, w) for h, w in zip(headers, widths)]
+    yield COLUMN_GAP.join(_pad(h, w) for h, w in zip(headers, widths)).rstrip()
+    yield COLUMN_GAP.join("-" * w for w in widths)
+    padded = COLUMN_GAP.join(f"{{:<{w}}}" for w in widths).format  # pads by length: right for plain rows
+    last = len(keep) - 1
+    for raw in rows():
+        row, is_plain = _cells(raw)
+        if fitted:
+            row = [row[i] for i in keep]
             for i, c in enumerate(row):
                 if display_width(c) > widths[i] and not (wrap and i == last):
                     row[i] = middle_ellipsis(c, widths[i])
-                    plain[r] = False  # the ellipsis is not ASCII
-        headers = [middle_ellipsis(h, w) for h, w in zip(headers, widths)]
-    lines = [COLUMN_GAP.join(_pad(h, w) for h, w in zip(headers, widths)).rstrip(),
-             COLUMN_GAP.join("-" * w for w in widths)]
-    padded = COLUMN_GAP.join(f"{{:<{w}}}" for w in widths).format  # pads by length: right for plain rows
-    for row, is_plain in zip(cells, plain):
+                    is_plain = False  # the ellipsis is not ASCII
         if is_plain and len(row) == len(widths) and not (wrap and len(row[-1]) > widths[-1]):
-            lines.append(padded(*row).rstrip())
+            yield padded(*row).rstrip()
         elif wrap and display_width(row[-1]) > widths[-1]:
             pieces = textwrap.wrap(row[-1], width=widths[-1], break_long_words=True, break_on_hyphens=False)
             offset = " " * (_table_width(widths[:-1]) + len(COLUMN_GAP))
-            lines.append(COLUMN_GAP.join(_pad(c, w) for c, w in zip(row[:-1] + [pieces[0]], widths)).rstrip())
-            lines += [offset + piece for piece in pieces[1:]]
+            yield COLUMN_GAP.join(_pad(c, w) for c, w in zip(row[:-1] + [pieces[0]], widths)).rstrip()
+            for piece in pieces[1:]:
+                yield offset + piece
         else:
-            lines.append(COLUMN_GAP.join(_pad(c, w) for c, w in zip(row, widths)).rstrip())
+            yield COLUMN_GAP.join(_pad(c, w) for c, w in zip(row, widths)).rstrip()
     if hidden:
         said = f"(left out to fit {width} columns: {', '.join(hidden)}; all in --format csv)"
-        lines += textwrap.wrap(said, width=max(width, MIN_WRAPPED_WIDTH), break_on_hyphens=False) or [said]
-    return "\n".join(lines)
+        yield from textwrap.wrap(said, width=max(width, MIN_WRAPPED_WIDTH), break_on_hyphens=False) or [said]
 
 
 def _csv_cell(value: Any) -> Any:
@@ -445,6 +510,9 @@ def _csv_cell(value: Any) -> Any:
     if isinstance(value, str):
         return csv_safe(display_name(value))
     return "" if value is None else csv_safe(value)
+
+
+csv_cell = _csv_cell  # one CSV cell as render writes it (lists joined, names shown, formulas guarded)
 
 
 def progress_line(label: str, done: int, total: int, name: str, width: int) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 from .. import model as m
 from ._core import (
@@ -11,20 +11,30 @@ from ._core import (
     OutputFormat,
     UNREADABLE_MARK,
     _table_lines,
+    csv_cell,
+    display_width,
     escape_controls,
     fit_lines,
     fmt_float,
     fmt_shape,
     human_bytes,
     render,
+    render_chunks,
     terminal_width,
 )
+from ._columns import json_chunks, plain_names, table_chunks
 
-__all__ = ['diff_view', 'ls_view', 'ls_warnings', 'verify_view']
+__all__ = ['diff_chunks', 'diff_view', 'ls_chunks', 'ls_view', 'ls_warnings', 'verify_view']
 
 
 def diff_view(report, fmt: OutputFormat, width: int | None = AUTO, *, hide_equal: bool = False) -> str:
-    """Render a :class:`~ckptinspect.ops.diff.operation.DiffReport`: variables by movement, layers, verdict.
+    """Render a :class:`~ckptinspect.ops.diff.operation.DiffReport` (see :func:`diff_chunks`)."""
+    return "".join(diff_chunks(report, fmt, width, hide_equal=hide_equal))
+
+
+def diff_chunks(report, fmt: OutputFormat, width: int | None = AUTO, *, hide_equal: bool = False) -> Iterator[str]:
+    """:func:`diff_view`'s text in pieces, the table and CSV rows made twice rather than held
+    (a diff of a million variables): variables by movement, layers, verdict.
 
     The table shows the NaN/Inf columns only when a variable has a NaN or an Inf; fitted to a
     narrow terminal it leaves out ``differing``, ``dtype``, ``cosine``, then ``shape`` (and says
@@ -44,32 +54,36 @@ def diff_view(report, fmt: OutputFormat, width: int | None = AUTO, *, hide_equal
         doc = report.to_dict()
         if hide_equal:
             doc["variables"] = [v.to_dict() for v in shown_variables]
-        return render(fmt, doc=doc, rows=(), columns=())
-    rows = []
+        yield render(fmt, doc=doc, rows=(), columns=())
+        return
     table = fmt == OutputFormat.table
-    for v in shown_variables:
-        size = 1
-        for d in v.shape_a or v.shape_b or ():
-            size *= d
-        rows.append({
-            **({"status": v.status} if table else
-               {**v.to_dict(), **{k: None if getattr(v, k) is None else fmt_shape(getattr(v, k))  # as ls: [8,16]
-                                  for k in ("shape_a", "shape_b")}}),  # the table shows no other field of it
-            "shown_name": f"{v.name_a} -> {v.name_b}" if v.names_differ else v.name,
-            "shape": pair(v.shape_a, v.shape_b, fmt_shape),
-            "dtype": pair(v.dtype_a, v.dtype_b),
-            "max_abs": fmt_float(v.max_abs_diff),
-            "rel": fmt_float(v.rel_l2),
-            "cos": fmt_float(v.cosine, 6),
-            "diff_elems": "-" if v.num_different is None else f"{v.num_different}/{size}",
-            "nan": counts(v.nan_a, v.nan_b),
-            "inf": counts(v.inf_a, v.inf_b),
-        })
+
+    def rows() -> Iterator[dict[str, Any]]:
+        for v in shown_variables:
+            size = 1
+            for d in v.shape_a or v.shape_b or ():
+                size *= d
+            yield {
+                **({"status": v.status} if table else
+                   {**v.to_dict(), **{k: None if getattr(v, k) is None else fmt_shape(getattr(v, k))  # as ls: [8,16]
+                                      for k in ("shape_a", "shape_b")}}),  # the table shows no other field of it
+                "shown_name": f"{v.name_a} -> {v.name_b}" if v.names_differ else v.name,
+                "shape": pair(v.shape_a, v.shape_b, fmt_shape),
+                "dtype": pair(v.dtype_a, v.dtype_b),
+                "max_abs": fmt_float(v.max_abs_diff),
+                "rel": fmt_float(v.rel_l2),
+                "cos": fmt_float(v.cosine, 6),
+                "diff_elems": "-" if v.num_different is None else f"{v.num_different}/{size}",
+                "nan": counts(v.nan_a, v.nan_b),
+                "inf": counts(v.inf_a, v.inf_b),
+            }
+
     if fmt != OutputFormat.table:
         csv_cols = ["name", "status", "name_a", "name_b", "key_a", "key_b", "matched_by", "role", "shape_a", "shape_b",
                     "dtype_a", "dtype_b", "max_abs_diff", "rel_l2", "cosine", "num_different", "nan_a", "inf_a", "nan_b", "inf_b",
                     "layout"]
-        return render(fmt, doc=report.to_dict(), rows=rows, columns=[(c, c) for c in csv_cols])
+        yield from render_chunks(fmt, doc={}, rows=rows, columns=[(c, c) for c in csv_cols])
+        return
     header = [
         f"a: {report.a} ({report.format_a})",
         f"b: {report.b} ({report.format_b})",
@@ -101,8 +115,9 @@ def diff_view(report, fmt: OutputFormat, width: int | None = AUTO, *, hide_equal
         footer.append(f"{unchanged} layer{'s' if unchanged != 1 else ''} unchanged" if moved else
                       f"all {len(layers)} layer{'s' if len(layers) != 1 else ''} unchanged")
     footer += ["", report.verdict]
-    return render(fmt, doc={}, rows=rows, columns=columns, header=header, footer=footer, width=width,
-                  squeeze=["shown_name"], optional=["diff_elems", "dtype", "cos", "shape"], names_first=True)
+    yield from render_chunks(fmt, doc={}, rows=rows, columns=columns, header=header, footer=footer, width=width,
+                             squeeze=["shown_name"], optional=["diff_elems", "dtype", "cos", "shape"],
+                             names_first=True)
 
 
 
@@ -190,9 +205,16 @@ def _checkpoint_lines(ckpt, width: int | None) -> list[str]:
 
 def _variable_rows(listing, fmt: OutputFormat, tree: bool) -> list[dict[str, Any]]:
     """One row per listed variable (the stats' figures when ``--stats``), in tree order for ``--tree``."""
+    rows = list(_variable_rows_iter(listing, fmt, tree))
+    if tree and fmt == OutputFormat.table:
+        rows = _tree_rows(rows)
+    return rows
+
+
+def _variable_rows_iter(listing, fmt: OutputFormat, tree: bool) -> Iterator[dict[str, Any]]:
+    """:func:`_variable_rows` one at a time (without the tree's subtotal rows)."""
     stats = listing.stats
     unreadable = listing.checkpoint.info.get("unreadable") or {}
-    rows = []
     specs = listing.checkpoint.info.get("partition_specs") or {}  # Orbax: each array's partition spec
     shapes: dict[tuple, str] = {}  # thousands of variables, a few distinct shapes and sizes
     sizes: dict[int, str] = {}
@@ -222,14 +244,17 @@ def _variable_rows(listing, fmt: OutputFormat, tree: bool) -> list[dict[str, Any
                 row[f] = fmt_float(getattr(s, f)) if s else "-"
             row["nan"] = s.nan if s else "-"
             row["inf"] = s.inf if s else "-"
-        rows.append(row)
-    if tree and fmt == OutputFormat.table:
-        rows = _tree_rows(rows)
-    return rows
+        yield row
 
 
 def ls_view(listing, fmt: OutputFormat, tree: bool = False, width: int | None = AUTO) -> str:
     """Render an :class:`~ckptinspect.ops.listing.Listing`."""
+    return "".join(ls_chunks(listing, fmt, tree=tree, width=width))
+
+
+def ls_chunks(listing, fmt: OutputFormat, tree: bool = False, width: int | None = AUTO) -> Iterator[str]:
+    """:func:`ls_view`'s text in pieces: a listing of a :class:`~ckptinspect.model.VariableTable`
+    (a checkpoint of very many variables) is written a block of rows at a time, never whole."""
     if width == AUTO and fmt == OutputFormat.table:
         width = terminal_width()
     ckpt = listing.checkpoint
@@ -248,9 +273,58 @@ def ls_view(listing, fmt: OutputFormat, tree: bool = False, width: int | None = 
     if listing.stats is not None:
         columns += [("min", "min"), ("max", "max"), ("mean", "mean"), ("std", "std"), ("nan", "nan"), ("inf", "inf")]
         csv_cols += ["min", "max", "mean", "std", "nan", "inf"]
+    table = listing.variables if isinstance(listing.variables, m.VariableTable) else None
+    if table is not None and fmt == OutputFormat.json:
+        yield from json_chunks(listing.to_dict(variables=False), listing.variable_dicts())
+        yield "\n"
+        return
+    plain = (table is not None and fmt == OutputFormat.table and not tree and listing.stats is None
+             and len(columns) == 6 and not ckpt.info.get("unreadable") and len(table) and plain_names(table))
+    if plain:
+        chunks = _column_table(table, [h for _, h in columns])
+        first, dashes = next(chunks), next(chunks)
+        if width is None or len(dashes) <= width:  # the table fits as it is: no column shortened
+            parts = fit_lines(header, width)
+            yield "\n".join(parts + ([""] if header else [])) + ("\n" if header else "")
+            yield first
+            yield dashes
+            yield from chunks
+            yield "\n"
+            return
+    if table is not None and fmt == OutputFormat.csv:
+        yield from _csv_chunks(_variable_rows_iter(listing, fmt, tree), csv_cols)
+        return
     rows = _variable_rows(listing, fmt, tree)
     doc = listing.to_dict() if fmt == OutputFormat.json else {}  # the table and CSV show rows only
-    return render(fmt, doc=doc, rows=rows, columns=columns, header=header, csv_columns=csv_cols, width=width)
+    yield render(fmt, doc=doc, rows=rows, columns=columns, header=header, csv_columns=csv_cols, width=width)
+
+
+def _column_table(table, headers: list[str]) -> Iterator[str]:
+    """The ls table of a :class:`~ckptinspect.model.VariableTable` (printable ASCII names), from its columns."""
+    return table_chunks(headers, table, [
+        (lambda rows: table.shape_codes[rows], [fmt_shape(s) for s in table.shapes]),
+        (lambda rows: table.dtype_codes[rows], list(table.dtypes)),
+        (lambda rows: table.nbytes[rows], human_bytes),
+        (lambda rows: table.shard_codes[rows], [",".join(str(s) for s in shards) or "-" for shards in table.shards]),
+        (lambda rows: table.role_codes[rows], list(table.roles)),
+    ])
+
+
+def _csv_chunks(rows: Iterable[dict[str, Any]], keys: list[str], per_chunk: int = 8192) -> Iterator[str]:
+    """:func:`render`'s CSV of ``rows``, a few thousand rows at a time."""
+    import csv  # noqa: PLC0415
+    import io  # noqa: PLC0415
+
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=keys, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for i, row in enumerate(rows, 1):
+        writer.writerow({k: csv_cell(row.get(k)) for k in keys})
+        if i % per_chunk == 0:
+            yield buf.getvalue()
+            buf.seek(0)
+            buf.truncate()
+    yield buf.getvalue()
 
 
 def ls_warnings(listing) -> str:

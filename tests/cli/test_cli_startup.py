@@ -159,6 +159,17 @@ def test_ls_keras_h5_imports_no_tf_reader():
                                                                    "ckptinspect.formats.safetensors.file")) == []
 
 
+@pytest.mark.parametrize("path", ["fixtures/keras/model.weights.h5", "fixtures/keras/model.h5",
+                                  "fixtures/series/keras3_weights/weights.01.weights.h5"])
+def test_ls_keras_h5_imports_no_numpy(path):
+    """Our own HDF5 reader lists without numpy (dtypes described, string attributes and the
+    optimizer's scalar counter decoded without it): ls pays no numpy import (issue 28)."""
+    code, modules = _ls_modules(path)
+    assert code == 0
+    assert "ckptinspect.formats.keras.hdf5" in modules  # our reader did run
+    assert _loaded(modules, ("numpy", "h5py")) == []
+
+
 def test_ls_tf_bundle_still_finds_its_reader():
     """The lazy registry hands a TF directory to the TF readers (and imports nothing else)."""
     code, modules = _ls_modules("fixtures/run")

@@ -77,6 +77,10 @@ def _assert_walks_equal(path: pathlib.Path) -> h5_own.OwnFile:
             got = own.walk.datasets[key]
             for field in want.__slots__:
                 assert getattr(got, field) == getattr(want, field), (key, field)
+            # Our reader describes the stored dtype without numpy, field for field as numpy's.
+            assert isinstance(got.stored, hdf5.DType), key
+            for field in ("str", "kind", "itemsize", "name", "names", "subdtype"):
+                assert getattr(got.stored, field) == getattr(want.stored, field), (key, field)
         assert own.walk.groups == ref.groups
         assert own.walk.vars_names == ref.vars_names
         # Every attribute of every group, as the legacy listing reads it.

@@ -20,6 +20,7 @@ import pytest
 import ckptinspect
 from scan_precision import scan_close  # noqa: E402 - tests/helpers is on sys.path
 from ckptinspect import _parallel
+from ckptinspect import model as m
 from ckptinspect.errors import CorruptCheckpointError
 from ckptinspect.formats import open_checkpoint, stream_blocks
 from ckptinspect.ops.scan import operation as scan_mod
@@ -114,6 +115,32 @@ def test_one_or_two_workers_same_bits(run, monkeypatch, request, blocks):
     two = _scan(run, monkeypatch, 2)
     _same_bits(one, two)
     assert one["first_nonfinite"]["number"] == NAN_FROM and one["first_nonfinite"]["variables"] == ["nanvar"]
+
+
+@pytest.mark.parametrize("task_bytes", [1, 1 << 40])
+def test_tasks_of_one_or_of_every_chain_same_bits(run, monkeypatch, task_bytes):
+    """Small chains go to a thread in runs of consecutive keys (TASK_BYTES): one chain per task
+    or every chain in one task, on two threads, gives the one-thread report's bits."""
+    one = _scan(run, monkeypatch, 1)
+    monkeypatch.setattr(scan_measure, "TASK_BYTES", task_bytes)
+    _same_bits(one, _scan(run, monkeypatch, 2))
+
+
+def test_tasks_keep_key_order_and_their_bound(run, monkeypatch):
+    ckpts = [open_checkpoint(str(p)[: -len(".index")]) for p in sorted(run.glob("ckpt-*.index"))]
+    try:
+        window = [(c, {v.key: v for v in c.variables}) for c in ckpts]
+        keys = list(window[0][1])
+        held = {k: sum(by[k].size * m.ITEMSIZE[by[k].dtype] for _, by in window if k in by) for k in keys}
+        bound = sorted(held.values())[len(held) // 2]  # some keys over it: alone in their task
+        monkeypatch.setattr(scan_measure, "TASK_BYTES", bound)
+        tasks = list(scan_measure._tasks(keys, window))
+        assert [k for t in tasks for k in t] == keys
+        assert all(len(t) == 1 or sum(held[k] for k in t) <= bound for t in tasks)
+        assert any(len(t) > 1 for t in tasks) and any(held[t[0]] > bound for t in tasks if len(t) == 1)
+    finally:
+        for c in ckpts:
+            c.close()
 
 
 def test_identical_spans_give_the_bits_of_the_arithmetic(run, monkeypatch, small_blocks):

@@ -41,9 +41,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Callable, Sequence
-
-import numpy as np
+import struct
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ... import model as m
 from ...errors import (
@@ -78,6 +77,9 @@ from .h5_walk import (
     _Walk,
 )
 from .._layout import HDF5_SIGNATURE
+
+if TYPE_CHECKING:  # numpy is imported where values are read (a listing by our own reader needs none)
+    import numpy as np
 
 __all__ = [
     "HDF5_SIGNATURE",
@@ -164,11 +166,11 @@ def _with_unallocated(info: dict[str, Any], walks: Sequence[_Walk]) -> dict[str,
     return info
 
 
-def counter_step(read: Callable[[m.Variable], np.ndarray], variables: Sequence[m.Variable]) -> tuple[int | None, str | None]:
+def counter_step(read: Callable[[m.Variable], Any], variables: Sequence[m.Variable]) -> tuple[int | None, str | None]:
     """The step of a Keras file: its optimizer's iteration count, one scalar read (a few bytes).
 
     Args:
-        read: Reads one variable's value.
+        read: Reads one variable's value (an array, or a Python number).
         variables: The file's variables.
 
     Returns:
@@ -178,7 +180,13 @@ def counter_step(read: Callable[[m.Variable], np.ndarray], variables: Sequence[m
     if counter is None or counter.size != 1 or counter.dtype not in NUMERIC_COUNTER_DTYPES:
         return None, None
     try:
-        value = float(np.asarray(read(counter)).reshape(()))
+        raw = read(counter)
+        if isinstance(raw, (int, float)):
+            value = float(raw)
+        else:
+            import numpy as np  # noqa: PLC0415 - numpy only where values are read
+
+            value = float(np.asarray(raw).reshape(()))
     except UnallocatedDataError:  # never written: no step (verify reports the dataset)
         return None, None
     if value != value or value in (float("inf"), float("-inf")):
@@ -243,6 +251,11 @@ def _locations(walk: _Walk) -> dict[str, tuple[int, Any]]:
     return {k: (ds.offset, ds.stored) for k, ds in walk.datasets.items() if ds.offset is not None}
 
 
+# numpy's dtype codes -> struct's: a scalar read without numpy.
+_STRUCT_CODES = {"f2": "e", "f4": "f", "f8": "d", "i1": "b", "i2": "h", "i4": "i", "i8": "q",
+                 "u1": "B", "u2": "H", "u4": "I", "u8": "Q"}
+
+
 def _own_listing(path: str, label: str, namer: VarNamer | None = None) -> H5Listing | None:
     """:func:`list_h5_file` through our own HDF5 reader (no h5py), or None when the file is
     outside its subset (or a layout it does not list): the caller lists it through h5py."""
@@ -265,7 +278,8 @@ def _list_own(own: OwnFile, path: str, label: str, namer: VarNamer | None) -> H5
         return None  # h5py's listing says what the file is not
     locations = _locations(walk)
 
-    def read(v: m.Variable) -> np.ndarray:
+    def read(v: m.Variable) -> Any:
+        """The value (a scalar of numbers as a Python number, without numpy)."""
         where = locations.get(v.key)
         if where is None:  # not contiguous: one value through h5py
             h5 = _open_file(path, label)
@@ -278,7 +292,12 @@ def _list_own(own: OwnFile, path: str, label: str, namer: VarNamer | None) -> H5
             raw = own.reader.read(offset, v.size * stored.itemsize)
         except Unsupported as e:
             raise CorruptCheckpointError(f"{label}: cannot read dataset {v.key!r}: {e}") from None
-        return np.frombuffer(raw, dtype=stored).reshape(v.shape).copy()
+        code = _STRUCT_CODES.get(stored.str[1:]) if v.shape == () else None
+        if code is not None:
+            return struct.unpack(("<" if stored.str[0] == "|" else stored.str[0]) + code, raw)[0]
+        import numpy as np  # noqa: PLC0415 - numpy only where values are read
+
+        return np.frombuffer(raw, dtype=np.dtype(stored)).reshape(v.shape).copy()
 
     if layout in (LAYOUT_LEGACY_FULL, LAYOUT_LEGACY_WEIGHTS):
         base = MODEL_WEIGHTS if layout == LAYOUT_LEGACY_FULL else ""

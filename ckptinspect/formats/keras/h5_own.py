@@ -10,9 +10,7 @@ users see stays the one they always saw. Part of :mod:`.keras_h5`.
 from __future__ import annotations
 
 import math
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from . import hdf5
 from .h5_walk import (
@@ -27,6 +25,9 @@ from .h5_walk import (
     _text,
     _Walk,
 )
+
+if TYPE_CHECKING:
+    import numpy as np
 
 Unsupported = hdf5.Unsupported
 
@@ -55,6 +56,9 @@ class OwnFile:
     def text(self, group: str, name: str) -> str:
         """``_text(attrs[name])`` as h5py's attribute manager reads it (which decodes ASCII
         variable-length strings to ``str`` too)."""
+        attr = self._attrs(group)[name.encode()]
+        if attr.shape == () and (attr.vlen is not None or attr.dtype.kind == "S"):  # a scalar string: no numpy
+            return _text(self.reader.strings(attr, decode=True)[0])
         return _text(self._value(group, name, decode=True))
 
     def split(self, group: str, name: str) -> list[str]:
@@ -86,10 +90,9 @@ class OwnFile:
         attr = self._attrs(group)[name.encode()]
         if attr.shape is None or math.prod(attr.shape) == 0:
             return []
-        value = self.reader.attribute_value(attr)
-        if value.dtype.kind == "S":
-            return [x.decode("utf-8", "replace") for x in value.reshape(-1).tolist()]
-        return [_text(x) for x in value.reshape(-1)]
+        if attr.vlen is not None or attr.dtype.kind == "S":  # strings, as Keras writes names: no numpy
+            return [_text(x) for x in self.reader.strings(attr)]
+        return [_text(x) for x in self.reader.attribute_value(attr).reshape(-1)]
 
 
 def _name(raw: bytes) -> str:
@@ -129,7 +132,7 @@ def _attr_text(reader: hdf5.File, attrs: dict[bytes, Any], name: bytes) -> str |
     attr = attrs.get(name)
     if attr is None or attr.dtype.kind not in "OSU" or attr.shape not in ((), (1,)):
         return None
-    return _text(reader.attribute_value(attr).reshape(-1)[0])
+    return _text(reader.strings(attr)[0])
 
 
 def own_walk(path: str) -> OwnFile:

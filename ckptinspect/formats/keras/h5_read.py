@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Any, Callable, Iterator, Sequence
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from ... import model as m
 from ...errors import CheckpointNotFoundError, CkptError, CorruptCheckpointError, NotACheckpointError, UnsafeFileError, one_line
@@ -23,6 +21,9 @@ from .h5_walk import (
     _unallocated_error,
 )
 from .._layout import HDF5_HEAD_BYTES, is_hdf5_head
+
+if TYPE_CHECKING:  # numpy is imported where values are read (a listing needs none)
+    import numpy as np
 
 
 # Reading: variable-length values (strings, vlen sequences, references) become one Python
@@ -62,6 +63,8 @@ def _read_numeric(dsid: Any, variable: m.Variable, label: str, start: tuple[int,
                   count: tuple[int, ...] | None = None) -> np.ndarray:
     """A fixed-size value (numbers, records, opaque, fixed-length strings): the whole dataset,
     or the hyperslab ``count`` elements from ``start``, read into a fresh array."""
+    import numpy as np  # noqa: PLC0415 - numpy only where values are read
+
     h5py = _h5py()
     if start is None:
         mspace = fspace = h5py.h5s.ALL
@@ -105,6 +108,8 @@ def _read_dataset(dsid: Any, variable: m.Variable, label: str) -> np.ndarray:
 def _hyperslabs(shape: tuple[int, ...], elements: int) -> Iterator[tuple[tuple[int, ...], tuple[int, ...]]]:
     """(start, count) of consecutive C-order runs of at most ``elements`` elements covering
     ``shape``: whole trailing dimensions where they fit, a slab of the next one."""
+    import numpy as np  # noqa: PLC0415 - numpy only where values are read
+
     elements = max(1, elements)
     if math.prod(shape) == 0:
         return
@@ -128,6 +133,8 @@ def _dereference(dsid: Any, refs: np.ndarray, variable: m.Variable, label: str) 
     """References as what they point to: the target's path (``""`` for a null reference), and
     for a region reference the selection too. The stored bytes are file addresses, which
     differ between two copies of the same content; the targets do not."""
+    import numpy as np  # noqa: PLC0415 - numpy only where values are read
+
     h5py = _h5py()
     out = np.empty(refs.shape, dtype=object)
     flat_in, flat_out = refs.reshape(-1), out.reshape(-1)
@@ -148,6 +155,8 @@ def _dereference(dsid: Any, refs: np.ndarray, variable: m.Variable, label: str) 
 
 def _read_high_level(dsid: Any, variable: m.Variable, label: str) -> np.ndarray:
     """Strings and other variable-length values, through h5py's Dataset (which converts them)."""
+    import numpy as np  # noqa: PLC0415 - numpy only where values are read
+
     h5py = _h5py()
     try:
         return np.asarray(h5py.Dataset(dsid)[()])
@@ -372,11 +381,14 @@ class H5Source(m.BaseSource):
         """Where the listing found ``variable``'s bytes, while the file is still the one listed
         (same device, inode, size and modification time): else None, and the dataset is
         opened and checked again through HDF5."""
+        import numpy as np  # noqa: PLC0415 - numpy only where values are read
+
         listed = self._listed.get(shard) if self._direct else None
         location = listed[1].get(variable.key) if listed else None
         if location is None:
             return None
         offset, stored = location
+        stored = np.dtype(stored)  # our own reader's listing gives an hdf5.DType
         dtype = m.numpy_dtype("bfloat16") if variable.dtype == "bfloat16" else stored
         if dtype is None or dtype.kind not in DIRECT_KINDS or dtype.itemsize != stored.itemsize:
             return None
@@ -408,6 +420,8 @@ class H5Source(m.BaseSource):
         return path, offset, dtype
 
     def _direct_read(self, label: str, variable: m.Variable, path: str, offset: int, dtype: np.dtype) -> np.ndarray:
+        import numpy as np  # noqa: PLC0415 - numpy only where values are read
+
         value = np.empty(variable.size, dtype=dtype)
         nbytes = value.nbytes
         if nbytes:
@@ -422,6 +436,8 @@ class H5Source(m.BaseSource):
     def _direct_blocks(self, label: str, variable: m.Variable, path: str, offset: int, dtype: np.dtype,
                        elements: int) -> Iterator[np.ndarray]:
         """Blocks read with ``pread`` into one pooled buffer (each block overwrites the last)."""
+        import numpy as np  # noqa: PLC0415 - numpy only where values are read
+
         total = variable.size
         elements = max(1, elements)
         buf = self._data.take_buffer(min(elements, total) * dtype.itemsize)

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
-
-import numpy as np
+import sys
+from typing import TYPE_CHECKING, Any
 
 from ... import model as m
 from ...errors import CheckpointNotFoundError, CorruptCheckpointError, UnallocatedDataError, UnsafeFileError
 from .. import _fs
+
+if TYPE_CHECKING:  # numpy is imported where values are read, and by h5py (a listing by our own reader needs none)
+    import numpy as np
 
 # Keras 3 layout names the walk needs.
 VARS_GROUP = "vars"
@@ -49,7 +51,8 @@ def _h5py():
 def _text(value: Any) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
-    if isinstance(value, np.ndarray) and value.shape == ():
+    np = sys.modules.get("numpy")  # not imported: value is no numpy array
+    if np is not None and isinstance(value, np.ndarray) and value.shape == ():
         return _text(value[()])
     return str(value)
 
@@ -57,6 +60,8 @@ def _text(value: Any) -> str:
 def _attr_values(oid: Any, name: str) -> list[str] | None:
     """A string-list attribute of a low-level object (None when absent), read without h5py's
     high-level attribute manager (a legacy file has one ``weight_names`` per layer)."""
+    import numpy as np  # noqa: PLC0415 - an h5py path: numpy is loaded already
+
     h5py = _h5py()
     raw = name.encode()
     if not h5py.h5a.exists(oid, raw):
@@ -117,6 +122,8 @@ def _dtype_name(dtype: np.dtype, attr_dtype: str | None) -> str:
         if base in (str, bytes):
             return "string"
         if base is not None:
+            import numpy as np  # noqa: PLC0415 - an h5py dtype: numpy is loaded already
+
             return VLEN_PREFIX + _dtype_name(np.dtype(base), None)
         return DTYPE_OBJECT
     name = _DTYPE_NAMES.get(dtype)
@@ -197,6 +204,8 @@ def _attr_text(oid: Any, name: bytes, types: _TypeCache | None = None) -> str | 
         types: A cache of converted attribute types (a walk reads one attribute per ``vars``
             group, all of one type; default: convert this attribute's).
     """
+    import numpy as np  # noqa: PLC0415 - an h5py path: numpy is loaded already
+
     h5py = _h5py()
     if not h5py.h5a.exists(oid, name):
         return None
@@ -227,6 +236,8 @@ def _is_unallocated(dsid: Any, storage: int | None = None) -> bool:
 
 def _fill_value(dsid: Any) -> Any:
     """What an unwritten element reads as (a numpy scalar), or None when HDF5 leaves it undefined."""
+    import numpy as np  # noqa: PLC0415 - an h5py path: numpy is loaded already
+
     h5py = _h5py()
     dtype = dsid.dtype
     if dtype.kind == "O":
@@ -297,6 +308,8 @@ def _unallocated_error(dsid: Any, key: str, label: str) -> UnallocatedDataError:
 
 
 def _fill_text(value: Any) -> str:
+    import numpy as np  # noqa: PLC0415 - an h5py path: numpy is loaded already
+
     if isinstance(value, (bytes, np.void)):
         return repr(bytes(value))
     return repr(value.item()) if hasattr(value, "item") else repr(value)

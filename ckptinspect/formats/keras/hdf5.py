@@ -28,9 +28,10 @@ from __future__ import annotations
 import math
 import os
 import struct
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported only where values are read (a listing needs none)
+    import numpy as np
 
 UNDEF = 0xFFFFFFFFFFFFFFFF
 SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -60,12 +61,57 @@ class Unsupported(Exception):
     """The file is outside this reader's subset, or damaged: read it through h5py instead."""
 
 
+class DType:
+    """The numpy dtype h5py gives a datatype, described without importing numpy: ``str``
+    (numpy's ``dtype.str``: ``<f4``, ``|b1``, ``|S8``, ``|O``), ``kind``, ``itemsize`` and
+    ``name`` as numpy's. ``dtype`` is the numpy dtype itself (numpy imported then), so numpy
+    accepts a DType wherever it takes a dtype, and a numpy dtype compares equal to it."""
+
+    __slots__ = ("str", "kind", "itemsize", "name", "_numpy")
+    names = None  # no records
+    subdtype = None  # no sub-arrays
+
+    def __init__(self, code: str, kind: str, itemsize: int, name: str):
+        self.str = code
+        self.kind = kind
+        self.itemsize = itemsize
+        self.name = name
+        self._numpy: Any = None
+
+    @property
+    def dtype(self) -> np.dtype:
+        if self._numpy is None:
+            import numpy as np  # noqa: PLC0415 - numpy only where values are read
+
+            self._numpy = np.dtype(self.str)
+        return self._numpy
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, DType):
+            return self.str == other.str
+        return NotImplemented  # a numpy dtype compares itself (through .dtype)
+
+    def __hash__(self) -> int:
+        return hash(self.str)
+
+    def __repr__(self) -> str:
+        return f"DType({self.str!r})"
+
+
+def _dtype(order: str, kind: str, itemsize: int, name: str) -> DType:
+    return DType(f"{'|' if itemsize == 1 or kind in 'SOb' else order}{kind}{itemsize if kind != 'O' else ''}", kind, itemsize, name)
+
+
+BOOL = _dtype("|", "b", 1, "bool")
+OBJECT = DType("|O", "O", 8, "object")
+
+
 class Attribute:
-    """One attribute: its numpy dtype (``object`` for variable-length strings), shape and raw bytes."""
+    """One attribute: its dtype (``object`` for variable-length strings), shape and raw bytes."""
 
     __slots__ = ("dtype", "shape", "raw", "vlen")
 
-    def __init__(self, dtype: np.dtype, shape: tuple[int, ...] | None, raw: bytes, vlen: str | None):
+    def __init__(self, dtype: DType, shape: tuple[int, ...] | None, raw: bytes, vlen: str | None):
         self.dtype = dtype
         self.shape = shape  # None: a null dataspace
         self.raw = raw
@@ -78,7 +124,7 @@ class Dataset:
     __slots__ = ("dtype", "vlen", "shape", "null", "layout", "address", "storage", "attrs")
 
     def __init__(self) -> None:
-        self.dtype: np.dtype | None = None
+        self.dtype: DType | None = None
         self.vlen: str | None = None
         self.shape: tuple[int, ...] = ()
         self.null = False
@@ -108,7 +154,7 @@ class File:
         try:
             self.size = os.fstat(self.fd).st_size
             self._budget = MAX_OBJECTS
-            self._windows: list[tuple[int, bytes]] = []
+            self._windows: list[tuple[int, int, bytes]] = []  # (start, end, bytes)
             self._heaps: dict[int, dict[int, bytes]] = {}
             self.root = self._superblock()
         except BaseException:
@@ -130,18 +176,31 @@ class File:
     def read(self, offset: int, n: int) -> bytes:
         """``n`` bytes at ``offset``, from one of the last windows read when they hold them
         (a group's header, heap, B-tree and symbol nodes usually lie together)."""
-        if offset < 0 or n < 0 or offset + n > self.size:
+        window, at = self._window(offset, n)
+        return window[at : at + n] if at or len(window) != n else window
+
+    def _window(self, offset: int, n: int) -> tuple[bytes, int]:
+        """:meth:`read` without the copy: a buffer holding the ``n`` bytes at ``offset`` and
+        where they start in it. The windows are kept most recently used first."""
+        end = offset + n
+        start, stop, window = self._windows[0] if self._windows else (0, -1, b"")
+        if start <= offset and end <= stop and offset <= end:  # (n >= 0)
+            return window, offset - start
+        if offset < 0 or n < 0 or end > self.size:
             raise Unsupported(f"{n} bytes at {offset} lie past the end of the file ({self.size} bytes)")
-        for start, window in self._windows:
-            if start <= offset and offset + n <= start + len(window):
-                return window[offset - start : offset - start + n]
+        windows = self._windows
+        for k in range(1, len(windows)):
+            start, stop, window = windows[k]
+            if start <= offset and end <= stop:
+                windows.insert(0, windows.pop(k))
+                return window, offset - start
         want = max(n, min(WINDOW, self.size - offset))
         data = os.pread(self.fd, want, offset)
         if len(data) < n:
             raise Unsupported(f"short read at {offset} (the file shrank?)")
-        self._windows.insert(0, (offset, data))
-        del self._windows[WINDOWS:]
-        return data[:n] if len(data) > n else data
+        windows.insert(0, (offset, offset + len(data), data))
+        del windows[WINDOWS:]
+        return data, 0
 
     def _spend(self) -> None:
         self._budget -= 1
@@ -188,10 +247,24 @@ class File:
         self._spend()
         if address >= self.size:
             raise Unsupported(f"object header at {address} lies past the end of the file")
-        first = self.read(address, min(FIRST_READ, self.size - address))
+        buf, i = self._window(address, min(FIRST_READ, self.size - address))
         out: list[tuple[int, bytes]] = []
         pending: list[tuple[int, int]] = []
         seen: set[int] = {address}
+        if buf[i] == 1 and i + 16 <= len(buf):  # version 1 (h5py's default): the chunk sliced from the window once
+            count = _U16.unpack_from(buf, i + 2)[0]
+            size = _U32.unpack_from(buf, i + 8)[0]
+            start = i + 16
+            chunk = buf[start : start + size] if start + size <= len(buf) else self._block(address + 16, size)
+            self._v1_messages(chunk, out, pending)
+            while pending:
+                at, length = pending.pop(0)
+                self._visit_block(at, seen)
+                self._v1_messages(self._block(at, length), out, pending)
+            if len(out) > count:
+                raise Unsupported(f"object header at {address} holds more messages than it declares")
+            return out
+        first = buf[i : i + min(FIRST_READ, self.size - address)]
         if first[:4] == b"OHDR":
             chunk = self._v2_first(address, first)
             self._v2_messages(chunk, 0, out, pending)
@@ -203,19 +276,8 @@ class File:
                     raise Unsupported(f"continuation block at {at} without its signature")
                 self._v2_messages(block[:-4], 4, out, pending)
             return out
-        if len(first) < 16 or first[0] != 1:
-            raise Unsupported(f"object header at {address}: version {first[0] if first else None}")
-        count = _U16.unpack_from(first, 2)[0]
-        size = _U32.unpack_from(first, 8)[0]
-        chunk = first[16 : 16 + size] if 16 + size <= len(first) else self._block(address + 16, size)
-        self._v1_messages(chunk, out, pending)
-        while pending:
-            at, length = pending.pop(0)
-            self._visit_block(at, seen)
-            self._v1_messages(self._block(at, length), out, pending)
-        if len(out) > count:
-            raise Unsupported(f"object header at {address} holds more messages than it declares")
-        return out
+        # Neither a version-2 header nor a whole version-1 prefix (a truncated file, another version).
+        raise Unsupported(f"object header at {address}: version {first[0] if first else None}")
 
     def _visit_block(self, at: int, seen: set[int]) -> None:
         if at in seen:
@@ -229,20 +291,21 @@ class File:
         return self.read(at, length)
 
     def _v1_messages(self, chunk: bytes, out: list, pending: list) -> None:
+        unpack = _MSG1.unpack_from
         at, end = 0, len(chunk)
         while at + 8 <= end:
-            mtype, size, flags = _MSG1.unpack_from(chunk, at)
+            mtype, size, flags = unpack(chunk, at)
             at += 8
-            if at + size > end:
+            stop = at + size
+            if stop > end:
                 raise Unsupported("object header message past the end of its block")
             if flags & 0x02:  # shared message (a committed datatype, a shared dataspace)
                 raise Unsupported(f"shared object header message of type {mtype}")
-            body = chunk[at : at + size]
-            at += size
             if mtype == 0x10:
-                pending.append(_continuation(body))
-            elif mtype:
-                out.append((mtype, body, flags))
+                pending.append(_continuation(chunk[at:stop]))
+            elif mtype:  # (type 0: padding)
+                out.append((mtype, chunk[at:stop], flags))
+            at = stop
 
     def _v2_first(self, address: int, first: bytes) -> bytes:
         if len(first) < 6 or first[4] != 2:
@@ -284,31 +347,41 @@ class File:
     def object(self, address: int) -> Group | Dataset | None:
         """The group or dataset at ``address`` (None for a named datatype)."""
         msgs = self.messages(address)
-        types = {t for t, _, _ in msgs}
-        for t, _, flags in msgs:
+        attrs: dict[bytes, Any] = {}
+        dataset = links = datatype = False
+        table = None
+        for t, body, flags in msgs:  # one pass: what the object is, its attributes
             if flags & 0x80 and t not in KNOWN_MESSAGES:  # "always fail if unknown" messages
                 raise Unsupported(f"unknown object header message {t} marked must-understand")
-        attrs: dict[bytes, Any] = {}
-        for t, body, _ in msgs:
             if t == 0x0C:
                 name, attr = self._attribute(body)
                 attrs[name] = attr
+            elif t == 0x08:
+                dataset = True
+            elif t == 0x11:
+                if table is None:
+                    table = body
             elif t == 0x15:  # attribute info: dense attribute storage in a fractal heap
                 _compact_only(body, "attribute", 2)
-        if 0x08 in types:
+            elif t in (0x02, 0x06, 0x0A):
+                links = True
+            elif t == 0x03:
+                datatype = True
+        if dataset:
             return self._dataset(msgs, attrs)
-        if 0x11 in types:
-            body = next(b for t, b, _ in msgs if t == 0x11)
-            btree, heap = struct.unpack_from("<QQ", body, 0)
+        if table is not None:
+            if len(table) < 16:
+                raise Unsupported("truncated symbol table message")
+            btree, heap = struct.unpack_from("<QQ", table, 0)
             return Group(self._symbol_table(btree, heap), attrs)
-        if 0x02 in types or 0x06 in types or 0x0A in types:
+        if links:
             for t, body, _ in msgs:
                 if t == 0x02:
                     _compact_only(body, "link", 8)
-            links = [_link(body) for t, body, _ in msgs if t == 0x06]
-            links.sort(key=lambda x: x[0])
-            return Group(links, attrs)
-        if 0x03 in types:
+            found = [_link(body) for t, body, _ in msgs if t == 0x06]
+            found.sort(key=lambda x: x[0])
+            return Group(found, attrs)
+        if datatype:
             return None  # a named (committed) datatype
         raise Unsupported(f"object at {address} is neither a group, a dataset nor a datatype")
 
@@ -400,12 +473,30 @@ class File:
         """The value as h5py's low-level read gives it: an array (``object`` of ``str`` for
         variable-length UTF-8 strings, of ``bytes`` for ASCII ones, or ``str`` too with
         ``decode``, as h5py's ``attrs[name]`` gives them)."""
+        import numpy as np  # noqa: PLC0415 - numpy only where values are read
+
         shape = attr.shape if attr.shape is not None else ()
         if attr.vlen is None:
-            return np.frombuffer(attr.raw, dtype=attr.dtype).reshape(shape).copy()
+            return np.frombuffer(attr.raw, dtype=attr.dtype.dtype).reshape(shape).copy()
         out = np.empty(shape, dtype=object)
         flat = out.reshape(-1)
-        for i in range(flat.size):
+        for i, item in enumerate(self.strings(attr, decode)):
+            flat[i] = item
+        return out
+
+    def strings(self, attr: Attribute, decode: bool = False) -> list[str | bytes]:
+        """The elements of a string attribute (fixed-length or variable-length) in C order, as
+        Python objects, without numpy: each element as :meth:`attribute_value`'s array holds it
+        (``bytes`` of a fixed-length string without its trailing NULs, as numpy gives them)."""
+        count = math.prod(attr.shape) if attr.shape is not None else 0
+        if attr.vlen is None:
+            if attr.dtype.kind != "S":
+                raise Unsupported("not a string attribute")
+            size = attr.dtype.itemsize
+            raw = attr.raw
+            return [raw[i : i + size].rstrip(b"\0") for i in range(0, count * size, size)]
+        out: list[str | bytes] = []
+        for i in range(count):
             length, collection, index = struct.unpack_from("<IQI", attr.raw, 16 * i)
             data = self._global(collection, index) if collection else b""
             if len(data) < length:
@@ -413,11 +504,11 @@ class File:
             data = data[:length]
             if attr.vlen == "str" or decode:
                 try:
-                    flat[i] = data.decode("utf-8")
+                    out.append(data.decode("utf-8"))
                 except UnicodeDecodeError:
                     raise Unsupported("a UTF-8 string attribute that is not UTF-8") from None
             else:
-                flat[i] = data
+                out.append(data)
         return out
 
     def _global(self, collection: int, index: int) -> bytes:
@@ -449,76 +540,84 @@ class File:
     # -- groups ------------------------------------------------------------------------------
     def _symbol_table(self, btree: int, heap: int) -> list[tuple[bytes, int]]:
         self._spend()
-        head = self.read(heap, 32)
-        if head[:4] != b"HEAP" or head[4] != 0:
+        buf, i = self._window(heap, 32)
+        if buf[i : i + 4] != b"HEAP" or buf[i + 4] != 0:
             raise Unsupported(f"no local heap at {heap}")
-        size, _free, data_at = struct.unpack_from("<QQQ", head, 8)
+        size, _free, data_at = struct.unpack_from("<QQQ", buf, i + 8)
         if size > MAX_HEADER_BYTES:
             raise Unsupported(f"local heap of {size} bytes")
-        names = self.read(data_at, size)
+        if data_at == heap + 32 and i + 32 + size <= len(buf):  # the names follow the heap's header
+            names = buf[i + 32 : i + 32 + size]
+        else:
+            names = self.read(data_at, size)
+        find = names.find
+        entry = _SYMBOL_ENTRY.unpack_from
         links: list[tuple[bytes, int]] = []
-
-        def leaf(address: int) -> None:
+        for address, _ in self._btree(btree, 0):
             self._spend()
-            head = self.read(address, 8)
-            if head[:4] != b"SNOD" or head[4] != 1:
+            buf, i = self._window(address, 8)
+            if buf[i : i + 4] != b"SNOD" or buf[i + 4] != 1:
                 raise Unsupported(f"no symbol table node at {address}")
-            count = _U16.unpack_from(head, 6)[0]
+            count = _U16.unpack_from(buf, i + 6)[0]
             if count > 1 << 16:
                 raise Unsupported("symbol table node too large")
-            body = self.read(address + 8, 40 * count)
-            for i in range(count):
-                name_at, obj, cache, scratch = _SYMBOL_ENTRY.unpack_from(body, 40 * i)
+            if i + 8 + 40 * count <= len(buf):  # the entries follow in the same window
+                i += 8
+            else:
+                buf, i = self._window(address + 8, 40 * count)
+            for at in range(i, i + 40 * count, 40):
+                name_at, obj, cache, _scratch = entry(buf, at)
                 if cache == 2:
                     raise Unsupported("a soft link")
-                end = names.find(b"\0", name_at)
+                end = find(b"\0", name_at)
                 if name_at >= size or end < 0:
                     raise Unsupported("link name outside its local heap")
                 links.append((names[name_at:end], obj))
-
-        self._btree(btree, 0, leaf)
         for i in range(1, len(links)):
             if links[i - 1][0] >= links[i][0]:
                 raise Unsupported("group links out of order or repeated")
         return links
 
-    def _btree(self, address: int, node_type: int, leaf: Callable[..., None], key_size: int = 8) -> None:
-        """Visit the children of a v1 B-tree depth first, left to right; ``leaf`` is called for
-        each child of a level-0 node (symbol nodes, or chunk addresses with their keys)."""
+    def _btree(self, address: int, node_type: int, key_size: int = 8) -> list[tuple[int, bytes | None]]:
+        """The children of the level-0 nodes of a v1 B-tree, depth first, left to right: symbol
+        nodes (``node_type`` 0), or chunk addresses with their keys (1)."""
         seen: set[int] = set()
-
-        def node(at: int, depth: int, expect: int | None) -> None:
+        out: list[tuple[int, bytes | None]] = []
+        stack: list[tuple[int, int, int | None]] = [(address, 0, None)]  # (node, depth, level expected)
+        step = key_size + 8
+        while stack:
+            at, depth, expect = stack.pop()
             if at in seen:
                 raise Unsupported(f"B-tree node at {at} reached twice (a loop)")
             seen.add(at)
             self._spend()
-            head = self.read(at, 24)
-            if head[:4] != b"TREE" or head[4] != node_type:
+            buf, i = self._window(at, 24)
+            if buf[i : i + 4] != b"TREE" or buf[i + 4] != node_type:
                 raise Unsupported(f"no B-tree node at {at}")
-            level, count = head[5], _U16.unpack_from(head, 6)[0]
+            level, count = buf[i + 5], _U16.unpack_from(buf, i + 6)[0]
             if (expect is not None and level != expect) or depth > MAX_DEPTH or level > MAX_DEPTH:
                 raise Unsupported("B-tree levels inconsistent")
-            body = self.read(at + 24, count * (key_size + 8) + key_size)
-            for i in range(count):
-                child = _U64.unpack_from(body, key_size * (i + 1) + 8 * i)[0]
-                if level == 0:
-                    leaf(child) if node_type == 0 else leaf(child, body[(key_size + 8) * i : (key_size + 8) * i + key_size])
+            if i + 24 + count * step + key_size <= len(buf):  # the keys and children follow in the same window
+                i += 24
+            else:
+                buf, i = self._window(at + 24, count * step + key_size)
+            children = [_U64.unpack_from(buf, i + key_size + step * k)[0] for k in range(count)]
+            if level == 0:
+                if node_type == 0:
+                    out.extend((child, None) for child in children)
                 else:
-                    node(child, depth + 1, level - 1)
-
-        node(address, 0, None)
+                    out.extend((child, buf[i + step * k : i + step * k + key_size]) for k, child in enumerate(children))
+            else:
+                stack.extend((child, depth + 1, level - 1) for child in reversed(children))
+        return out
 
     def _chunk_storage(self, btree: int, rank: int) -> int:
         total = 0
-
-        def chunk(address: int, key: bytes) -> None:
-            nonlocal total
-            size = _U32.unpack_from(key, 0)[0]
+        for address, key in self._btree(btree, 1, key_size=8 + 8 * rank):
+            size = _U32.unpack_from(key, 0)[0]  # type: ignore[arg-type]
             if address + size > self.size:
                 raise Unsupported(f"chunk at {address} past the end of the file")
             total += size
-
-        self._btree(btree, 1, chunk, key_size=8 + 8 * rank)
         return total
 
 
@@ -597,10 +696,10 @@ _INTS = {(1, False): "u1", (2, False): "u2", (4, False): "u4", (8, False): "u8",
          (1, True): "i1", (2, True): "i2", (4, True): "i4", (8, True): "i8"}
 # size -> (precision, exponent location, exponent size, mantissa location, mantissa size, bias)
 _IEEE = {2: (16, 10, 5, 0, 10, 15), 4: (32, 23, 8, 0, 23, 127), 8: (64, 52, 11, 0, 52, 1023)}
-_DTYPES: dict[bytes, tuple[np.dtype, str | None]] = {}
+_DTYPES: dict[bytes, tuple[DType, str | None]] = {}
 
 
-def _datatype(body: bytes) -> tuple[np.dtype, str | None]:
+def _datatype(body: bytes) -> tuple[DType, str | None]:
     """The numpy dtype h5py gives this datatype, and ``"str"``/``"bytes"`` for variable-length
     strings (dtype ``object``)."""
     cached = _DTYPES.get(body)
@@ -612,7 +711,7 @@ def _datatype(body: bytes) -> tuple[np.dtype, str | None]:
     return out
 
 
-def _parse_datatype(body: bytes) -> tuple[np.dtype, str | None]:
+def _parse_datatype(body: bytes) -> tuple[DType, str | None]:
     if len(body) < 8:
         raise Unsupported("truncated datatype message")
     cls, version = body[0] & 0x0F, body[0] >> 4
@@ -624,7 +723,8 @@ def _parse_datatype(body: bytes) -> tuple[np.dtype, str | None]:
     if cls == 0:  # fixed-point
         if len(body) < 12 or struct.unpack_from("<HH", body, 8) != (0, 8 * size) or (size, bool(bits & 8)) not in _INTS:
             raise Unsupported("an integer type numpy has no dtype for")
-        return np.dtype(order + _INTS[size, bool(bits & 8)]), None
+        signed = bool(bits & 8)
+        return _dtype(order, "i" if signed else "u", size, f"{'int' if signed else 'uint'}{8 * size}"), None
     if cls == 1:  # floating point
         if size not in _IEEE or bits & 0x40 or len(body) < 20:
             raise Unsupported("a floating-point type other than IEEE half, single or double")
@@ -632,19 +732,19 @@ def _parse_datatype(body: bytes) -> tuple[np.dtype, str | None]:
         layout = (precision, body[12], body[13], body[14], body[15], _U32.unpack_from(body, 16)[0])
         if offset != 0 or layout != _IEEE[size] or (bits >> 8) & 0xFF != 8 * size - 1 or (bits >> 4) & 3 != 2:
             raise Unsupported("a floating-point type other than IEEE half, single or double")
-        return np.dtype(f"{order}f{size}"), None
+        return _dtype(order, "f", size, f"float{8 * size}"), None
     if cls == 3:  # fixed-length string
         if size == 0:
             raise Unsupported("a zero-length string type")
-        return np.dtype(f"S{size}"), None
+        return _dtype("|", "S", size, f"bytes{8 * size}"), None
     if cls == 9:  # variable-length
         if bits & 0x0F != 1:
             raise Unsupported("a variable-length sequence")
         charset = (bits >> 8) & 0x0F
-        return np.dtype(object), ("str" if charset == 1 else "bytes")
+        return OBJECT, ("str" if charset == 1 else "bytes")
     if cls == 8:  # enumeration: h5py's boolean (int8 FALSE=0, TRUE=1) only
         base, _ = _datatype(body[8:])
-        if base != np.dtype("i1") or (bits & 0xFFFF) != 2:
+        if base.str != "|i1" or (bits & 0xFFFF) != 2:
             raise Unsupported("an enumeration other than h5py's boolean")
         at = 8 + 12
         names = []
@@ -656,5 +756,5 @@ def _parse_datatype(body: bytes) -> tuple[np.dtype, str | None]:
             at = end + 1 if version >= 3 else at + ((end - at + 8) & ~7)
         if names != [b"FALSE", b"TRUE"] or body[at : at + 2] != b"\x00\x01":
             raise Unsupported("an enumeration other than h5py's boolean")
-        return np.dtype(bool), None
+        return BOOL, None
     raise Unsupported(f"datatype class {cls}")

@@ -21,8 +21,13 @@ LAYOUT_KERAS3 = "keras3"
 VarNamer = Callable[[tuple[str, ...], int], "Sequence[str] | None"]
 
 
+_DIGITS = re.compile(r"(\d+)")
+
+
 def _natural_key(key: str) -> tuple:
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", key))
+    parts: list = _DIGITS.split(key)  # text, digits, text, ...: the digit runs compare as numbers
+    parts[1::2] = [int(p) for p in parts[1::2]]
+    return tuple(parts)
 
 
 def _split_component(component: str) -> list[str]:
@@ -55,7 +60,12 @@ def _keras3_variables(
     out: list[tuple[str, str, str]] = []
     for vars_group in sorted(by_group, key=_natural_key):
         keys = by_group[vars_group]
-        keys.sort(key=_natural_key)
+        if len(keys) > 1:
+            start = len(vars_group) + 1
+            if all(k[start:].isdecimal() for k in keys):  # vars/0, vars/1...: one parent, numbers
+                keys.sort(key=lambda k: int(k[start:]))
+            else:
+                keys.sort(key=_natural_key)
         owner = vars_group[: -len(VARS_GROUP)].rstrip("/")
         components = owner.split("/") if owner else []
         if components and _split_component(components[0])[:1] == [OPTIMIZER_GROUP]:

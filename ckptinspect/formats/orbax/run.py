@@ -10,7 +10,7 @@ from ... import model as m
 from ...errors import CkptError, NotACheckpointError
 from .. import _fs
 from .._listing import DirectoryListing
-from .._step import MAX_STEP_LOOKUPS
+from .._step import MAX_STEP_LOOKUPS, apply_step_rule
 from .layout import CHECKPOINT_METADATA, COMMIT_MARKER, read_json
 from .sniff import run_entries
 
@@ -39,10 +39,10 @@ def _commit_time(step: str) -> float | None:
 def _training_step(step: str) -> int | None:
     """A step directory's training step by the step rule (its optimizer's iterations), or None
     when it has none or does not open (a damaged step is verify's to report)."""
-    from .. import open_checkpoint  # noqa: PLC0415 - the door applies the step rule
+    from .step import open_orbax  # noqa: PLC0415 - metadata and one scalar; tensorstore is not imported
 
     try:
-        with open_checkpoint(step) as ckpt:
+        with apply_step_rule(open_orbax(step)) as ckpt:
             return ckpt.step
     except (CkptError, OSError):
         return None

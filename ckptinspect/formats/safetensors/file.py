@@ -23,7 +23,7 @@ import json
 import math
 import os
 import re
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 from ... import model as m
 from ...errors import CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError, UnsafeFileError, one_line
@@ -31,6 +31,8 @@ from .. import _fs
 from .._bulk import paused_gc
 from .._readcheck import Opened, ReadCheck
 from .._torch_layout import INT64_MAX, SAFETENSORS_HEADER_LENGTH, valid_dims
+from . import compact
+from .compact import CompactHeader
 
 if TYPE_CHECKING:  # numpy is imported where values are read: listing goes without it
     import numpy as np
@@ -119,21 +121,11 @@ def read_header(path: str, strict: bool = True) -> Header:
         CorruptCheckpointError: A damaged or truncated header, bad entries, overlapping data.
         UnsafeFileError: A header longer than :data:`MAX_HEADER_BYTES`.
     """
-    size = _fs.getsize(path) if _fs.exists(path) else None
-    if size is None:
-        raise CheckpointNotFoundError(f"{path}: no such file")
-    head = _fs.read_range(path, 0, HEADER_LENGTH.size)
-    if len(head) < HEADER_LENGTH.size:
-        raise CorruptCheckpointError(f"{path}: {size} bytes, too short for a safetensors header")
-    (n,) = HEADER_LENGTH.unpack(head)
-    if n > MAX_HEADER_BYTES:
-        raise UnsafeFileError(f"{path}: safetensors header declares {n} bytes (limit {MAX_HEADER_BYTES}); refusing")
-    if HEADER_LENGTH.size + n > size:
-        raise CorruptCheckpointError(
-            f"{path}: safetensors header declares {n} bytes, the file has {size - HEADER_LENGTH.size} after the length"
-            " (truncated)"
-        )
-    raw = _fs.read_range(path, HEADER_LENGTH.size, n)
+    return _header_from(path, *_read_raw(path), strict=strict)
+
+
+def _header_from(path: str, raw: bytes, n: int, size: int, strict: bool) -> Header:
+    """:func:`read_header` of the header's bytes."""
     header = _parse_header(raw, path)
     if not isinstance(header, dict):
         raise CorruptCheckpointError(f"{path}: safetensors header is not a JSON object")
@@ -184,6 +176,31 @@ def read_header(path: str, strict: bool = True) -> Header:
                 " of the buffer)"
             )
     return Header(tuple(tensors), metadata, n, data_start, size, problems)
+
+
+def _read_raw(path: str) -> tuple[bytes, int, int]:
+    """The header's bytes, its declared length and the file's size (bounded and checked)."""
+    n, size = _header_size(path)
+    return _fs.read_range(path, HEADER_LENGTH.size, n), n, size
+
+
+def _header_size(path: str) -> tuple[int, int]:
+    """The header's declared length and the file's size (bounded and checked)."""
+    size = _fs.getsize(path) if _fs.exists(path) else None
+    if size is None:
+        raise CheckpointNotFoundError(f"{path}: no such file")
+    head = _fs.read_range(path, 0, HEADER_LENGTH.size)
+    if len(head) < HEADER_LENGTH.size:
+        raise CorruptCheckpointError(f"{path}: {size} bytes, too short for a safetensors header")
+    (n,) = HEADER_LENGTH.unpack(head)
+    if n > MAX_HEADER_BYTES:
+        raise UnsafeFileError(f"{path}: safetensors header declares {n} bytes (limit {MAX_HEADER_BYTES}); refusing")
+    if HEADER_LENGTH.size + n > size:
+        raise CorruptCheckpointError(
+            f"{path}: safetensors header declares {n} bytes, the file has {size - HEADER_LENGTH.size} after the length"
+            " (truncated)"
+        )
+    return n, size
 
 
 def _parse_header(raw: bytes, path: str) -> Any:
@@ -333,7 +350,7 @@ class SafetensorsSource(m.BaseSource):
         problems: key -> why its bytes cannot be read.
     """
 
-    def __init__(self, paths: Sequence[str], entries: dict[str, tuple[int, SafetensorsTensor]],
+    def __init__(self, paths: Sequence[str], entries: Mapping[str, tuple[int, SafetensorsTensor]],
                  extra_files: Sequence[str] = (), problems: dict[str, str] | None = None):
         self._paths = list(paths)
         self._entries = entries
@@ -364,9 +381,10 @@ class SafetensorsSource(m.BaseSource):
     def _lookup(self, variable: m.Variable) -> tuple[int, SafetensorsTensor, np.dtype]:
         if variable.key in self._problems:
             raise CorruptCheckpointError(self._problems[variable.key])
-        if variable.key not in self._entries:
+        found = self._entries.get(variable.key)  # one look-up (a table's is a search)
+        if found is None:
             raise CheckpointNotFoundError(f"{self._paths[0]}: no tensor {variable.key!r}")
-        i, t = self._entries[variable.key]
+        i, t = found
         dtype = numpy_dtype(t.dtype)
         if dtype is None:
             raise CorruptCheckpointError(f"{self._paths[i]}: {t.name!r}: dtype {t.dtype} cannot be read")
@@ -413,9 +431,17 @@ def _opened(path: str, strict: bool) -> tuple[m.Checkpoint, Header]:
         return _opened_listing(path, strict)
 
 
-def _opened_listing(path: str, strict: bool) -> tuple[m.Checkpoint, Header]:
-    header = read_header(path, strict=strict)
-    variables = variables_of(header)
+def _opened_listing(path: str, strict: bool) -> tuple[m.Checkpoint, Header | CompactHeader]:
+    n, size = _header_size(path)
+    header: Header | CompactHeader | None = None
+    if n >= compact.COMPACT_MIN_BYTES:  # a giant header: read a window at a time into columns
+        def read(offset: int, count: int) -> bytes:
+            return _fs.read_range(path, HEADER_LENGTH.size + offset, min(count, n - offset))
+
+        header = compact.scan_header(read, path, n, size, strict, DTYPES, UNREADABLE_DTYPES, COUNTER_NAMES,
+                                     HEADER_LENGTH.size)
+    if header is None:  # json.loads reads it
+        header = _header_from(path, *_read_raw(path), strict=strict)
     step, step_source = metadata_step(header.metadata)
     info: dict[str, Any] = {"header_bytes": header.header_bytes}
     if header.metadata is not None:
@@ -425,10 +451,42 @@ def _opened_listing(path: str, strict: bool) -> tuple[m.Checkpoint, Header]:
         info["step_candidates"] = candidates
     if header.data_start % HEADER_ALIGNMENT:
         info["data_alignment"] = f"unaligned (data starts at byte {header.data_start})"
-    source = SafetensorsSource([path], {t.name: (0, t) for t in header.tensors}, problems=header.problems)
-    ckpt = m.Checkpoint(path=path, format=FORMAT_SAFETENSORS, variables=tuple(variables), step=step,
+    variables: Sequence[m.Variable]
+    if isinstance(header, CompactHeader):
+        variables = header.table
+        entries: Mapping[str, tuple[int, SafetensorsTensor]] = _TableEntries(header.table, header.starts)
+    else:
+        variables = tuple(variables_of(header))
+        entries = {t.name: (0, t) for t in header.tensors}
+    source = SafetensorsSource([path], entries, problems=header.problems)
+    ckpt = m.Checkpoint(path=path, format=FORMAT_SAFETENSORS, variables=variables, step=step,
                         step_source=step_source, num_shards=1, info=info, source=source)
     return ckpt, header
+
+
+class _TableEntries(Mapping[str, tuple[int, SafetensorsTensor]]):
+    """key -> (0, entry) of a header read into columns: each entry made when asked."""
+
+    def __init__(self, table: m.VariableTable, starts: Any):
+        self._table = table
+        self._starts = starts
+
+    def __getitem__(self, key: str) -> tuple[int, SafetensorsTensor]:
+        r = self._table.find(key)
+        if r is None:
+            raise KeyError(key)
+        t = self._table
+        return 0, SafetensorsTensor(key, t.dtypes[t.dtype_codes[r]], t.shapes[t.shape_codes[r]],
+                                    int(self._starts[r]), int(t.nbytes[r]))
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self._table.find(key) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        return (v.key for v in self._table)
+
+    def __len__(self) -> int:
+        return len(self._table)
 
 
 def open_safetensors(path: str) -> m.Checkpoint:

@@ -25,6 +25,7 @@ from ...errors import (
     NotACheckpointError,
 )
 from .. import _fs
+from .._bulk import compact_variables
 from .._step import training_step
 from . import data as tf_data
 from .index import OBJECT_GRAPH_KEY, BundleIndex, IndexEntry, read_index
@@ -478,7 +479,7 @@ def open_bundle(
     return m.Checkpoint(
         path=prefix,
         format=format,
-        variables=tuple(variables),
+        variables=compact_variables(variables),  # 100,000 variables: columns, not objects
         step=step,
         step_source=source,
         num_shards=index.num_shards,

@@ -78,7 +78,7 @@ Progress = Callable[[int, int, Any], None]
 
 
 # -- report --------------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)  # one per variable: a million of them for a giant header
 class VariableDiff:
     """The comparison of one aligned variable.
 
@@ -375,7 +375,7 @@ def diff(
         # another process rotates checkpoints in it.
         cb = ca if _same_path(a, b) else mark_optimizer(_open(b, opened), optimizer_pattern)
         va_list = ca.filter(role=role)
-        vb_list = cb.filter(role=role)
+        vb_list = va_list if cb is ca else cb.filter(role=role)  # X X: one list (a table makes new objects)
         keras = all(KERAS_LAYOUT in capabilities(c.format) for c in (ca, cb))
         alignment = align(va_list, vb_list, same_format=ca.format == cb.format, mapping=rules, layout=layout, keras=keras)
         notes = _notes(ca, cb, alignment, optimizer_pattern)

@@ -33,7 +33,7 @@ from ...formats import stream_blocks
 from . import stats as scan_stats
 from .stats import Accumulator, Buffers, Measured, Sums, measure_value
 
-__all__ = ["STATS_DTYPES", "LOCKSTEP_BLOCK_CHUNKS", "LOCKSTEP_BUDGET_BYTES", "Outcome", "measure_chains"]
+__all__ = ["STATS_DTYPES", "LOCKSTEP_BLOCK_CHUNKS", "LOCKSTEP_BUDGET_BYTES", "TASK_BYTES", "Outcome", "measure_chains"]
 
 STATS_DTYPES = m.INTEGER_DTYPES | m.FLOAT_DTYPES | {"bool"}
 # Lockstep reads: blocks of LOCKSTEP_BLOCK_CHUNKS chunks (1 MiB of float32), one per step of
@@ -44,6 +44,10 @@ LOCKSTEP_BUDGET_BYTES = 64 << 20
 # Chains submitted ahead of the one being merged: a long chain (a large tensor) does not stall
 # the other thread. A chain waiting holds nothing; its results are a few numbers.
 AHEAD_PER_WORKER = 8
+# Consecutive chains of small tensors go to a thread together, up to this many bytes through the
+# window (a tensor of 100 KB in 5 checkpoints: 8 chains a task): a task's hand-over between
+# threads costs more than measuring a small tensor. A larger chain is a task of its own.
+TASK_BYTES = 4 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,11 +254,32 @@ def measure_chains(keys: Iterable[str], window: Sequence[tuple[m.Checkpoint, dic
     local = threading.local()  # per call: the work buffers go when the call ends, whatever thread held them
     lock = threading.Lock()
 
-    def run(key: str) -> list[Outcome]:
+    def run(task: list[str]) -> list[list[Outcome]]:
         buffers = getattr(local, "buffers", None)
         if buffers is None:
             buffers = local.buffers = Buffers(chunk)
-        return _chain(key, window, role, buffers, lock)
+        return [_chain(key, window, role, buffers, lock) for key in task]
 
     workers = _parallel.WORKERS
-    yield from _parallel.ordered_map(run, keys, workers, AHEAD_PER_WORKER * workers)
+    for done in _parallel.ordered_map(run, _tasks(keys, window), workers, AHEAD_PER_WORKER * workers):
+        yield from done
+
+
+def _tasks(keys: Iterable[str], window: Sequence[tuple[m.Checkpoint, dict[str, m.Variable]]]) -> Iterator[list[str]]:
+    """The keys in order, in runs of consecutive keys of at most :data:`TASK_BYTES` through the
+    window (one key alone when it holds more)."""
+    task: list[str] = []
+    held = 0
+    for key in keys:
+        nbytes = 0
+        for _, by_key in window:
+            var = by_key.get(key)
+            if var is not None:
+                nbytes += var.size * m.ITEMSIZE.get(var.dtype, 8)
+        if task and held + nbytes > TASK_BYTES:
+            yield task
+            task, held = [], 0
+        task.append(key)
+        held += nbytes
+    if task:
+        yield task

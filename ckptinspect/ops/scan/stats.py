@@ -187,24 +187,15 @@ def _sumsq(x: np.ndarray) -> float:
     relative, see :data:`FLOAT32_TINY` for where it does not). OpenBLAS hands a longer vector
     to its thread pool, which costs 10-100x more than the sum itself on a busy machine
     (``np.einsum`` is ~10x slower than ddot); the whole pieces go in one batched ``matmul``
-    (a ddot each, one call instead of one per piece)."""
-    n = x.size
-    if n <= DOT_CHUNK:
-        return float(np.dot(x, x))
-    whole = n - n % DOT_CHUNK
-    rows = x[:whole].reshape(-1, DOT_CHUNK)
-    total = 0.0
-    for piece in np.matmul(rows[:, None, :], rows[:, :, None]).reshape(-1).tolist():
-        total += piece
-    if whole < n:
-        tail = x[whole:]
-        total += float(np.dot(tail, tail))
-    return total
+    (a BLAS dot each, one numpy call instead of one per piece). A float32 sum may overflow or be
+    invalid silently: the caller sums it again in float64 (numpy's warnings off, see
+    :meth:`Accumulator.add`)."""
+    return _dot(x, x)
 
 
 def _dot(x: np.ndarray, y: np.ndarray) -> float:
     """sum x y of two vectors of one float type: as :func:`_sumsq`, pieces of :data:`DOT_CHUNK`
-    elements (BLAS dot each, one batched matmul), added in order in float64."""
+    elements (a BLAS dot each, one batched ``matmul``), added in order in float64."""
     n = x.size
     if n <= DOT_CHUNK:
         return float(np.dot(x, y))
@@ -215,20 +206,6 @@ def _dot(x: np.ndarray, y: np.ndarray) -> float:
     if whole < n:
         total += float(np.dot(x[whole:], y[whole:]))
     return total
-
-
-def _dot32(x: np.ndarray, y: np.ndarray) -> float:
-    """:func:`_dot` of float32 vectors, numpy's overflow warnings silenced (a non-finite x.p
-    gives a NaN cosine, as a non-finite value does)."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        return _dot(x, y)
-
-
-def _sumsq32(x: np.ndarray) -> float:
-    """:func:`_sumsq` of a float32 vector, numpy's overflow warnings silenced: a sum that
-    overflows float32 is summed again in float64 by the caller (see :data:`FLOAT32_TINY`)."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        return _sumsq(x)
 
 
 def _count_nonfinite(x: np.ndarray) -> tuple[int, int]:
@@ -294,42 +271,46 @@ class Accumulator:
             buffers.cur, buffers.prev = buffers.prev, buffers.cur
         buffers.held = None
         sums: list[float] = []
-        for at in range(0, cur.size, chunk):
-            n = min(chunk, cur.size - at)
-            x = cur[at : at + n]
-            ss = _sumsq32(x) if native else math.nan
-            in_range = FLOAT32_TINY <= ss < math.inf
-            if not in_range:  # not float32, or out of float32's safe range
-                x = buffers.cur[:n]
-                np.copyto(x, cur[at : at + n], casting="unsafe")
-                ss = _sumsq(x)
-            sums.append(ss)
-            out.count += n
-            out.sumsq += ss
-            if not math.isfinite(ss):
-                nan, inf = _count_nonfinite(x)
-                out.nan += nan
-                out.inf += inf
-            if prev is not None:
+        # numpy's overflow warnings off: a float32 sum out of range is taken again in float64, a
+        # non-finite x.p gives a NaN cosine (as a non-finite value does)
+        with np.errstate(over="ignore", invalid="ignore"):
+            for at in range(0, cur.size, chunk):
+                n = min(chunk, cur.size - at)
+                x = xs = cur[at : at + n] if n < cur.size else cur
+                ss = _sumsq(x) if native else math.nan
+                in_range = FLOAT32_TINY <= ss < math.inf
+                if not in_range:  # not float32, or out of float32's safe range
+                    x = buffers.cur[:n]
+                    np.copyto(x, xs, casting="unsafe")
+                    ss = _sumsq(x)
+                sums.append(ss)
+                out.count += n
+                out.sumsq += ss
+                if not math.isfinite(ss):
+                    nan, inf = _count_nonfinite(x)
+                    out.nan += nan
+                    out.inf += inf
+                if prev is None:
+                    continue
+                ps = prev[at : at + n] if n < prev.size else prev
                 diff = None
                 if native:
-                    dot = _dot32(cur[at : at + n], prev[at : at + n])
+                    dot = _dot(xs, ps)
                     known = prev_chunks[at // chunk] if prev_chunks is not None and at // chunk < len(prev_chunks) else math.nan
                     if not (in_range and FLOAT32_TINY <= known < math.inf and math.isfinite(dot)):
-                        dot = _dot(cur[at : at + n].astype(np.float64), prev[at : at + n].astype(np.float64))
+                        dot = _dot(xs.astype(np.float64), ps.astype(np.float64))
                     self.dot += dot
-                    with np.errstate(over="ignore", invalid="ignore"):  # an overflow falls back, below
-                        diff = np.subtract(cur[at : at + n], prev[at : at + n], out=buffers.diff[:n])
-                    dss = _sumsq32(diff)
+                    diff = np.subtract(xs, ps, out=buffers.diff[:n])  # an overflow falls back, below
+                    dss = _sumsq(diff)
                     if not FLOAT32_TINY <= dss < math.inf:
                         diff = None
                 if diff is None:
                     if x.dtype != np.float64:
                         x = buffers.cur[:n]
-                        np.copyto(x, cur[at : at + n], casting="unsafe")
+                        np.copyto(x, xs, casting="unsafe")
                     old = buffers.prev[:n]
                     if not reuse:
-                        np.copyto(old, prev[at : at + n], casting="unsafe")  # a mixed-dtype subtract is 3x slower
+                        np.copyto(old, ps, casting="unsafe")  # a mixed-dtype subtract is 3x slower
                     if not native:
                         self.dot += _dot(x, old)
                     diff = np.subtract(x, old, out=old)  # the previous value is not needed after this

@@ -1,0 +1,128 @@
+"""Very long listings written from columns, a block of rows at a time.
+
+A checkpoint of a million tensors keeps its variables as a :class:`~ckptinspect.model.VariableTable`.
+Rendering it as rows of dicts would hold the whole table twice (the rows, then the text). Here the
+table's column widths come from the columns in a first pass, and the lines are written in a
+second, a block of rows at a time, each block laid out as a byte matrix (numpy) and flattened to
+text: the bytes are those :func:`~ckptinspect.render._core.simple_table` writes for the same rows.
+JSON is written one variable at a time (:func:`json_chunks`), each as ``json.dumps`` nests it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+from .. import model as m
+from ._core import COLUMN_GAP, display_width, escape_controls, human_bytes, to_json
+
+__all__ = ["plain_names", "table_chunks", "json_chunks"]
+
+BLOCK_BYTES = 2 << 20  # bytes of text laid out at once
+_SPACE, _NEWLINE = 0x20, 0x0A
+
+
+def plain_names(table: m.VariableTable) -> bool:
+    """Whether every name of ``table`` is printable ASCII (a cell shown as it is, its width its length)."""
+    import numpy as np  # noqa: PLC0415
+
+    buf = np.frombuffer(table.names, np.uint8)
+    return not bool(((buf < 0x20) | (buf > 0x7E)).any())
+
+
+def _texts(values: Sequence[str]) -> Any:
+    """Distinct cell texts as a byte matrix padded with spaces (one row each), and their lengths."""
+    import numpy as np  # noqa: PLC0415
+
+    encoded = [v.encode("ascii") for v in values]
+    width = max((len(e) for e in encoded), default=0)
+    out = np.full((max(len(encoded), 1), max(width, 1)), _SPACE, np.uint8)
+    for i, e in enumerate(encoded):
+        out[i, : len(e)] = np.frombuffer(e, np.uint8)
+    return out, np.array([len(e) for e in encoded] or [0], np.int64)
+
+
+def table_chunks(headers: Sequence[str], table: m.VariableTable,
+                 cells: Sequence[tuple[Callable[[Any], Any], Callable[[Any], str]]]) -> Iterator[str]:
+    """The lines of :func:`~ckptinspect.render._core.simple_table` (no width to fit) of a table
+    whose first column is the variables' names (printable ASCII: see :func:`plain_names`) and whose
+    other columns are drawn from few distinct values, each line ending with a newline.
+
+    Args:
+        headers: The column headers.
+        table: The variables, in the order to show them.
+        cells: For each column after the name: ``(codes, texts)``: ``codes(rows)`` gives each
+            row's value code (a numpy array of small ints) and ``texts`` the cell's text (ASCII)
+            of each code; or ``(values, text)`` with ``texts`` a function: the distinct values
+            are found first (``text(value)`` the cell of one).
+    """
+    import numpy as np  # noqa: PLC0415
+
+    rows = table.positions()
+    ends = table.name_ends
+    starts = np.concatenate(([0], ends[:-1]))
+    name_lengths = (ends - starts)[rows]
+    columns = []
+    for codes_of, text_of in cells:
+        codes = codes_of(rows)
+        if callable(text_of):  # any values: their distinct ones, and each row's index into them
+            distinct, codes = np.unique(codes, return_inverse=True)
+            codes = codes.reshape(-1).astype(np.int32)
+            text_of = [text_of(v) for v in distinct.tolist()]
+        texts, lengths = _texts(text_of)
+        columns.append((codes, texts, lengths))
+    content = [int(name_lengths.max()) if len(rows) else 0]
+    for codes, _, lengths in columns:  # the widest text shown (not every code is)
+        shown = np.zeros(len(lengths), bool)
+        shown[codes] = True
+        content.append(int(lengths[shown].max()) if shown.any() else 0)
+    headers = [escape_controls(h) for h in headers]
+    widths = [max(display_width(h) + 2, c) for h, c in zip(headers, content)]
+    yield COLUMN_GAP.join(h + " " * (w - display_width(h)) for h, w in zip(headers, widths)).rstrip() + "\n"
+    yield COLUMN_GAP.join("-" * w for w in widths)
+    offsets = [0]
+    for w in widths[:-1]:
+        offsets.append(offsets[-1] + w + len(COLUMN_GAP))
+    line = offsets[-1] + widths[-1] + 1
+    block = max(1, BLOCK_BYTES // line)
+    buf = np.frombuffer(table.names, np.uint8)
+    for first in range(0, len(rows), block):
+        chosen = slice(first, first + block)
+        k = len(rows[chosen])
+        out = np.full((k, line), _SPACE, np.uint8)
+        lengths = name_lengths[chosen]
+        total = int(lengths.sum())
+        if total:  # the names' bytes, each into its row (one gather for the whole block)
+            at = np.repeat(np.cumsum(lengths) - lengths, lengths)
+            j = np.arange(total, dtype=np.int64) - at
+            src = np.repeat(starts[rows[chosen]], lengths) + j
+            out.reshape(-1)[np.repeat(np.arange(k, dtype=np.int64) * line, lengths) + j] = buf[src]
+        for (inverse, texts, _), offset, width in zip(columns, offsets[1:], widths[1:]):
+            shown = min(width, texts.shape[1])  # texts of codes no row shows may be wider
+            out[:, offset : offset + shown] = texts[inverse[chosen], :shown]
+        last_inverse, _, last_lengths = columns[-1]
+        ends_at = offsets[-1] + last_lengths[last_inverse[chosen]]  # the last cell ends the line
+        out[np.arange(k), ends_at] = _NEWLINE
+        keep = np.arange(line)[None, :] <= ends_at[:, None]
+        text = out[keep].tobytes().decode("ascii")
+        yield "\n" + text[:-1]  # lines joined by newlines, as the table's text
+
+
+def json_chunks(doc: dict[str, Any], items: Iterable[dict[str, Any]], per_chunk: int = 4096) -> Iterator[str]:
+    """``to_json(doc)`` with ``items`` as its last key's list (``doc`` holds it empty), written a
+    few thousand items at a time, each as ``json.dumps(..., indent=2)`` places it two levels deep."""
+    text = to_json(doc)
+    empty = "[]\n}"
+    if not text.endswith(empty):  # pragma: no cover - the list is the document's last key
+        raise ValueError("the streamed list must be the document's last key")
+    head = text[: -len(empty)]
+    batch: list[str] = []
+    started = False
+    for item in items:
+        batch.append("    " + to_json(item).replace("\n", "\n    "))
+        if len(batch) >= per_chunk:
+            yield (",\n" if started else head + "[\n") + ",\n".join(batch)
+            started, batch = True, []
+    if batch:
+        yield (",\n" if started else head + "[\n") + ",\n".join(batch)
+        started = True
+    yield "\n  ]\n}" if started else text
