@@ -44,6 +44,9 @@ __all__ = [
     "is_regular",
     "check_shard_name",
     "listdir",
+    "walk_remote",
+    "warm_remote",
+    "remote_message",
     "getsize",
     "check_regular",
     "open_remote",
@@ -273,6 +276,38 @@ def listdir(path: str) -> list[str]:
     if is_remote(path):
         return sorted(posixpath.basename(p.rstrip("/")) for p in _remote_fs(path).ls(path, detail=False))
     return sorted(os.listdir(path))
+
+
+def walk_remote(path: str, limit: int) -> list[tuple[str, int]] | None:
+    """Every file under remote folder ``path`` as (path, size), from one recursive listing
+    (:func:`.remote.walk`: what is inside is then answered without requests); None when there
+    are more than ``limit``.
+
+    Raises:
+        CheckpointNotFoundError: The store cannot be listed, or has no fsspec file system here.
+    """
+    try:
+        return _remote.walk(path, limit)
+    except _remote.RemoteUnavailable as e:
+        raise CheckpointNotFoundError(f"{path}: {e}") from None
+
+
+def warm_remote(paths: list[str]) -> None:
+    """Fetch small remote files about to be read whole, all at once (:func:`.remote.warm`);
+    nothing for local paths or without fsspec."""
+    paths = [p for p in paths if is_remote(p) and _fsspec(p) is not None]
+    if paths:
+        _remote.warm(paths)
+
+
+def remote_message(text: str) -> str:
+    """``text`` (another library's error about a remote path) without the environment's
+    secrets, endpoints, ``user:password@`` in URLs or signed query parameters."""
+    for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "STORAGE_EMULATOR_HOST"):
+        value = os.environ.get(name)
+        if value and len(value) >= 4:
+            text = text.replace(value.rstrip("/"), "***")
+    return _remote.redact(text)
 
 
 def getsize(path: str) -> int:

@@ -61,6 +61,8 @@ __all__ = [
     "filesystem",
     "stat",
     "listdir",
+    "walk",
+    "warm",
     "forget",
     "clear",
     "open_file",
@@ -424,6 +426,68 @@ def listdir(path: str) -> list[str]:
         _stats[name] = (until, Stat("dir"))
         _complete[name + "/"] = until
     return sorted(names)
+
+
+def walk(path: str, limit: int) -> list[tuple[str, int]] | None:
+    """Every object under remote folder ``path``, each as (path, size) sorted, from one recursive
+    listing (no delimiter: one request per 1,000 keys on S3), remembered as :func:`stat` and
+    :func:`listdir` remember theirs (every folder under ``path`` listed complete), so what a
+    reader asks next about names inside (exists, is it a folder, its size, a folder's names)
+    costs no request. At most ``limit`` objects: ``None`` when there are more.
+
+    Raises:
+        CheckpointNotFoundError: The store cannot be asked (one line).
+        RemoteUnavailable: No file system for the scheme.
+    """
+    fs = filesystem(path)
+    root = _key(fs, path)
+    until = time.monotonic() + STAT_SECONDS
+
+    def listing() -> dict:
+        _requests["list"] += 1
+        invalidate = getattr(fs, "invalidate_cache", None)
+        if invalidate is not None:
+            invalidate(path)
+        return fs.find(path, detail=True, withdirs=False)
+
+    entries = _retrying(path, listing, "cannot list")
+    if len(entries) > limit:
+        return None
+    base = path.rstrip("/")
+    out: list[tuple[str, int]] = []
+    with _lock:
+        folders = {root}
+        for entry in entries.values():
+            name = _key(fs, entry["name"])
+            if not name.startswith(root + "/") or entry.get("type") == "directory":
+                continue
+            _record(fs, entry, until)
+            rel = name[len(root) + 1:]
+            up = rel.rpartition("/")[0]
+            while up:
+                folders.add(f"{root}/{up}")
+                up = up.rpartition("/")[0]
+            out.append((f"{base}/{rel}", int(entry.get("size") or 0)))
+        for folder in folders:
+            _stats[folder] = (until, Stat("dir"))
+            _complete[folder + "/"] = until
+    return sorted(out)
+
+
+def warm(paths: list[str]) -> None:
+    """Fetch the first window of each of ``paths`` (small files a reader is about to read whole:
+    metadata, manifests), all in flight at once: the reads that follow are answered from memory,
+    one round trip for them all instead of one each. What fails here is left for those reads to
+    report. At most :data:`MAX_BLOBS` // 2 paths (the rest are read as they come)."""
+    def fetch(path: str) -> None:
+        try:
+            _blob(path).window(0, HEAD_WINDOW_BYTES)
+        except Exception:  # noqa: BLE001 - the reader's own read says what is wrong
+            pass
+
+    futs = [_executor().submit(fetch, p) for p in paths[: MAX_BLOBS // 2]]
+    for fut in futs:
+        fut.result()
 
 
 def forget(path: str) -> None:

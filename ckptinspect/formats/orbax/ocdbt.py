@@ -19,7 +19,6 @@ Node bodies are zstd-compressed: decoded with the ``zstandard`` package (the ``[
 from __future__ import annotations
 
 import dataclasses
-import os
 import struct
 from typing import Iterator
 
@@ -273,7 +272,7 @@ class Database:
 
     # -- reading --------------------------------------------------------------------------
     def _read(self, path: str, offset: int, length: int, what: str) -> bytes:
-        full = os.path.join(self.path, path)
+        full = _fs.join(self.path, path)
         size = _fs.check_regular(full)
         if offset + length > size:
             raise CorruptCheckpointError(f"{full}: {what} at {offset}+{length} runs past the end ({size} bytes)")
@@ -287,9 +286,9 @@ class Database:
 
     def _node(self, full: str, offset: int, length: int) -> _Reader:
         if length > MAX_NODE_BYTES:
-            raise UnsafeFileError(f"{os.path.join(self.path, full)}: a B+tree node of {length} bytes; refusing")
+            raise UnsafeFileError(f"{_fs.join(self.path, full)}: a B+tree node of {length} bytes; refusing")
         raw = self._read(full, offset, length, "a B+tree node")
-        return _decode(raw, BTREE_MAGIC, f"{os.path.join(self.path, full)} (B+tree node at {offset})", self.max_decoded)
+        return _decode(raw, BTREE_MAGIC, f"{_fs.join(self.path, full)} (B+tree node at {offset})", self.max_decoded)
 
     def items(self, with_values: bool = True) -> Iterator[tuple[bytes, ValueRef | None]]:
         """Every key in order, with where its value is (None when ``with_values`` is off)."""

@@ -5,7 +5,6 @@ named and left out of the series. Read from names and small files only (no tenso
 from __future__ import annotations
 
 import dataclasses
-import os
 
 from ... import model as m
 from ...errors import CkptError, NotACheckpointError
@@ -110,6 +109,6 @@ def run_fingerprint(directory: str) -> tuple:
     found = run_entries(directory) or ([], [])
     out = []
     for _, name in [*found[0], *found[1]]:
-        marker = os.path.join(directory, name, COMMIT_MARKER)
-        out.append((name, os.path.exists(marker)))
+        marker = _fs.join(directory, name, COMMIT_MARKER)
+        out.append((name, _fs.exists(marker)))
     return ("orbax", *out)

@@ -81,6 +81,8 @@ MAX_CHUNK_BYTES = 1 << 31  # one decoded chunk (tensorstore decodes chunks whole
 MAX_DIMS = 64
 INT64_MAX = (1 << 63) - 1
 CACHE_BYTES = 32 << 20
+REMOTE_WHOLE_CHUNK_BYTES = 1 << 20  # a remote chunk this small is read whole (its index and frame in one read)
+REMOTE_READ_BYTES = 1 << 20  # a remote chunk's frame is read this much at a time (then streamed, read ahead)
 CONCURRENT_CHUNK_BYTES = 16 << 20  # tensorstore's chunks that two concurrent reads may decode at once
 ITERATION_NAMES = ("iteration", "iterations")
 # zarr v3 data types -> ckptinspect dtype names (the same spelling, the ones we read).
@@ -103,6 +105,41 @@ def tensorstore():
 
 def _file_url(path: str) -> str:
     return "file://" + os.path.abspath(path).rstrip("/") + "/"
+
+
+def _kvstore_base(path: str) -> Any:
+    """tensorstore's key-value store for a database folder: ``file://`` for a local one; its own
+    ``s3`` / ``gcs`` drivers for a remote one, the endpoint, region and credentials from the
+    standard environment (``AWS_ENDPOINT_URL_S3``/``AWS_ENDPOINT_URL``, ``AWS_REGION``/
+    ``AWS_DEFAULT_REGION``, ``AWS_ACCESS_KEY_ID``...; gcs: its own defaults)."""
+    if not _fs.is_remote(path):
+        return _file_url(path)
+    scheme, _, rest = path.partition("://")
+    bucket, _, key = rest.partition("/")
+    key = key.strip("/") + "/" if key.strip("/") else ""
+    scheme = scheme.lower()
+    if scheme in ("s3", "s3a"):
+        spec: dict[str, Any] = {"driver": "s3", "bucket": bucket, "path": key}
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        if endpoint:
+            spec["endpoint"] = endpoint
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+        if region:
+            spec["aws_region"] = region
+        if os.environ.get("AWS_ACCESS_KEY_ID") and not os.environ.get("AWS_PROFILE"):
+            spec["aws_credentials"] = {"type": "environment"}  # (the default chain also tries ~/.aws, noisily)
+        return spec
+    if scheme in ("gs", "gcs"):
+        return {"driver": "gcs", "bucket": bucket, "path": key}
+    raise UsageError(f"{path}: this Orbax array is read through tensorstore, which reads s3:// and gs:// only")
+
+
+def _message(e: BaseException) -> str:
+    """tensorstore's error in one line, without the spec it appends (``[tensorstore_spec=...]``:
+    the endpoint, among others) and without the environment's endpoints or secrets."""
+    text = one_line(e)
+    cut = text.find(" [tensorstore_spec=")
+    return _fs.remote_message(text[:cut] if cut > 0 else text)
 
 
 def _iso(nsecs: Any) -> str | None:
@@ -132,6 +169,11 @@ def step_candidates(iterations: tuple[str, int] | None) -> dict[str, int]:
 def _walk_files(step: str) -> list[str]:
     """Every file under the step directory, refusing special files (a FIFO or a link to a device
     would block or never end a read in tensorstore) and links leaving the directory."""
+    if _fs.is_remote(step):  # one listing; no links or special files on an object store
+        found = _fs.walk_remote(step, MAX_FILES)
+        if found is None:
+            raise UnsafeFileError(f"{step}: more than {MAX_FILES} files; refusing")
+        return [p for p, _ in found]
     files: list[str] = []
     root = os.path.realpath(step)
     for dirpath, dirnames, filenames in os.walk(step, followlinks=False):
@@ -153,6 +195,14 @@ def _walk_files(step: str) -> list[str]:
             if len(files) > MAX_FILES:
                 raise UnsafeFileError(f"{step}: more than {MAX_FILES} files; refusing")
     return sorted(files)
+
+
+def _small_files(step: str, files: list[str]) -> list[str]:
+    """The plain files opening a step reads whole: its metadata JSON and the databases' manifests."""
+    names = {_fs.join(step, n) for n in ("_CHECKPOINT_METADATA", "pytree/_METADATA", "pytree/_sharding",
+                                        "model_config/_strings.json", "pytree/" + MANIFEST)}
+    manifests = [f for f in files if f.endswith("/" + MANIFEST) and f.startswith(_fs.join(step, "pytree", PROCESS_PREFIX))]
+    return [f for f in files if f in names] + manifests
 
 
 def _shape_dtype(key: str, raw: bytes, where: str) -> tuple[tuple[int, ...], str, tuple[int, ...], dict[str, Any]]:
@@ -288,11 +338,11 @@ class OrbaxSource(m.BaseSource):
         arr = self._arrays.get(var.key)
         if arr is None:
             raise CorruptCheckpointError(f"{self.step}: no array {var.key!r}")
-        spec = {"driver": "zarr3", "kvstore": {"driver": "ocdbt", "base": _file_url(self.pytree), "path": var.key + "/"}}
+        spec = {"driver": "zarr3", "kvstore": {"driver": "ocdbt", "base": _kvstore_base(self.pytree), "path": var.key + "/"}}
         try:
             store = ts.open(spec, context=self._context, open=True, read=True).result()
         except Exception as e:  # tensorstore raises ValueError for every failure
-            raise CorruptCheckpointError(f"{self.step}: {var.key}: cannot be opened: {one_line(e)}") from None
+            raise CorruptCheckpointError(f"{self.step}: {var.key}: cannot be opened: {_message(e)}") from None
         if tuple(store.shape) != var.shape:
             raise CorruptCheckpointError(f"{self.step}: {var.key}: tensorstore reads shape {list(store.shape)}, its zarr.json declared {list(var.shape)}")
         with self._lock:
@@ -305,7 +355,7 @@ class OrbaxSource(m.BaseSource):
         try:
             value = store[index].read().result() if index is not None else store.read().result()
         except Exception as e:
-            raise CorruptCheckpointError(f"{self.step}: {var.key}: unreadable: {one_line(e)}") from None
+            raise CorruptCheckpointError(f"{self.step}: {var.key}: unreadable: {_message(e)}") from None
         want = m.numpy_dtype(var.dtype)
         if want is not None and value.dtype != want:
             value = value.view(want) if value.dtype.itemsize == want.itemsize else value.astype(want)
@@ -376,6 +426,9 @@ class OrbaxSource(m.BaseSource):
             return
         if ref.length < 20:
             raise CorruptCheckpointError(f"{where}: a chunk of {ref.length} bytes, shorter than its shard index")
+        remote = _fs.is_remote(self._db.path)
+        if remote and ref.inline is None and ref.length <= REMOTE_WHOLE_CHUNK_BYTES:  # one ranged read, not two
+            ref = ValueRef(ref.length, self._db.read_value(ref))
         if ref.inline is not None:
             tail = ref.inline[-20:]
         else:
@@ -388,15 +441,19 @@ class OrbaxSource(m.BaseSource):
             return
         if offset + nbytes > ref.length - 20:
             raise CorruptCheckpointError(f"{where}: the shard index points past the chunk ({offset}+{nbytes})")
+        read_size = zstandard.DECOMPRESSION_RECOMMENDED_INPUT_SIZE
         if ref.inline is not None:
             stream: Any = io.BytesIO(ref.inline[offset : offset + nbytes])
+        elif remote:  # reads of 1 MiB: the remote file streams them in large ranges, read ahead
+            stream = FileWindow(_fs.open_binary(_fs.join(self._db.path, ref.path or "")), ref.offset + offset, nbytes)
+            read_size = REMOTE_READ_BYTES
         else:
             full = os.path.join(self._db.path, ref.path or "")
             _fs.check_regular(full)
             stream = FileWindow(open(full, "rb"), ref.offset + offset, nbytes)  # noqa: SIM115 - closed below
         got = 0
         try:
-            with zstandard.ZstdDecompressor().stream_reader(stream, closefd=False) as reader:
+            with zstandard.ZstdDecompressor().stream_reader(stream, read_size=read_size, closefd=False) as reader:
                 while got < whole:
                     data = reader.read(min(piece, whole - got))
                     if not data:
@@ -589,10 +646,13 @@ class _Opened:
 
 def _open(path: str, lenient: bool) -> _Opened:
     path = str(path).rstrip("/") or "/"
-    if _fs.is_remote(path):
-        raise NotACheckpointError(f"{path}: Orbax checkpoints are read from local directories only")
-    layout = read_step_layout(path)
-    files = _walk_files(path)
+    if _fs.is_remote(path):  # one listing first: every name the layout asks about is answered from it
+        files = _walk_files(path)
+        _fs.warm_remote(_small_files(path, files))  # then the small files read whole, in one round trip
+        layout = read_step_layout(path)
+    else:
+        layout = read_step_layout(path)
+        files = _walk_files(path)
     problems = list(layout.problems)
     if not layout.has_manifest:
         raise CorruptCheckpointError(f"{layout.pytree}: no {MANIFEST} (the processes' databases were never joined)")
