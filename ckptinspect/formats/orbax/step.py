@@ -40,7 +40,6 @@ from ...errors import CorruptCheckpointError, NotACheckpointError, UnsafeFileErr
 from .. import _fs
 from .._readcheck import Check
 from .._step import training_step
-from .._zip import FileWindow
 from .ocdbt import Database, ValueRef, open_database, zstd_decompress
 from .layout import (
     COMMIT_MARKER,
@@ -417,6 +416,8 @@ class OrbaxSource(m.BaseSource):
         import google_crc32c  # noqa: PLC0415
         import numpy as np  # noqa: PLC0415
         import zstandard  # noqa: PLC0415
+
+        from .._zip import FileWindow  # noqa: PLC0415 - zipfile's import is not the listing's to pay
 
         piece = 1 << 20
         if ref is None:  # never written: the fill value (0: _row_chunks streams no other)
