@@ -152,7 +152,9 @@ def children_cpu_seconds() -> float:
 
 
 def default_sigint() -> None:
-    """``preexec_fn`` for a child that must meet SIGINT as a terminal's process does: a process
-    started with SIGINT ignored (a pytest-xdist worker, ``nohup``, a background job) passes the
-    ignoring on to its children, and Python then installs no KeyboardInterrupt handler."""
+    """``preexec_fn`` for a child that must meet SIGINT and SIGHUP as a terminal's process does:
+    a process started with them ignored (a pytest-xdist worker, a background job, ``nohup`` for
+    SIGHUP) passes the ignoring on to its children; Python then installs no KeyboardInterrupt
+    handler, and ckptinspect leaves an ignored SIGHUP ignored (as ``nohup`` asked)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
