@@ -13,6 +13,7 @@ import time
 import pytest
 from click.testing import CliRunner
 from conftest import FIXTURES
+from object_store import run_counted
 
 from ckptinspect.cli import app
 
@@ -108,14 +109,6 @@ def test_scan_of_a_remote_series(s3, rel):
 
 
 # -- requests, through the delaying proxy, in a fresh process ----------------------------------
-def run_counted(s3, *args: str, delay: float = 0.02) -> tuple[subprocess.CompletedProcess, int]:
-    s3.proxy.delay = delay
-    s3.proxy.reset()
-    proc = subprocess.run([sys.executable, "-m", "ckptinspect", *args], env=s3.env, capture_output=True, text=True,
-                          timeout=120)
-    return proc, s3.proxy.requests
-
-
 @pytest.mark.parametrize(("rel", "most"), some([
     ("torch/model.safetensors", 3),  # the header: one LIST (name, size), one GET of the first window
     ("run/ckpt-8", 3),  # one LIST (index, shards), the index, the object graph's window

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 from click.testing import CliRunner
 from conftest import FIXTURES
+from object_store import run_counted
 
 from ckptinspect.cli import app
 
@@ -89,14 +88,6 @@ def test_diff_of_two_remote_steps_finds_the_changes(s3):
     near = runner.invoke(app, ["diff", str(FIXTURES / RUN / "3"), str(FIXTURES / RUN / "6"), "--format", "json"])
     assert far.exit_code == near.exit_code == 1, far.stderr
     assert same(far.stdout, "s3://fixtures/") == same(near.stdout, str(FIXTURES) + "/")
-
-
-def run_counted(s3, *args: str, delay: float = 0.02) -> tuple[subprocess.CompletedProcess, int]:
-    s3.proxy.delay = delay
-    s3.proxy.reset()
-    proc = subprocess.run([sys.executable, "-m", "ckptinspect", *args], env=s3.env, capture_output=True, text=True,
-                          timeout=120)
-    return proc, s3.proxy.requests
 
 
 def test_ls_of_a_remote_step_request_count(s3):

@@ -186,6 +186,17 @@ class Proxy:
         threading.Thread(target=down, daemon=True).start()
 
 
+def run_counted(s3, *args: str, delay: float = 0.02) -> tuple[subprocess.CompletedProcess, int]:
+    """``ckptinspect ARGS`` in a fresh process against the store of fixture ``s3`` (its ``env``),
+    through its proxy delaying each request by ``delay`` seconds: the result and the requests
+    the proxy counted."""
+    s3.proxy.delay = delay
+    s3.proxy.reset()
+    proc = subprocess.run([sys.executable, "-m", "ckptinspect", *args], env=s3.env, capture_output=True, text=True,
+                          timeout=120)
+    return proc, s3.proxy.requests
+
+
 def upload_tree(endpoint: str, local: pathlib.Path, remote: str) -> None:
     """Copy a local file or folder to ``s3://remote`` with boto3 (the bucket is created)."""
     import boto3  # noqa: PLC0415
