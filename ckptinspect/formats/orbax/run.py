@@ -63,18 +63,20 @@ def list_run(directory: str, *, steps: bool = True) -> DirectoryListing:
         raise NotACheckpointError(f"{directory}: no numbered Orbax step directory")
     numbered, tmps = found
     paths = [(n, _fs.join(directory, name)) for n, name in numbered]
-    committed = [p for _, p in paths if _fs.exists(_fs.join(p, COMMIT_MARKER)) or _commit_time(p) is not None]
+    times = {p: _commit_time(p) for _, p in paths}  # each step's metadata read once
+    committed = [p for _, p in paths if times[p] is not None or _fs.exists(_fs.join(p, COMMIT_MARKER))]
     latest = committed[-1] if committed else paths[-1][1]
     looked_up = set(committed[-MAX_STEP_LOOKUPS:]) if steps else set()
     checkpoints = tuple(
-        m.RetainedCheckpoint(path=p, step=_training_step(p) if p in looked_up else None, timestamp=_commit_time(p),
+        m.RetainedCheckpoint(path=p, step=_training_step(p) if p in looked_up else None, timestamp=times[p],
                              exists=True, in_state_file=False, latest=p == latest, number=n)
         for n, p in paths
     )
     notes = [CHECKSUM_NOTE]
     notes += [f"{_fs.join(directory, name)}: an interrupted Orbax save (step {n}, never committed); not part of the series"
               for n, name in tmps]
-    notes += [f"{p}: not committed (no {COMMIT_MARKER})" for _, p in paths if p not in committed]
+    done = set(committed)
+    notes += [f"{p}: not committed (no {COMMIT_MARKER})" for _, p in paths if p not in done]
     return _RunListing(directory, checkpoints, latest, kind=SERIES_ORBAX, run_notes=tuple(notes),
                        interrupted=tuple(_fs.join(directory, name) for _, name in tmps))
 
