@@ -309,18 +309,7 @@ def _checked(path: str, n: int, size: int, strict: bool, dtypes: dict[str, str],
         raise _NotCompact
     dtype_names = [dtypes.get(code, code) for code in codes]
     itemsizes = np.array([m.ITEMSIZE.get(dtypes[c], 0) if c in dtypes else 0 for c in codes] or [0], np.int64)
-    # shapes: at most MAX_DIMS ints whose product is below 2**63
-    shapes = []
-    elements = []
-    for text, _ in sorted(shape_index.items(), key=lambda kv: kv[1]):
-        dims = tuple(int(d) for d in text.split(b",")) if text else ()
-        product = 1
-        for d in dims:
-            product *= d
-        if product >= 2**63 or product * 16 >= 2**63:  # 16: the widest dtype (bytes stay in int64)
-            raise _NotCompact
-        shapes.append(dims)
-        elements.append(product)
+    shapes, elements = _shapes(shape_index)
     dtype_codes = joined(dtype_chunks, np.int16)
     shape_codes = joined(shape_chunks, np.int32)
     begins = joined(begin_chunks, np.int64)
@@ -336,39 +325,73 @@ def _checked(path: str, n: int, size: int, strict: bool, dtypes: dict[str, str],
     del needed
     data_start = header_length + n
     data_size = size - data_start
+    problems = _past_the_data(path, packed, name_ends, ends, data_size, strict, np)
+    _no_overlap(begins, ends, nbytes, np)
+    del ends
+    role_codes = _roles(packed, name_ends, shape_index.get(b""), shape_codes, dtype_names, dtype_codes,
+                        counter_names, np)
+    table = m.VariableTable(packed, name_ends, shapes, shape_codes, dtype_names, dtype_codes, nbytes, m.ROLES,
+                            role_codes, [()], np.zeros(count, np.uint8))
+    return CompactHeader(table, begins + data_start, metadata, n, data_start, size, problems)
+
+
+def _shapes(shape_index: dict[bytes, int]) -> tuple[list[tuple[int, ...]], list[int]]:
+    """The distinct shapes in code order, and their element counts: at most MAX_DIMS ints (the
+    pattern's bound) whose product, in bytes of the widest dtype, stays below 2**63."""
+    shapes, elements = [], []
+    for text, _ in sorted(shape_index.items(), key=lambda kv: kv[1]):
+        dims = tuple(int(d) for d in text.split(b",")) if text else ()
+        product = 1
+        for d in dims:
+            product *= d
+        if product >= 2**63 or product * 16 >= 2**63:  # 16: the widest dtype (bytes stay in int64)
+            raise _NotCompact
+        shapes.append(dims)
+        elements.append(product)
+    return shapes, elements
+
+
+def _past_the_data(path: str, packed: bytes, name_ends: Any, ends: Any, data_size: int, strict: bool,
+                   np: Any) -> dict[str, str]:
+    """read_header's problem line for each entry whose span ends past the data (none allowed when
+    ``strict``)."""
     problems: dict[str, str] = {}
     past = np.flatnonzero(ends > data_size)
-    if len(past):
-        if strict:
-            raise _NotCompact
-        for r in past.tolist():
-            name = _name(packed, name_ends, r)
-            problems[name] = (f"{path}: safetensors entry {name!r} declares data up to byte {int(ends[r])} of the"
-                              f" buffer, which holds {data_size} bytes (truncated, or a header claiming more than"
-                              " the file holds)")
-    # no two spans overlapping
+    if len(past) and strict:
+        raise _NotCompact
+    for r in past.tolist():
+        name = _name(packed, name_ends, r)
+        problems[name] = (f"{path}: safetensors entry {name!r} declares data up to byte {int(ends[r])} of the"
+                          f" buffer, which holds {data_size} bytes (truncated, or a header claiming more than"
+                          " the file holds)")
+    return problems
+
+
+def _no_overlap(begins: Any, ends: Any, nbytes: Any, np: Any) -> None:
+    """No two stored (non-empty) spans overlap."""
     stored = np.flatnonzero(nbytes)
     stored_begins, stored_ends = begins[stored], ends[stored]
-    del stored, ends
+    del stored
     if len(stored_begins) > 1 and not bool((stored_begins[1:] >= stored_ends[:-1]).all()):
         order = np.argsort(stored_begins, kind="stable")  # not in file order: sorted by offset
         stored_begins, stored_ends = stored_begins[order], stored_ends[order]
         del order
         if bool((stored_begins[1:] < stored_ends[:-1]).any()):
             raise _NotCompact
-    del stored_begins, stored_ends
-    # roles: 0-d integer counters are metadata
-    role_codes = np.zeros(count, np.uint8)
-    metadata_role = m.ROLES.index(m.ROLE_METADATA)
-    scalar = shape_index.get(b"")
+
+
+def _roles(packed: bytes, name_ends: Any, scalar: int | None, shape_codes: Any, dtype_names: list[str],
+           dtype_codes: Any, counter_names: frozenset[str], np: Any) -> Any:
+    """Each entry's role code: 0-d integer counters (``scalar``: the code of shape ``()``) are
+    metadata, the rest model."""
+    role_codes = np.zeros(len(name_ends), np.uint8)
     if scalar is not None:
+        metadata_role = m.ROLES.index(m.ROLE_METADATA)
         integer = np.array([name in m.INTEGER_DTYPES for name in dtype_names], bool)
         for r in np.flatnonzero((shape_codes == scalar) & integer[dtype_codes]).tolist():
             if _name(packed, name_ends, r).replace("/", ".").rsplit(".", 1)[-1].lower() in counter_names:
                 role_codes[r] = metadata_role
-    table = m.VariableTable(packed, name_ends, shapes, shape_codes, dtype_names, dtype_codes, nbytes, m.ROLES,
-                            role_codes, [()], np.zeros(count, np.uint8))
-    return CompactHeader(table, begins + data_start, metadata, n, data_start, size, problems)
+    return role_codes
 
 
 def _name(packed: bytes, ends: Any, r: int) -> str:
