@@ -137,27 +137,7 @@ def _scan(read: Callable[[int, int], bytes], path: str, n: int, size: int, stric
           unreadable: frozenset[str], counter_names: frozenset[str], header_length: int) -> CompactHeader:
     import numpy as np  # noqa: PLC0415 - the columns
 
-    # the end: the closing brace, then only whitespace (and before it, perhaps, __metadata__)
-    tail_at = max(0, n - WINDOW_BYTES)
-    tail = read(tail_at, n - tail_at)
-    if len(tail) != n - tail_at:
-        raise _NotCompact
-    end = len(tail)
-    while end and tail[end - 1] in _TRAILING:
-        end -= 1
-    if end < 1 or tail[end - 1:end] != b"}" or tail_at + end < 2:
-        raise _NotCompact
-    end -= 1
-    metadata = None
-    at = tail.rfind(b',"__metadata__":{', 0, end)
-    if at >= 0:
-        found = _METADATA.match(tail, at + 1, end)
-        if not found or found.end() != end:
-            raise _NotCompact
-        metadata = _metadata(found.group(1), path)
-        end = at
-    end += tail_at  # in the header
-    del tail
+    end, metadata = _header_end(read, path, n)
     buf = read(0, min(n, WINDOW_BYTES))
     if not buf.startswith(b"{"):
         raise _NotCompact
@@ -218,6 +198,30 @@ def _scan(read: Callable[[int, int], bytes], path: str, n: int, size: int, stric
         _columns([[g] for g in first], order, True, *columns, np, first=True)
     del buf
     return _checked(path, n, size, strict, dtypes, unreadable, counter_names, header_length, metadata, *columns, np)
+
+
+def _header_end(read: Callable[[int, int], bytes], path: str, n: int) -> tuple[int, dict[str, Any] | None]:
+    """Where the entries of an ``n``-byte header end: before the closing brace and the trailing
+    whitespace, and before a ``__metadata__`` written last (then returned, parsed)."""
+    tail_at = max(0, n - WINDOW_BYTES)
+    tail = read(tail_at, n - tail_at)
+    if len(tail) != n - tail_at:
+        raise _NotCompact
+    end = len(tail)
+    while end and tail[end - 1] in _TRAILING:
+        end -= 1
+    if end < 1 or tail[end - 1:end] != b"}" or tail_at + end < 2:
+        raise _NotCompact
+    end -= 1
+    metadata = None
+    at = tail.rfind(b',"__metadata__":{', 0, end)
+    if at >= 0:
+        found = _METADATA.match(tail, at + 1, end)
+        if not found or found.end() != end:
+            raise _NotCompact
+        metadata = _metadata(found.group(1), path)
+        end = at
+    return end + tail_at, metadata  # in the header
 
 
 def _metadata(text: bytes, path: str) -> dict[str, Any]:
