@@ -255,13 +255,7 @@ class Accumulator:
             prev = None  # a non-finite previous value is compared with nothing (scan's figures say so)
         buffers = self.buffers
         if prev is not None and finite and prev.dtype == cur.dtype and prev.size == cur.size and same_bytes(cur, prev):
-            for ss in prev_chunks:  # the same bytes: the same sums, a difference of 0, x.p = x.x
-                out.sumsq += ss
-                self.dot += ss
-            out.count += cur.size
-            if prev_tag is not None and buffers.held == prev_tag:
-                buffers.held = tag  # the same bytes: the same conversion
-            return list(prev_chunks)
+            return self._add_same(cur.size, prev_chunks, tag, prev_tag)
         chunk = self.chunk
         native = cur.dtype == FLOAT32 and (prev is None or prev.dtype == FLOAT32)
         # prev's conversion still in ``cur``: it becomes ``prev``, this block is converted beside it
@@ -290,37 +284,55 @@ class Accumulator:
                     nan, inf = _count_nonfinite(x)
                     out.nan += nan
                     out.inf += inf
-                if prev is None:
-                    continue
-                ps = prev[at : at + n] if n < prev.size else prev
-                diff = None
-                if native:
-                    dot = _dot(xs, ps)
+                if prev is not None:
                     known = prev_chunks[at // chunk] if prev_chunks is not None and at // chunk < len(prev_chunks) else math.nan
-                    if not (in_range and FLOAT32_TINY <= known < math.inf and math.isfinite(dot)):
-                        dot = _dot(xs.astype(np.float64), ps.astype(np.float64))
-                    self.dot += dot
-                    diff = np.subtract(xs, ps, out=buffers.diff[:n])  # an overflow falls back, below
-                    dss = _sumsq(diff)
-                    if not FLOAT32_TINY <= dss < math.inf:
-                        diff = None
-                if diff is None:
-                    if x.dtype != np.float64:
-                        x = buffers.cur[:n]
-                        np.copyto(x, xs, casting="unsafe")
-                    old = buffers.prev[:n]
-                    if not reuse:
-                        np.copyto(old, ps, casting="unsafe")  # a mixed-dtype subtract is 3x slower
-                    if not native:
-                        self.dot += _dot(x, old)
-                    diff = np.subtract(x, old, out=old)  # the previous value is not needed after this
-                    dss = _sumsq(diff)
-                self.diff_sumsq += dss
-                top = float(max(diff.max(), -diff.min()))
-                self.max_change = math.nan if math.isnan(top) or math.isnan(self.max_change) else max(self.max_change, top)
+                    ps = prev[at : at + n] if n < prev.size else prev
+                    self._add_change(x, xs, ps, n, native, in_range and FLOAT32_TINY <= known < math.inf, reuse)
         if cur.size <= chunk and not native:
             buffers.held = tag
         return sums
+
+    def _add_same(self, size: int, prev_chunks: list[float], tag: object, prev_tag: object) -> list[float]:
+        """A block holding the previous block's bytes: the same sums, a difference of 0, x.p = x.x."""
+        for ss in prev_chunks:
+            self.sums.sumsq += ss
+            self.dot += ss
+        self.sums.count += size
+        if prev_tag is not None and self.buffers.held == prev_tag:
+            self.buffers.held = tag  # the same bytes: the same conversion
+        return list(prev_chunks)
+
+    def _add_change(self, x: np.ndarray, xs: np.ndarray, ps: np.ndarray, n: int, native: bool, safe: bool,
+                    reuse: bool) -> None:
+        """One chunk's change from the previous value's: x.p, the difference's sum of squares and
+        largest magnitude. ``xs``/``ps``: the chunk and the previous one as stored; ``x``: the
+        chunk as summed (``xs``, or its float64 conversion); ``safe``: both chunks' float32 sums
+        of squares were in float32's safe range; ``reuse``: the buffers hold ``ps`` converted."""
+        buffers = self.buffers
+        diff = None
+        if native:
+            dot = _dot(xs, ps)
+            if not (safe and math.isfinite(dot)):
+                dot = _dot(xs.astype(np.float64), ps.astype(np.float64))
+            self.dot += dot
+            diff = np.subtract(xs, ps, out=buffers.diff[:n])  # an overflow falls back, below
+            dss = _sumsq(diff)
+            if not FLOAT32_TINY <= dss < math.inf:
+                diff = None
+        if diff is None:
+            if x.dtype != np.float64:
+                x = buffers.cur[:n]
+                np.copyto(x, xs, casting="unsafe")
+            old = buffers.prev[:n]
+            if not reuse:
+                np.copyto(old, ps, casting="unsafe")  # a mixed-dtype subtract is 3x slower
+            if not native:
+                self.dot += _dot(x, old)
+            diff = np.subtract(x, old, out=old)  # the previous value is not needed after this
+            dss = _sumsq(diff)
+        self.diff_sumsq += dss
+        top = float(max(diff.max(), -diff.min()))
+        self.max_change = math.nan if math.isnan(top) or math.isnan(self.max_change) else max(self.max_change, top)
 
     def result(self, prev_sumsq: float | None) -> Sums:
         """The sums: with the change from the previous value when ``prev_sumsq`` (its sum of
