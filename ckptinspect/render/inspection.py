@@ -12,7 +12,6 @@ from ._core import (
     UNREADABLE_MARK,
     _table_lines,
     csv_cell,
-    display_width,
     escape_controls,
     fit_lines,
     fmt_float,
@@ -84,14 +83,7 @@ def diff_chunks(report, fmt: OutputFormat, width: int | None = AUTO, *, hide_equ
                     "layout"]
         yield from render_chunks(fmt, doc={}, rows=rows, columns=[(c, c) for c in csv_cols])
         return
-    header = [
-        f"a: {report.a} ({report.format_a})",
-        f"b: {report.b} ({report.format_b})",
-        f"aligned by {report.alignment}" + (f", role {report.role}" if report.role else "")
-        + (f", --map {' '.join(report.mapping)}" if report.mapping else "")
-        + (f", {' '.join(report.layout)}" if report.layout else ""),
-    ]
-    header += [f"note: {n}" for n in report.notes]
+    header = _diff_header(report)
     if width == AUTO:
         width = terminal_width()
     columns: list[Column] = [("shown_name", "name"), ("status", "status"), ("shape", "shape"), ("dtype", "dtype"),
@@ -99,26 +91,42 @@ def diff_chunks(report, fmt: OutputFormat, width: int | None = AUTO, *, hide_equ
                              ("diff_elems", "differing")]
     if any(v.nan_a or v.nan_b or v.inf_a or v.inf_b for v in report.variables):
         columns += [("nan", "nan a/b"), ("inf", "inf a/b")]
-    layers = report.layers
-    moved = [s for s in layers if s.changed]
-    footer: list[str] = []
-    if layers:
-        footer += ["", "layers:"]
-        if moved:
-            footer += _table_lines(
-                ["layer", "differ", "max rel l2", "max abs diff"],
-                [[s.layer or "(top level)", f"{s.changed}/{s.variables}", fmt_float(s.max_rel_l2),
-                  fmt_float(s.max_abs_diff)] for s in moved],
-                width=width, squeeze=[0],
-            )
-        unchanged = len(layers) - len(moved)
-        footer.append(f"{unchanged} layer{'s' if unchanged != 1 else ''} unchanged" if moved else
-                      f"all {len(layers)} layer{'s' if len(layers) != 1 else ''} unchanged")
-    footer += ["", report.verdict]
+    footer = [*_diff_layers(report.layers, width), "", report.verdict]
     yield from render_chunks(fmt, doc={}, rows=rows, columns=columns, header=header, footer=footer, width=width,
                              squeeze=["shown_name"], optional=["diff_elems", "dtype", "cos", "shape"],
                              names_first=True)
 
+
+def _diff_header(report) -> list[str]:
+    """The lines above diff's table: the two sides, how they were aligned, the notes."""
+    return [
+        f"a: {report.a} ({report.format_a})",
+        f"b: {report.b} ({report.format_b})",
+        f"aligned by {report.alignment}" + (f", role {report.role}" if report.role else "")
+        + (f", --map {' '.join(report.mapping)}" if report.mapping else "")
+        + (f", {' '.join(report.layout)}" if report.layout else ""),
+        *(f"note: {n}" for n in report.notes),
+    ]
+
+
+def _diff_layers(layers, width: int | None) -> list[str]:
+    """The layers block below diff's table (none when the report has no layers): the layers that
+    moved, then how many did not."""
+    if not layers:
+        return []
+    moved = [s for s in layers if s.changed]
+    lines = ["", "layers:"]
+    if moved:
+        lines += _table_lines(
+            ["layer", "differ", "max rel l2", "max abs diff"],
+            [[s.layer or "(top level)", f"{s.changed}/{s.variables}", fmt_float(s.max_rel_l2),
+              fmt_float(s.max_abs_diff)] for s in moved],
+            width=width, squeeze=[0],
+        )
+    unchanged = len(layers) - len(moved)
+    lines.append(f"{unchanged} layer{'s' if unchanged != 1 else ''} unchanged" if moved else
+                 f"all {len(layers)} layer{'s' if len(layers) != 1 else ''} unchanged")
+    return lines
 
 
 INFO_CLIP = 160
