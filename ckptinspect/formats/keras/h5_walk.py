@@ -360,17 +360,7 @@ def _walk(h5: Any, label: str) -> _Walk:
     else:
         root.links.visit(lambda raw, info: links.append((raw, info.type, info.u)), info=True)
     hard = h5l.TYPE_HARD
-    for raw, link_type, _ in links:
-        if link_type == hard:
-            continue
-        name = name_of(raw)
-        if link_type == h5l.TYPE_SOFT:
-            target = _text(root.links.get_val(raw))
-            raise UnsafeFileError(f"{label}: soft link {name!r} -> {target!r}; refusing to follow links")
-        if link_type == h5l.TYPE_EXTERNAL:
-            filename, path = (_text(x) for x in root.links.get_val(raw))
-            raise UnsafeFileError(f"{label}: external link {name!r} -> {filename}:{path}; refusing to follow links")
-        raise UnsafeFileError(f"{label}: link {name!r} of unknown type {link_type}; refusing to follow")
+    _refuse_other_links(root, links, label, name_of, h5l)
 
     parents = {raw.rpartition(b"/")[0] for raw, _, _ in links if b"/" in raw}  # groups with something below
     seen = {h5o.get_info(root).addr}  # the root is no object of its own listing (a link back to it)
@@ -405,6 +395,21 @@ def _walk(h5: Any, label: str) -> _Walk:
                 if named is not None:
                     vars_names[name] = named
     return _Walk(datasets, groups, vars_names)
+
+
+def _refuse_other_links(root: Any, links: list[tuple[bytes, int, int]], label: str, name_of: Any, h5l: Any) -> None:
+    """Raise UnsafeFileError for the first soft, external or user-defined link (none is followed)."""
+    for raw, link_type, _ in links:
+        if link_type == h5l.TYPE_HARD:
+            continue
+        name = name_of(raw)
+        if link_type == h5l.TYPE_SOFT:
+            target = _text(root.links.get_val(raw))
+            raise UnsafeFileError(f"{label}: soft link {name!r} -> {target!r}; refusing to follow links")
+        if link_type == h5l.TYPE_EXTERNAL:
+            filename, path = (_text(x) for x in root.links.get_val(raw))
+            raise UnsafeFileError(f"{label}: external link {name!r} -> {filename}:{path}; refusing to follow links")
+        raise UnsafeFileError(f"{label}: link {name!r} of unknown type {link_type}; refusing to follow")
 
 
 PREFETCH_WINDOW_BYTES = 64 << 10  # each range fetched for them: a group's B-tree and heap lie beside its header
