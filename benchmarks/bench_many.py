@@ -146,6 +146,9 @@ save_file(state, path, metadata={"format": "np"})
 """
 
 TF_INDEX_VARIABLES = 100_000
+# The giant files' memory baseline: the same command on a file of this many entries from the same
+# generator (the interpreter, the imports and the command's fixed buffers, without the entries).
+BASELINE_ENTRIES = 100
 TF_MANY_GENERATE = r"""
 import sys, numpy as np, tensorflow as tf
 n, prefix = int(sys.argv[1]), sys.argv[2]
@@ -210,8 +213,10 @@ def ensure(pair_ids: set[str], work: pathlib.Path, log=print) -> None:
         quarters_run(work, log=log)
     if any(p.endswith("giant-safetensors") for p in pair_ids):
         giant_safetensors(work, log=log)
+        giant_safetensors(work, BASELINE_ENTRIES, log=log)
     if any(p.endswith("giant-tf") for p in pair_ids):
         giant_tf_index(work, log=log)
+        giant_tf_index(work, BASELINE_ENTRIES, log=log)
 
 
 if __name__ == "__main__":

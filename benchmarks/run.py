@@ -447,30 +447,38 @@ def many_pairs(work: pathlib.Path, h5ls: str | None, h5diff: str | None) -> list
         c.Tool("read each checkpoint once: TF get_tensor of every key", py(TF_READ_RUN.format(p=run))),
     ]))
     st, tf = bench_many.giant_safetensors_path(work), bench_many.giant_tf_path(work)
+    small = {"safetensors": bench_many.giant_safetensors_path(work, bench_many.BASELINE_ENTRIES),
+             "tf": bench_many.giant_tf_path(work, bench_many.BASELINE_ENTRIES)}
     torch_missing = _torch_missing()
     once = dict(rounds=1, warmup=0)  # minutes per run: one timed run each
     n_st, n_tf = f"{bench_many.SAFETENSORS_TENSORS:,}", f"{bench_many.TF_INDEX_VARIABLES:,}"
+
+    def giant(cmd: str, fmt: str, path: str, title: str, *peers: c.Tool) -> Pair:
+        """A giant-file pair: ckptinspect, the peers, and the memory baseline (the same command
+        on a small file of the same generator; not an alternative: its label starts with ckptinspect)."""
+        args = [path, path] if cmd == "diff" else [path]
+        base = [small[fmt], small[fmt]] if cmd == "diff" else [small[fmt]]
+        return Pair(f"{cmd}-giant-{fmt}", cmd, title, [
+            c.Tool(f"ckptinspect {cmd}", [*CKPT, cmd, *args], ours=True), *peers,
+            c.Tool(giant_baseline_label(cmd), [*CKPT, cmd, *base]),
+        ], **once)
+
     pairs += [
-        Pair("ls-giant-safetensors", "ls", f"list a .safetensors of {n_st} tensors (a 96 MB header)", [
-            c.Tool("ckptinspect ls", [*CKPT, "ls", st], ours=True),
-            c.Tool("safe_open keys (script)", py(SAFE_OPEN_KEYS.format(p=st)), missing=torch_missing),
-        ], **once),
-        Pair("verify-giant-safetensors", "verify", f"verify a .safetensors of {n_st} tensors", [
-            c.Tool("ckptinspect verify", [*CKPT, "verify", st], ours=True)], **once),
-        Pair("diff-giant-safetensors", "diff", f"diff X X of a .safetensors of {n_st} tensors", [
-            c.Tool("ckptinspect diff", [*CKPT, "diff", st, st], ours=True)], **once),
-        Pair("ls-giant-tf", "ls", f"list a TF bundle of {n_tf} variables", [
-            c.Tool("ckptinspect ls", [*CKPT, "ls", tf], ours=True),
-            c.Tool("tf.train.list_variables", py(TF_LIST.format(p=tf))),
-        ], **once),
-        Pair("verify-giant-tf", "verify", f"verify a TF bundle of {n_tf} variables", [
-            c.Tool("ckptinspect verify", [*CKPT, "verify", tf], ours=True),
-            c.Tool("TF: get_tensor of every key", py(TF_READ_ALL.format(p=tf))),
-        ], **once),
-        Pair("diff-giant-tf", "diff", f"diff X X of a TF bundle of {n_tf} variables", [
-            c.Tool("ckptinspect diff", [*CKPT, "diff", tf, tf], ours=True)], **once),
+        giant("ls", "safetensors", st, f"list a .safetensors of {n_st} tensors (a 96 MB header)",
+              c.Tool("safe_open keys (script)", py(SAFE_OPEN_KEYS.format(p=st)), missing=torch_missing)),
+        giant("verify", "safetensors", st, f"verify a .safetensors of {n_st} tensors"),
+        giant("diff", "safetensors", st, f"diff X X of a .safetensors of {n_st} tensors"),
+        giant("ls", "tf", tf, f"list a TF bundle of {n_tf} variables", c.Tool("tf.train.list_variables", py(TF_LIST.format(p=tf)))),
+        giant("verify", "tf", tf, f"verify a TF bundle of {n_tf} variables",
+              c.Tool("TF: get_tensor of every key", py(TF_READ_ALL.format(p=tf)))),
+        giant("diff", "tf", tf, f"diff X X of a TF bundle of {n_tf} variables"),
     ]
     return pairs
+
+
+def giant_baseline_label(cmd: str) -> str:
+    """The label of a giant pair's memory baseline."""
+    return f"ckptinspect {cmd} of a {bench_many.BASELINE_ENTRIES}-entry file (memory baseline)"
 
 
 def cold_pairs(s: c.CheckpointSet) -> list[Pair]:
@@ -910,14 +918,12 @@ def many_targets(results: dict[str, dict[str, Any]]) -> list[list[str]]:
         f"{sc.median / v.median:.2f}x ({sc.median:.3f} s vs {v.median:.3f} s)" if sc and v else None,
         sc.median <= 1.5 * v.median if sc and v else None)
     for fmt, what, size in (("safetensors", "the header", _giant_header_bytes), ("tf", "the index", _giant_index_bytes)):
-        limit = size()
         for cmd in ("ls", "verify", "diff"):
-            m = med(results, f"{cmd}-giant-{fmt}", f"ckptinspect {cmd}")
+            pid = f"{cmd}-giant-{fmt}"
+            m = med(results, pid, f"ckptinspect {cmd}")
             if cmd == "ls":
                 add(f"ls of the giant {fmt} file under 5 s (issue 28)", f"{m.median:.2f} s" if m else None, m.median < 5 if m else None)
-            add(f"{cmd} of the giant {fmt} file: peak memory <= 3x {what} (issue 28)",
-                f"{mib(m.peak)} MiB vs limit {mib(3 * limit)} MiB ({m.peak / limit:.1f}x)" if m and limit else None,
-                m.peak <= 3 * limit if m and limit else None)
+            add(*_giant_memory(cmd, fmt, what, m, med(results, pid, giant_baseline_label(cmd)), size()))
     for pid, ours, peer in (("ls-cold", "ckptinspect ls", "tf.train.list_variables"),
                             ("diff-cold", "ckptinspect diff", "TF script (max abs diff per key)"),
                             ("verify-cold", "ckptinspect verify", "TF: get_tensor of every key"),
@@ -948,6 +954,20 @@ def orbax_targets(results: dict[str, dict[str, Any]]) -> list[list[str]]:
 def _verdict(target: str, measured: str | None, ok: bool | None) -> list[str]:
     """One row of the verdict table: ``[target, measured, verdict]``."""
     return [target, measured or "not measured", "n/a" if ok is None else ("met" if ok else "**missed**")]
+
+
+def _giant_memory(cmd: str, fmt: str, what: str, m: c.Measurement | None, base: c.Measurement | None,
+                  size: int | None) -> tuple[str, str | None, bool | None]:
+    """The memory target of a giant file: the peak above the baseline (the same command on a
+    small file of the same generator: interpreter, imports, fixed buffers) at most 3x the header
+    or index. A 5.6 MiB index is below the interpreter's own ~20 MiB, so the absolute peak alone
+    could never meet it; both are shown."""
+    target = f"{cmd} of the giant {fmt} file: peak memory above the baseline <= 3x {what} (issue 28)"
+    if not (m and base and size):
+        return target, None, None
+    above = m.peak - base.peak
+    return (target, f"{mib(m.peak)} MiB - {mib(base.peak)} MiB = {mib(above)} MiB vs limit {mib(3 * size)} MiB "
+                    f"({above / size:.1f}x {what})", above <= 3 * size)
 
 
 def _giant_header_bytes() -> int | None:
