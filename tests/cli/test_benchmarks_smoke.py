@@ -43,7 +43,7 @@ def run(tmp_path_factory):
     work, results, plot = tmp / "work", tmp / "RESULTS.md", tmp / "scale.png"
     cmd = [sys.executable, str(RUN), "--size-mb", "2", "--variables", "20", "--rounds", "1", "--warmup", "0",
            "--only", ",".join(PAIRS), "--scale", "1,2", "--no-scale-baselines",
-           "--work", str(work), "--results", str(results), "--plot", str(plot)]
+           "--work", str(work), "--results", str(results), "--plot", str(plot), "--ratio-plot", str(tmp / "ratios.png")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, results.read_text(), work, plot
