@@ -539,65 +539,72 @@ def average(
     numbers = {c.path: c.number for c in listed}  # a series' numbers, from the names (the listing's)
     ckpts: list[m.Checkpoint] = []
     try:
-        for path in paths:
-            ckpt = open_checkpoint(path)
-            if ckpt.number is None and numbers.get(path) is not None:
-                ckpt = dataclasses.replace(ckpt, number=numbers[path], number_source="name")
-            ckpts.append(ckpt)
-            _check_readable(ckpts[-1])
+        _open_inputs(paths, numbers, ckpts)
         _refuse_repeats(paths, ckpts)
-        notes: list[str] = []
-        positions, axis = m.run_positions([c.step for c in ckpts], [c.number for c in ckpts])
-        if axis is not None:
-            ckpts = [c for _, _, c in sorted(zip(positions, range(len(ckpts)), ckpts))]
-        if axis != "step":
-            notes.append("a step is unknown: inputs taken "
-                         + ("in the order of the numbers in their names" if axis else "in the order given")
-                         + ", the last one as the newest")
+        ckpts, notes = _in_run_order(ckpts)
         _refuse_disagreements(ckpts)
         protected = [*sources, *(c.path for c in ckpts), *(f for c in ckpts for f in c.files())]
-        inputs = tuple(AverageInput(c.path, c.step, newest=i == len(ckpts) - 1, number=c.number,
-                                    number_source=c.number_source) for i, c in enumerate(ckpts))
-        method = METHOD_MEAN if ema is None else METHOD_EMA
-        decay = None if ema is None else float(ema)
-        kind = output_kind(out)
-        h5_out = kind in KERAS_OUTPUTS.values()
-        if kind != KERAS_OUTPUTS.get(ckpts[-1].format, None if h5_out else kind):
-            raise UsageError(f"{out}: .weights.h5 inputs average into a .weights.h5 output, legacy .h5 inputs into a"
-                             f" .h5, TF checkpoints and other sources into a TF prefix (the inputs are {ckpts[-1].format})")
-        if h5_out:
+        common = dict(
+            method=METHOD_MEAN if ema is None else METHOD_EMA, decay=None if ema is None else float(ema), role=role,
+            inputs=tuple(AverageInput(c.path, c.step, newest=i == len(ckpts) - 1, number=c.number,
+                                      number_source=c.number_source) for i, c in enumerate(ckpts)),
+            input_file_bytes=_file_bytes(ckpts),
+        )
+        if _output_kind(out, ckpts) in KERAS_OUTPUTS.values():
             variables, verified, size = average_weights_h5(ckpts, out, ema, role, force, protected, progress)
             return AverageReport(
-                output=out, files=(out,), method=method, decay=decay, role=role, inputs=inputs,
-                variables=tuple(variables), input_file_bytes=_file_bytes(ckpts), output_file_bytes=size, num_shards=1,
+                output=out, files=(out,), **common, variables=tuple(variables), output_file_bytes=size, num_shards=1,
                 verified=verified, seconds=time.perf_counter() - start, object_graph=None,
                 notes=(*notes, "the newest file with its averaged datasets rewritten: load with model.load_weights(OUT)"),
             )
         plan = _Plan(ckpts, ema, role, progress)
-        tensors = plan.tensors()
         checked: list[int] = []
         summary = save_bundle_native(
-            out, tensors, force=force, protected=protected, object_graph=plan.blob,
+            out, plan.tensors(), force=force, protected=protected, object_graph=plan.blob,
             max_shard_bytes=max_shard_bytes, check=lambda tmp: checked.append(plan.check(tmp, out)),
         )
-        files = tuple(sorted(_atomic.prefix_files(out)))
         return AverageReport(
-            output=out,
-            files=files,
-            method=method,
-            decay=decay,
-            role=role,
-            inputs=inputs,
-            variables=tuple(plan.variables),
-            input_file_bytes=_file_bytes(ckpts),
-            output_file_bytes=summary.data_bytes + summary.index_bytes,
-            num_shards=summary.num_shards,
-            verified=checked[0] if checked else 0,
-            seconds=time.perf_counter() - start,
-            object_graph=plan.object_graph,
-            notes=tuple(notes + plan.notes),
+            output=out, files=tuple(sorted(_atomic.prefix_files(out))), **common, variables=tuple(plan.variables),
+            output_file_bytes=summary.data_bytes + summary.index_bytes, num_shards=summary.num_shards,
+            verified=checked[0] if checked else 0, seconds=time.perf_counter() - start,
+            object_graph=plan.object_graph, notes=tuple(notes + plan.notes),
         )
     finally:
         for c in ckpts:
             c.close()
+
+
+def _open_inputs(paths: Sequence[str], numbers: dict[str, int | None], ckpts: list[m.Checkpoint]) -> None:
+    """Open every input into ``ckpts`` (the caller closes them, also on error), a series'
+    number from its name where the checkpoint has none, each checked readable."""
+    for path in paths:
+        ckpt = open_checkpoint(path)
+        if ckpt.number is None and numbers.get(path) is not None:
+            ckpt = dataclasses.replace(ckpt, number=numbers[path], number_source="name")
+        ckpts.append(ckpt)
+        _check_readable(ckpt)
+
+
+def _in_run_order(ckpts: list[m.Checkpoint]) -> tuple[list[m.Checkpoint], list[str]]:
+    """The inputs in run order (by step, else by the numbers in their names, else as given),
+    and a note when a step is unknown."""
+    positions, axis = m.run_positions([c.step for c in ckpts], [c.number for c in ckpts])
+    if axis is not None:
+        ckpts = [c for _, _, c in sorted(zip(positions, range(len(ckpts)), ckpts))]
+    notes = []
+    if axis != "step":
+        notes.append("a step is unknown: inputs taken "
+                     + ("in the order of the numbers in their names" if axis else "in the order given")
+                     + ", the last one as the newest")
+    return ckpts, notes
+
+
+def _output_kind(out: str, ckpts: Sequence[m.Checkpoint]) -> str:
+    """The output's kind (:func:`output_kind`), refused unless it is the inputs' own kind."""
+    kind = output_kind(out)
+    h5_out = kind in KERAS_OUTPUTS.values()
+    if kind != KERAS_OUTPUTS.get(ckpts[-1].format, None if h5_out else kind):
+        raise UsageError(f"{out}: .weights.h5 inputs average into a .weights.h5 output, legacy .h5 inputs into a"
+                         f" .h5, TF checkpoints and other sources into a TF prefix (the inputs are {ckpts[-1].format})")
+    return kind
 
