@@ -250,14 +250,16 @@ class Accumulator:
             This block's chunks' sums of squares.
         """
         out = self.sums
-        finite = prev_chunks is not None and all(math.isfinite(ss) for ss in prev_chunks)
+        size = cur.size
+        dtype = cur.dtype
+        finite = prev_chunks is not None and all(map(math.isfinite, prev_chunks))
         if prev_chunks is not None and not finite:
             prev = None  # a non-finite previous value is compared with nothing (scan's figures say so)
         buffers = self.buffers
-        if prev is not None and finite and prev.dtype == cur.dtype and prev.size == cur.size and same_bytes(cur, prev):
-            return self._add_same(cur.size, prev_chunks, tag, prev_tag)
+        if prev is not None and finite and prev.dtype == dtype and prev.size == size and same_bytes(cur, prev):
+            return self._add_same(size, prev_chunks, tag, prev_tag)
         chunk = self.chunk
-        native = cur.dtype == FLOAT32 and (prev is None or prev.dtype == FLOAT32)
+        native = dtype == FLOAT32 and (prev is None or prev.dtype == FLOAT32)
         # prev's conversion still in ``cur``: it becomes ``prev``, this block is converted beside it
         reuse = not native and prev is not None and prev_tag is not None and buffers.held == prev_tag \
             and cur.size <= chunk and prev.size == cur.size
@@ -268,10 +270,10 @@ class Accumulator:
         # numpy's overflow warnings off: a float32 sum out of range is taken again in float64, a
         # non-finite x.p gives a NaN cosine (as a non-finite value does)
         with np.errstate(over="ignore", invalid="ignore"):
-            for at in range(0, cur.size, chunk):
-                n = min(chunk, cur.size - at)
-                x = xs = cur[at : at + n] if n < cur.size else cur
-                ss = _sumsq(x) if native else math.nan
+            for at in range(0, size, chunk):
+                n = min(chunk, size - at)
+                x = xs = cur[at : at + n] if n < size else cur
+                ss = _dot(x, x) if native else math.nan
                 in_range = FLOAT32_TINY <= ss < math.inf
                 if not in_range:  # not float32, or out of float32's safe range
                     x = buffers.cur[:n]
@@ -285,10 +287,11 @@ class Accumulator:
                     out.nan += nan
                     out.inf += inf
                 if prev is not None:
-                    known = prev_chunks[at // chunk] if prev_chunks is not None and at // chunk < len(prev_chunks) else math.nan
+                    i = at // chunk
+                    known = prev_chunks[i] if prev_chunks is not None and i < len(prev_chunks) else math.nan
                     ps = prev[at : at + n] if n < prev.size else prev
                     self._add_change(x, xs, ps, n, native, in_range and FLOAT32_TINY <= known < math.inf, reuse)
-        if cur.size <= chunk and not native:
+        if size <= chunk and not native:
             buffers.held = tag
         return sums
 
