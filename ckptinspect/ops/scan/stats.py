@@ -44,6 +44,8 @@ BLOCK_ELEMENTS = 1 << 18
 # OpenBLAS computes a dot product of up to 10,000 elements on the calling thread.
 DOT_CHUNK = 8192
 FLOAT32 = np.dtype(np.float32)
+# numpy >= 2.0; numpy 1.x's batched matmul of (k, 1, n) by (k, n, 1) calls the same BLAS dot per piece
+_vecdot = getattr(np, "vecdot", None) or (lambda a, b: np.matmul(a[:, None, :], b[:, :, None]).reshape(-1))
 # float32 values are reduced as they are, through BLAS (sdot of 8,192-element pieces, the
 # pieces merged in float64): about 1e-7 relative from float64 arithmetic, the figures being
 # diagnostics (README, "scan"). A chunk whose float32 sum of squares (of the value or of its
@@ -186,8 +188,8 @@ def _sumsq(x: np.ndarray) -> float:
     order in float64 (a float32 piece's sum agrees with float64 arithmetic to about 1e-7
     relative, see :data:`FLOAT32_TINY` for where it does not). OpenBLAS hands a longer vector
     to its thread pool, which costs 10-100x more than the sum itself on a busy machine
-    (``np.einsum`` is ~10x slower than ddot); the whole pieces go in one batched ``matmul``
-    (a BLAS dot each, one numpy call instead of one per piece). A float32 sum may overflow or be
+    (``np.einsum`` is ~10x slower than ddot); the whole pieces go in one ``vecdot`` (a BLAS
+    dot each, one numpy call instead of one per piece). A float32 sum may overflow or be
     invalid silently: the caller sums it again in float64 (numpy's warnings off, see
     :meth:`Accumulator.add`)."""
     return _dot(x, x)
@@ -195,16 +197,17 @@ def _sumsq(x: np.ndarray) -> float:
 
 def _dot(x: np.ndarray, y: np.ndarray) -> float:
     """sum x y of two vectors of one float type: as :func:`_sumsq`, pieces of :data:`DOT_CHUNK`
-    elements (a BLAS dot each, one batched ``matmul``), added in order in float64."""
+    elements (a BLAS dot each, one ``vecdot`` over the pieces: numpy's vecdot and matmul both
+    call BLAS ``sdot``/``ddot`` per piece, vecdot with less set-up), added in order in float64."""
     n = x.size
     if n <= DOT_CHUNK:
-        return float(np.dot(x, y))
+        return float(x.dot(y))
     whole = n - n % DOT_CHUNK
     total = 0.0
-    for piece in np.matmul(x[:whole].reshape(-1, 1, DOT_CHUNK), y[:whole].reshape(-1, DOT_CHUNK, 1)).reshape(-1).tolist():
+    for piece in _vecdot(x[:whole].reshape(-1, DOT_CHUNK), y[:whole].reshape(-1, DOT_CHUNK)).tolist():
         total += piece
     if whole < n:
-        total += float(np.dot(x[whole:], y[whole:]))
+        total += float(x[whole:].dot(y[whole:]))
     return total
 
 
