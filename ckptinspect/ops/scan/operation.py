@@ -398,6 +398,8 @@ def _key_order(window: list[_Step]) -> list[str]:
     keys: dict[str, None] = {}
     for st in window:
         numeric = [v for v in st.ckpt.variables if v.dtype in STATS_DTYPES]
+        if keys and all(v.key in keys for v in numeric):
+            continue  # no key of its own: nothing to place (a run's checkpoints mostly share theirs)
         for v in sorted(numeric, key=st.ckpt.storage_order):
             keys.setdefault(v.key)
     return list(keys)
@@ -411,21 +413,23 @@ def _measure_window(window: list[_Step], role: str | None, progress: m.Progress 
         if i and not st.carry:
             st.compared_to = window[i - 1].ckpt.path
     chains = measure_chains(_key_order(window), [(st.ckpt, st.by_key) for st in window], role, BLOCK_ELEMENTS)
+    layers: dict[str, str] = {}  # name -> layer, the same in every step
     for outcomes in chains:
-        for o in outcomes:
-            st = window[o.index]
+        for index, var, selected, sums, error in outcomes:
+            st = window[index]
             if st.carry:
                 continue
-            var = o.var
-            if o.error is not None:
-                st.failures.append(f"{var.name}: {o.error}")
-                if o.selected:
-                    st.variables.append(VariableStep(var.name, var.key, var.role, layer_of(var.name),
-                                                     var.shape, var.dtype, None))
-            elif o.selected and o.sums is not None:
-                st.variables.append(VariableStep(var.name, var.key, var.role, layer_of(var.name), var.shape,
-                                                 var.dtype, figures_of(o.sums)))
-                st.sums.append(o.sums)
+            name = var.name
+            layer = layers.get(name)
+            if layer is None:
+                layer = layers[name] = layer_of(name)
+            if error is not None:
+                st.failures.append(f"{name}: {error}")
+                if selected:
+                    st.variables.append(VariableStep(name, var.key, var.role, layer, var.shape, var.dtype, None))
+            elif selected and sums is not None:
+                st.variables.append(VariableStep(name, var.key, var.role, layer, var.shape, var.dtype, figures_of(sums)))
+                st.sums.append(sums)
             counter[0] += 1
             if progress is not None:
                 progress(counter[0], counter[1], var)

@@ -44,6 +44,8 @@ BLOCK_ELEMENTS = 1 << 18
 # OpenBLAS computes a dot product of up to 10,000 elements on the calling thread.
 DOT_CHUNK = 8192
 FLOAT32 = np.dtype(np.float32)
+# numpy >= 2.0; numpy 1.x's batched matmul of (k, 1, n) by (k, n, 1) calls the same BLAS dot per piece
+_vecdot = getattr(np, "vecdot", None) or (lambda a, b: np.matmul(a[:, None, :], b[:, :, None]).reshape(-1))
 # float32 values are reduced as they are, through BLAS (sdot of 8,192-element pieces, the
 # pieces merged in float64): about 1e-7 relative from float64 arithmetic, the figures being
 # diagnostics (README, "scan"). A chunk whose float32 sum of squares (of the value or of its
@@ -186,8 +188,8 @@ def _sumsq(x: np.ndarray) -> float:
     order in float64 (a float32 piece's sum agrees with float64 arithmetic to about 1e-7
     relative, see :data:`FLOAT32_TINY` for where it does not). OpenBLAS hands a longer vector
     to its thread pool, which costs 10-100x more than the sum itself on a busy machine
-    (``np.einsum`` is ~10x slower than ddot); the whole pieces go in one batched ``matmul``
-    (a BLAS dot each, one numpy call instead of one per piece). A float32 sum may overflow or be
+    (``np.einsum`` is ~10x slower than ddot); the whole pieces go in one ``vecdot`` (a BLAS
+    dot each, one numpy call instead of one per piece). A float32 sum may overflow or be
     invalid silently: the caller sums it again in float64 (numpy's warnings off, see
     :meth:`Accumulator.add`)."""
     return _dot(x, x)
@@ -195,16 +197,17 @@ def _sumsq(x: np.ndarray) -> float:
 
 def _dot(x: np.ndarray, y: np.ndarray) -> float:
     """sum x y of two vectors of one float type: as :func:`_sumsq`, pieces of :data:`DOT_CHUNK`
-    elements (a BLAS dot each, one batched ``matmul``), added in order in float64."""
+    elements (a BLAS dot each, one ``vecdot`` over the pieces: numpy's vecdot and matmul both
+    call BLAS ``sdot``/``ddot`` per piece, vecdot with less set-up), added in order in float64."""
     n = x.size
     if n <= DOT_CHUNK:
-        return float(np.dot(x, y))
+        return float(x.dot(y))
     whole = n - n % DOT_CHUNK
     total = 0.0
-    for piece in np.matmul(x[:whole].reshape(-1, 1, DOT_CHUNK), y[:whole].reshape(-1, DOT_CHUNK, 1)).reshape(-1).tolist():
+    for piece in _vecdot(x[:whole].reshape(-1, DOT_CHUNK), y[:whole].reshape(-1, DOT_CHUNK)).tolist():
         total += piece
     if whole < n:
-        total += float(np.dot(x[whole:], y[whole:]))
+        total += float(x[whole:].dot(y[whole:]))
     return total
 
 
@@ -250,14 +253,16 @@ class Accumulator:
             This block's chunks' sums of squares.
         """
         out = self.sums
-        finite = prev_chunks is not None and all(math.isfinite(ss) for ss in prev_chunks)
+        size = cur.size
+        dtype = cur.dtype
+        finite = prev_chunks is not None and all(map(math.isfinite, prev_chunks))
         if prev_chunks is not None and not finite:
             prev = None  # a non-finite previous value is compared with nothing (scan's figures say so)
         buffers = self.buffers
-        if prev is not None and finite and prev.dtype == cur.dtype and prev.size == cur.size and same_bytes(cur, prev):
-            return self._add_same(cur.size, prev_chunks, tag, prev_tag)
+        if prev is not None and finite and prev.dtype == dtype and prev.size == size and same_bytes(cur, prev):
+            return self._add_same(size, prev_chunks, tag, prev_tag)
         chunk = self.chunk
-        native = cur.dtype == FLOAT32 and (prev is None or prev.dtype == FLOAT32)
+        native = dtype == FLOAT32 and (prev is None or prev.dtype == FLOAT32)
         # prev's conversion still in ``cur``: it becomes ``prev``, this block is converted beside it
         reuse = not native and prev is not None and prev_tag is not None and buffers.held == prev_tag \
             and cur.size <= chunk and prev.size == cur.size
@@ -268,10 +273,10 @@ class Accumulator:
         # numpy's overflow warnings off: a float32 sum out of range is taken again in float64, a
         # non-finite x.p gives a NaN cosine (as a non-finite value does)
         with np.errstate(over="ignore", invalid="ignore"):
-            for at in range(0, cur.size, chunk):
-                n = min(chunk, cur.size - at)
-                x = xs = cur[at : at + n] if n < cur.size else cur
-                ss = _sumsq(x) if native else math.nan
+            for at in range(0, size, chunk):
+                n = min(chunk, size - at)
+                x = xs = cur[at : at + n] if n < size else cur
+                ss = _dot(x, x) if native else math.nan
                 in_range = FLOAT32_TINY <= ss < math.inf
                 if not in_range:  # not float32, or out of float32's safe range
                     x = buffers.cur[:n]
@@ -285,10 +290,11 @@ class Accumulator:
                     out.nan += nan
                     out.inf += inf
                 if prev is not None:
-                    known = prev_chunks[at // chunk] if prev_chunks is not None and at // chunk < len(prev_chunks) else math.nan
+                    i = at // chunk
+                    known = prev_chunks[i] if prev_chunks is not None and i < len(prev_chunks) else math.nan
                     ps = prev[at : at + n] if n < prev.size else prev
                     self._add_change(x, xs, ps, n, native, in_range and FLOAT32_TINY <= known < math.inf, reuse)
-        if cur.size <= chunk and not native:
+        if size <= chunk and not native:
             buffers.held = tag
         return sums
 
