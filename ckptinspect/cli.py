@@ -12,7 +12,6 @@ import enum
 import functools
 import os
 import re
-import shutil
 import sys
 import time
 from typing import Callable, Iterator, Optional
@@ -192,6 +191,8 @@ class Progress:
         try:
             return os.get_terminal_size(sys.stderr.fileno()).columns
         except (AttributeError, ValueError, OSError):
+            import shutil  # noqa: PLC0415 - a stderr without a terminal size only
+
             return shutil.get_terminal_size().columns
 
     def __call__(self, done: int, total: int, item=None) -> None:
