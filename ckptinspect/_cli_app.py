@@ -15,7 +15,6 @@ commands are declared with click itself instead. What is added here:
 
 from __future__ import annotations
 
-import difflib
 import enum
 import sys
 from typing import Any
@@ -139,6 +138,8 @@ class Group(click.Group):
         try:
             return super().resolve_command(ctx, args)
         except click.UsageError as e:  # "No such command 'lss'" -> "... Did you mean 'ls'?" (click >= 8.3 says it)
+            import difflib  # noqa: PLC0415 - a mistyped command only
+
             matches = difflib.get_close_matches(args[0], list(self.commands)) if args else []
             if matches and e.message.startswith("No such command") and not getattr(e, "possibilities", None):
                 e.message = f"{e.message.rstrip('.')}. Did you mean {', '.join(map(repr, matches))}?"

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import collections
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Iterable, Iterator, TypeVar
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, TypeVar
+
+if TYPE_CHECKING:  # the pool is imported when one is started (`ls` of a TF bundle reaches this module, never a pool)
+    from concurrent.futures import Future
 
 __all__ = ["WORKERS", "ordered_map"]
 
@@ -65,6 +67,8 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int | None = 
         for item in items:
             yield fn(item)
         return
+    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415 - see TYPE_CHECKING above
+
     limit = max(workers, ahead if ahead is not None else 2 * workers)
     in_flight: collections.deque[Future[R]] = collections.deque()
     pool = ThreadPoolExecutor(workers, thread_name_prefix="ckptinspect")

@@ -12,10 +12,8 @@ import enum
 import functools
 import os
 import re
-import shutil
 import sys
 import time
-import traceback
 from typing import Callable, Iterator, Optional
 
 import click
@@ -132,6 +130,13 @@ def strict_option(when: str = "") -> Callable:
                        f"variables and leave weights without a value that fits at init (exit 1 when one is){when}.")
 
 
+def _print_traceback() -> None:
+    """The traceback of the exception being handled, on stderr (``--debug``)."""
+    import traceback  # noqa: PLC0415 - --debug only
+
+    traceback.print_exc()
+
+
 def fail(message: str, details: tuple[str, ...] | list[str] = ()) -> None:
     """Print one ``Error:`` line (control characters escaped, so a name from a file cannot
     break the line or drive the terminal), then any ``details`` lines (escaped alike), and exit 2."""
@@ -157,11 +162,11 @@ def handle_errors(fn: Callable) -> Callable:
             raise click.exceptions.Exit(130) from None
         except errors.CkptError as e:
             if _state["debug"]:  # --debug adds the traceback; the Error line and exit 2 stay
-                traceback.print_exc()
+                _print_traceback()
             fail(str(e))
         except Exception as e:  # noqa: BLE001 - the CLI promises no traceback without --debug
             if _state["debug"]:
-                traceback.print_exc()
+                _print_traceback()
             text = str(e).strip()
             fail(f"unexpected {type(e).__name__}: {text.splitlines()[0] if text else ''}"
                  + ("" if _state["debug"] else " (run with --debug for the traceback)"))
@@ -186,6 +191,8 @@ class Progress:
         try:
             return os.get_terminal_size(sys.stderr.fileno()).columns
         except (AttributeError, ValueError, OSError):
+            import shutil  # noqa: PLC0415 - a stderr without a terminal size only
+
             return shutil.get_terminal_size().columns
 
     def __call__(self, done: int, total: int, item=None) -> None:
@@ -426,7 +433,7 @@ def transplant_command(src: str, dst: str, builder: str, strategy: str, replicas
         if e.report is None or not e.problems:  # not the strict refusal (a value that did not arrive)
             raise
         if _state["debug"]:
-            traceback.print_exc()
+            _print_traceback()
         # the library's message names the Python arguments (strict=False...): say the flags
         fail(*transplant_refusal(e.report, e.problems, src=src, builder=builder))
     report = done.report

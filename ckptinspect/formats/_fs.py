@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import os
 import posixpath
 import stat
@@ -27,7 +28,10 @@ import threading
 from typing import Any, BinaryIO, Iterator
 
 from ..errors import CheckpointNotFoundError, UnsafeFileError
-from . import remote as _remote
+from ._lazymod import lazy_import
+
+# Object storage (fsspec, ranged reads, caches): loaded by the first remote path, never by a local one.
+_remote = lazy_import(__package__ + ".remote")
 
 __all__ = [
     "READ_CHUNK_BYTES",
@@ -446,15 +450,21 @@ def open_binary(path: str) -> BinaryIO:
         raise
 
 
+def _is_remote_file(f: BinaryIO) -> bool:
+    """``f`` is a :class:`.remote.RemoteFile`. A local file from :func:`open_binary` is told apart
+    without loading the object-store module."""
+    return not isinstance(f, io.BufferedReader) and isinstance(f, _remote.RemoteFile)
+
+
 def _size_of(f: BinaryIO, path: str) -> int:
     if is_remote(path):
-        return f.size if isinstance(f, _remote.RemoteFile) else getsize(path)
+        return f.size if _is_remote_file(f) else getsize(path)
     return os.fstat(f.fileno()).st_size
 
 
 def file_size(f: BinaryIO) -> int:
     """The size of an open file from :func:`open_binary` (local: ``fstat``; remote: the object's)."""
-    if isinstance(f, _remote.RemoteFile):
+    if _is_remote_file(f):
         return f.size
     return os.fstat(f.fileno()).st_size
 
@@ -500,7 +510,7 @@ def read_bytes(path: str, *, limit: int = DEFAULT_READ_LIMIT, what: str = "file"
                     f"{path}: {what} is {size} bytes ({human_size(size)}), more than the {human_size(limit)} a {what}"
                     " may take; refusing to read"
                 )
-            if isinstance(f, _remote.RemoteFile):  # one request (or parallel ranges), not a loop of reads
+            if _is_remote_file(f):  # one request (or parallel ranges), not a loop of reads
                 return f.pread(0, size)
             chunks = []
             left = size
@@ -525,7 +535,7 @@ def read_range(path: str, offset: int, size: int) -> bytes:
             total = _size_of(f, path)
             if offset >= total or size <= 0:
                 return b""
-            if isinstance(f, _remote.RemoteFile):
+            if _is_remote_file(f):
                 return f.pread(offset, min(size, total - offset))
             f.seek(offset)
             return f.read(min(size, total - offset))
@@ -654,7 +664,7 @@ class DataFiles:
                 f = self._remote.get(path)
                 if f is None:
                     f = self._remote[path] = open_binary(path)
-            if isinstance(f, _remote.RemoteFile):  # positioned reads: several threads at once
+            if _is_remote_file(f):  # positioned reads: several threads at once
                 data = f.pread(offset, len(buffer))
                 buffer[: len(data)] = data
                 return len(data)

@@ -11,6 +11,11 @@ INDEX_SUFFIX = ".index"
 KEY_ENCODING = "utf-8"
 KEY_ERRORS = "surrogateescape"
 STATE_FILE = "checkpoint"
+# The kinds of directory a series is read from (DirectoryListing.kind): a TF checkpoint directory,
+# a folder of Keras or PyTorch files with the epoch or step in their names.
+SERIES_TF = "tf-directory"
+SERIES_KERAS = "keras-files"
+SERIES_TORCH = "torch-files"
 DATA_FILE_RE = re.compile(r"^(?P<prefix>.*)\.data-(?P<shard>\d{5})-of-(?P<num>\d{5})$")
 
 

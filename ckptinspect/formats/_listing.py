@@ -6,12 +6,9 @@ from __future__ import annotations
 import dataclasses
 
 from .. import model as m
+from ._layout import SERIES_KERAS, SERIES_TF, SERIES_TORCH
 
 __all__ = ["SERIES_TF", "SERIES_KERAS", "SERIES_TORCH", "DirectoryListing"]
-
-SERIES_TF = "tf-directory"
-SERIES_KERAS = "keras-files"
-SERIES_TORCH = "torch-files"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,8 +8,7 @@ import dataclasses
 import os
 import re
 
-from ._layout import INDEX_SUFFIX
-from ._listing import SERIES_KERAS, SERIES_TORCH
+from ._layout import INDEX_SUFFIX, SERIES_KERAS, SERIES_TORCH
 
 __all__ = ["FILE_SERIES_SUFFIXES", "NameNumbers", "name_numbers"]
 

@@ -4,7 +4,6 @@ library only: detection runs for every path, and must not import numpy)."""
 from __future__ import annotations
 
 import struct
-import zipfile
 
 from ..errors import CheckpointNotFoundError
 from . import _fs
@@ -60,6 +59,8 @@ def is_torch_zip(path: str) -> bool:
     first = head[ZIP_LOCAL_HEADER.size : ZIP_LOCAL_HEADER.size + name_len].decode("utf-8", "replace")
     if is_data_pkl(first):
         return True
+    import zipfile  # noqa: PLC0415 - a zip whose first member is not data.pkl only (detection runs for every path)
+
     try:
         with _fs.open_binary(path) as raw, zipfile.ZipFile(raw) as zf:  # the central directory alone
             return any(is_data_pkl(n) for n in zf.namelist())

@@ -24,9 +24,7 @@ import enum
 import math
 import os
 import re
-import shutil
 import sys
-import textwrap
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ..model import display_name, format_shape
@@ -163,6 +161,8 @@ def terminal_width() -> int | None:
         return int(columns)
     try:
         if sys.stdout.isatty():
+            import shutil  # noqa: PLC0415 - a terminal only
+
             return shutil.get_terminal_size().columns
     except (AttributeError, ValueError, OSError):
         pass
@@ -210,6 +210,8 @@ def _wrap(body: str, room: int, first: str, indent: str) -> list[str]:
                 lines[-1] += ","
                 lines.append(item)
     else:
+        import textwrap  # noqa: PLC0415 - text wider than its room only
+
         lines = textwrap.wrap(body, width=max(room, 1), break_long_words=True, break_on_hyphens=False) or [body]
     return [first + lines[0], *(indent + line for line in lines[1:])]
 
@@ -492,6 +494,8 @@ def simple_table_lines(
         if is_plain and len(row) == len(widths) and not (wrap and len(row[-1]) > widths[-1]):
             yield padded(*row).rstrip()
         elif wrap and display_width(row[-1]) > widths[-1]:
+            import textwrap  # noqa: PLC0415 - a cell wider than its column only
+
             pieces = textwrap.wrap(row[-1], width=widths[-1], break_long_words=True, break_on_hyphens=False)
             offset = " " * (_table_width(widths[:-1]) + len(COLUMN_GAP))
             yield COLUMN_GAP.join(_pad(c, w) for c, w in zip(row[:-1] + [pieces[0]], widths)).rstrip()
@@ -501,6 +505,8 @@ def simple_table_lines(
             yield COLUMN_GAP.join(_pad(c, w) for c, w in zip(row, widths)).rstrip()
     if hidden:
         said = f"(left out to fit {width} columns: {', '.join(hidden)}; all in --format csv)"
+        import textwrap  # noqa: PLC0415 - columns left out only
+
         yield from textwrap.wrap(said, width=max(width, MIN_WRAPPED_WIDTH), break_on_hyphens=False) or [said]
 
 

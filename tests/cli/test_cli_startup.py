@@ -176,3 +176,46 @@ def test_ls_tf_bundle_still_finds_its_reader():
     assert code == 0
     assert {"ckptinspect.formats.tf.bundle", "ckptinspect.formats.tf.directory"} <= modules
     assert _loaded(modules, OTHER_READERS + WRITERS + ("h5py", "tensorflow", "pydantic", "csv")) == []
+
+
+# What `ls` of one file never loads, in an interpreter started without site (-S: an editable
+# install's .pth finder and other .pth files import pathlib, zipfile, tempfile... themselves, which
+# would hide a regression). Each was loaded by every start once: the standard library's for the
+# paths that need it (zip detection's fallback, a terminal, a sharded index, --debug, a mistyped
+# command, a pool of threads), and the package's modules only some inputs need (remote paths,
+# giant safetensors headers, directory listings; the model's records of slices, directories and
+# verify where a file has none).
+NEVER_FOR_ONE_FILE = ("numpy", "h5py", "zipfile", "pathlib", "tempfile", "shutil", "urllib", "difflib", "traceback",
+                      "textwrap", "concurrent.futures", "logging", "csv",
+                      "ckptinspect.formats.remote", "ckptinspect.formats.safetensors.compact",
+                      "ckptinspect.formats._listing", "ckptinspect._atomic")
+
+
+def _ls_modules_without_site(path: str) -> tuple[int, set[str]]:
+    """Exit code and the modules `ckptinspect ls PATH` executed, in ``python -S`` (site-packages on
+    PYTHONPATH instead). A module registered to load on first use (``formats._lazymod``) and never
+    used does not count: its type is still the lazy loader's module subclass."""
+    import site  # noqa: PLC0415
+
+    code = ("import sys, types; from ckptinspect.cli import app\n"
+            f"try:\n    app(['ls', {path!r}])\nexcept SystemExit as e:\n    code = e.code\n"
+            "print(code); print(' '.join(sorted(n for n, m in sys.modules.items()"
+            " if not (isinstance(m, types.ModuleType) and type(m) is not types.ModuleType))))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *site.getsitepackages()])}
+    done = subprocess.run([sys.executable, "-S", "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env=env)
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) >= 2, done.stderr
+    return int(lines[-2]), set(lines[-1].split())
+
+
+@pytest.mark.parametrize("path,reader,also_never", [
+    ("fixtures/torch/model.safetensors", "ckptinspect.formats.safetensors.file", ("google.protobuf", "ckptinspect._records")),
+    ("fixtures/keras/model.weights.h5", "ckptinspect.formats.keras.hdf5", ("google.protobuf", "json", "ckptinspect._records")),
+    ("fixtures/sharded/ckpt-4", "ckptinspect.formats.tf.index", ("json",)),
+])
+def test_ls_of_one_file_loads_nothing_other_paths_need(path, reader, also_never):
+    code, modules = _ls_modules_without_site(path)
+    assert code == 0
+    assert reader in modules and "click" in modules  # the listing did run
+    assert _loaded(modules, NEVER_FOR_ONE_FILE + also_never) == []

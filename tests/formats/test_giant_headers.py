@@ -19,7 +19,7 @@ import ckptinspect
 from ckptinspect import model as m
 from ckptinspect.cli import app
 from ckptinspect.formats import _bulk
-from ckptinspect.formats.safetensors import compact
+from ckptinspect.formats.safetensors import compact, file as safetensors_file
 from ckptinspect.render import simple_table
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
@@ -35,7 +35,7 @@ NAMES = ["a/b.weight", 'q"uote', "back\\slash", "\x1b[31mred", "caf\u00e9/\u4e2d
 
 
 def _columns(monkeypatch, on: bool) -> None:
-    monkeypatch.setattr(compact, "COMPACT_MIN_BYTES", 0 if on else 1 << 62)
+    monkeypatch.setattr(safetensors_file, "COMPACT_MIN_BYTES", 0 if on else 1 << 62)
     monkeypatch.setattr(_bulk, "COMPACT_MIN_VARIABLES", 0 if on else 1 << 62)
 
 

@@ -5,7 +5,6 @@ root attributes. Part of :mod:`.keras_h5`.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from ... import model as m
@@ -116,6 +115,8 @@ def _legacy_variables(attrs: Attrs, walk: _Walk, base: str, label: str) -> list[
 def _json_attr(attrs: Attrs, name: str) -> dict | list | None:
     if not attrs.has("", name):
         return None
+    import json  # noqa: PLC0415 - a legacy .h5 file's configs only: ls of a .weights.h5 file imports no json
+
     try:
         return json.loads(attrs.text("", name))
     except (ValueError, TypeError):

@@ -30,9 +30,8 @@ from ...errors import CkptError
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["CompactHeader", "scan_header", "COMPACT_MIN_BYTES"]
+__all__ = ["CompactHeader", "scan_header"]
 
-COMPACT_MIN_BYTES = 1 << 20  # smaller headers are parsed by json.loads: the columns pay off on big ones
 WINDOW_BYTES = 8 << 20  # header bytes read at a time
 CHUNK_BYTES = 1 << 20  # header bytes matched per findall (its tuples are the transient memory)
 

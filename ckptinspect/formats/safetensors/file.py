@@ -29,13 +29,17 @@ from ... import model as m
 from ...errors import CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError, UnsafeFileError, one_line
 from .. import _fs
 from .._bulk import paused_gc
+from .._lazymod import lazy_import
 from .._readcheck import Opened, ReadCheck
 from .._torch_layout import INT64_MAX, SAFETENSORS_HEADER_LENGTH, valid_dims
-from . import compact
-from .compact import CompactHeader
 
 if TYPE_CHECKING:  # numpy is imported where values are read: listing goes without it
     import numpy as np
+
+    from .compact import CompactHeader
+
+# The columns reader of giant headers (its patterns compiled, its records made) loads for such a header only.
+compact = lazy_import(__package__ + ".compact")
 
 __all__ = [
     "FORMAT_SAFETENSORS",
@@ -55,6 +59,9 @@ MAX_HEADER_BYTES = 100_000_000  # the safetensors library's limit
 METADATA_KEY = "__metadata__"
 HEADER_ALIGNMENT = 8
 READ_CHUNK_BYTES = 8 << 20
+# Headers of this many bytes or more are read into columns (:mod:`.compact`); smaller ones by
+# json.loads: the columns pay off on big ones.
+COMPACT_MIN_BYTES = 1 << 20
 MAX_DIMS = 64
 
 # safetensors dtype -> ckptinspect dtype name (and back, for writing).
@@ -434,7 +441,7 @@ def _opened(path: str, strict: bool) -> tuple[m.Checkpoint, Header]:
 def _opened_listing(path: str, strict: bool) -> tuple[m.Checkpoint, Header | CompactHeader]:
     n, size = _header_size(path)
     header: Header | CompactHeader | None = None
-    if n >= compact.COMPACT_MIN_BYTES:  # a giant header: read a window at a time into columns
+    if n >= COMPACT_MIN_BYTES:  # a giant header: read a window at a time into columns
         def read(offset: int, count: int) -> bytes:
             return _fs.read_range(path, HEADER_LENGTH.size + offset, min(count, n - offset))
 
@@ -452,7 +459,7 @@ def _opened_listing(path: str, strict: bool) -> tuple[m.Checkpoint, Header | Com
     if header.data_start % HEADER_ALIGNMENT:
         info["data_alignment"] = f"unaligned (data starts at byte {header.data_start})"
     variables: Sequence[m.Variable]
-    if isinstance(header, CompactHeader):
+    if not isinstance(header, Header):  # the columns
         variables = header.table
         entries: Mapping[str, tuple[int, SafetensorsTensor]] = _TableEntries(header.table, header.starts)
     else:
