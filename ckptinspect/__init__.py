@@ -13,7 +13,6 @@ Importing this package does not import TensorFlow; only reading values of TF che
 from __future__ import annotations
 
 import os as _os
-from typing import TYPE_CHECKING
 
 from .errors import (
     CheckpointNotFoundError,
@@ -28,10 +27,7 @@ from .errors import (
     UsageError,
     VerificationError,
 )
-from .model import ROLES, Checkpoint, Variable
-
-if TYPE_CHECKING:  # imported on first use (see _LAZY_NAMES)
-    from .model import RetainedCheckpoint, SliceInfo
+from .model import ROLES, Checkpoint, RetainedCheckpoint, SliceInfo, Variable
 
 __version__ = "0.1.0"
 
@@ -107,12 +103,8 @@ _OPERATIONS = {
 }
 
 
-# Records of the model only some commands make (see ``model._RECORDS``), imported on first use too.
-_LAZY_NAMES = {**_OPERATIONS, "SliceInfo": "ckptinspect.model", "RetainedCheckpoint": "ckptinspect.model"}
-
-
 def __getattr__(name: str):
-    module = _LAZY_NAMES.get(name)
+    module = _OPERATIONS.get(name)
     if module is None:
         raise AttributeError(f"module 'ckptinspect' has no attribute {name!r}")
     import importlib  # noqa: PLC0415
@@ -123,4 +115,4 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY_NAMES))
+    return sorted(set(globals()) | set(_OPERATIONS))

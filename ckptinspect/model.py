@@ -17,8 +17,6 @@ from .errors import CheckpointNotFoundError
 if TYPE_CHECKING:  # numpy is imported only where values are read
     import numpy as np
 
-    from ._records import CheckResult, Damage, RetainedCheckpoint, SliceInfo
-
 __all__ = [
     "ROLES",
     "ROLE_MODEL",
@@ -97,6 +95,23 @@ def numpy_dtype(name: str) -> np.dtype | None:
         except ImportError:  # pragma: no cover
             return None
     return None
+
+
+@dataclasses.dataclass(frozen=True)
+class SliceInfo:
+    """One stored slice of a sliced (partitioned) variable.
+
+    Attributes:
+        starts: Start index of the slice in each dimension.
+        lengths: Length in each dimension (``-1`` means the whole dimension).
+        shard: The data shard holding the slice's bytes.
+        nbytes: Bytes the slice takes in its shard.
+    """
+
+    starts: tuple[int, ...]
+    lengths: tuple[int, ...]
+    shard: int
+    nbytes: int
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -368,6 +383,34 @@ class VariableTable(Sequence[Variable]):
 _SORT_BUFFER_BYTES = 64 << 20  # names sorted as fixed-width bytes up to this much, else one by one
 
 
+@dataclasses.dataclass(frozen=True)
+class RetainedCheckpoint:
+    """One checkpoint of a checkpoint directory.
+
+    Attributes:
+        path: The checkpoint prefix.
+        step: Its training step where the listing read it from its variables (the newest 32
+            of a TF directory or a folder of checkpoint files), else None.
+        timestamp: Save time from the state file, or None.
+        exists: Whether its index (and data) files are on disk.
+        in_state_file: Whether the ``checkpoint`` state file lists it.
+        latest: Whether this is the checkpoint the directory resolves to.
+        number: The number in its name (``ckpt-7``: 7, ``weights.03.weights.h5``: 3,
+            ``epoch=2-step=60.ckpt``: 60), or None: its place in the series, not a step.
+    """
+
+    path: str
+    step: int | None
+    timestamp: float | None
+    exists: bool
+    in_state_file: bool = True
+    latest: bool = False
+    number: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
 def run_positions(steps: Sequence[int | None], numbers: Sequence[int | None]) -> tuple[list[int | None], str | None]:
     """The one rule placing the checkpoints of a run in order and on an axis (``scan``,
     ``average``, ``verify``'s newest intact): their training steps when every one
@@ -423,6 +466,82 @@ DAMAGE_UNALLOCATED = "unallocated"  # an HDF5 dataset declared but never written
 STATUS_INTACT = "intact"
 STATUS_DAMAGED = "damaged"
 STATUS_MISSING = "missing"
+
+
+@dataclasses.dataclass(frozen=True)
+class Damage:
+    """One damaged tensor (or dataset, or archive member).
+
+    Attributes:
+        key: The key in the index (or dataset path in an HDF5 file).
+        name: Its readable name (the key when no better name is known).
+        file: The file holding its bytes (the data shard for TF bundles).
+        kind: One of the ``DAMAGE_*`` kinds: ``checksum``, ``truncated``, ``missing-shard``,
+            ``size``, ``layout``, ``missing-slice``, ``unreadable``, ``dtype``, ``unallocated``.
+        problem: One line saying what is wrong.
+        shard: The data shard number, or None.
+        offset: Byte offset in ``file``, or None.
+        size: Bytes the index records for it, or None.
+        slice: For a stored slice of a sliced variable, which one (``[0:4,:]``), else None.
+        stored_crc32c: The checksum the file records, as stored (TF bundles: masked), or None.
+        actual_crc32c: The checksum of the bytes on disk, in the stored form, or None.
+    """
+
+    key: str
+    name: str
+    file: str
+    kind: str
+    problem: str
+    shard: int | None = None
+    offset: int | None = None
+    size: int | None = None
+    slice: str | None = None
+    stored_crc32c: int | None = None
+    actual_crc32c: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckResult:
+    """The verdict on one checkpoint (one prefix, V1 file, HDF5 or ``.keras`` file).
+
+    Attributes:
+        path: The prefix or file.
+        format: A format name (``ckptinspect.formats.FORMATS``, from the format registry), or None when it could not be told.
+        status: ``intact``, ``damaged`` or ``missing``.
+        step: Its training step (the step rule), or None.
+        latest: The checkpoint a directory resolves to.
+        in_state_file: Listed by the directory's ``checkpoint`` state file.
+        tensors: Tensors (stored slices, datasets) checked.
+        nbytes: Bytes checked.
+        problems: File-level problems (index, missing or short shards), one line each.
+        damaged: Damaged tensors, in file order.
+        number: In a directory, the number in its name (:attr:`RetainedCheckpoint.number`), or None.
+    """
+
+    path: str
+    format: str | None
+    status: str
+    step: int | None = None
+    latest: bool = False
+    in_state_file: bool = False
+    tensors: int = 0
+    nbytes: int = 0
+    problems: tuple[str, ...] = ()
+    damaged: tuple[Damage, ...] = ()
+    number: int | None = None
+
+    @property
+    def intact(self) -> bool:
+        return self.status == STATUS_INTACT
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["damaged"] = [d.to_dict() for d in self.damaged]
+        out["problems"] = list(self.problems)
+        return out
 
 
 class TensorSource(Protocol):
@@ -689,19 +808,3 @@ class Checkpoint:
         out["totals"] = self.totals()
         out["variables"] = [v.to_dict() for v in self.variables] if variables else []
         return out
-
-
-# The records only some commands make live in ._records, imported on first use (creating a
-# dataclass costs about a millisecond of every start): a stored slice of a sliced variable
-# (SliceInfo), a checkpoint of a directory (RetainedCheckpoint), verify's Damage and CheckResult.
-_RECORDS = frozenset({"SliceInfo", "RetainedCheckpoint", "Damage", "CheckResult"})
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _RECORDS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from . import _records  # noqa: PLC0415
-
-    value = getattr(_records, name)
-    globals()[name] = value
-    return value
