@@ -19,14 +19,12 @@ __all__ = ["plain_names", "table_chunks", "json_chunks"]
 
 BLOCK_BYTES = 256 << 10  # bytes of text laid out at once (its gather indexes take ~30x that)
 _SPACE, _NEWLINE = 0x20, 0x0A
+_PRINTABLE_ASCII = bytes(range(0x20, 0x7F))
 
 
 def plain_names(table: m.VariableTable) -> bool:
     """Whether every name of ``table`` is printable ASCII (a cell shown as it is, its width its length)."""
-    import numpy as np  # noqa: PLC0415
-
-    buf = np.frombuffer(table.names, np.uint8)
-    return not bool(((buf < 0x20) | (buf > 0x7E)).any())
+    return not table.names.translate(None, _PRINTABLE_ASCII)  # what is left once they are deleted (no mask per byte)
 
 
 def _texts(values: Sequence[str]) -> Any:
