@@ -370,7 +370,7 @@ def _read_compact(path: str) -> CompactIndex | None:
     with reader:
         if reader.size != size:
             return None
-        key = (path, compact.index_digest(reader))  # the same bytes give the same parse
+        key = (path, compact.index_digest(reader), "columns")  # the same bytes give the same parse
         with _LIVE_LOCK:
             found = _LIVE.get(key)
         if found is not None:
