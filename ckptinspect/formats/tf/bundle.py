@@ -408,6 +408,11 @@ class BundleSource(m.BaseSource):
         return tuple(out)
 
     def storage_order(self, variable: m.Variable) -> tuple:
+        if isinstance(self._entries, CompactIndex):  # from the columns: no entry made per variable
+            index = self._entries
+            r = index.find(variable.key)
+            if r is not None:
+                return (index.shard_numbers[index.shard_codes[r]], int(index.offsets[r]))
         entry = self._entries.get(variable.key)
         if entry is None or entry.slices:
             return (variable.shards[0] if variable.shards else 0, 0)

@@ -483,10 +483,11 @@ class CompactIndex:
         """The row of ``key``, or None: a binary search of the sorted keys (the next row tried first)."""
         want = encode_key(key)
         n = len(self.key_ends)
-        guess = self._next
-        if guess < n and self.key_bytes(guess) == want:
-            self._next = guess + 1
-            return guess
+        after = self._next
+        for guess in (after, after - 1):  # the next row, or the same one again (two readers in step)
+            if 0 <= guess < n and self.key_bytes(guess) == want:
+                self._next = guess + 1
+                return guess
         lo, hi = 0, n
         while lo < hi:
             mid = (lo + hi) // 2
