@@ -116,7 +116,8 @@ def test_a_sliced_index_is_read_as_before(monkeypatch):
 
 @pytest.mark.parametrize("args", [["--format", "table"], ["--format", "csv"], ["--format", "json"],
                                   ["--sort", "name"], ["--sort", "size", "--format", "csv"], ["--sort", "file"],
-                                  ["--role", "optimizer", "--format", "json"], ["--tree"], ["-k", "kernel"]])
+                                  ["--role", "optimizer", "--format", "json"], ["--tree"], ["-k", "kernel"],
+                                  ["--stats", "--format", "csv"]])
 def test_ls_of_a_fixture_is_byte_identical(monkeypatch, args):
     before, after = _both(monkeypatch, lambda: _cli("ls", PLAIN, *args))
     assert before[0] == 0 and after == before

@@ -330,7 +330,7 @@ def scan_index(read: TableSource, path: str) -> CompactIndex | None:
     """
     try:
         return _scan(read)
-    except (_NotCompact, MalformedError, UnicodeError, OverflowError):
+    except (_NotCompact, MalformedError, UnicodeError, OverflowError, IndexError):
         return None
 
 
@@ -525,21 +525,25 @@ class CompactIndex:
         make sense, else what the index records (int64; OverflowError beyond it)."""
         import numpy as np  # noqa: PLC0415
 
-        per = np.full((len(self.dtype_numbers), max(1, len(self.shapes))), -1, np.int64)
-        for d, name in enumerate(self.dtype_names):
-            item = m.ITEMSIZE.get(name)
-            if item is None:
+        if not len(self):
+            return self.sizes
+        # once per (dtype, shape) pair present (not per pair possible: many shapes x many dtypes)
+        pairs, inverse = np.unique(self.dtype_codes.astype(np.int64) * len(self.shapes) + self.shape_codes,
+                                   return_inverse=True)
+        per = np.full(len(pairs), -1, np.int64)
+        for i, pair in enumerate(pairs.tolist()):
+            item = m.ITEMSIZE.get(self.dtype_names[pair // len(self.shapes)])
+            shape = self.shapes[pair % len(self.shapes)]
+            if item is None or not fits_tensorflow(shape):
                 continue
-            for s, shape in enumerate(self.shapes):
-                if not fits_tensorflow(shape):
-                    continue
-                n = item
-                for dim in shape:
-                    n *= dim
-                if n >= _INT64_LIMIT:
-                    raise OverflowError("a variable's size exceeds int64")
-                per[d, s] = n
-        out = per[self.dtype_codes, self.shape_codes] if len(self) else np.zeros(0, np.int64)
+            n = item
+            for dim in shape:
+                n *= dim
+            if n >= _INT64_LIMIT:
+                raise OverflowError("a variable's size exceeds int64")
+            per[i] = n
+        out = per[inverse.reshape(-1)]
+        del inverse
         stored = out < 0
         if stored.any():
             out[stored] = self.sizes[stored]
