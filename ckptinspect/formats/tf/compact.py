@@ -45,6 +45,7 @@ _MAX_SHARDS = 1_000_000  # as parse_index
 _INT32_LIMIT = 1 << 31
 _INT64_LIMIT = 1 << 63
 _NO_CRC = -1
+_RECENT_ENTRIES = 4096
 
 # BundleEntryProto tags (field << 3 | wire type) and the bit each sets in ``seen``.
 _TAG_DTYPE, _TAG_SHAPE, _TAG_SHARD, _TAG_OFFSET, _TAG_SIZE, _TAG_CRC = 0x08, 0x12, 0x18, 0x20, 0x28, 0x35
@@ -417,6 +418,7 @@ class CompactIndex:
         self.offsets, self.sizes, self.crcs, self.no_crc = offsets, sizes, crcs, no_crc
         self.problems, self.problem_codes = self._problems()
         self._next = 0  # find's guess: callers mostly go in key order
+        self._recent: dict[str, IndexEntry] = {}  # get's entries made last (at most _RECENT_ENTRIES)
 
     # -- the one rule ----------------------------------------------------------------------
     def _problems(self) -> tuple[tuple[tuple[str, str] | None, ...], Any]:
@@ -501,9 +503,19 @@ class CompactIndex:
         return None
 
     def get(self, key: str, default: Any = None) -> IndexEntry | Any:
-        """The entry of ``key`` (a mapping's ``get``: what ``{e.key: e}`` gave)."""
+        """The entry of ``key`` (a mapping's ``get``: what ``{e.key: e}`` gave). The entries made
+        last are kept a while (two readers of one index, diff X X, ask for each in turn)."""
+        entry = self._recent.get(key)
+        if entry is not None:
+            return entry
         r = self.find(key)
-        return default if r is None else self.entry_at(r)
+        if r is None:
+            return default
+        entry = self.entry_at(r)
+        if len(self._recent) >= _RECENT_ENTRIES:
+            self._recent.clear()
+        self._recent[key] = entry
+        return entry
 
     @property
     def entries(self) -> _Entries:
