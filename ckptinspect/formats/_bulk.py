@@ -26,7 +26,10 @@ def compact_variables(variables: Iterable[m.Variable]) -> Sequence[m.Variable]:
     has slices or an object-graph path), else a tuple."""
     variables = tuple(variables)
     if len(variables) >= COMPACT_MIN_VARIABLES:
-        table = m.VariableTable.from_variables(variables)
+        try:
+            table = m.VariableTable.from_variables(variables)
+        except OverflowError:  # a size beyond the int64 column (a hostile shape): kept as objects
+            return variables
         if table is not None:
             return table
     return variables

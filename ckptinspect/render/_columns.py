@@ -17,16 +17,14 @@ from ._core import COLUMN_GAP, display_width, escape_controls, human_bytes, to_j
 
 __all__ = ["plain_names", "table_chunks", "json_chunks"]
 
-BLOCK_BYTES = 2 << 20  # bytes of text laid out at once
+BLOCK_BYTES = 256 << 10  # bytes of text laid out at once (its gather indexes take ~30x that)
 _SPACE, _NEWLINE = 0x20, 0x0A
+_PRINTABLE_ASCII = bytes(range(0x20, 0x7F))
 
 
 def plain_names(table: m.VariableTable) -> bool:
     """Whether every name of ``table`` is printable ASCII (a cell shown as it is, its width its length)."""
-    import numpy as np  # noqa: PLC0415
-
-    buf = np.frombuffer(table.names, np.uint8)
-    return not bool(((buf < 0x20) | (buf > 0x7E)).any())
+    return not table.names.translate(None, _PRINTABLE_ASCII)  # what is left once they are deleted (no mask per byte)
 
 
 def _texts(values: Sequence[str]) -> Any:
@@ -59,8 +57,6 @@ def table_chunks(headers: Sequence[str], table: m.VariableTable,
 
     rows = table.positions()
     ends = table.name_ends
-    starts = np.concatenate(([0], ends[:-1]))
-    name_lengths = (ends - starts)[rows]
     columns = []
     for codes_of, text_of in cells:
         codes = codes_of(rows)
@@ -70,7 +66,8 @@ def table_chunks(headers: Sequence[str], table: m.VariableTable,
             text_of = [text_of(v) for v in distinct.tolist()]
         texts, lengths = _texts(text_of)
         columns.append((codes, texts, lengths))
-    content = [int(name_lengths.max()) if len(rows) else 0]
+    content = [max((int(_name_spans(ends, rows[at:at + _SPAN_ROWS])[1].max())
+                    for at in range(0, len(rows), _SPAN_ROWS)), default=0)]
     for codes, _, lengths in columns:  # the widest text shown (not every code is)
         shown = np.zeros(len(lengths), bool)
         shown[codes] = True
@@ -85,17 +82,23 @@ def table_chunks(headers: Sequence[str], table: m.VariableTable,
     line = offsets[-1] + widths[-1] + 1
     block = max(1, BLOCK_BYTES // line)
     buf = np.frombuffer(table.names, np.uint8)
+    index = np.int32 if len(buf) < 1 << 31 else np.int64  # the gather's positions (a block is ~256 KB of text)
     for first in range(0, len(rows), block):
         chosen = slice(first, first + block)
         k = len(rows[chosen])
         out = np.full((k, line), _SPACE, np.uint8)
-        lengths = name_lengths[chosen]
+        name_starts, lengths = _name_spans(ends, rows[chosen])  # a block's names (no column of every row's)
         total = int(lengths.sum())
-        if total:  # the names' bytes, each into its row (one gather for the whole block)
-            at = np.repeat(np.cumsum(lengths) - lengths, lengths)
-            j = np.arange(total, dtype=np.int64) - at
-            src = np.repeat(starts[rows[chosen]], lengths) + j
-            out.reshape(-1)[np.repeat(np.arange(k, dtype=np.int64) * line, lengths) + j] = buf[src]
+        if total:  # the names' bytes, each into its row (one gather for the whole block, in place)
+            j = np.arange(total, dtype=index)  # each byte's place in its name
+            j -= np.repeat((np.cumsum(lengths) - lengths).astype(index), lengths)
+            src = np.repeat(name_starts.astype(index), lengths)
+            src += j
+            dest = np.repeat(np.arange(k, dtype=index) * line, lengths)
+            dest += j
+            del j
+            out.reshape(-1)[dest] = buf[src]
+            del src, dest
         for (inverse, texts, _), offset, width in zip(columns, offsets[1:], widths[1:]):
             shown = min(width, texts.shape[1])  # texts of codes no row shows may be wider
             out[:, offset : offset + shown] = texts[inverse[chosen], :shown]
@@ -105,6 +108,17 @@ def table_chunks(headers: Sequence[str], table: m.VariableTable,
         keep = np.arange(line)[None, :] <= ends_at[:, None]
         text = out[keep].tobytes().decode("ascii")
         yield "\n" + text[:-1]  # lines joined by newlines, as the table's text
+
+
+def _name_spans(ends: Any, rows: Any) -> tuple[Any, Any]:
+    """Where the names of ``rows`` start in the names' buffer, and their lengths."""
+    import numpy as np  # noqa: PLC0415
+
+    starts = np.where(rows > 0, ends[rows - 1], 0)
+    return starts, ends[rows] - starts
+
+
+_SPAN_ROWS = 1 << 16  # rows measured at a time for the names' column width
 
 
 def json_chunks(doc: dict[str, Any], items: Iterable[dict[str, Any]], per_chunk: int = 4096) -> Iterator[str]:

@@ -28,6 +28,7 @@ from .. import _fs
 from .._bulk import compact_variables
 from .._step import training_step
 from . import data as tf_data
+from .compact import CompactIndex
 from .index import OBJECT_GRAPH_KEY, BundleIndex, IndexEntry, read_index
 from .variables import (
     MAX_OBJECT_GRAPH_BYTES,
@@ -182,11 +183,12 @@ class BundleSource(m.BaseSource):
 
     concurrent_reads = True
 
-    def __init__(self, prefix: str, index: BundleIndex):
+    def __init__(self, prefix: str, index: BundleIndex | CompactIndex):
         self.prefix = prefix
         self.num_shards = index.num_shards
         self._index = index  # held while the checkpoint is: read_index of the same bytes reuses it
-        self._entries = {e.key: e for e in index.entries}
+        # key -> entry: a compact index finds its rows itself (an entry made per look-up)
+        self._entries = index if isinstance(index, CompactIndex) else {e.key: e for e in index.entries}
         self._slices = index.slice_entries
         self._unreadable = unreadable_entries(index)
         self._files = _fs.DataFiles()
@@ -406,6 +408,11 @@ class BundleSource(m.BaseSource):
         return tuple(out)
 
     def storage_order(self, variable: m.Variable) -> tuple:
+        if isinstance(self._entries, CompactIndex):  # from the columns: no entry made per variable
+            index = self._entries
+            r = index.find(variable.key)
+            if r is not None:
+                return (index.shard_numbers[index.shard_codes[r]], int(index.offsets[r]))
         entry = self._entries.get(variable.key)
         if entry is None or entry.slices:
             return (variable.shards[0] if variable.shards else 0, 0)
@@ -479,7 +486,8 @@ def open_bundle(
     return m.Checkpoint(
         path=prefix,
         format=format,
-        variables=compact_variables(variables),  # 100,000 variables: columns, not objects
+        # 100,000 variables: columns, not objects (a compact index's table shares its columns)
+        variables=variables if isinstance(variables, m.VariableTable) else compact_variables(variables),
         step=step,
         step_source=source,
         num_shards=index.num_shards,
@@ -506,7 +514,10 @@ def check_bundle(prefix: str, *, format: str = m.FORMAT_TF_BUNDLE) -> tf_data.Bu
         return tf_data.damaged_check(prefix, format, step, str(e))
     try:
         variables, _ = build_variables(prefix, index)
-        names = {v.key: v.name for v in variables}
+        if isinstance(variables, m.VariableTable) and variables.keys is None:  # every name is its key
+            names = {key: key for key in unreadable_entries(index)}
+        else:
+            names = {v.key: v.name for v in variables}
         step, _ = training_step(step_candidates(prefix, index, variables))
     except (CkptError, MalformedError, OSError):
         names = {}
@@ -514,7 +525,7 @@ def check_bundle(prefix: str, *, format: str = m.FORMAT_TF_BUNDLE) -> tf_data.Bu
                               extra_damage=_entry_damage(prefix, index, names))
 
 
-def _entry_damage(prefix: str, index: BundleIndex, names: dict[str, str]) -> list[m.Damage]:
+def _entry_damage(prefix: str, index: BundleIndex | CompactIndex, names: dict[str, str]) -> list[m.Damage]:
     """One :class:`~ckptinspect.model.Damage` per entry (or stored slice) TensorFlow cannot read."""
     out = []
 
@@ -525,6 +536,8 @@ def _entry_damage(prefix: str, index: BundleIndex, names: dict[str, str]) -> lis
             kind=kind, problem=problem, shard=e.shard_id, offset=e.offset, size=e.size, slice=slice_text,
         )
 
+    if isinstance(index, CompactIndex):  # no slices: the rows with a problem
+        return [damage(e, e.key) for e in map(index.entry_at, index.problem_rows())]
     for e in index.entries:
         if e.problem is not None:
             out.append(damage(e, e.key))

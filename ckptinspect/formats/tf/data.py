@@ -43,6 +43,7 @@ from .wire import MalformedError, read_varint
 if TYPE_CHECKING:
     import numpy as np
 
+    from .compact import CompactIndex
     from .index import BundleIndex, IndexEntry
 
 __all__ = [
@@ -84,6 +85,7 @@ CHUNK_BYTES = 8 << 20  # bytes read (and checksummed) at a time when checking
 # (CKPTINSPECT_WORKERS, as diff, scan and average; google-crc32c and reads release the GIL),
 # in batches of about BATCH_BYTES.
 BATCH_BYTES = 8 << 20
+BATCH_ITEMS = 1024  # and at most this many runs a batch (100,000 tiny tensors are not one batch)
 _UINT32_MAX = 0xFFFFFFFF
 READ_CHUNK_BYTES = 64 << 20  # bytes read (and checksummed) per positioned read of a whole value
 # What TensorFlow's reader returns for the dtypes numpy and the model's table do not name:
@@ -480,8 +482,58 @@ def fmt_slice(starts: tuple[int, ...], lengths: tuple[int, ...]) -> str:
     return "[" + ",".join(parts) + "]"
 
 
-def _items(prefix: str, index: BundleIndex, names: Mapping[str, str]) -> tuple[list[_Item], list[m.Damage]]:
+class _ColumnItems(Sequence[_Item]):
+    """The byte runs of a compact index (:class:`~.compact.CompactIndex`) to check, in file order,
+    each :class:`_Item` made when reached: the rows TensorFlow can read, sorted by shard, offset
+    and key (an int64 array of rows, no object per run)."""
+
+    def __init__(self, index: CompactIndex, names: Mapping[str, str]):
+        import numpy as np  # noqa: PLC0415 - the columns
+
+        self._index, self._names = index, names
+        rows = np.flatnonzero(index.problem_codes == 0)  # the others are reported by the index parser
+        shards = np.asarray(index.shard_numbers, np.int64)[index.shard_codes[rows]] if len(rows) else rows
+        self._rows = rows[np.lexsort((rows, index.offsets[rows], shards))]  # rows rise with keys
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def _item(self, r: int) -> _Item:
+        index = self._index
+        key = index.key_of(r)
+        return _Item(key, self._names.get(key, key), index.dtype_of(r), index.shape_of(r),
+                     index.shard_numbers[index.shard_codes[r]], int(index.offsets[r]), int(index.sizes[r]),
+                     index.crc_of(r))
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self._item(int(r)) for r in self._rows[i]]
+        return self._item(int(self._rows[i]))
+
+    def __iter__(self) -> Iterator[_Item]:
+        for start in range(0, len(self._rows), _ROWS_AT_A_TIME):
+            yield from map(self._item, self._rows[start:start + _ROWS_AT_A_TIME].tolist())
+
+    def ends_by_shard(self) -> dict[int, int]:
+        """Each shard's end of its last run (what :func:`plan_check` needs of every item)."""
+        import numpy as np  # noqa: PLC0415
+
+        index, rows = self._index, self._rows
+        ends = index.offsets[rows] + index.sizes[rows]
+        codes = index.shard_codes[rows]
+        return {index.shard_numbers[c]: int(ends[codes == c].max()) for c in np.unique(codes).tolist()}
+
+
+_ROWS_AT_A_TIME = 4096
+
+
+def _items(prefix: str, index: BundleIndex | CompactIndex, names: Mapping[str, str]
+           ) -> tuple[Sequence[_Item], list[m.Damage]]:
     """The byte runs to check, in file order, and slices declared but not stored."""
+    from .compact import CompactIndex  # noqa: PLC0415 - compact reads the dtype names here
+
+    if isinstance(index, CompactIndex):  # no slices
+        return _ColumnItems(index, names), []
     items: list[_Item] = []
     missing: list[m.Damage] = []
     for e in index.entries:
@@ -589,7 +641,7 @@ class BundleCheck:
     format: str
     step: int | None
     num_shards: int = 0
-    items: list[_Item] = dataclasses.field(default_factory=list)
+    items: Sequence[_Item] = dataclasses.field(default_factory=list)
     damaged: list[m.Damage] = dataclasses.field(default_factory=list)
     problems: list[str] = dataclasses.field(default_factory=list)
     sizes: dict[int, int | None] = dataclasses.field(default_factory=dict)
@@ -683,7 +735,7 @@ class BundleCheck:
                     f = handles[it.shard] = _open_shard(path)
                 batch.append((it, path, None, _Positioned(f.fileno()) if parallel else f))
                 batch_bytes += it.size
-            if batch_bytes >= BATCH_BYTES or not parallel:
+            if batch_bytes >= BATCH_BYTES or len(batch) >= BATCH_ITEMS or not parallel:
                 yield batch
                 batch, batch_bytes = [], 0
         if batch:
@@ -738,7 +790,8 @@ def _checked(f: Any, item: _Item) -> tuple[str, str, int | None] | None:
 
 
 def plan_check(
-    prefix: str, index: BundleIndex, names: Mapping[str, str], *, format: str, step: int | None,  # noqa: A002
+    prefix: str, index: BundleIndex | CompactIndex, names: Mapping[str, str], *, format: str,  # noqa: A002
+    step: int | None,
     extra_damage: Sequence[m.Damage] = (),
 ) -> BundleCheck:
     """Stat the shards and list the runs of bytes to check (no tensor bytes read).
@@ -767,8 +820,11 @@ def plan_check(
                 raise CheckpointNotFoundError(f"{path}: data shard cannot be read") from None
             problems.append(f"{path}: data shard is missing (named by {prefix}{INDEX_SUFFIX})")
     need: dict[int, int] = {}
-    for it in items:
-        need[it.shard] = max(need.get(it.shard, 0), it.offset + it.size)
+    if isinstance(items, _ColumnItems):
+        need = items.ends_by_shard()
+    else:
+        for it in items:
+            need[it.shard] = max(need.get(it.shard, 0), it.offset + it.size)
     for shard, end in sorted(need.items()):
         size = sizes.get(shard)
         if size is not None and size < end:

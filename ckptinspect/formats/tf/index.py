@@ -27,9 +27,10 @@ import functools
 import hashlib
 import threading
 import weakref
+from typing import TYPE_CHECKING
 
 from ... import model as m
-from ...errors import CorruptCheckpointError
+from ...errors import CkptError, CorruptCheckpointError
 from .. import _fs
 from .._bulk import paused_gc
 from .._layout import INDEX_SUFFIX, decode_key
@@ -38,6 +39,9 @@ from .ordered_code import decode_tensor_name_slice
 from .sstable import iter_table
 from .wire import MalformedError
 from .data import DTYPE_NAMES, expected_nbytes
+
+if TYPE_CHECKING:
+    from .compact import CompactIndex
 
 # The protobuf runtime loads when an index is first decoded (see _lazymod).
 _protos = lazy_import(__package__ + ".protos")
@@ -318,8 +322,10 @@ def _parse_index(data: bytes) -> BundleIndex:
     return BundleIndex(num_shards=num_shards, entries=tuple(entries), slice_entries=slice_map)
 
 
-def read_index(prefix: str) -> BundleIndex:
-    """Read and parse ``PREFIX.index``.
+def read_index(prefix: str) -> BundleIndex | CompactIndex:
+    """Read and parse ``PREFIX.index``: a local index of at least
+    :data:`~.compact.COMPACT_MIN_BYTES` into columns (:class:`~.compact.CompactIndex`, a block
+    at a time) when :func:`~.compact.scan_index` takes it, else whole into a :class:`BundleIndex`.
 
     Raises:
         CheckpointNotFoundError: No index file.
@@ -327,6 +333,10 @@ def read_index(prefix: str) -> BundleIndex:
         UnsafeFileError: The index is not a regular file, or larger than :data:`MAX_INDEX_BYTES`.
     """
     path = prefix + INDEX_SUFFIX
+    if not _fs.is_remote(path):
+        found = _read_compact(path)
+        if found is not None:
+            return found
     data = _fs.read_bytes(path, limit=MAX_INDEX_BYTES, what="checkpoint index")
     key = (path, hashlib.blake2b(data, digest_size=32).digest())
     with _LIVE_LOCK:
@@ -339,6 +349,37 @@ def read_index(prefix: str) -> BundleIndex:
         raise CorruptCheckpointError(f"{path}: not a valid checkpoint index: {e}") from None
     with _LIVE_LOCK:
         _LIVE[key] = index
+    return index
+
+
+def _read_compact(path: str) -> CompactIndex | None:
+    """A big local index read into columns, or None (small, or not of the shape the columns
+    take: :func:`read_index` parses it whole; a file it may not read is refused there)."""
+    from . import compact  # noqa: PLC0415 - only for big indexes
+
+    try:
+        size = _fs.check_regular(path)
+    except CkptError:
+        return None  # read_bytes says why
+    if not compact.COMPACT_MIN_BYTES <= size <= MAX_INDEX_BYTES:
+        return None
+    try:
+        reader = _fs.RangeReader(path)
+    except CkptError:
+        return None
+    with reader:
+        if reader.size != size:
+            return None
+        key = (path, compact.index_digest(reader), "columns")  # the same bytes give the same parse
+        with _LIVE_LOCK:
+            found = _LIVE.get(key)
+        if found is not None:
+            return found
+        with paused_gc():
+            index = compact.scan_index(reader, path)
+    if index is not None:
+        with _LIVE_LOCK:
+            _LIVE[key] = index
     return index
 
 

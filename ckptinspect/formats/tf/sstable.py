@@ -14,7 +14,7 @@ from typing import Iterator, Protocol
 from .crc import masked_crc32c
 from .wire import MalformedError, read_varint, snappy_decompress
 
-__all__ = ["TABLE_MAGIC", "FOOTER_SIZE", "TableSource", "iter_table", "is_table"]
+__all__ = ["TABLE_MAGIC", "FOOTER_SIZE", "TableSource", "iter_table", "iter_data_blocks", "block_limit", "is_table"]
 
 TABLE_MAGIC = 0xDB4775248B80FB57
 FOOTER_SIZE = 48
@@ -81,13 +81,19 @@ def _read_block(src: bytes | TableSource, offset: int, size: int, check_crc: boo
     raise MalformedError(f"block at offset {offset}: unknown compression type {ctype}")
 
 
-def _iter_block(block: bytes) -> Iterator[tuple[bytes, bytes]]:
+def block_limit(block: bytes) -> int:
+    """Where a block's entries end (before its restart array and restart count)."""
     if len(block) < 4:
         raise MalformedError("block shorter than its restart count")
     num_restarts = struct.unpack_from("<I", block, len(block) - 4)[0]
     limit = len(block) - 4 - 4 * num_restarts
     if limit < 0:
         raise MalformedError(f"block declares {num_restarts} restarts, more than fit")
+    return limit
+
+
+def _iter_block(block: bytes) -> Iterator[tuple[bytes, bytes]]:
+    limit = block_limit(block)
     pos = 0
     key = b""
     while pos < limit:
@@ -103,6 +109,28 @@ def _iter_block(block: bytes) -> Iterator[tuple[bytes, bytes]]:
         yield key, value
 
 
+def iter_data_blocks(data: bytes | TableSource, check_crc: bool = True) -> Iterator[bytes]:
+    """Yield the data blocks of a table, decoded (checked, decompressed), in table order: what
+    :func:`iter_table` reads its entries from (the footer, the index block and each block's
+    checksum checked alike).
+
+    Raises:
+        MalformedError: Bad magic, truncation, bad checksum or a malformed index block.
+    """
+    src = _source(data)
+    if src.size < FOOTER_SIZE:
+        raise MalformedError(f"file is {src.size} bytes, shorter than the {FOOTER_SIZE}-byte table footer")
+    footer = src.read_at(src.size - FOOTER_SIZE, FOOTER_SIZE)
+    if not is_table(footer):
+        raise MalformedError("not an sstable (bad magic number)")
+    _meta_off, _meta_size, pos = _block_handle(footer, 0)
+    index_off, index_size, _ = _block_handle(footer, pos)
+    index = _read_block(src, index_off, index_size, check_crc)
+    for _, handle in _iter_block(index):
+        off, size, _ = _block_handle(handle, 0)
+        yield _read_block(src, off, size, check_crc)
+
+
 def iter_table(data: bytes | TableSource, check_crc: bool = True) -> Iterator[tuple[bytes, bytes]]:
     """Yield every (key, value) of a table, in key order.
 
@@ -114,19 +142,9 @@ def iter_table(data: bytes | TableSource, check_crc: bool = True) -> Iterator[tu
     Raises:
         MalformedError: Bad magic, truncation, bad checksum or a malformed block.
     """
-    src = _source(data)
-    if src.size < FOOTER_SIZE:
-        raise MalformedError(f"file is {src.size} bytes, shorter than the {FOOTER_SIZE}-byte table footer")
-    footer = src.read_at(src.size - FOOTER_SIZE, FOOTER_SIZE)
-    if not is_table(footer):
-        raise MalformedError("not an sstable (bad magic number)")
-    _meta_off, _meta_size, pos = _block_handle(footer, 0)
-    index_off, index_size, _ = _block_handle(footer, pos)
-    index = _read_block(src, index_off, index_size, check_crc)
     previous = None
-    for _, handle in _iter_block(index):
-        off, size, _ = _block_handle(handle, 0)
-        for key, value in _iter_block(_read_block(src, off, size, check_crc)):
+    for block in iter_data_blocks(data, check_crc):
+        for key, value in _iter_block(block):
             if previous is not None and key <= previous:
                 raise MalformedError("table keys out of order")
             previous = key

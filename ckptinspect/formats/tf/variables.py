@@ -19,6 +19,7 @@ from ... import model as m
 from ...errors import CorruptCheckpointError
 from .. import _fs
 from .._bulk import paused_gc
+from .compact import CompactIndex
 from .index import OBJECT_GRAPH_KEY, BundleIndex, IndexEntry, fits_tensorflow
 from .._layout import INDEX_SUFFIX, data_path, prefix_number
 from .wire import MalformedError
@@ -69,7 +70,7 @@ MAX_OBJECT_GRAPH_BYTES = 32 << 20
 
 
 # -- small values read without TensorFlow ---------------------------------------------
-def _read_int_scalar(prefix: str, index: BundleIndex, entry: IndexEntry) -> int | None:
+def _read_int_scalar(prefix: str, index: BundleIndex | CompactIndex, entry: IndexEntry) -> int | None:
     if entry.shape != () or entry.slices or entry.problem is not None:
         return None
     fmt = {"int64": "<q", "int32": "<i", "uint64": "<Q", "uint32": "<I", "float32": "<f", "float64": "<d"}.get(entry.dtype)
@@ -95,8 +96,13 @@ def key_name(key: str) -> str:
 def tf1_role(key: str, entry: IndexEntry) -> str:
     """The role of a TF1 name-based key: a scalar step counter is metadata, a known optimizer
     variable or slot is the optimizer's, the rest is the model's."""
+    return _tf1_role(key, entry.shape == ())
+
+
+def _tf1_role(key: str, scalar: bool) -> str:
+    """:func:`tf1_role` of a key whose entry is a scalar or not."""
     base = key.rsplit("/", 1)[-1]
-    if base in STEP_NAMES and entry.shape == ():
+    if base in STEP_NAMES and scalar:
         return m.ROLE_METADATA
     if TF1_OPTIMIZER_NAMES.search(key) or TF1_SLOT_RE.search(key):
         return m.ROLE_OPTIMIZER
@@ -171,8 +177,10 @@ def _read_object_graph(prefix: str, index: BundleIndex, entry: IndexEntry) -> li
     return parse_object_graph(decode_string_scalar(raw))
 
 
-def unreadable_entries(index: BundleIndex) -> dict[str, str]:
+def unreadable_entries(index: BundleIndex | CompactIndex) -> dict[str, str]:
     """Keys TensorFlow cannot read (see :attr:`IndexEntry.problem`), with why."""
+    if isinstance(index, CompactIndex):  # no slices; the rows with a problem only
+        return {index.key_of(r): index.problems[index.problem_codes[r]][1] for r in index.problem_rows()}
     out = {}
     for e in index.entries:
         if e.problem is not None:
@@ -184,7 +192,8 @@ def unreadable_entries(index: BundleIndex) -> dict[str, str]:
     return out
 
 
-def build_variables(prefix: str, index: BundleIndex) -> tuple[list[m.Variable], dict[str, object]]:
+def build_variables(prefix: str, index: BundleIndex | CompactIndex
+                    ) -> tuple[list[m.Variable] | m.VariableTable, dict[str, object]]:
     """The variables of a bundle, with names and roles, and header facts.
 
     An object graph that cannot be read (missing or short shard, bytes that do not parse, a
@@ -200,7 +209,45 @@ def build_variables(prefix: str, index: BundleIndex) -> tuple[list[m.Variable], 
         CheckpointNotFoundError: The object graph's shard exists but cannot be read.
     """
     with paused_gc():  # a variable per entry, no reference cycles
+        if isinstance(index, CompactIndex) and index.graph_row() is None:
+            table = _table_variables(prefix, index)
+            if table is not None:
+                return table
         return _build_variables(prefix, index)
+
+
+def _table_variables(prefix: str, index: CompactIndex) -> tuple[m.VariableTable | list[m.Variable], dict[str, object]] | None:
+    """The variables of a name-based (TF1) compact index, as :func:`_build_variables` makes them,
+    straight from its columns: a :class:`~ckptinspect.model.VariableTable` sharing them (a list
+    below :data:`~.._bulk.COMPACT_MIN_VARIABLES` variables, as ``compact_variables`` leaves it);
+    None when a size does not fit the table's int64 column."""
+    import numpy as np  # noqa: PLC0415 - the columns
+
+    from .._bulk import COMPACT_MIN_VARIABLES  # noqa: PLC0415
+
+    try:
+        nbytes = index.variable_nbytes()
+    except OverflowError:
+        return None
+    scalar = [shape == () for shape in index.shapes]
+    roles: dict[str, int] = {}
+    role_codes = np.fromiter(
+        (roles.setdefault(_tf1_role(key, scalar[code]), len(roles))
+         for key, code in zip(map(index.key_of, range(len(index))), index.shape_codes.tolist())),
+        np.int8, len(index))
+    table = m.VariableTable(index.keys, index.key_ends, index.shapes, index.shape_codes, index.dtype_names,
+                            index.dtype_codes, nbytes, list(roles), role_codes,
+                            [(s,) for s in index.shard_numbers], index.shard_codes)
+    info: dict[str, object] = {"kind": "tf1-name"}
+    unreadable = unreadable_entries(index)
+    if unreadable:
+        info["unreadable"] = unreadable
+        index_path = prefix + INDEX_SUFFIX
+        info["warnings"] = [f"{index_path}: '{m.display_name(key)}': {why} (`ckptinspect verify` reports it)"
+                            for key, why in unreadable.items()]
+    if len(table) < COMPACT_MIN_VARIABLES:
+        return list(table), info
+    return table, info
 
 
 def _build_variables(prefix: str, index: BundleIndex) -> tuple[list[m.Variable], dict[str, object]]:
@@ -285,11 +332,18 @@ def _named_role(entry: IndexEntry, facts: dict[str, KeyFacts] | None, tf2: bool)
     return fact, tf1_role(entry.key, entry), entry.key
 
 
-def step_candidates(prefix: str, index: BundleIndex, variables: Iterable[m.Variable]) -> dict[str, int]:
+def step_candidates(prefix: str, index: BundleIndex | CompactIndex, variables: Iterable[m.Variable]) -> dict[str, int]:
     """Every step-like number the variables of a checkpoint record, best first: explicit step
     variables, then the optimizer's iteration counters and the save counter (the step rule,
     :func:`ckptinspect.formats._step.training_step`, chooses among them)."""
-    by_key = {e.key: e for e in index.entries}
+    if isinstance(variables, m.VariableTable):  # only scalars can be counters: the others stay columns
+        import numpy as np  # noqa: PLC0415 - a table's columns
+
+        scalar = [i for i, shape in enumerate(variables.shapes) if shape == ()]
+        rows = variables.positions()
+        rows = rows[np.isin(variables.shape_codes[rows], scalar)] if scalar else rows[:0]
+        variables = [variables.variable(r) for r in rows.tolist()]
+    by_key = index if isinstance(index, CompactIndex) else {e.key: e for e in index.entries}
     found: dict[str, int] = {}
     counters: dict[str, int] = {}
     for v in variables:
@@ -304,7 +358,7 @@ def step_candidates(prefix: str, index: BundleIndex, variables: Iterable[m.Varia
         elif base == "save_counter":
             label, target = "save_counter", counters
         if label is not None:
-            value = _read_int_scalar(prefix, index, by_key[v.key])
+            value = _read_int_scalar(prefix, index, by_key.get(v.key))
             if value is not None:
                 target[label] = value
     return {**found, **counters}
