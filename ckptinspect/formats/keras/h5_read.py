@@ -196,6 +196,7 @@ def _check_local(path: str, label: str) -> None:
 
 
 _OWNING_FILE_CLASS: list[type] = []
+_UNKNOWN = object()
 
 
 def _owning_file_class() -> type:
@@ -305,6 +306,7 @@ class H5Source(m.BaseSource):
         # through h5py (and the files it opens, the dataset last opened) holds this lock.
         self.concurrent_reads = direct
         self._h5_lock = threading.RLock()
+        self._dtypes: dict[tuple[Any, bool], Any] = {}  # (stored type, bfloat16) -> numpy dtype or None
 
     def files(self) -> tuple[str, ...]:
         return self._paths
@@ -381,16 +383,13 @@ class H5Source(m.BaseSource):
         """Where the listing found ``variable``'s bytes, while the file is still the one listed
         (same device, inode, size and modification time): else None, and the dataset is
         opened and checked again through HDF5."""
-        import numpy as np  # noqa: PLC0415 - numpy only where values are read
-
         listed = self._listed.get(shard) if self._direct else None
         location = listed[1].get(variable.key) if listed else None
         if location is None:
             return None
         offset, stored = location
-        stored = np.dtype(stored)  # our own reader's listing gives an hdf5.DType
-        dtype = m.numpy_dtype("bfloat16") if variable.dtype == "bfloat16" else stored
-        if dtype is None or dtype.kind not in DIRECT_KINDS or dtype.itemsize != stored.itemsize:
+        dtype = self._direct_dtype(stored, variable.dtype == "bfloat16")
+        if dtype is None:
             return None
         path = self._labels[shard]
         try:
@@ -402,6 +401,22 @@ class H5Source(m.BaseSource):
         if size is None or offset + variable.size * dtype.itemsize > size:
             return None
         return path, offset, dtype
+
+    def _direct_dtype(self, stored: Any, bfloat16: bool) -> np.dtype | None:
+        """The numpy dtype a listed dataset's bytes are read as (``stored``: our own reader's
+        :class:`~.hdf5.DType`, or numpy's), or None when they are not read at their offset;
+        looked up once per stored type (a file holds a handful)."""
+        known = self._dtypes.get((stored, bfloat16), _UNKNOWN)
+        if known is not _UNKNOWN:
+            return known
+        import numpy as np  # noqa: PLC0415 - numpy only where values are read
+
+        stored_np = np.dtype(stored)  # our own reader's listing gives an hdf5.DType
+        dtype = m.numpy_dtype("bfloat16") if bfloat16 else stored_np
+        if dtype is None or dtype.kind not in DIRECT_KINDS or dtype.itemsize != stored_np.itemsize:
+            dtype = None
+        self._dtypes[(stored, bfloat16)] = dtype
+        return dtype
 
     def _direct_location(self, shard: int, dsid: Any, variable: m.Variable) -> tuple[str, int, np.dtype] | None:
         """Where a dataset's bytes can be read straight from the file: contiguous storage

@@ -23,7 +23,7 @@ import numpy as np
 
 from ...errors import CorruptCheckpointError, UnallocatedDataError
 from ...model import NUMERIC_DTYPES, Checkpoint, Variable, numpy_dtype
-from ..bit_equality import bit_equal
+from ..bit_equality import bit_equal, same_bytes
 
 __all__ = [
     "STATUSES",
@@ -248,15 +248,17 @@ def _block_source(ckpt: Checkpoint, var: Variable, block: int) -> Callable[[], I
     return lambda: ckpt.iter_blocks(var, block)
 
 
-def _pairs(blocks_a: Iterator[np.ndarray], blocks_b: Iterator[np.ndarray], label: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def _pairs(blocks_a: Iterator[np.ndarray], blocks_b: Iterator[np.ndarray], label: Callable[[], str]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The blocks of A and B side by side (``label()`` names B's variable in the error when
+    they do not hold the same number of values)."""
     try:
         for xa in blocks_a:
             xb = next(blocks_b, None)
             if xb is None or xb.size != xa.size:
-                raise CorruptCheckpointError(f"{label}: fewer values than its shape declares")
+                raise CorruptCheckpointError(f"{label()}: fewer values than its shape declares")
             yield xa, xb
         if next(blocks_b, None) is not None:
-            raise CorruptCheckpointError(f"{label}: more values than its shape declares")
+            raise CorruptCheckpointError(f"{label()}: more values than its shape declares")
     finally:  # release the formats' buffers now, in this thread (not whenever they are collected)
         for blocks in (blocks_a, blocks_b):
             close = getattr(blocks, "close", None)
@@ -276,7 +278,7 @@ def _identical_block(x: np.ndarray) -> bool | None:
 
 
 def _compare_blocks(source_a: Callable[[], Iterator[np.ndarray]], source_b: Callable[[], Iterator[np.ndarray]],
-                    label: str, atol: float, rtol: float, same_dtype: bool) -> dict[str, Any]:
+                    label: Callable[[], str], atol: float, rtol: float, same_dtype: bool) -> dict[str, Any]:
     """The statistics of two streamed values, in one pass over their blocks.
 
     Most variables of two checkpoints are either untouched or changed everywhere. While the
@@ -295,7 +297,8 @@ def _compare_blocks(source_a: Callable[[], Iterator[np.ndarray]], source_b: Call
         x, y = _arith_view(xa), _arith_view(xb)
         if not x.size:
             continue
-        if prefilter and x.dtype == y.dtype and bit_equal(x, y):
+        # (same dtype, same size, flat: bit_equal's answer is the bytes')
+        if prefilter and x.dtype == y.dtype and same_bytes(x, y):
             flag = _identical_block(x)
             if flag is not None:
                 nonzero = nonzero or flag
@@ -348,16 +351,25 @@ def _fill_skipped(blocks: Iterator[np.ndarray], partials: list[_Accumulator | No
 def _compare_numeric(
     ckpt_a: Checkpoint, va: Variable, ckpt_b: Checkpoint, vb: Variable, atol: float, rtol: float
 ) -> dict[str, Any]:
-    itemsize = max(_itemsize(va.dtype), _itemsize(vb.dtype))
-    block = max(CHUNK_ELEMENTS, (BLOCK_BYTES // itemsize) // CHUNK_ELEMENTS * CHUNK_ELEMENTS)
-    label = f"{ckpt_b.path}: {vb.key!r}"
-    return _compare_blocks(_block_source(ckpt_a, va, block), _block_source(ckpt_b, vb, block), label, atol, rtol,
-                           va.dtype == vb.dtype)
+    block = _block_elements(max(_itemsize(va.dtype), _itemsize(vb.dtype)))
+    return _compare_blocks(_block_source(ckpt_a, va, block), _block_source(ckpt_b, vb, block),
+                           lambda: f"{ckpt_b.path}: {vb.key!r}", atol, rtol, va.dtype == vb.dtype)
+
+
+def _block_elements(itemsize: int) -> int:
+    """Elements per streamed block: about :data:`BLOCK_BYTES`, a multiple of :data:`CHUNK_ELEMENTS`."""
+    return max(CHUNK_ELEMENTS, (BLOCK_BYTES // itemsize) // CHUNK_ELEMENTS * CHUNK_ELEMENTS)
+
+
+_ITEMSIZES: dict[str, int] = {}  # dtype name -> bytes per element (8 for non-numbers)
 
 
 def _itemsize(dtype: str) -> int:
-    d = numpy_dtype(dtype)
-    return d.itemsize if d is not None else 8
+    size = _ITEMSIZES.get(dtype)
+    if size is None:
+        d = numpy_dtype(dtype)
+        size = _ITEMSIZES[dtype] = d.itemsize if d is not None else 8
+    return size
 
 
 def _element_bytes(item: Any) -> bytes | None:
@@ -454,7 +466,7 @@ def _compare_unallocated(
         return out
     full, fill = (vb, fill_a) if empty_a else (va, fill_b)
     ckpt = ckpt_b if empty_a else ckpt_a
-    block = max(CHUNK_ELEMENTS, (BLOCK_BYTES // _itemsize(full.dtype)) // CHUNK_ELEMENTS * CHUNK_ELEMENTS)
+    block = _block_elements(_itemsize(full.dtype))
     for values in _block_source(ckpt, full, block)():
         constant = np.full(values.size, fill)
         xa, xb = (constant, values) if empty_a else (values, constant)
