@@ -348,9 +348,13 @@ class H5Source(m.BaseSource):
         shard = variable.shards[0] if variable.shards else 0
         label = self._labels[shard]
         listed = self._listed_location(shard, variable)
-        if listed is not None:
-            yield from self._direct_blocks(label, variable, *listed, elements)
-            return
+        if listed is not None:  # (no generator around the generator: thousands of small datasets)
+            return self._direct_blocks(label, variable, *listed, elements)
+        return self._h5py_blocks(shard, label, variable, elements)
+
+    def _h5py_blocks(self, shard: int, label: str, variable: m.Variable, elements: int) -> Iterator[np.ndarray]:
+        """:meth:`iter_blocks` of a dataset the listing did not locate: opened and checked
+        through HDF5 (when the first block is asked for), read at its offset when contiguous."""
 
         def prepare() -> Any:
             # diff streams a variable twice (a byte-equality pass, then statistics): the second

@@ -53,7 +53,8 @@ HARD, SOFT, EXTERNAL = 0, 1, 64
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
-_SYMBOL_ENTRY = struct.Struct("<QQI4x16s")  # name offset, header address, cache type, scratch
+_SYMBOL_ENTRY = struct.Struct("<QQI4x16s")
+_HEAP = struct.Struct("<QQQ")  # local heap: data segment size, free list offset, data segment address  # name offset, header address, cache type, scratch
 _MSG1 = struct.Struct("<HHB3x")  # v1 header message: type, size, flags
 
 
@@ -541,9 +542,9 @@ class File:
     def _symbol_table(self, btree: int, heap: int) -> list[tuple[bytes, int]]:
         self._spend()
         buf, i = self._window(heap, 32)
-        if buf[i : i + 4] != b"HEAP" or buf[i + 4] != 0:
+        if buf[i : i + 5] != b"HEAP\0":
             raise Unsupported(f"no local heap at {heap}")
-        size, _free, data_at = struct.unpack_from("<QQQ", buf, i + 8)
+        size, _free, data_at = _HEAP.unpack_from(buf, i + 8)
         if size > MAX_HEADER_BYTES:
             raise Unsupported(f"local heap of {size} bytes")
         if data_at == heap + 32 and i + 32 + size <= len(buf):  # the names follow the heap's header
@@ -553,14 +554,13 @@ class File:
         find = names.find
         entry = _SYMBOL_ENTRY.unpack_from
         links: list[tuple[bytes, int]] = []
+        append = links.append
         for address, _ in self._btree(btree, 0):
             self._spend()
             buf, i = self._window(address, 8)
-            if buf[i : i + 4] != b"SNOD" or buf[i + 4] != 1:
+            if buf[i : i + 5] != b"SNOD\1":
                 raise Unsupported(f"no symbol table node at {address}")
-            count = _U16.unpack_from(buf, i + 6)[0]
-            if count > 1 << 16:
-                raise Unsupported("symbol table node too large")
+            count = buf[i + 6] | buf[i + 7] << 8
             if i + 8 + 40 * count <= len(buf):  # the entries follow in the same window
                 i += 8
             else:
@@ -572,10 +572,12 @@ class File:
                 end = find(b"\0", name_at)
                 if name_at >= size or end < 0:
                     raise Unsupported("link name outside its local heap")
-                links.append((names[name_at:end], obj))
-        for i in range(1, len(links)):
-            if links[i - 1][0] >= links[i][0]:
+                append((names[name_at:end], obj))
+        previous = None
+        for name, _ in links:
+            if previous is not None and previous >= name:
                 raise Unsupported("group links out of order or repeated")
+            previous = name
         return links
 
     def _btree(self, address: int, node_type: int, key_size: int = 8) -> list[tuple[int, bytes | None]]:
@@ -585,6 +587,7 @@ class File:
         out: list[tuple[int, bytes | None]] = []
         stack: list[tuple[int, int, int | None]] = [(address, 0, None)]  # (node, depth, level expected)
         step = key_size + 8
+        signature = b"TREE" + bytes((node_type,))
         while stack:
             at, depth, expect = stack.pop()
             if at in seen:
@@ -592,21 +595,25 @@ class File:
             seen.add(at)
             self._spend()
             buf, i = self._window(at, 24)
-            if buf[i : i + 4] != b"TREE" or buf[i + 4] != node_type:
+            if buf[i : i + 5] != signature:
                 raise Unsupported(f"no B-tree node at {at}")
-            level, count = buf[i + 5], _U16.unpack_from(buf, i + 6)[0]
+            level, count = buf[i + 5], buf[i + 6] | buf[i + 7] << 8
             if (expect is not None and level != expect) or depth > MAX_DEPTH or level > MAX_DEPTH:
                 raise Unsupported("B-tree levels inconsistent")
             if i + 24 + count * step + key_size <= len(buf):  # the keys and children follow in the same window
                 i += 24
             else:
                 buf, i = self._window(at + 24, count * step + key_size)
-            children = [_U64.unpack_from(buf, i + key_size + step * k)[0] for k in range(count)]
-            if level == 0:
-                if node_type == 0:
-                    out.extend((child, None) for child in children)
+            first = i + key_size
+            if level == 0 and node_type == 0:
+                if count == 1:  # a small group: one symbol node
+                    out.append((_U64.unpack_from(buf, first)[0], None))
                 else:
-                    out.extend((child, buf[i + step * k : i + step * k + key_size]) for k, child in enumerate(children))
+                    out.extend((_U64.unpack_from(buf, first + step * k)[0], None) for k in range(count))
+                continue
+            children = [_U64.unpack_from(buf, first + step * k)[0] for k in range(count)]
+            if level == 0:
+                out.extend((child, buf[i + step * k : i + step * k + key_size]) for k, child in enumerate(children))
             else:
                 stack.extend((child, depth + 1, level - 1) for child in reversed(children))
         return out
