@@ -54,7 +54,8 @@ _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _SYMBOL_ENTRY = struct.Struct("<QQI4x16s")
-_HEAP = struct.Struct("<QQQ")  # local heap: data segment size, free list offset, data segment address  # name offset, header address, cache type, scratch
+_HEAP = struct.Struct("<QQQ")
+_TWO_U64 = struct.Struct("<QQ")  # local heap: data segment size, free list offset, data segment address  # name offset, header address, cache type, scratch
 _MSG1 = struct.Struct("<HHB3x")  # v1 header message: type, size, flags
 
 
@@ -245,27 +246,31 @@ class File:
     def messages(self, address: int) -> list[tuple[int, bytes]]:
         """(type, body) of every message of the object header at ``address``, continuation
         blocks followed (each once)."""
-        self._spend()
+        self._budget -= 1
+        if self._budget < 0:
+            raise Unsupported("too many objects (a looping structure?)")
         if address >= self.size:
             raise Unsupported(f"object header at {address} lies past the end of the file")
         buf, i = self._window(address, min(FIRST_READ, self.size - address))
         out: list[tuple[int, bytes]] = []
         pending: list[tuple[int, int]] = []
-        seen: set[int] = {address}
         if buf[i] == 1 and i + 16 <= len(buf):  # version 1 (h5py's default): the chunk sliced from the window once
-            count = _U16.unpack_from(buf, i + 2)[0]
+            count = buf[i + 2] | buf[i + 3] << 8
             size = _U32.unpack_from(buf, i + 8)[0]
             start = i + 16
             chunk = buf[start : start + size] if start + size <= len(buf) else self._block(address + 16, size)
             self._v1_messages(chunk, out, pending)
-            while pending:
-                at, length = pending.pop(0)
-                self._visit_block(at, seen)
-                self._v1_messages(self._block(at, length), out, pending)
+            if pending:
+                seen: set[int] = {address}
+                while pending:
+                    at, length = pending.pop(0)
+                    self._visit_block(at, seen)
+                    self._v1_messages(self._block(at, length), out, pending)
             if len(out) > count:
                 raise Unsupported(f"object header at {address} holds more messages than it declares")
             return out
         first = buf[i : i + min(FIRST_READ, self.size - address)]
+        seen = {address}
         if first[:4] == b"OHDR":
             chunk = self._v2_first(address, first)
             self._v2_messages(chunk, 0, out, pending)
@@ -354,6 +359,10 @@ class File:
         for t, body, flags in msgs:  # one pass: what the object is, its attributes
             if flags & 0x80 and t not in KNOWN_MESSAGES:  # "always fail if unknown" messages
                 raise Unsupported(f"unknown object header message {t} marked must-understand")
+            if t < 0x08 and t != 0x02 and t != 0x06:  # dataspace, datatype, fill value...: a dataset's (read below)
+                if t == 0x03:
+                    datatype = True
+                continue
             if t == 0x0C:
                 name, attr = self._attribute(body)
                 attrs[name] = attr
@@ -366,14 +375,12 @@ class File:
                 _compact_only(body, "attribute", 2)
             elif t in (0x02, 0x06, 0x0A):
                 links = True
-            elif t == 0x03:
-                datatype = True
         if dataset:
             return self._dataset(msgs, attrs)
         if table is not None:
             if len(table) < 16:
                 raise Unsupported("truncated symbol table message")
-            btree, heap = struct.unpack_from("<QQ", table, 0)
+            btree, heap = _TWO_U64.unpack_from(table, 0)
             return Group(self._symbol_table(btree, heap), attrs)
         if links:
             for t, body, _ in msgs:
@@ -696,9 +703,10 @@ def _dataspace(body: bytes) -> tuple[int, ...] | None:
         return ()
     if kind != 1 or rank > MAX_RANK or len(body) < at + 8 * rank:
         raise Unsupported("dataspace of an unsupported kind or rank")
-    return struct.unpack_from(f"<{rank}Q", body, at)
+    return _DIMS[rank].unpack_from(body, at)
 
 
+_DIMS = [struct.Struct(f"<{rank}Q") for rank in range(MAX_RANK + 1)]
 _INTS = {(1, False): "u1", (2, False): "u2", (4, False): "u4", (8, False): "u8",
          (1, True): "i1", (2, True): "i2", (4, True): "i4", (8, True): "i8"}
 # size -> (precision, exponent location, exponent size, mantissa location, mantissa size, bias)
