@@ -562,7 +562,7 @@ class File:
         entry = _SYMBOL_ENTRY.unpack_from
         links: list[tuple[bytes, int]] = []
         append = links.append
-        for address, _ in self._btree(btree, 0):
+        for address in self._symbol_nodes(btree):
             self._spend()
             buf, i = self._window(address, 8)
             if buf[i : i + 5] != b"SNOD\1":
@@ -586,6 +586,22 @@ class File:
                 raise Unsupported("group links out of order or repeated")
             previous = name
         return links
+
+    def _symbol_nodes(self, btree: int) -> list[int]:
+        """The symbol table nodes of a group's B-tree (:meth:`_btree` of node type 0), a root
+        that is its only leaf (a group of up to a few dozen links) read here directly."""
+        self._spend()
+        buf, i = self._window(btree, 24)
+        if buf[i : i + 6] != b"TREE\0\0":  # not a leaf root (or no B-tree): the general walk says which
+            self._budget += 1
+            return [child for child, _ in self._btree(btree, 0)]
+        count = buf[i + 6] | buf[i + 7] << 8
+        if i + 24 + count * 16 + 8 > len(buf):
+            buf, i = self._window(btree + 24, count * 16 + 8)
+        else:
+            i += 24
+        unpack = _U64.unpack_from
+        return [unpack(buf, i + 8 + 16 * k)[0] for k in range(count)]
 
     def _btree(self, address: int, node_type: int, key_size: int = 8) -> list[tuple[int, bytes | None]]:
         """The children of the level-0 nodes of a v1 B-tree, depth first, left to right: symbol
