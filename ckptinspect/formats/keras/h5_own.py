@@ -124,7 +124,7 @@ def _describe(ds: hdf5.Dataset, key: str) -> _Dataset:
     if at is not None and dtype.kind in DIRECT_KINDS and dtype.itemsize and nbytes and storage == nbytes:
         offset = at
     allocated = not (storage == 0 and count != 0 and ds.layout in (hdf5.CONTIGUOUS, hdf5.CHUNKED))
-    return _Dataset(key, tuple(int(d) for d in shape), name, nbytes, allocated, offset, dtype)
+    return _Dataset(key, shape, name, nbytes, allocated, offset, dtype)  # (shape: a tuple of ints already)
 
 
 def _attr_text(reader: hdf5.File, attrs: dict[bytes, Any], name: bytes) -> str | None:

@@ -196,6 +196,7 @@ def _check_local(path: str, label: str) -> None:
 
 
 _OWNING_FILE_CLASS: list[type] = []
+_UNKNOWN = object()
 
 
 def _owning_file_class() -> type:
@@ -305,6 +306,7 @@ class H5Source(m.BaseSource):
         # through h5py (and the files it opens, the dataset last opened) holds this lock.
         self.concurrent_reads = direct
         self._h5_lock = threading.RLock()
+        self._dtypes: dict[tuple[Any, bool], Any] = {}  # (stored type, bfloat16) -> numpy dtype or None
 
     def files(self) -> tuple[str, ...]:
         return self._paths
@@ -346,9 +348,13 @@ class H5Source(m.BaseSource):
         shard = variable.shards[0] if variable.shards else 0
         label = self._labels[shard]
         listed = self._listed_location(shard, variable)
-        if listed is not None:
-            yield from self._direct_blocks(label, variable, *listed, elements)
-            return
+        if listed is not None:  # (no generator around the generator: thousands of small datasets)
+            return self._direct_blocks(label, variable, *listed, elements)
+        return self._h5py_blocks(shard, label, variable, elements)
+
+    def _h5py_blocks(self, shard: int, label: str, variable: m.Variable, elements: int) -> Iterator[np.ndarray]:
+        """:meth:`iter_blocks` of a dataset the listing did not locate: opened and checked
+        through HDF5 (when the first block is asked for), read at its offset when contiguous."""
 
         def prepare() -> Any:
             # diff streams a variable twice (a byte-equality pass, then statistics): the second
@@ -381,16 +387,13 @@ class H5Source(m.BaseSource):
         """Where the listing found ``variable``'s bytes, while the file is still the one listed
         (same device, inode, size and modification time): else None, and the dataset is
         opened and checked again through HDF5."""
-        import numpy as np  # noqa: PLC0415 - numpy only where values are read
-
         listed = self._listed.get(shard) if self._direct else None
         location = listed[1].get(variable.key) if listed else None
         if location is None:
             return None
         offset, stored = location
-        stored = np.dtype(stored)  # our own reader's listing gives an hdf5.DType
-        dtype = m.numpy_dtype("bfloat16") if variable.dtype == "bfloat16" else stored
-        if dtype is None or dtype.kind not in DIRECT_KINDS or dtype.itemsize != stored.itemsize:
+        dtype = self._direct_dtype(stored, variable.dtype == "bfloat16")
+        if dtype is None:
             return None
         path = self._labels[shard]
         try:
@@ -402,6 +405,22 @@ class H5Source(m.BaseSource):
         if size is None or offset + variable.size * dtype.itemsize > size:
             return None
         return path, offset, dtype
+
+    def _direct_dtype(self, stored: Any, bfloat16: bool) -> np.dtype | None:
+        """The numpy dtype a listed dataset's bytes are read as (``stored``: our own reader's
+        :class:`~.hdf5.DType`, or numpy's), or None when they are not read at their offset;
+        looked up once per stored type (a file holds a handful)."""
+        known = self._dtypes.get((stored, bfloat16), _UNKNOWN)
+        if known is not _UNKNOWN:
+            return known
+        import numpy as np  # noqa: PLC0415 - numpy only where values are read
+
+        stored_np = np.dtype(stored)  # our own reader's listing gives an hdf5.DType
+        dtype = m.numpy_dtype("bfloat16") if bfloat16 else stored_np
+        if dtype is None or dtype.kind not in DIRECT_KINDS or dtype.itemsize != stored_np.itemsize:
+            dtype = None
+        self._dtypes[(stored, bfloat16)] = dtype
+        return dtype
 
     def _direct_location(self, shard: int, dsid: Any, variable: m.Variable) -> tuple[str, int, np.dtype] | None:
         """Where a dataset's bytes can be read straight from the file: contiguous storage

@@ -53,7 +53,9 @@ HARD, SOFT, EXTERNAL = 0, 1, 64
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
-_SYMBOL_ENTRY = struct.Struct("<QQI4x16s")  # name offset, header address, cache type, scratch
+_SYMBOL_ENTRY = struct.Struct("<QQI4x16s")
+_HEAP = struct.Struct("<QQQ")
+_TWO_U64 = struct.Struct("<QQ")  # local heap: data segment size, free list offset, data segment address  # name offset, header address, cache type, scratch
 _MSG1 = struct.Struct("<HHB3x")  # v1 header message: type, size, flags
 
 
@@ -244,27 +246,31 @@ class File:
     def messages(self, address: int) -> list[tuple[int, bytes]]:
         """(type, body) of every message of the object header at ``address``, continuation
         blocks followed (each once)."""
-        self._spend()
+        self._budget -= 1
+        if self._budget < 0:
+            raise Unsupported("too many objects (a looping structure?)")
         if address >= self.size:
             raise Unsupported(f"object header at {address} lies past the end of the file")
         buf, i = self._window(address, min(FIRST_READ, self.size - address))
         out: list[tuple[int, bytes]] = []
         pending: list[tuple[int, int]] = []
-        seen: set[int] = {address}
         if buf[i] == 1 and i + 16 <= len(buf):  # version 1 (h5py's default): the chunk sliced from the window once
-            count = _U16.unpack_from(buf, i + 2)[0]
+            count = buf[i + 2] | buf[i + 3] << 8
             size = _U32.unpack_from(buf, i + 8)[0]
             start = i + 16
             chunk = buf[start : start + size] if start + size <= len(buf) else self._block(address + 16, size)
             self._v1_messages(chunk, out, pending)
-            while pending:
-                at, length = pending.pop(0)
-                self._visit_block(at, seen)
-                self._v1_messages(self._block(at, length), out, pending)
+            if pending:
+                seen: set[int] = {address}
+                while pending:
+                    at, length = pending.pop(0)
+                    self._visit_block(at, seen)
+                    self._v1_messages(self._block(at, length), out, pending)
             if len(out) > count:
                 raise Unsupported(f"object header at {address} holds more messages than it declares")
             return out
         first = buf[i : i + min(FIRST_READ, self.size - address)]
+        seen = {address}
         if first[:4] == b"OHDR":
             chunk = self._v2_first(address, first)
             self._v2_messages(chunk, 0, out, pending)
@@ -353,6 +359,10 @@ class File:
         for t, body, flags in msgs:  # one pass: what the object is, its attributes
             if flags & 0x80 and t not in KNOWN_MESSAGES:  # "always fail if unknown" messages
                 raise Unsupported(f"unknown object header message {t} marked must-understand")
+            if t < 0x08 and t != 0x02 and t != 0x06:  # dataspace, datatype, fill value...: a dataset's (read below)
+                if t == 0x03:
+                    datatype = True
+                continue
             if t == 0x0C:
                 name, attr = self._attribute(body)
                 attrs[name] = attr
@@ -365,14 +375,12 @@ class File:
                 _compact_only(body, "attribute", 2)
             elif t in (0x02, 0x06, 0x0A):
                 links = True
-            elif t == 0x03:
-                datatype = True
         if dataset:
             return self._dataset(msgs, attrs)
         if table is not None:
             if len(table) < 16:
                 raise Unsupported("truncated symbol table message")
-            btree, heap = struct.unpack_from("<QQ", table, 0)
+            btree, heap = _TWO_U64.unpack_from(table, 0)
             return Group(self._symbol_table(btree, heap), attrs)
         if links:
             for t, body, _ in msgs:
@@ -541,9 +549,9 @@ class File:
     def _symbol_table(self, btree: int, heap: int) -> list[tuple[bytes, int]]:
         self._spend()
         buf, i = self._window(heap, 32)
-        if buf[i : i + 4] != b"HEAP" or buf[i + 4] != 0:
+        if buf[i : i + 5] != b"HEAP\0":
             raise Unsupported(f"no local heap at {heap}")
-        size, _free, data_at = struct.unpack_from("<QQQ", buf, i + 8)
+        size, _free, data_at = _HEAP.unpack_from(buf, i + 8)
         if size > MAX_HEADER_BYTES:
             raise Unsupported(f"local heap of {size} bytes")
         if data_at == heap + 32 and i + 32 + size <= len(buf):  # the names follow the heap's header
@@ -553,14 +561,13 @@ class File:
         find = names.find
         entry = _SYMBOL_ENTRY.unpack_from
         links: list[tuple[bytes, int]] = []
-        for address, _ in self._btree(btree, 0):
+        append = links.append
+        for address in self._symbol_nodes(btree):
             self._spend()
             buf, i = self._window(address, 8)
-            if buf[i : i + 4] != b"SNOD" or buf[i + 4] != 1:
+            if buf[i : i + 5] != b"SNOD\1":
                 raise Unsupported(f"no symbol table node at {address}")
-            count = _U16.unpack_from(buf, i + 6)[0]
-            if count > 1 << 16:
-                raise Unsupported("symbol table node too large")
+            count = buf[i + 6] | buf[i + 7] << 8
             if i + 8 + 40 * count <= len(buf):  # the entries follow in the same window
                 i += 8
             else:
@@ -572,11 +579,29 @@ class File:
                 end = find(b"\0", name_at)
                 if name_at >= size or end < 0:
                     raise Unsupported("link name outside its local heap")
-                links.append((names[name_at:end], obj))
-        for i in range(1, len(links)):
-            if links[i - 1][0] >= links[i][0]:
+                append((names[name_at:end], obj))
+        previous = None
+        for name, _ in links:
+            if previous is not None and previous >= name:
                 raise Unsupported("group links out of order or repeated")
+            previous = name
         return links
+
+    def _symbol_nodes(self, btree: int) -> list[int]:
+        """The symbol table nodes of a group's B-tree (:meth:`_btree` of node type 0), a root
+        that is its only leaf (a group of up to a few dozen links) read here directly."""
+        self._spend()
+        buf, i = self._window(btree, 24)
+        if buf[i : i + 6] != b"TREE\0\0":  # not a leaf root (or no B-tree): the general walk says which
+            self._budget += 1
+            return [child for child, _ in self._btree(btree, 0)]
+        count = buf[i + 6] | buf[i + 7] << 8
+        if i + 24 + count * 16 + 8 > len(buf):
+            buf, i = self._window(btree + 24, count * 16 + 8)
+        else:
+            i += 24
+        unpack = _U64.unpack_from
+        return [unpack(buf, i + 8 + 16 * k)[0] for k in range(count)]
 
     def _btree(self, address: int, node_type: int, key_size: int = 8) -> list[tuple[int, bytes | None]]:
         """The children of the level-0 nodes of a v1 B-tree, depth first, left to right: symbol
@@ -585,6 +610,7 @@ class File:
         out: list[tuple[int, bytes | None]] = []
         stack: list[tuple[int, int, int | None]] = [(address, 0, None)]  # (node, depth, level expected)
         step = key_size + 8
+        signature = b"TREE" + bytes((node_type,))
         while stack:
             at, depth, expect = stack.pop()
             if at in seen:
@@ -592,21 +618,25 @@ class File:
             seen.add(at)
             self._spend()
             buf, i = self._window(at, 24)
-            if buf[i : i + 4] != b"TREE" or buf[i + 4] != node_type:
+            if buf[i : i + 5] != signature:
                 raise Unsupported(f"no B-tree node at {at}")
-            level, count = buf[i + 5], _U16.unpack_from(buf, i + 6)[0]
+            level, count = buf[i + 5], buf[i + 6] | buf[i + 7] << 8
             if (expect is not None and level != expect) or depth > MAX_DEPTH or level > MAX_DEPTH:
                 raise Unsupported("B-tree levels inconsistent")
             if i + 24 + count * step + key_size <= len(buf):  # the keys and children follow in the same window
                 i += 24
             else:
                 buf, i = self._window(at + 24, count * step + key_size)
-            children = [_U64.unpack_from(buf, i + key_size + step * k)[0] for k in range(count)]
-            if level == 0:
-                if node_type == 0:
-                    out.extend((child, None) for child in children)
+            first = i + key_size
+            if level == 0 and node_type == 0:
+                if count == 1:  # a small group: one symbol node
+                    out.append((_U64.unpack_from(buf, first)[0], None))
                 else:
-                    out.extend((child, buf[i + step * k : i + step * k + key_size]) for k, child in enumerate(children))
+                    out.extend((_U64.unpack_from(buf, first + step * k)[0], None) for k in range(count))
+                continue
+            children = [_U64.unpack_from(buf, first + step * k)[0] for k in range(count)]
+            if level == 0:
+                out.extend((child, buf[i + step * k : i + step * k + key_size]) for k, child in enumerate(children))
             else:
                 stack.extend((child, depth + 1, level - 1) for child in reversed(children))
         return out
@@ -689,9 +719,10 @@ def _dataspace(body: bytes) -> tuple[int, ...] | None:
         return ()
     if kind != 1 or rank > MAX_RANK or len(body) < at + 8 * rank:
         raise Unsupported("dataspace of an unsupported kind or rank")
-    return struct.unpack_from(f"<{rank}Q", body, at)
+    return _DIMS[rank].unpack_from(body, at)
 
 
+_DIMS = [struct.Struct(f"<{rank}Q") for rank in range(MAX_RANK + 1)]
 _INTS = {(1, False): "u1", (2, False): "u2", (4, False): "u4", (8, False): "u8",
          (1, True): "i1", (2, True): "i2", (4, True): "i4", (8, True): "i8"}
 # size -> (precision, exponent location, exponent size, mantissa location, mantissa size, bias)

@@ -32,6 +32,8 @@ def _natural_key(key: str) -> tuple:
 
 def _split_component(component: str) -> list[str]:
     """A path component, split at the backslashes of Windows-written files, containers dropped."""
+    if "\\" not in component:  # (most components)
+        return [component] if component and component not in CONTAINER_GROUPS else []
     return [p for p in component.split("\\") if p and p not in CONTAINER_GROUPS]
 
 
@@ -86,9 +88,10 @@ def _keras3_variables(
             names = namer(tuple(path), len(keys))
             if names is not None and len(names) != len(keys):
                 names = None
+        prefix = _join(*path)  # the path once per group, each variable's leaf added to it
         for j, key in enumerate(keys):
             leaf = names[j] if names else f"{VARS_GROUP}/{indices[j]}"
-            out.append((key, _join(*path, leaf), role))
+            out.append((key, (prefix + "/" + leaf if prefix else leaf) if leaf else prefix, role))
     for key in loose:
         out.append((key, "/".join(p for c in key.split("/") for p in _split_component(c)), m.ROLE_METADATA))
     return _make_variables(out, None, datasets=datasets, shard_of=shard_of)

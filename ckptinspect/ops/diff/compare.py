@@ -23,7 +23,7 @@ import numpy as np
 
 from ...errors import CorruptCheckpointError, UnallocatedDataError
 from ...model import NUMERIC_DTYPES, Checkpoint, Variable, numpy_dtype
-from ..bit_equality import bit_equal
+from ..bit_equality import bit_equal, same_bytes
 
 __all__ = [
     "STATUSES",
@@ -61,6 +61,10 @@ def _rowdot_einsum(a: np.ndarray, b: np.ndarray) -> np.ndarray:  # numpy < 2.0 h
 
 
 _ROWDOT: Callable[[np.ndarray, np.ndarray], np.ndarray] = getattr(np, "vecdot", _rowdot_einsum)
+# The reductions ndarray.sum/min/max call (without their Python wrappers): the same results.
+_SUM = np.add.reduce
+_MIN = np.minimum.reduce
+_MAX = np.maximum.reduce
 
 
 def _dot(a: np.ndarray, b: np.ndarray) -> float:
@@ -71,7 +75,7 @@ def _dot(a: np.ndarray, b: np.ndarray) -> float:
     full = a.size - a.size % CHUNK_ELEMENTS
     total = 0.0
     if full:
-        total = float(_ROWDOT(a[:full].reshape(-1, CHUNK_ELEMENTS), b[:full].reshape(-1, CHUNK_ELEMENTS)).sum())
+        total = float(_SUM(_ROWDOT(a[:full].reshape(-1, CHUNK_ELEMENTS), b[:full].reshape(-1, CHUNK_ELEMENTS)), None))
     if full < a.size:
         total += float(np.dot(a[full:], b[full:]))
     return total
@@ -156,12 +160,12 @@ class _Accumulator:
             return
         self.sdd += sdd
         if not (self.atol or self.rtol):  # exact comparison: |d| > 0 (no pass writing |d|)
-            mx = max(float(d.max()), -float(d.min()))
+            mx = max(float(_MAX(d, None)), -float(_MIN(d, None)))
             self.max_abs = max(self.max_abs, mx)
             self.ndiff += int(np.count_nonzero(d != 0))  # a bool array counts fast, floats do not
             return
         np.abs(d, out=d)
-        mx = float(d.max())
+        mx = float(_MAX(d, None))
         if mx > self.max_abs:
             self.max_abs = mx
         if mx > self.atol:
@@ -248,15 +252,17 @@ def _block_source(ckpt: Checkpoint, var: Variable, block: int) -> Callable[[], I
     return lambda: ckpt.iter_blocks(var, block)
 
 
-def _pairs(blocks_a: Iterator[np.ndarray], blocks_b: Iterator[np.ndarray], label: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def _pairs(blocks_a: Iterator[np.ndarray], blocks_b: Iterator[np.ndarray], label: Callable[[], str]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The blocks of A and B side by side (``label()`` names B's variable in the error when
+    they do not hold the same number of values)."""
     try:
         for xa in blocks_a:
             xb = next(blocks_b, None)
             if xb is None or xb.size != xa.size:
-                raise CorruptCheckpointError(f"{label}: fewer values than its shape declares")
+                raise CorruptCheckpointError(f"{label()}: fewer values than its shape declares")
             yield xa, xb
         if next(blocks_b, None) is not None:
-            raise CorruptCheckpointError(f"{label}: more values than its shape declares")
+            raise CorruptCheckpointError(f"{label()}: more values than its shape declares")
     finally:  # release the formats' buffers now, in this thread (not whenever they are collected)
         for blocks in (blocks_a, blocks_b):
             close = getattr(blocks, "close", None)
@@ -268,15 +274,15 @@ def _identical_block(x: np.ndarray) -> bool | None:
     """Whether a block whose two sides hold the same bytes has a nonzero value; None when it
     holds NaN or Inf (counted by the full statistics)."""
     if x.dtype.kind == "f":
-        lo, hi = x.min(), x.max()
+        lo, hi = _MIN(x, None), _MAX(x, None)
         if not (math.isfinite(lo) and math.isfinite(hi)):
             return None
         return not (lo == 0 and hi == 0)
     return bool(x.any())
 
 
-def _compare_blocks(source_a: Callable[[], Iterator[np.ndarray]], source_b: Callable[[], Iterator[np.ndarray]],
-                    label: str, atol: float, rtol: float, same_dtype: bool) -> dict[str, Any]:
+def _compare_blocks(ckpt_a: Checkpoint, va: Variable, ckpt_b: Checkpoint, vb: Variable, block: int,
+                    atol: float, rtol: float) -> dict[str, Any]:
     """The statistics of two streamed values, in one pass over their blocks.
 
     Most variables of two checkpoints are either untouched or changed everywhere. While the
@@ -290,12 +296,15 @@ def _compare_blocks(source_a: Callable[[], Iterator[np.ndarray]], source_b: Call
     """
     partials: list[_Accumulator | None] = []  # None: identical, finite, sums not computed yet
     nonzero = False
-    prefilter = same_dtype
-    for xa, xb in _pairs(source_a(), source_b(), label):
-        x, y = _arith_view(xa), _arith_view(xb)
+    prefilter = va.dtype == vb.dtype
+    label = lambda: f"{ckpt_b.path}: {vb.key!r}"  # noqa: E731 - only for an error message
+    for xa, xb in _pairs(ckpt_a.iter_blocks(va, block), ckpt_b.iter_blocks(vb, block), label):
+        x = xa if xa.dtype.kind not in "cb" else _arith_view(xa)
+        y = xb if xb.dtype.kind not in "cb" else _arith_view(xb)
         if not x.size:
             continue
-        if prefilter and x.dtype == y.dtype and bit_equal(x, y):
+        # (same dtype, same size, flat: bit_equal's answer is the bytes')
+        if prefilter and x.dtype == y.dtype and same_bytes(x, y):
             flag = _identical_block(x)
             if flag is not None:
                 nonzero = nonzero or flag
@@ -312,11 +321,16 @@ def _compare_blocks(source_a: Callable[[], Iterator[np.ndarray]], source_b: Call
         partials.append(acc)
     if not partials:
         return _Accumulator(atol, rtol).result()  # no values
-    skipped = [k for k, p in enumerate(partials) if p is None]
-    if len(skipped) == len(partials):
-        return {**_IDENTICAL, "cosine": 1.0 if nonzero else None}
+    if len(partials) == 1:  # one block (most variables)
+        if partials[0] is None:
+            return {**_IDENTICAL, "cosine": 1.0 if nonzero else None}
+        skipped = []
+    else:
+        skipped = [k for k, p in enumerate(partials) if p is None]
+        if len(skipped) == len(partials):
+            return {**_IDENTICAL, "cosine": 1.0 if nonzero else None}
     if skipped:
-        _fill_skipped(source_a(), partials, skipped[-1], atol, rtol)
+        _fill_skipped(ckpt_a.iter_blocks(va, block), partials, skipped[-1], atol, rtol)
     total = _Accumulator(atol, rtol)
     for p in partials:
         total.merge(p)
@@ -348,16 +362,24 @@ def _fill_skipped(blocks: Iterator[np.ndarray], partials: list[_Accumulator | No
 def _compare_numeric(
     ckpt_a: Checkpoint, va: Variable, ckpt_b: Checkpoint, vb: Variable, atol: float, rtol: float
 ) -> dict[str, Any]:
-    itemsize = max(_itemsize(va.dtype), _itemsize(vb.dtype))
-    block = max(CHUNK_ELEMENTS, (BLOCK_BYTES // itemsize) // CHUNK_ELEMENTS * CHUNK_ELEMENTS)
-    label = f"{ckpt_b.path}: {vb.key!r}"
-    return _compare_blocks(_block_source(ckpt_a, va, block), _block_source(ckpt_b, vb, block), label, atol, rtol,
-                           va.dtype == vb.dtype)
+    block = _block_elements(max(_itemsize(va.dtype), _itemsize(vb.dtype)))
+    return _compare_blocks(ckpt_a, va, ckpt_b, vb, block, atol, rtol)
+
+
+def _block_elements(itemsize: int) -> int:
+    """Elements per streamed block: about :data:`BLOCK_BYTES`, a multiple of :data:`CHUNK_ELEMENTS`."""
+    return max(CHUNK_ELEMENTS, (BLOCK_BYTES // itemsize) // CHUNK_ELEMENTS * CHUNK_ELEMENTS)
+
+
+_ITEMSIZES: dict[str, int] = {}  # dtype name -> bytes per element (8 for non-numbers)
 
 
 def _itemsize(dtype: str) -> int:
-    d = numpy_dtype(dtype)
-    return d.itemsize if d is not None else 8
+    size = _ITEMSIZES.get(dtype)
+    if size is None:
+        d = numpy_dtype(dtype)
+        size = _ITEMSIZES[dtype] = d.itemsize if d is not None else 8
+    return size
 
 
 def _element_bytes(item: Any) -> bytes | None:
@@ -454,7 +476,7 @@ def _compare_unallocated(
         return out
     full, fill = (vb, fill_a) if empty_a else (va, fill_b)
     ckpt = ckpt_b if empty_a else ckpt_a
-    block = max(CHUNK_ELEMENTS, (BLOCK_BYTES // _itemsize(full.dtype)) // CHUNK_ELEMENTS * CHUNK_ELEMENTS)
+    block = _block_elements(_itemsize(full.dtype))
     for values in _block_source(ckpt, full, block)():
         constant = np.full(values.size, fill)
         xa, xb = (constant, values) if empty_a else (values, constant)

@@ -514,26 +514,30 @@ def _diff_one(
     name: str, how: str | None, ca: Any, va: Variable | None, cb: Checkpoint, vb: Variable | None, atol: float, rtol: float,
     fits: Mapping[str, tuple[Variable, Any]],
 ) -> VariableDiff:
-    common = {
-        "name": name,
-        "key_a": va.key if va else None,
-        "key_b": vb.key if vb else None,
-        "name_a": va.name if va else None,
-        "name_b": vb.name if vb else None,
-        "role": (va or vb).role,
-        "matched_by": how,
-        "shape_a": tuple(va.shape) if va else None,
-        "shape_b": tuple(vb.shape) if vb else None,
-        "dtype_a": va.dtype if va else None,
-        "dtype_b": vb.dtype if vb else None,
-    }
-    if va is None:
-        return VariableDiff(status=STATUS_ADDED, **common)
-    if vb is None:
-        return VariableDiff(status=STATUS_REMOVED, **common)
-    fitted = fits.get(va.key)
+    if va is None or vb is None:
+        common = {
+            "name": name,
+            "key_a": va.key if va else None,
+            "key_b": vb.key if vb else None,
+            "name_a": va.name if va else None,
+            "name_b": vb.name if vb else None,
+            "role": (va or vb).role,
+            "matched_by": how,
+            "shape_a": tuple(va.shape) if va else None,
+            "shape_b": tuple(vb.shape) if vb else None,
+            "dtype_a": va.dtype if va else None,
+            "dtype_b": vb.dtype if vb else None,
+        }
+        return VariableDiff(status=STATUS_ADDED if va is None else STATUS_REMOVED, **common)
+    # Both sides (every variable of most diffs): the fields in their order, positionally.
+    key_a, name_a, shape_a, dtype_a = va.key, va.name, tuple(va.shape), va.dtype
+    layout = None
+    fitted = fits.get(key_a) if fits else None
     if fitted is not None:
-        common["layout"] = fitted[1].describe()
+        layout = fitted[1].describe()
         va = RearrangedSource.view(va, fitted[1])
-    return VariableDiff(**common, **compare_variables(ca, va, cb, vb, atol=atol, rtol=rtol))
-
+    r = compare_variables(ca, va, cb, vb, atol=atol, rtol=rtol)
+    get = r.get
+    return VariableDiff(name, key_a, vb.key, r["status"], name_a, vb.name, va.role, how, shape_a, tuple(vb.shape),
+                        dtype_a, vb.dtype, get("max_abs_diff"), get("rel_l2"), get("cosine"), get("num_different"),
+                        get("nan_a"), get("inf_a"), get("nan_b"), get("inf_b"), get("nonfinite_mismatch"), layout)
