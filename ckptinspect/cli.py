@@ -575,11 +575,6 @@ def _write_png(dest: str, data: bytes, *, force: bool, protected: list[str]) -> 
 def scan_command(paths: list[str], role: Optional[str], plot: Optional[str], force: bool,
                  format: OutputFormat) -> None:  # noqa: A002
     """Every checkpoint of a run in step order: norms, changes, NaN/Inf, drift, directory health (exit 1 if unhealthy)."""
-    if "numpy" not in sys.modules:
-        # scan's BLAS calls are dots of at most 8,192 elements, which OpenBLAS computes on the
-        # calling thread anyway: its thread pool would only add its start-up to numpy's import
-        # (~30 ms of CPU). The process is this command's; a library caller's BLAS is left alone.
-        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from .ops.scan.operation import scan  # noqa: PLC0415
     from .render import PlotUnavailable, scan_plot, scan_view  # noqa: PLC0415
 

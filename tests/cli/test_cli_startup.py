@@ -218,3 +218,20 @@ def test_ls_of_one_file_loads_nothing_other_paths_need(path, reader, also_never)
     assert code == 0
     assert reader in modules and "click" in modules  # the listing did run
     assert _loaded(modules, NEVER_FOR_ONE_FILE + also_never) == []
+
+
+@pytest.mark.parametrize("preset, expected", [(None, "1"), ("3", "3")])
+def test_the_process_runs_openblas_on_one_thread_unless_told(preset, expected):
+    """The command line sets ``OPENBLAS_NUM_THREADS`` before numpy loads (a setting in the
+    environment wins): the process's environment, read at its exit."""
+    code = ("import atexit, os, sys\n"
+            "sys.argv = ['ckptinspect', '--version']\n"
+            "atexit.register(lambda: print('BLAS', os.environ.get('OPENBLAS_NUM_THREADS'), flush=True))\n"
+            "from ckptinspect.__main__ import run\n"
+            "run()\n")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if preset is not None:
+        env["OPENBLAS_NUM_THREADS"] = preset
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert f"BLAS {expected}" in proc.stdout.splitlines()
