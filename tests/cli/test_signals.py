@@ -104,3 +104,16 @@ def test_a_signal_mid_write_leaves_nothing_behind(name, sig, inputs, server, tmp
     assert "Traceback" not in result.stderr
     assert os.listdir(out) == [], os.listdir(out)  # no temporary, no partial output
     assert {p: p.stat().st_size for p in inputs["safetensors"].parent.rglob("*") if p.is_file()} == before
+
+
+def test_a_killed_extract_leaves_no_output_under_its_name(inputs, server, tmp_path):
+    """SIGKILL runs no cleanup: the temporary output stays (``--force`` clears ours later), but
+    nothing is ever under the output's own name."""
+    out = tmp_path / "out"
+    out.mkdir()
+    range_server.HoldingHandler.hold("big.safetensors", inputs["half"])
+    result = interrupted(command("extract", server, out), out, signal.SIGKILL)
+    assert result.returncode == -signal.SIGKILL
+    names = os.listdir(out)
+    assert [n for n in names if n.startswith(TMP_MARK)], names  # caught mid-write
+    assert [n for n in names if not n.startswith(TMP_MARK)] == [], names
