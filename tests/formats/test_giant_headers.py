@@ -18,7 +18,7 @@ from click.testing import CliRunner
 import ckptinspect
 from ckptinspect import model as m
 from ckptinspect.cli import app
-from ckptinspect.formats import _bulk
+from columns_switch import both_paths, use_columns
 from ckptinspect.formats.safetensors import compact, file as safetensors_file
 from ckptinspect.render import simple_table
 
@@ -35,16 +35,12 @@ NAMES = ["a/b.weight", 'q"uote', "back\\slash", "\x1b[31mred", "caf\u00e9/\u4e2d
 
 
 def _columns(monkeypatch, on: bool) -> None:
-    monkeypatch.setattr(safetensors_file, "COMPACT_MIN_BYTES", 0 if on else 1 << 62)
-    monkeypatch.setattr(_bulk, "COMPACT_MIN_VARIABLES", 0 if on else 1 << 62)
+    use_columns(monkeypatch, safetensors_file, on)
 
 
 def _both(monkeypatch, fn):
     """``fn()`` on the former path, then on the columns."""
-    _columns(monkeypatch, False)
-    before = fn()
-    _columns(monkeypatch, True)
-    return before, fn()
+    return both_paths(monkeypatch, safetensors_file, fn)
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ import ckptinspect
 from bundle_craft import parse_entry, read_entries, write_table
 from ckptinspect import model as m
 from ckptinspect.cli import app
-from ckptinspect.formats import _bulk
+from columns_switch import both_paths, use_columns
 from ckptinspect.formats.tf import compact, index as tf_index
 from ckptinspect.formats.tf.write.bundle import write_bundle_native
 from ckptinspect.formats.tf.write.tensors import OutputTensor
@@ -39,16 +39,12 @@ runner = CliRunner()
 
 
 def _columns(monkeypatch, on: bool) -> None:
-    monkeypatch.setattr(compact, "COMPACT_MIN_BYTES", 0 if on else 1 << 62)
-    monkeypatch.setattr(_bulk, "COMPACT_MIN_VARIABLES", 0 if on else 1 << 62)
+    use_columns(monkeypatch, compact, on)
 
 
 def _both(monkeypatch, fn):
     """``fn()`` on the former path, then on the columns."""
-    _columns(monkeypatch, False)
-    before = fn()
-    _columns(monkeypatch, True)
-    return before, fn()
+    return both_paths(monkeypatch, compact, fn)
 
 
 def _cli(*args) -> tuple[int, str]:
