@@ -40,7 +40,9 @@ def diff_chunks(report, fmt: OutputFormat, width: int | None = AUTO, *, hide_equ
     so) before it shortens a name: names are what people read. ``hide_equal`` leaves the equal
     variables out of the rows (and of the JSON ``variables``; the summary still counts them).
     """
-    shown_variables = [v for v in report.variables if not (hide_equal and v.status == "equal")]
+    def shown_variables() -> Iterator[Any]:  # made afresh at each pass: a million rows are never held
+        return (v for v in report.variables if not (hide_equal and v.status == "equal"))
+
     def pair(x, y, show=str) -> str:
         if x is None or y is None:
             return show(x if y is None else y) if (x, y) != (None, None) else "-"
@@ -52,13 +54,13 @@ def diff_chunks(report, fmt: OutputFormat, width: int | None = AUTO, *, hide_equ
     if fmt == OutputFormat.json:  # the document alone: no rows
         doc = report.to_dict()
         if hide_equal:
-            doc["variables"] = [v.to_dict() for v in shown_variables]
+            doc["variables"] = [v.to_dict() for v in shown_variables()]
         yield render(fmt, doc=doc, rows=(), columns=())
         return
     table = fmt == OutputFormat.table
 
     def rows() -> Iterator[dict[str, Any]]:
-        for v in shown_variables:
+        for v in shown_variables():
             size = 1
             for d in v.shape_a or v.shape_b or ():
                 size *= d
@@ -89,7 +91,7 @@ def diff_chunks(report, fmt: OutputFormat, width: int | None = AUTO, *, hide_equ
     columns: list[Column] = [("shown_name", "name"), ("status", "status"), ("shape", "shape"), ("dtype", "dtype"),
                              ("max_abs", "max abs diff"), ("rel", "rel l2"), ("cos", "cosine"),
                              ("diff_elems", "differing")]
-    if any(v.nan_a or v.nan_b or v.inf_a or v.inf_b for v in report.variables):
+    if report.has_nonfinite:
         columns += [("nan", "nan a/b"), ("inf", "inf a/b")]
     footer = [*_diff_layers(report.layers, width), "", report.verdict]
     yield from render_chunks(fmt, doc={}, rows=rows, columns=columns, header=header, footer=footer, width=width,
