@@ -199,6 +199,7 @@ _EQUAL_CODE = _STATUS_CODE[STATUS_EQUAL]
 _FLOATS = ("max_abs_diff", "rel_l2", "cosine")
 _COUNTS = ("num_different", "nan_a", "inf_a", "nan_b", "inf_b", "nonfinite_mismatch")
 _INT32_MAX = (1 << 31) - 1
+_ROWS_AT_ONCE = 4096  # rows made from the columns at a time
 _NAME_SORT_BYTES = 64 << 20  # shown names sorted as fixed-width bytes up to this much, else as strings
 
 
@@ -287,27 +288,34 @@ class DiffRows(Sequence[VariableDiff]):
 
     def entry(self, j: int) -> VariableDiff:
         """The :class:`VariableDiff` of entry ``j``."""
+        return self._entries(np.array([j], np.int64))[0]
+
+    def _entries(self, js: Any) -> list[VariableDiff]:
+        """The :class:`VariableDiff` of each entry ``js`` (numpy): the columns read a block at a time."""
         if self._made is not None:
-            return self._made[j]
-        pa, pb, how = int(self.pos_a[j]), int(self.pos_b[j]), int(self.how[j])
-        va = self.a[pa] if pa >= 0 else None
-        vb = self.b[pb] if pb >= 0 else None
-        fields: dict[str, Any] = {k: None if self.none[k][j] else float(self.floats[k][j]) for k in _FLOATS}
-        for k in _COUNTS:
-            x = int(self.counts[k][j])
-            fields[k] = None if x < 0 else x
-        shown = self.shown.get(j)
-        return VariableDiff(
-            name=shown if shown is not None else (va or vb).name,  # type: ignore[union-attr]
-            key_a=va.key if va else None, key_b=vb.key if vb else None,
-            status=STATUSES[self.status[j]],
-            name_a=va.name if va else None, name_b=vb.name if vb else None,
-            role=(va or vb).role,  # type: ignore[union-attr]
-            matched_by=self.hows[how] if how >= 0 else None,
-            shape_a=tuple(va.shape) if va else None, shape_b=tuple(vb.shape) if vb else None,
-            dtype_a=va.dtype if va else None, dtype_b=vb.dtype if vb else None,
-            layout=self.layouts.get(j), **fields,
-        )
+            return [self._made[j] for j in js.tolist()]
+        floats = [[None if gone else x for x, gone in zip(self.floats[k][js].tolist(), self.none[k][js].tolist())]
+                  for k in _FLOATS]
+        counts = [[None if x < 0 else x for x in self.counts[k][js].tolist()] for k in _COUNTS]
+        hows, shown_names, layouts = self.hows, self.shown, self.layouts
+        pa, pb = self.pos_a[js], self.pos_b[js]
+        side_a = _side_block(self.a, pa)
+        side_b = side_a if self.b is self.a and np.array_equal(pa, pb) else _side_block(self.b, pb)  # X X: once
+        out = []
+        for i, (j, how, status, fa, fb) in enumerate(zip(js.tolist(), self.how[js].tolist(), self.status[js].tolist(),
+                                                         side_a, side_b)):
+            either: Any = fa if fa is not None else fb  # every entry has a side
+            shown = shown_names.get(j)
+            out.append(VariableDiff(
+                shown if shown is not None else either[1],
+                fa[0] if fa else None, fb[0] if fb else None, STATUSES[status],
+                fa[1] if fa else None, fb[1] if fb else None, either[4], hows[how] if how >= 0 else None,
+                fa[2] if fa else None, fb[2] if fb else None, fa[3] if fa else None, fb[3] if fb else None,
+                floats[0][i], floats[1][i], floats[2][i],
+                counts[0][i], counts[1][i], counts[2][i], counts[3][i], counts[4][i], counts[5][i],
+                layouts.get(j),
+            ))
+        return out
 
     def __len__(self) -> int:
         return len(self.order)
@@ -320,7 +328,7 @@ class DiffRows(Sequence[VariableDiff]):
 
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
-            return tuple(self.entry(int(j)) for j in self.order[i].tolist())
+            return tuple(self._entries(self.order[i]))
         n = len(self)
         if i < 0:
             i += n
@@ -330,8 +338,8 @@ class DiffRows(Sequence[VariableDiff]):
 
     def __iter__(self) -> Iterator[VariableDiff]:
         order = self.order
-        for first in range(0, len(order), 65536):
-            yield from map(self.entry, order[first:first + 65536].tolist())
+        for first in range(0, len(order), _ROWS_AT_ONCE):
+            yield from self._entries(order[first:first + _ROWS_AT_ONCE])
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence) or isinstance(other, str):
@@ -403,6 +411,37 @@ class DiffRows(Sequence[VariableDiff]):
         if self._layers is None:
             self._layers = _layers_of(self)
         return self._layers
+
+
+_Fields = tuple[str, str, tuple[int, ...], str, str]  # key, name, shape, dtype, role
+
+
+def _side_block(side: Sequence[Variable], positions: Any) -> list[_Fields | None]:
+    """Key, name, shape, dtype and role of ``side`` at each of ``positions`` (None at -1); a
+    table's read from its columns, a block at a time."""
+    out: list[_Fields | None] = [None] * len(positions)
+    have = np.flatnonzero(positions >= 0)
+    at = positions[have]
+    if isinstance(side, VariableTable):
+        rows = at if side.rows is None else side.rows[at]
+        names = _texts(side.names, side.name_ends, rows)
+        keys = names if side.keys is None else _texts(side.keys, side.key_ends, rows)
+        shapes, dtypes, roles = side.shapes, side.dtypes, side.roles
+        for i, key, name, shape, dtype, role in zip(have.tolist(), keys, names, side.shape_codes[rows].tolist(),
+                                                   side.dtype_codes[rows].tolist(), side.role_codes[rows].tolist()):
+            out[i] = (key, name, shapes[shape], dtypes[dtype], roles[role])
+        return out
+    for i, p in zip(have.tolist(), at.tolist()):
+        v = side[p]
+        out[i] = (v.key, v.name, tuple(v.shape), v.dtype, v.role)
+    return out
+
+
+def _texts(buf: bytes, ends: Any, rows: Any) -> list[str]:
+    """The strings of ``rows`` in a packed UTF-8 buffer with ``ends``."""
+    stop = ends[rows]
+    start = np.where(rows > 0, ends[np.maximum(rows - 1, 0)], 0)
+    return [buf[i:j].decode("utf-8", "surrogatepass") for i, j in zip(start.tolist(), stop.tolist())]
 
 
 def _layers_of(rows: DiffRows) -> tuple[LayerDiff, ...]:
@@ -593,15 +632,17 @@ def _read_order(rows: DiffRows, ca: Checkpoint, cb: Checkpoint) -> Any:
         return (c.storage_order(v), v.key)
 
     columns: Any = None
-    for j in range(n):
-        v, c = variable(j)
-        place = c.storage_order(v)
+    for first in range(0, n, _ROWS_AT_ONCE):
+        block = slice(first, first + _ROWS_AT_ONCE)
+        places = [ca.storage_order(a[pa]) if pa >= 0 else cb.storage_order(b[pb])
+                  for pa, pb in zip(pos_a[block].tolist(), pos_b[block].tolist())]
         if columns is None:
-            columns = np.empty((n, len(place)), np.int64)
-        if len(place) != columns.shape[1] or not all(type(x) is int for x in place):
+            columns = np.empty((n, len(places[0])), np.int64)
+        width = columns.shape[1]
+        if not all(len(place) == width and all(type(x) is int for x in place) for place in places):
             return np.asarray(sorted(range(n), key=key), np.int64)  # not ints: sorted as tuples
         try:
-            columns[j] = place
+            columns[block] = np.array(places, np.int64).reshape(len(places), width)
         except OverflowError:
             return np.asarray(sorted(range(n), key=key), np.int64)
     if columns is None:
@@ -749,9 +790,11 @@ def _notes(ca: Checkpoint, cb: Checkpoint, alignment: Match, optimizer_pattern: 
 
 def _pairs(rows: DiffRows) -> Iterator[tuple[Variable, Variable]]:
     """The variables of every entry both sides have."""
-    for pa, pb in zip(rows.pos_a.tolist(), rows.pos_b.tolist()):
-        if pa >= 0 and pb >= 0:
-            yield rows.a[pa], rows.b[pb]
+    for first in range(0, len(rows.pos_a), _ROWS_AT_ONCE):
+        block = slice(first, first + _ROWS_AT_ONCE)
+        for pa, pb in zip(rows.pos_a[block].tolist(), rows.pos_b[block].tolist()):
+            if pa >= 0 and pb >= 0:
+                yield rows.a[pa], rows.b[pb]
 
 
 def _layout_fits(rows: DiffRows, layout: Layout) -> tuple[dict[str, tuple[Variable, Any]], list[str]]:
@@ -775,8 +818,14 @@ def _entries(rows: DiffRows) -> Iterator[_Entry]:
     """Each entry's index, variables and how it was paired, in read order (made as the comparing
     threads ask for them)."""
     hows = rows.hows
-    for j, (pa, pb, how) in enumerate(zip(rows.pos_a.tolist(), rows.pos_b.tolist(), rows.how.tolist())):
-        yield (j, rows.a[pa] if pa >= 0 else None, rows.b[pb] if pb >= 0 else None, hows[how] if how >= 0 else None)
+    a, b = rows.a, rows.b
+    for first in range(0, len(rows.pos_a), _ROWS_AT_ONCE):  # a block of positions at a time: no list of a million
+        block = slice(first, first + _ROWS_AT_ONCE)
+        for j, pa, pb, how in zip(range(first, first + _ROWS_AT_ONCE), rows.pos_a[block].tolist(),
+                                  rows.pos_b[block].tolist(), rows.how[block].tolist()):
+            va = a[pa] if pa >= 0 else None
+            vb = (va if b is a and pb == pa else b[pb]) if pb >= 0 else None  # X X: one variable
+            yield (j, va, vb, hows[how] if how >= 0 else None)
 
 
 def _compare(rows: DiffRows, ca: Checkpoint, cb: Checkpoint, fits: dict[str, tuple[Variable, Any]],
