@@ -39,28 +39,34 @@ def _bounds(ends: Any, rows: Any) -> tuple[Any, Any]:
 
 
 def _hashes(buf: bytes, start: Any, stop: Any) -> Any:
-    """``hash`` of each key's bytes (int64), a chunk of keys at a time."""
-    out = np.empty(len(start), np.int64)
-    for i in range(0, len(start), CHUNK):
-        s, e = start[i:i + CHUNK].tolist(), stop[i:i + CHUNK].tolist()
-        out[i:i + len(s)] = np.fromiter(map(hash, map(buf.__getitem__, map(slice, s, e))), np.int64, len(s))
-    return out
+    """``hash`` of each key's bytes (int64)."""
+    s, e = start.tolist(), stop.tolist()
+    return np.fromiter(map(hash, map(buf.__getitem__, map(slice, s, e))), np.int64, len(s))
+
+
+def _index(n: int) -> Any:
+    """The smallest integer type of positions below ``n`` (int32 up to two thousand million)."""
+    return np.int32 if n < (1 << 31) else np.int64
 
 
 class _Side:
-    """One side's keys: rows of the columns, offsets, hashes sorted, which keys are unique."""
+    """One side's keys: its rows of the columns, hashes sorted, which keys are unique (offsets
+    are read from the columns a chunk at a time, not held)."""
 
     def __init__(self, table: m.VariableTable):
-        self.rows = table.positions()
-        self.buf, ends = _key_columns(table)
-        self.start, self.stop = _bounds(ends, self.rows)
-        hashes = _hashes(self.buf, self.start, self.stop)
-        self.order = np.argsort(hashes, kind="stable")
+        self.rows = table.rows  # None: the columns in order
+        self.n = len(table)
+        self.buf, self.ends = _key_columns(table)
+        hashes = np.empty(self.n, np.int64)
+        for i in range(0, self.n, CHUNK):
+            start, stop = self.bounds(np.arange(i, min(i + CHUNK, self.n)))
+            hashes[i:i + len(start)] = _hashes(self.buf, start, stop)
+        self.order = np.argsort(hashes, kind="stable").astype(_index(self.n))
         self.sorted = hashes[self.order]
         del hashes
-        self.unique = np.ones(len(self.rows), bool)
+        self.unique = np.ones(self.n, bool)
         same = self.sorted[1:] == self.sorted[:-1]
-        shared = np.zeros(len(self.rows), bool)
+        shared = np.zeros(self.n, bool)
         shared[1:] |= same
         shared[:-1] |= same
         del same
@@ -70,8 +76,19 @@ class _Side:
             for p in positions:
                 self.unique[p] = counts[self.key(p)] == 1
 
+    def bounds(self, positions: Any) -> tuple[Any, Any]:
+        """Start and end offsets of the keys at ``positions``."""
+        return _bounds(self.ends, positions if self.rows is None else self.rows[positions])
+
+    def hashes(self, positions: Any) -> Any:
+        """The hashes of the keys at ``positions``."""
+        out = np.empty(self.n, np.int64)
+        out[self.order] = self.sorted
+        return out[positions]
+
     def key(self, p: int) -> bytes:
-        return self.buf[int(self.start[p]):int(self.stop[p])]
+        start, stop = self.bounds(np.array([p]))
+        return self.buf[int(start[0]):int(stop[0])]
 
 
 def _equal_keys(sa: _Side, pa: Any, sb: _Side, pb: Any) -> Any:
@@ -81,10 +98,11 @@ def _equal_keys(sa: _Side, pa: Any, sb: _Side, pb: Any) -> Any:
     ub = ua if sb.buf is sa.buf else np.frombuffer(sb.buf, np.uint8)
     for i in range(0, len(pa), CHUNK):
         qa, qb = pa[i:i + CHUNK], pb[i:i + CHUNK]
-        a0, b0 = sa.start[qa], sb.start[qb]
-        length = sa.stop[qa] - a0
-        ok = length == sb.stop[qb] - b0
-        look = ok & (a0 != b0) if sb.buf is sa.buf else ok.copy()  # the same bytes (diff X X): equal unlooked
+        a0, a1 = sa.bounds(qa)
+        b0, b1 = sb.bounds(qb)
+        length = a1 - a0
+        ok = length == b1 - b0
+        look = ok & (a0 != b0) if sb.buf is sa.buf else ok.copy()  # the same bytes: equal unlooked
         for n in np.unique(length[look]).tolist():
             sel = np.flatnonzero(look & (length == n))
             if n:
@@ -99,16 +117,19 @@ def key_join(a: m.VariableTable, b: m.VariableTable) -> tuple[Any, Any, Any, Any
 
     Returns:
         ``(pairs_a, pairs_b, free_a, free_b)``: the positions paired (A's ascending, with B's
-        partner of each), then each side's unpaired positions in order (int64 arrays).
+        partner of each), then each side's unpaired positions in order (int32 arrays, int64
+        past two thousand million).
     """
     sa = _Side(a)
-    sb = sa if b is a else _Side(b)
-    n_a, n_b = len(sa.rows), len(sb.rows)
+    n_a = sa.n
+    if b is a:  # one table twice (diff X X): each unique key with itself
+        pa = np.flatnonzero(sa.unique).astype(_index(n_a))
+        free = np.flatnonzero(~sa.unique).astype(_index(n_a))
+        return pa, pa, free, free
+    sb = _Side(b)
+    n_b = sb.n
     want = np.flatnonzero(sa.unique)
-    hashes = np.empty(n_a, np.int64)
-    hashes[sa.order] = sa.sorted
-    wanted = hashes[want]
-    del hashes
+    wanted = sa.hashes(want)
     lo = np.searchsorted(sb.sorted, wanted, "left")
     hi = np.searchsorted(sb.sorted, wanted, "right")
     del wanted
@@ -131,12 +152,12 @@ def key_join(a: m.VariableTable, b: m.VariableTable) -> tuple[Any, Any, Any, Any
             pb = np.concatenate([pb, np.asarray(extra_b, np.int64)])
             order = np.argsort(pa, kind="stable")
             pa, pb = pa[order], pb[order]
-    pa, pb = pa.astype(np.int64, copy=False), pb.astype(np.int64, copy=False)
     paired_a = np.zeros(n_a, bool)
     paired_a[pa] = True
     paired_b = np.zeros(n_b, bool)
     paired_b[pb] = True
-    return pa, pb, np.flatnonzero(~paired_a), np.flatnonzero(~paired_b)
+    return (pa.astype(_index(n_a)), pb.astype(_index(n_b)), np.flatnonzero(~paired_a).astype(_index(n_a)),
+            np.flatnonzero(~paired_b).astype(_index(n_b)))
 
 
 def item_of(variables: Sequence[Any], i: int) -> Item:
