@@ -18,6 +18,7 @@ from ckptinspect.cli import app
 from ckptinspect.formats import _bulk
 from ckptinspect.formats.safetensors import compact
 from ckptinspect.model import Variable, VariableTable
+from ckptinspect.ops.diff import operation
 from ckptinspect.ops.diff.operation import DiffReport, DiffRows, VariableDiff
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
@@ -64,8 +65,10 @@ def pair(tmp_path_factory) -> tuple[pathlib.Path, pathlib.Path]:
     return folder / "a.safetensors", folder / "b.safetensors"
 
 
-def test_rows_from_columns_are_the_rows_sorted_as_before(pair, monkeypatch):
+@pytest.mark.parametrize("patterns", [255, 0], ids=["patterns", "blocks"])
+def test_rows_from_columns_are_the_rows_sorted_as_before(pair, monkeypatch, patterns):
     _columns(monkeypatch, True)
+    monkeypatch.setattr(operation, "_PATTERNS", patterns)  # 0: every entry's numbers in the blocks
     report = ckptinspect.diff(*pair)
     assert isinstance(report.variables, DiffRows)
     rows = list(report.variables)

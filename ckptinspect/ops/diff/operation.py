@@ -198,6 +198,9 @@ _RANK_OF_CODE = np.array([_STATUS_RANK[s] for s in STATUSES], np.int8)
 _EQUAL_CODE = _STATUS_CODE[STATUS_EQUAL]
 _FLOATS = ("max_abs_diff", "rel_l2", "cosine")
 _COUNTS = ("num_different", "nan_a", "inf_a", "nan_b", "inf_b", "nonfinite_mismatch")
+_NUMBERS = (*_FLOATS, *_COUNTS)
+_PATTERNS = 255  # distinct sets of numbers kept once (the entries' kinds are uint8)
+_BLOCK = 1 << 14  # entries per block of the numbers no pattern holds
 _INT32_MAX = (1 << 31) - 1
 _ROWS_AT_ONCE = 4096  # rows made from the columns at a time
 _NAME_SORT_BYTES = 64 << 20  # shown names sorted as fixed-width bytes up to this much, else as strings
@@ -234,9 +237,14 @@ class DiffRows(Sequence[VariableDiff]):
         self.pos_a, self.pos_b, self.how, self.hows = pos_a, pos_b, how, tuple(hows)
         self.shown = dict(shown)
         self.status = np.zeros(n, np.int8)
-        self.floats = {k: np.zeros(n, np.float64) for k in _FLOATS}
-        self.none = {k: np.ones(n, bool) for k in _FLOATS}
-        self.counts = {k: np.full(n, -1, np.int32) for k in _COUNTS}
+        # Each entry's numbers (_FLOATS, then _COUNTS): most entries share theirs with many
+        # others (equal variables: 0, 0, 1, 0...), kept once as a pattern (kind: its code + 1);
+        # the others (kind 0) in blocks of columns made for the blocks that have some.
+        self.kind = np.zeros(n, np.uint8)
+        self._patterns: list[tuple] = []
+        self._pattern_codes: dict[tuple, int] = {}
+        self._blocks: dict[int, tuple[Any, Any]] = {}
+        self._odd: dict[int, tuple] = {}
         self.layouts: dict[int, str] = {}
         self.order: Any = np.arange(n, dtype=_index_dtype(n))
         self._layers: tuple[LayerDiff, ...] | None = None
@@ -259,20 +267,60 @@ class DiffRows(Sequence[VariableDiff]):
     def store(self, j: int, v: VariableDiff) -> None:
         """Keep the results of entry ``j`` (its names and shapes are the sides' own)."""
         self.status[j] = _STATUS_CODE[v.status]
-        for k in _FLOATS:
-            x = getattr(v, k)
-            if x is not None:
-                self.floats[k][j] = x
-                self.none[k][j] = False
-        for k in _COUNTS:
-            x = getattr(v, k)
-            if x is not None:
-                column = self.counts[k]
-                if x > _INT32_MAX and column.dtype == np.int32:
-                    column = self.counts[k] = column.astype(np.int64)
-                column[j] = x
+        values = (v.max_abs_diff, v.rel_l2, v.cosine, v.num_different, v.nan_a, v.inf_a, v.nan_b, v.inf_b,
+                  v.nonfinite_mismatch)
+        # equal as a tuple is not always the same number (0.0 and -0.0, 1 and 1.0): the key says
+        signs = tuple(math.copysign(1.0, x) if type(x) is float else type(x) for x in values)
+        code = self._pattern_codes.get((values, signs))
+        if code is None and len(self._patterns) < _PATTERNS:
+            code = self._pattern_codes[(values, signs)] = len(self._patterns)
+            self._patterns.append(values)
+        if code is not None:
+            self.kind[j] = code + 1
+        elif all(type(x) is float for x in values[:len(_FLOATS)]) and all(type(x) is int or x is None
+                                                                           for x in values[len(_FLOATS):]):
+            block = self._blocks.get(j // _BLOCK)
+            if block is None:
+                block = self._blocks[j // _BLOCK] = (np.zeros((_BLOCK, len(_FLOATS))),
+                                                     np.full((_BLOCK, len(_COUNTS)), -1, np.int64))
+            block[0][j % _BLOCK] = values[:len(_FLOATS)]
+            block[1][j % _BLOCK] = [-1 if x is None else x for x in values[len(_FLOATS):]]
+        else:  # None among the floats, or a number of another type: kept as it is
+            self._odd[j] = values
         if v.layout is not None:
             self.layouts[j] = v.layout
+
+    def _values(self, j: int, kind: int) -> tuple:
+        """Entry ``j``'s numbers (_FLOATS, then _COUNTS)."""
+        if kind:
+            return self._patterns[kind - 1]
+        odd = self._odd.get(j)
+        if odd is not None:
+            return odd
+        floats, counts = self._blocks[j // _BLOCK]
+        at = j % _BLOCK
+        return (*floats[at].tolist(), *(None if x < 0 else x for x in counts[at].tolist()))
+
+    def column(self, field: str) -> tuple[Any, Any]:
+        """One number of every entry: float64 values (0 where None), and where they are not None."""
+        c = _NUMBERS.index(field)
+        pattern_values = np.array([0.0 if p[c] is None else float(p[c]) for p in self._patterns] + [0.0])
+        pattern_present = np.array([p[c] is not None for p in self._patterns] + [False])
+        codes = self.kind.astype(np.int32) - 1  # kind 0: -1, the last (filled below)
+        values, present = pattern_values[codes], pattern_present[codes]
+        del codes
+        for block, (floats, counts) in self._blocks.items():
+            first = block * _BLOCK
+            at = np.flatnonzero(self.kind[first:first + _BLOCK] == 0)
+            if c < len(_FLOATS):
+                values[first + at], present[first + at] = floats[at, c], True
+            else:
+                got = counts[at, c - len(_FLOATS)]
+                values[first + at], present[first + at] = np.maximum(got, 0), got >= 0
+        for j, odd in self._odd.items():
+            values[j] = 0.0 if odd[c] is None else float(odd[c])
+            present[j] = odd[c] is not None
+        return values, present
 
     # -- the rows --------------------------------------------------------------------------
     def name(self, j: int) -> str:
@@ -294,9 +342,7 @@ class DiffRows(Sequence[VariableDiff]):
         """The :class:`VariableDiff` of each entry ``js`` (numpy): the columns read a block at a time."""
         if self._made is not None:
             return [self._made[j] for j in js.tolist()]
-        floats = [[None if gone else x for x, gone in zip(self.floats[k][js].tolist(), self.none[k][js].tolist())]
-                  for k in _FLOATS]
-        counts = [[None if x < 0 else x for x in self.counts[k][js].tolist()] for k in _COUNTS]
+        numbers = [self._values(j, kind) for j, kind in zip(js.tolist(), self.kind[js].tolist())]
         hows, shown_names, layouts = self.hows, self.shown, self.layouts
         pa, pb = self.pos_a[js], self.pos_b[js]
         side_a = _side_block(self.a, pa)
@@ -311,9 +357,7 @@ class DiffRows(Sequence[VariableDiff]):
                 fa[0] if fa else None, fb[0] if fb else None, STATUSES[status],
                 fa[1] if fa else None, fb[1] if fb else None, either[4], hows[how] if how >= 0 else None,
                 fa[2] if fa else None, fb[2] if fb else None, fa[3] if fa else None, fb[3] if fb else None,
-                floats[0][i], floats[1][i], floats[2][i],
-                counts[0][i], counts[1][i], counts[2][i], counts[3][i], counts[4][i], counts[5][i],
-                layouts.get(j),
+                *numbers[i], layouts.get(j),
             ))
         return out
 
@@ -362,16 +406,16 @@ class DiffRows(Sequence[VariableDiff]):
 
     def nonfinite(self) -> bool:
         """Whether some variable has a NaN or an Inf on a side."""
-        return any(bool((self.counts[k] > 0).any()) for k in ("nan_a", "nan_b", "inf_a", "inf_b"))
+        return any(bool((self.column(k)[0] > 0).any()) for k in ("nan_a", "nan_b", "inf_a", "inf_b"))
 
     def sort(self) -> None:
         """Order the rows as the report shows them: status (changed first, equal last), then
         movement, largest ``max_abs_diff``, name (a stable sort: read order breaks ties)."""
         status = self.status
         equal = status == _EQUAL_CODE
-        rel, mabs = self.floats["rel_l2"], self.floats["max_abs_diff"]
-        has_rel, has_abs = ~self.none["rel_l2"], ~self.none["max_abs_diff"]
-        mismatch = self.counts["nonfinite_mismatch"] > 0
+        rel, has_rel = self.column("rel_l2")
+        mabs, has_abs = self.column("max_abs_diff")
+        mismatch = self.column("nonfinite_mismatch")[0] > 0
         movement = np.where(has_rel, rel, np.where(has_abs & (mabs != 0), np.inf, 0.0))
         movement = np.where(mismatch, np.inf, movement)
         movement[equal] = 0.0
@@ -380,8 +424,14 @@ class DiffRows(Sequence[VariableDiff]):
         ranks = self.name_ranks()
         self.order = np.lexsort((ranks, -biggest, -movement, _RANK_OF_CODE[status])).astype(_index_dtype(len(status)))
 
-    def name_ranks(self) -> Any:
-        """Each entry's place among the entries sorted by name (Python's string order; ties by entry)."""
+    def _packed_names(self) -> tuple[bytes, Any, Any]:
+        """Every entry's name as UTF-8 in one buffer: the buffer, each name's start and length (a
+        table's own buffer when every name is one of A's names)."""
+        a = self.a
+        if not self.shown and isinstance(a, VariableTable) and bool((self.pos_a >= 0).all()):
+            rows = self.pos_a if a.rows is None else a.rows[self.pos_a]
+            start, stop = _bounds(a.name_ends, rows)
+            return a.names, start, stop - start
         n = len(self.pos_a)
         packed = bytearray()
         ends = np.empty(n, np.int64)
@@ -389,20 +439,29 @@ class DiffRows(Sequence[VariableDiff]):
         for j in range(n):
             packed += name(j).encode("utf-8", "surrogatepass")
             ends[j] = len(packed)
-        starts = np.concatenate(([0], ends[:-1])).astype(np.int64)
-        lengths = ends - starts
+        start = np.concatenate(([0], ends[:-1])).astype(np.int64)
+        return bytes(packed), start, ends - start
+
+    def name_ranks(self) -> Any:
+        """Each entry's place among the entries sorted by name (Python's string order; ties by entry)."""
+        n = len(self.pos_a)
+        packed, starts, lengths = self._packed_names()
         widest = int(lengths.max()) if n else 0
         if widest and n * widest <= _NAME_SORT_BYTES and b"\0" not in packed:
             fixed = np.zeros((n, widest), np.uint8)
-            buf = np.frombuffer(bytes(packed), np.uint8)
-            del packed
+            buf = np.frombuffer(packed, np.uint8)
             for column in range(widest):  # UTF-8 bytes sort as their code points do
                 has = lengths > column
                 fixed[has, column] = buf[starts[has] + column]
-            by_name = np.argsort(fixed.view(f"S{widest}").reshape(-1), kind="stable")
+            del starts, lengths
+            keys = fixed.view(f"S{widest}").reshape(-1)
+            if bool((keys[1:] >= keys[:-1]).all()):  # in order already
+                return np.arange(n, dtype=_index_dtype(n))
+            by_name = np.argsort(keys, kind="stable")
         else:
-            by_name = np.asarray(sorted(range(n), key=name), np.int64)
-        ranks = np.empty(n, np.int64)
+            del starts, lengths
+            by_name = np.asarray(sorted(range(n), key=self.name), np.int64)
+        ranks = np.empty(n, _index_dtype(n))
         ranks[by_name] = np.arange(n)
         return ranks
 
@@ -437,33 +496,43 @@ def _side_block(side: Sequence[Variable], positions: Any) -> list[_Fields | None
     return out
 
 
+def _bounds(ends: Any, rows: Any) -> tuple[Any, Any]:
+    """Start and end offsets of ``rows`` in a packed buffer with ``ends``."""
+    return np.where(rows > 0, ends[np.maximum(rows - 1, 0)], 0), ends[rows]
+
+
 def _texts(buf: bytes, ends: Any, rows: Any) -> list[str]:
     """The strings of ``rows`` in a packed UTF-8 buffer with ``ends``."""
-    stop = ends[rows]
-    start = np.where(rows > 0, ends[np.maximum(rows - 1, 0)], 0)
+    start, stop = _bounds(ends, rows)
     return [buf[i:j].decode("utf-8", "surrogatepass") for i, j in zip(start.tolist(), stop.tolist())]
 
 
 def _layers_of(rows: DiffRows) -> tuple[LayerDiff, ...]:
     n = len(rows.pos_a)
     codes = np.empty(n, np.int32)
-    known: dict[str, int] = {}
-    name = rows.name
-    for j in range(n):
-        layer = name(j).rpartition("/")[0]
-        code = known.get(layer)
-        if code is None:
-            code = known[layer] = len(known)
-        codes[j] = code
+    seen: dict[bytes, int] = {}
+    packed, starts, lengths = rows._packed_names()
+    for first in range(0, n, _ROWS_AT_ONCE):  # a layer is the bytes before the last "/" (UTF-8 keeps it whole)
+        block = slice(first, first + _ROWS_AT_ONCE)
+        at = starts[block].tolist()
+        for j, (s, size) in enumerate(zip(at, lengths[block].tolist()), first):
+            layer = packed[s:s + size].rpartition(b"/")[0]
+            code = seen.get(layer)
+            if code is None:
+                code = seen[layer] = len(seen)
+            codes[j] = code
+    del starts, lengths
+    known = {layer.decode("utf-8", "surrogatepass"): code for layer, code in seen.items()}
     k = len(known)
     differs = rows.status != _EQUAL_CODE
     variables = np.bincount(codes, minlength=k)
     changed = np.bincount(codes[differs], minlength=k)
     best = {}
     for field in ("rel_l2", "max_abs_diff"):
-        chosen = differs & ~rows.none[field]
+        values, present = rows.column(field)
+        chosen = differs & present
         top = np.full(k, -np.inf)
-        np.maximum.at(top, codes[chosen], rows.floats[field][chosen])
+        np.maximum.at(top, codes[chosen], values[chosen])
         present = np.zeros(k, bool)
         present[codes[chosen]] = True
         best[field] = (top, present)
@@ -590,12 +659,16 @@ def _entry_rows(alignment: Match, va_list: Sequence[Variable], vb_list: Sequence
     rest = joined.rest if joined is not None else tuple(pairs)
     first = len(joined.rows_a) if joined is not None else 0
     n = first + len(rest) + len(alignment.only_a) + len(alignment.only_b)
-    dtype = np.int64
-    pos_a = np.full(n, -1, dtype)
-    pos_b = np.full(n, -1, dtype)
-    how = np.full(n, -1, np.int8)
+    dtype = np.int32 if max(len(va_list), len(vb_list)) < (1 << 31) else np.int64
     hows: dict[str, int] = {}
     shown: dict[int, str] = {}
+    how = np.full(n, -1, np.int8)
+    if joined is not None and n == first:  # every entry a key pair (diff X X): the join's arrays
+        how[:] = hows.setdefault(HOW_KEY, len(hows))
+        return DiffRows(va_list, vb_list, joined.rows_a.astype(dtype, copy=False),
+                        joined.rows_b.astype(dtype, copy=False), how, list(hows), shown)
+    pos_a = np.full(n, -1, dtype)
+    pos_b = np.full(n, -1, dtype)
     if joined is not None:
         pos_a[:first] = joined.rows_a
         pos_b[:first] = joined.rows_b
@@ -617,9 +690,9 @@ def _entry_rows(alignment: Match, va_list: Sequence[Variable], vb_list: Sequence
 
 
 def _read_order(rows: DiffRows, ca: Checkpoint, cb: Checkpoint) -> Any:
-    """The entries in the order A's bytes lie on disk (B's for variables only B has), then by key:
-    each entry's storage order kept as a row of ints where it is one (a sort without a tuple
-    per variable), else as tuples."""
+    """The entries in the order A's bytes lie on disk (B's for variables only B has), then by key
+    (None: in that order already): each entry's storage order kept as a row of ints where it is
+    one (a sort without a tuple per variable), else as tuples."""
     n = len(rows.pos_a)
     a, b, pos_a, pos_b = rows.a, rows.b, rows.pos_a, rows.pos_b
 
@@ -646,7 +719,17 @@ def _read_order(rows: DiffRows, ca: Checkpoint, cb: Checkpoint) -> Any:
         except OverflowError:
             return np.asarray(sorted(range(n), key=key), np.int64)
     if columns is None:
-        return np.arange(0, dtype=np.int64)
+        return None
+    if columns.shape[1] and n > 1:  # in order already (each place after the one before): as they are
+        after = np.zeros(n - 1, bool)
+        tied = np.ones(n - 1, bool)
+        for c in range(columns.shape[1]):
+            x = columns[:, c]
+            after |= tied & (x[1:] > x[:-1])
+            tied &= x[1:] == x[:-1]
+        if after.all():
+            return None
+        del after, tied
     order = np.lexsort(columns.T[::-1]) if columns.shape[1] else np.arange(n, dtype=np.int64)
     placed = columns[order]
     del columns
@@ -661,11 +744,18 @@ def _read_order(rows: DiffRows, ca: Checkpoint, cb: Checkpoint) -> Any:
 
 
 def _in_order(rows: DiffRows, order: Any) -> DiffRows:
-    """``rows``' entries permuted to ``order``."""
-    inverse = np.empty(len(order), np.int64)
-    inverse[order] = np.arange(len(order))
-    shown = {int(inverse[j]): name for j, name in rows.shown.items()}
-    return DiffRows(rows.a, rows.b, rows.pos_a[order], rows.pos_b[order], rows.how[order], rows.hows, shown)
+    """``rows``' entries permuted to ``order`` (None: as they are), one column at a time."""
+    if order is None:
+        return rows
+    if rows.shown:
+        inverse = np.empty(len(order), np.int64)
+        inverse[order] = np.arange(len(order))
+        rows.shown = {int(inverse[j]): name for j, name in rows.shown.items()}
+    same = rows.pos_b is rows.pos_a
+    rows.pos_a = rows.pos_a[order]
+    rows.pos_b = rows.pos_a if same else rows.pos_b[order]
+    rows.how = rows.how[order]
+    return rows
 
 
 def _variables(ckpt: Checkpoint, role: str | None) -> Sequence[Variable]:
