@@ -618,8 +618,9 @@ class DiffReport:
         parts = ", ".join(f"{counts[s]} {s.replace('_', ' ')}" for s in STATUSES[1:] if counts[s])
         return f"{differ} of {n} variables differ: {parts} {tol}"
 
-    def to_dict(self) -> dict[str, Any]:
-        """The ``diff --format json`` document (see shared/INTERFACE.md)."""
+    def to_dict(self, variables: bool = True) -> dict[str, Any]:
+        """The ``diff --format json`` document (see shared/INTERFACE.md); ``variables=False``:
+        with an empty ``variables`` list, for a caller writing them one at a time."""
         return {
             "a": self.a,
             "b": self.b,
@@ -633,7 +634,7 @@ class DiffReport:
             "mapping": list(self.mapping),
             "layout": list(self.layout),
             "notes": list(self.notes),
-            "variables": [v.to_dict() for v in self.variables],
+            "variables": [v.to_dict() for v in self.variables] if variables else [],
             "summary": self.summary,
             "layers": [s.to_dict() for s in self.layers],
             "verdict": self.verdict,
