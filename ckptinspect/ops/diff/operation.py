@@ -217,8 +217,10 @@ class DiffRows(Sequence[VariableDiff]):
     The columns are indexed by *entry* (the aligned variables in read order); ``order`` gives the
     report's order. Names, keys, shapes, dtypes and roles are read from the two sides' variables
     (``a[pos_a[j]]``, ``b[pos_b[j]]``, -1 for a side that lacks the variable); statuses are codes
-    into :data:`STATUSES`; ``max_abs_diff``, ``rel_l2`` and ``cosine`` float64 with a mask of the
-    None ones; the counts int32 (int64 once one does not fit), -1 for None.
+    into :data:`STATUSES`; each entry's numbers (``max_abs_diff`` ... ``nonfinite_mismatch``) are
+    one of up to 255 sets kept once (an equal variable's 0, 0, 1, 0... is shared by most of them),
+    else float64 and int64 columns of a block of entries (made for the blocks that need them),
+    else (a None among the floats) a tuple.
 
     Args:
         a: A's variables (a tuple or a :class:`~ckptinspect.VariableTable`).
@@ -246,6 +248,7 @@ class DiffRows(Sequence[VariableDiff]):
         self._blocks: dict[int, tuple[Any, Any]] = {}
         self._odd: dict[int, tuple] = {}
         self.layouts: dict[int, str] = {}
+        self._made: tuple[VariableDiff, ...] | None = None  # rows given whole (DiffRows.of)
         self.order: Any = np.arange(n, dtype=_index_dtype(n))
         self._layers: tuple[LayerDiff, ...] | None = None
 
@@ -260,8 +263,6 @@ class DiffRows(Sequence[VariableDiff]):
         for j, v in enumerate(rows):
             out.store(j, v)
         return out
-
-    _made: tuple[VariableDiff, ...] | None = None
 
     # -- filling ---------------------------------------------------------------------------
     def store(self, j: int, v: VariableDiff) -> None:
