@@ -270,11 +270,12 @@ class DiffRows(Sequence[VariableDiff]):
         self.status[j] = _STATUS_CODE[v.status]
         values = (v.max_abs_diff, v.rel_l2, v.cosine, v.num_different, v.nan_a, v.inf_a, v.nan_b, v.inf_b,
                   v.nonfinite_mismatch)
-        # equal as a tuple is not always the same number (0.0 and -0.0, 1 and 1.0): the key says
-        signs = tuple(math.copysign(1.0, x) if type(x) is float else type(x) for x in values)
-        code = self._pattern_codes.get((values, signs))
+        # equal as a tuple is not always the same number (1 and 1.0, 0.0 and -0.0): the key says
+        key = (values, tuple(map(type, values)),
+               tuple(math.copysign(1.0, x) if type(x) is float else 0.0 for x in values) if 0.0 in values else None)
+        code = self._pattern_codes.get(key)
         if code is None and len(self._patterns) < _PATTERNS:
-            code = self._pattern_codes[(values, signs)] = len(self._patterns)
+            code = self._pattern_codes[key] = len(self._patterns)
             self._patterns.append(values)
         if code is not None:
             self.kind[j] = code + 1
@@ -927,10 +928,11 @@ def _compare(rows: DiffRows, ca: Checkpoint, cb: Checkpoint, fits: dict[str, tup
     both formats allow concurrent reads (each variable is compared whole by one thread, so its
     numbers do not depend on the threads); results and progress come in read order."""
     source_a = RearrangedSource(ca, fits) if fits else ca
-    names = rows.name
+    shown = rows.shown
 
     def batch(group: list[_Entry]) -> list[tuple[int, VariableDiff]]:
-        return [(j, _diff_one(names(j), how, source_a, va, cb, vb, atol, rtol, fits)) for j, va, vb, how in group]
+        return [(j, _diff_one(_name(shown.get(j), va, vb), how, source_a, va, cb, vb, atol, rtol, fits))
+                for j, va, vb, how in group]
 
     workers = None if _concurrent(ca) and _concurrent(cb) else 1
     total = len(rows.pos_a)
@@ -941,6 +943,13 @@ def _compare(rows: DiffRows, ca: Checkpoint, cb: Checkpoint, fits: dict[str, tup
             done += 1
             if progress is not None:
                 progress(done, total, row)
+
+
+def _name(shown: str | None, va: Variable | None, vb: Variable | None) -> str:
+    """The name an entry was aligned on: ``shown``, else its own (A's, else B's)."""
+    if shown is not None:
+        return shown
+    return va.name if va is not None else vb.name  # type: ignore[union-attr]
 
 
 def _batches(entries: Iterable[_Entry]) -> Iterator[list[_Entry]]:
