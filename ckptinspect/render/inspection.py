@@ -20,6 +20,7 @@ from ._core import (
     render,
     render_chunks,
     terminal_width,
+    to_json,
 )
 from ._columns import json_chunks, plain_names, table_chunks
 
@@ -40,7 +41,9 @@ def diff_chunks(report, fmt: OutputFormat, width: int | None = AUTO, *, hide_equ
     so) before it shortens a name: names are what people read. ``hide_equal`` leaves the equal
     variables out of the rows (and of the JSON ``variables``; the summary still counts them).
     """
-    shown_variables = [v for v in report.variables if not (hide_equal and v.status == "equal")]
+    def shown_variables() -> Iterator[Any]:  # made afresh at each pass: a million rows are never held
+        return (v for v in report.variables if not (hide_equal and v.status == "equal"))
+
     def pair(x, y, show=str) -> str:
         if x is None or y is None:
             return show(x if y is None else y) if (x, y) != (None, None) else "-"
@@ -49,16 +52,13 @@ def diff_chunks(report, fmt: OutputFormat, width: int | None = AUTO, *, hide_equ
     def counts(x, y) -> str:
         return "-" if x is None else f"{x}/{y}"
 
-    if fmt == OutputFormat.json:  # the document alone: no rows
-        doc = report.to_dict()
-        if hide_equal:
-            doc["variables"] = [v.to_dict() for v in shown_variables]
-        yield render(fmt, doc=doc, rows=(), columns=())
+    if fmt == OutputFormat.json:  # the document, its variables written a few thousand at a time
+        yield from _diff_json(report.to_dict(variables=False), (v.to_dict() for v in shown_variables()))
         return
     table = fmt == OutputFormat.table
 
     def rows() -> Iterator[dict[str, Any]]:
-        for v in shown_variables:
+        for v in shown_variables():
             size = 1
             for d in v.shape_a or v.shape_b or ():
                 size *= d
@@ -89,12 +89,35 @@ def diff_chunks(report, fmt: OutputFormat, width: int | None = AUTO, *, hide_equ
     columns: list[Column] = [("shown_name", "name"), ("status", "status"), ("shape", "shape"), ("dtype", "dtype"),
                              ("max_abs", "max abs diff"), ("rel", "rel l2"), ("cos", "cosine"),
                              ("diff_elems", "differing")]
-    if any(v.nan_a or v.nan_b or v.inf_a or v.inf_b for v in report.variables):
+    if report.has_nonfinite:
         columns += [("nan", "nan a/b"), ("inf", "inf a/b")]
     footer = [*_diff_layers(report.layers, width), "", report.verdict]
     yield from render_chunks(fmt, doc={}, rows=rows, columns=columns, header=header, footer=footer, width=width,
                              squeeze=["shown_name"], optional=["diff_elems", "dtype", "cos", "shape"],
                              names_first=True)
+
+
+_VARIABLES = '\n  "variables": []'  # where the variables go in the document's text (strings escape their quotes)
+
+
+def _diff_json(doc: dict[str, Any], variables: Iterable[dict[str, Any]], per_chunk: int = 4096) -> Iterator[str]:
+    """``to_json(doc)`` with ``variables`` as its (empty) ``variables`` list, each written as
+    ``json.dumps(..., indent=2)`` places it two levels deep: a million of them never held."""
+    text = to_json(doc) + "\n"
+    head, found, tail = text.partition(_VARIABLES)
+    if not found:  # pragma: no cover - the document always has its variables key
+        raise ValueError("the diff document has no variables list")
+    batch: list[str] = []
+    started = False
+    for item in variables:
+        batch.append("    " + to_json(item).replace("\n", "\n    "))
+        if len(batch) >= per_chunk:
+            yield (",\n" if started else head + '\n  "variables": [\n') + ",\n".join(batch)
+            started, batch = True, []
+    if batch:
+        yield (",\n" if started else head + '\n  "variables": [\n') + ",\n".join(batch)
+        started = True
+    yield ("\n  ]" + tail) if started else head + _VARIABLES + tail
 
 
 def _diff_header(report) -> list[str]:

@@ -190,7 +190,7 @@ def test_one_perturbed_element_found_exactly(written):
     assert row.status == "changed" and row.num_different == 1
     expected = float(np.max(np.abs(a[differing[0]].astype(np.float64) - b[differing[0]].astype(np.float64))))
     assert row.max_abs_diff == expected
-    assert report.variables[0] is row
+    assert report.variables[0] == row  # rows are made when asked: equal, not the same object
     assert report.verdict == f"1 of {len(a)} variables differ: 1 changed (atol=0, rtol=0)"
     # The rewritten copy holds the trainer's values: equal to ckpt-8 on the model weights.
     assert ckptinspect.diff(RUN / "ckpt-8", written["base"], role="model").identical

@@ -21,12 +21,14 @@ import collections
 import dataclasses
 import math
 import os
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, overload
+
+import numpy as np
 
 from ..._parallel import ordered_map
 from ...errors import UsageError
 from ...formats import capabilities
-from ...model import ROLES, Checkpoint, Variable
+from ...model import ROLES, Checkpoint, Variable, VariableTable
 from .compare import (
     BLOCK_BYTES,
     CHUNK_ELEMENTS,
@@ -43,7 +45,8 @@ from ..layout_view import RearrangedSource, fits_reversed, pair_fit
 from ..match.layouts import CONV_HWIO, Layout
 from ..match.mapping import parse_mapping, rules_text
 from ..roles import OPTIMIZER_PATTERN_INFO, mark_optimizer, optimizer_regex
-from ..match.matcher import ALIGN_KEY, ALIGN_NAME, Match, align, normalize_name
+from ..match.columns import KeyPairs
+from ..match.matcher import ALIGN_KEY, ALIGN_NAME, HOW_KEY, Match, align, normalize_name
 
 KERAS_LAYOUT = "keras-layout"  # the capability that lets the matcher use Keras' own layout
 
@@ -54,6 +57,7 @@ __all__ = [
     "BLOCK_BYTES",
     "CHUNK_ELEMENTS",
     "VariableDiff",
+    "DiffRows",
     "LayerDiff",
     "DiffReport",
     "Match",
@@ -189,6 +193,361 @@ class LayerDiff:
         return dataclasses.asdict(self)
 
 
+_STATUS_CODE = {s: i for i, s in enumerate(STATUSES)}
+_RANK_OF_CODE = np.array([_STATUS_RANK[s] for s in STATUSES], np.int8)
+_EQUAL_CODE = _STATUS_CODE[STATUS_EQUAL]
+_FLOATS = ("max_abs_diff", "rel_l2", "cosine")
+_COUNTS = ("num_different", "nan_a", "inf_a", "nan_b", "inf_b", "nonfinite_mismatch")
+_NUMBERS = (*_FLOATS, *_COUNTS)
+_PATTERNS = 255  # distinct sets of numbers kept once (the entries' kinds are uint8)
+_BLOCK = 1 << 14  # entries per block of the numbers no pattern holds
+_INT32_MAX = (1 << 31) - 1
+_ROWS_AT_ONCE = 4096  # rows made from the columns at a time
+_NAME_SORT_BYTES = 64 << 20  # shown names sorted as fixed-width bytes up to this much, else as strings
+
+
+def _index_dtype(n: int) -> Any:
+    return np.int32 if n <= _INT32_MAX else np.int64
+
+
+class DiffRows(Sequence[VariableDiff]):
+    """diff's per-variable results as columns, in the report's order: each :class:`VariableDiff`
+    is made when asked (a diff of a million variables holds no million objects).
+
+    The columns are indexed by *entry* (the aligned variables in read order); ``order`` gives the
+    report's order. Names, keys, shapes, dtypes and roles are read from the two sides' variables
+    (``a[pos_a[j]]``, ``b[pos_b[j]]``, -1 for a side that lacks the variable); statuses are codes
+    into :data:`STATUSES`; each entry's numbers (``max_abs_diff`` ... ``nonfinite_mismatch``) are
+    one of up to 255 sets kept once (an equal variable's 0, 0, 1, 0... is shared by most of them),
+    else float64 and int64 columns of a block of entries (made for the blocks that need them),
+    else (a None among the floats) a tuple.
+
+    Args:
+        a: A's variables (a tuple or a :class:`~ckptinspect.VariableTable`).
+        b: B's variables.
+        pos_a: Each entry's position in ``a``, or -1.
+        pos_b: Each entry's position in ``b``, or -1.
+        how: Each entry's code into ``hows`` (how it was paired), or -1 (one side only).
+        hows: The ``matched_by`` values the codes stand for.
+        shown: Entry -> the name it was aligned on, where that is not its own name (A's, else B's).
+    """
+
+    def __init__(self, a: Sequence[Variable], b: Sequence[Variable], pos_a: Any, pos_b: Any, how: Any,
+                 hows: Sequence[str], shown: Mapping[int, str]):
+        n = len(pos_a)
+        self.a, self.b = a, b
+        self.pos_a, self.pos_b, self.how, self.hows = pos_a, pos_b, how, tuple(hows)
+        self.shown = dict(shown)
+        self.status = np.zeros(n, np.int8)
+        # Each entry's numbers (_FLOATS, then _COUNTS): most entries share theirs with many
+        # others (equal variables: 0, 0, 1, 0...), kept once as a pattern (kind: its code + 1);
+        # the others (kind 0) in blocks of columns made for the blocks that have some.
+        self.kind = np.zeros(n, np.uint8)
+        self._patterns: list[tuple] = []
+        self._pattern_codes: dict[tuple, int] = {}
+        self._blocks: dict[int, tuple[Any, Any]] = {}
+        self._odd: dict[int, tuple] = {}
+        self.layouts: dict[int, str] = {}
+        self._made: tuple[VariableDiff, ...] | None = None  # rows given whole (DiffRows.of)
+        self.order: Any = np.arange(n, dtype=_index_dtype(n))
+        self._layers: tuple[LayerDiff, ...] | None = None
+
+    @classmethod
+    def of(cls, rows: Iterable[VariableDiff]) -> DiffRows:
+        """Columns of ready-made rows (a report built by hand), in their order."""
+        rows = tuple(rows)
+        n = len(rows)
+        none = np.full(n, -1, np.int64)
+        out = cls(rows, (), np.arange(n, dtype=np.int64), none, none, (), {j: v.name for j, v in enumerate(rows)})
+        out._made = rows
+        for j, v in enumerate(rows):
+            out.store(j, v)
+        return out
+
+    # -- filling ---------------------------------------------------------------------------
+    def store(self, j: int, v: VariableDiff) -> None:
+        """Keep the results of entry ``j`` (its names and shapes are the sides' own)."""
+        self.status[j] = _STATUS_CODE[v.status]
+        values = (v.max_abs_diff, v.rel_l2, v.cosine, v.num_different, v.nan_a, v.inf_a, v.nan_b, v.inf_b,
+                  v.nonfinite_mismatch)
+        # equal as a tuple is not always the same number (1 and 1.0, 0.0 and -0.0): the key says
+        key = (values, tuple(map(type, values)),
+               tuple(math.copysign(1.0, x) if type(x) is float else 0.0 for x in values) if 0.0 in values else None)
+        code = self._pattern_codes.get(key)
+        if code is None and len(self._patterns) < _PATTERNS:
+            code = self._pattern_codes[key] = len(self._patterns)
+            self._patterns.append(values)
+        if code is not None:
+            self.kind[j] = code + 1
+        elif all(type(x) is float for x in values[:len(_FLOATS)]) and all(type(x) is int or x is None
+                                                                           for x in values[len(_FLOATS):]):
+            block = self._blocks.get(j // _BLOCK)
+            if block is None:
+                block = self._blocks[j // _BLOCK] = (np.zeros((_BLOCK, len(_FLOATS))),
+                                                     np.full((_BLOCK, len(_COUNTS)), -1, np.int64))
+            block[0][j % _BLOCK] = values[:len(_FLOATS)]
+            block[1][j % _BLOCK] = [-1 if x is None else x for x in values[len(_FLOATS):]]
+        else:  # None among the floats, or a number of another type: kept as it is
+            self._odd[j] = values
+        if v.layout is not None:
+            self.layouts[j] = v.layout
+
+    def _values(self, j: int, kind: int) -> tuple:
+        """Entry ``j``'s numbers (_FLOATS, then _COUNTS)."""
+        if kind:
+            return self._patterns[kind - 1]
+        odd = self._odd.get(j)
+        if odd is not None:
+            return odd
+        floats, counts = self._blocks[j // _BLOCK]
+        at = j % _BLOCK
+        return (*floats[at].tolist(), *(None if x < 0 else x for x in counts[at].tolist()))
+
+    def column(self, field: str) -> tuple[Any, Any]:
+        """One number of every entry: float64 values (0 where None), and where they are not None."""
+        c = _NUMBERS.index(field)
+        pattern_values = np.array([0.0 if p[c] is None else float(p[c]) for p in self._patterns] + [0.0])
+        pattern_present = np.array([p[c] is not None for p in self._patterns] + [False])
+        codes = self.kind.astype(np.int32) - 1  # kind 0: -1, the last (filled below)
+        values, present = pattern_values[codes], pattern_present[codes]
+        del codes
+        for block, (floats, counts) in self._blocks.items():
+            first = block * _BLOCK
+            at = np.flatnonzero(self.kind[first:first + _BLOCK] == 0)
+            if c < len(_FLOATS):
+                values[first + at], present[first + at] = floats[at, c], True
+            else:
+                got = counts[at, c - len(_FLOATS)]
+                values[first + at], present[first + at] = np.maximum(got, 0), got >= 0
+        for j, odd in self._odd.items():
+            values[j] = 0.0 if odd[c] is None else float(odd[c])
+            present[j] = odd[c] is not None
+        return values, present
+
+    # -- the rows --------------------------------------------------------------------------
+    def name(self, j: int) -> str:
+        """The name entry ``j`` was aligned on."""
+        shown = self.shown.get(j)
+        if shown is not None:
+            return shown
+        pa = int(self.pos_a[j])
+        side, at = (self.a, pa) if pa >= 0 else (self.b, int(self.pos_b[j]))
+        if isinstance(side, VariableTable):  # the name alone, no Variable made
+            return side.name_of(at if side.rows is None else int(side.rows[at]))
+        return side[at].name
+
+    def entry(self, j: int) -> VariableDiff:
+        """The :class:`VariableDiff` of entry ``j``."""
+        return self._entries(np.array([j], np.int64))[0]
+
+    def _entries(self, js: Any) -> list[VariableDiff]:
+        """The :class:`VariableDiff` of each entry ``js`` (numpy): the columns read a block at a time."""
+        if self._made is not None:
+            return [self._made[j] for j in js.tolist()]
+        numbers = [self._values(j, kind) for j, kind in zip(js.tolist(), self.kind[js].tolist())]
+        hows, shown_names, layouts = self.hows, self.shown, self.layouts
+        pa, pb = self.pos_a[js], self.pos_b[js]
+        side_a = _side_block(self.a, pa)
+        side_b = side_a if self.b is self.a and np.array_equal(pa, pb) else _side_block(self.b, pb)  # X X: once
+        out = []
+        for i, (j, how, status, fa, fb) in enumerate(zip(js.tolist(), self.how[js].tolist(), self.status[js].tolist(),
+                                                         side_a, side_b)):
+            either: Any = fa if fa is not None else fb  # every entry has a side
+            shown = shown_names.get(j)
+            out.append(VariableDiff(
+                shown if shown is not None else either[1],
+                fa[0] if fa else None, fb[0] if fb else None, STATUSES[status],
+                fa[1] if fa else None, fb[1] if fb else None, either[4], hows[how] if how >= 0 else None,
+                fa[2] if fa else None, fb[2] if fb else None, fa[3] if fa else None, fb[3] if fb else None,
+                *numbers[i], layouts.get(j),
+            ))
+        return out
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    @overload
+    def __getitem__(self, i: int) -> VariableDiff: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> tuple[VariableDiff, ...]: ...
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return tuple(self._entries(self.order[i]))
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("variable index out of range")
+        return self.entry(int(self.order[i]))
+
+    def __iter__(self) -> Iterator[VariableDiff]:
+        order = self.order
+        for first in range(0, len(order), _ROWS_AT_ONCE):
+            yield from self._entries(order[first:first + _ROWS_AT_ONCE])
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return len(self) == len(other) and all(x == y for x, y in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"<DiffRows of {len(self)} variables>"
+
+    # -- what the report says of them ------------------------------------------------------
+    def summary(self) -> dict[str, int]:
+        """Count per status."""
+        counts = np.bincount(self.status, minlength=len(STATUSES))
+        return {s: int(counts[i]) for i, s in enumerate(STATUSES)}
+
+    def identical(self) -> bool:
+        return bool((self.status == _EQUAL_CODE).all())
+
+    def nonfinite(self) -> bool:
+        """Whether some variable has a NaN or an Inf on a side."""
+        return any(bool((self.column(k)[0] > 0).any()) for k in ("nan_a", "nan_b", "inf_a", "inf_b"))
+
+    def sort(self) -> None:
+        """Order the rows as the report shows them: status (changed first, equal last), then
+        movement, largest ``max_abs_diff``, name (a stable sort: read order breaks ties)."""
+        status = self.status
+        equal = status == _EQUAL_CODE
+        rel, has_rel = self.column("rel_l2")
+        mabs, has_abs = self.column("max_abs_diff")
+        mismatch = self.column("nonfinite_mismatch")[0] > 0
+        movement = np.where(has_rel, rel, np.where(has_abs & (mabs != 0), np.inf, 0.0))
+        movement = np.where(mismatch, np.inf, movement)
+        movement[equal] = 0.0
+        del equal, mismatch
+        biggest = np.where(has_abs, mabs, 0.0)
+        ranks = self.name_ranks()
+        self.order = np.lexsort((ranks, -biggest, -movement, _RANK_OF_CODE[status])).astype(_index_dtype(len(status)))
+
+    def _packed_names(self) -> tuple[bytes, Any, Any]:
+        """Every entry's name as UTF-8 in one buffer: the buffer, each name's start and length (a
+        table's own buffer when every name is one of A's names)."""
+        a = self.a
+        if not self.shown and isinstance(a, VariableTable) and bool((self.pos_a >= 0).all()):
+            rows = self.pos_a if a.rows is None else a.rows[self.pos_a]
+            start, stop = _bounds(a.name_ends, rows)
+            return a.names, start, stop - start
+        n = len(self.pos_a)
+        packed = bytearray()
+        ends = np.empty(n, np.int64)
+        name = self.name
+        for j in range(n):
+            packed += name(j).encode("utf-8", "surrogatepass")
+            ends[j] = len(packed)
+        start = np.concatenate(([0], ends[:-1])).astype(np.int64)
+        return bytes(packed), start, ends - start
+
+    def name_ranks(self) -> Any:
+        """Each entry's place among the entries sorted by name (Python's string order; ties by entry)."""
+        n = len(self.pos_a)
+        packed, starts, lengths = self._packed_names()
+        widest = int(lengths.max()) if n else 0
+        if widest and n * widest <= _NAME_SORT_BYTES and b"\0" not in packed:
+            fixed = np.zeros((n, widest), np.uint8)
+            buf = np.frombuffer(packed, np.uint8)
+            for column in range(widest):  # UTF-8 bytes sort as their code points do
+                has = lengths > column
+                fixed[has, column] = buf[starts[has] + column]
+            del starts, lengths
+            keys = fixed.view(f"S{widest}").reshape(-1)
+            if bool((keys[1:] >= keys[:-1]).all()):  # in order already
+                return np.arange(n, dtype=_index_dtype(n))
+            by_name = np.argsort(keys, kind="stable")
+        else:
+            del starts, lengths
+            by_name = np.asarray(sorted(range(n), key=self.name), np.int64)
+        ranks = np.empty(n, _index_dtype(n))
+        ranks[by_name] = np.arange(n)
+        return ranks
+
+    def layers(self) -> tuple[LayerDiff, ...]:
+        """Per-layer summaries, layers with the most movement first."""
+        if self._layers is None:
+            self._layers = _layers_of(self)
+        return self._layers
+
+
+_Fields = tuple[str, str, tuple[int, ...], str, str]  # key, name, shape, dtype, role
+
+
+def _side_block(side: Sequence[Variable], positions: Any) -> list[_Fields | None]:
+    """Key, name, shape, dtype and role of ``side`` at each of ``positions`` (None at -1); a
+    table's read from its columns, a block at a time."""
+    out: list[_Fields | None] = [None] * len(positions)
+    have = np.flatnonzero(positions >= 0)
+    at = positions[have]
+    if isinstance(side, VariableTable):
+        rows = at if side.rows is None else side.rows[at]
+        names = _texts(side.names, side.name_ends, rows)
+        keys = names if side.keys is None else _texts(side.keys, side.key_ends, rows)
+        shapes, dtypes, roles = side.shapes, side.dtypes, side.roles
+        for i, key, name, shape, dtype, role in zip(have.tolist(), keys, names, side.shape_codes[rows].tolist(),
+                                                   side.dtype_codes[rows].tolist(), side.role_codes[rows].tolist()):
+            out[i] = (key, name, shapes[shape], dtypes[dtype], roles[role])
+        return out
+    for i, p in zip(have.tolist(), at.tolist()):
+        v = side[p]
+        out[i] = (v.key, v.name, tuple(v.shape), v.dtype, v.role)
+    return out
+
+
+def _bounds(ends: Any, rows: Any) -> tuple[Any, Any]:
+    """Start and end offsets of ``rows`` in a packed buffer with ``ends``."""
+    return np.where(rows > 0, ends[np.maximum(rows - 1, 0)], 0), ends[rows]
+
+
+def _texts(buf: bytes, ends: Any, rows: Any) -> list[str]:
+    """The strings of ``rows`` in a packed UTF-8 buffer with ``ends``."""
+    start, stop = _bounds(ends, rows)
+    return [buf[i:j].decode("utf-8", "surrogatepass") for i, j in zip(start.tolist(), stop.tolist())]
+
+
+def _layers_of(rows: DiffRows) -> tuple[LayerDiff, ...]:
+    n = len(rows.pos_a)
+    codes = np.empty(n, np.int32)
+    seen: dict[bytes, int] = {}
+    packed, starts, lengths = rows._packed_names()
+    for first in range(0, n, _ROWS_AT_ONCE):  # a layer is the bytes before the last "/" (UTF-8 keeps it whole)
+        block = slice(first, first + _ROWS_AT_ONCE)
+        at = starts[block].tolist()
+        for j, (s, size) in enumerate(zip(at, lengths[block].tolist()), first):
+            layer = packed[s:s + size].rpartition(b"/")[0]
+            code = seen.get(layer)
+            if code is None:
+                code = seen[layer] = len(seen)
+            codes[j] = code
+    del starts, lengths
+    known = {layer.decode("utf-8", "surrogatepass"): code for layer, code in seen.items()}
+    k = len(known)
+    differs = rows.status != _EQUAL_CODE
+    variables = np.bincount(codes, minlength=k)
+    changed = np.bincount(codes[differs], minlength=k)
+    best = {}
+    for field in ("rel_l2", "max_abs_diff"):
+        values, present = rows.column(field)
+        chosen = differs & present
+        top = np.full(k, -np.inf)
+        np.maximum.at(top, codes[chosen], values[chosen])
+        present = np.zeros(k, bool)
+        present[codes[chosen]] = True
+        best[field] = (top, present)
+    out = [
+        LayerDiff(layer=layer, variables=int(variables[c]), changed=int(changed[c]),
+                  max_rel_l2=float(best["rel_l2"][0][c]) if best["rel_l2"][1][c] else None,
+                  max_abs_diff=float(best["max_abs_diff"][0][c]) if best["max_abs_diff"][1][c] else None)
+        for layer, c in known.items()
+    ]
+    out.sort(key=lambda s: (0 if s.changed else 1, -(s.max_rel_l2 or 0.0), -s.changed, s.layer))
+    return tuple(out)
+
+
 @dataclasses.dataclass(frozen=True)
 class DiffReport:
     """What ``diff`` found.
@@ -202,7 +561,9 @@ class DiffReport:
         rtol: Relative tolerance.
         role: The role compared, or None for all.
         alignment: ``key`` or ``name``.
-        variables: One entry per aligned name, sorted by how much it moved, unchanged last.
+        variables: One entry per aligned name, sorted by how much it moved, unchanged last: a
+            :class:`DiffRows` (columns; each :class:`VariableDiff` made when asked). Rows given
+            as any other sequence are kept as columns in their order.
         notes: What alignment did or could not do (prefixes dropped, positional names, names
             that could not be aligned), one sentence each.
         mapping: The ``--map`` rules applied to A's names, as given.
@@ -218,45 +579,34 @@ class DiffReport:
     rtol: float
     role: str | None
     alignment: str
-    variables: tuple[VariableDiff, ...]
+    variables: Sequence[VariableDiff]
     notes: tuple[str, ...] = ()
     mapping: tuple[str, ...] = ()
     layout: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.variables, DiffRows):  # rows given one by one: their columns
+            object.__setattr__(self, "variables", DiffRows.of(self.variables))
+
     @property
     def identical(self) -> bool:
         """True when every variable is equal within the tolerance (and none is added/removed)."""
-        return all(not v.differs for v in self.variables)
+        return self.variables.identical()  # type: ignore[attr-defined]
 
     @property
     def summary(self) -> dict[str, int]:
         """Count per status."""
-        counts = dict.fromkeys(STATUSES, 0)
-        for v in self.variables:
-            counts[v.status] += 1
-        return counts
+        return self.variables.summary()  # type: ignore[attr-defined]
+
+    @property
+    def has_nonfinite(self) -> bool:
+        """True when some variable has a NaN or an Inf on a side."""
+        return self.variables.nonfinite()  # type: ignore[attr-defined]
 
     @property
     def layers(self) -> tuple[LayerDiff, ...]:
         """Per-layer summaries, layers with the most movement first."""
-        groups: dict[str, list[VariableDiff]] = collections.defaultdict(list)
-        for v in self.variables:
-            groups[v.layer].append(v)
-        out = []
-        for layer, members in groups.items():
-            rels = [v.rel_l2 for v in members if v.differs and v.rel_l2 is not None]
-            abss = [v.max_abs_diff for v in members if v.differs and v.max_abs_diff is not None]
-            out.append(
-                LayerDiff(
-                    layer=layer,
-                    variables=len(members),
-                    changed=sum(v.differs for v in members),
-                    max_rel_l2=max(rels) if rels else None,
-                    max_abs_diff=max(abss) if abss else None,
-                )
-            )
-        out.sort(key=lambda s: (0 if s.changed else 1, -(s.max_rel_l2 or 0.0), -s.changed, s.layer))
-        return tuple(out)
+        return self.variables.layers()  # type: ignore[attr-defined]
 
     @property
     def verdict(self) -> str:
@@ -270,8 +620,9 @@ class DiffReport:
         parts = ", ".join(f"{counts[s]} {s.replace('_', ' ')}" for s in STATUSES[1:] if counts[s])
         return f"{differ} of {n} variables differ: {parts} {tol}"
 
-    def to_dict(self) -> dict[str, Any]:
-        """The ``diff --format json`` document (see shared/INTERFACE.md)."""
+    def to_dict(self, variables: bool = True) -> dict[str, Any]:
+        """The ``diff --format json`` document (see shared/INTERFACE.md); ``variables=False``:
+        with an empty ``variables`` list, for a caller writing them one at a time."""
         return {
             "a": self.a,
             "b": self.b,
@@ -285,7 +636,7 @@ class DiffReport:
             "mapping": list(self.mapping),
             "layout": list(self.layout),
             "notes": list(self.notes),
-            "variables": [v.to_dict() for v in self.variables],
+            "variables": [v.to_dict() for v in self.variables] if variables else [],
             "summary": self.summary,
             "layers": [s.to_dict() for s in self.layers],
             "verdict": self.verdict,
@@ -297,29 +648,129 @@ def _num(x: float) -> str:
 
 
 # -- the operation --------------------------------------------------------------------------------
-def _sort_key(v: VariableDiff) -> tuple:
-    return (_STATUS_RANK[v.status], -v.movement, -(v.max_abs_diff or 0.0), v.name)
+# One aligned entry, as the comparing threads see it: (its index, variable of A or None, variable of
+# B or None, how it was matched).
+_Entry = tuple[int, "Variable | None", "Variable | None", "str | None"]
 
 
-# One aligned entry: (shown name, variable of A or None, variable of B or None, how it was matched).
-_Entry = tuple[str, "Variable | None", "Variable | None", "str | None"]
+def _entry_rows(alignment: Match, va_list: Sequence[Variable], vb_list: Sequence[Variable]) -> DiffRows:
+    """The aligned variables as columns (pairs in the order made, then A's, then B's leftovers):
+    positions into the two sides, how each pair was made, the names aligned on where they are
+    not the variable's own. Pairs a key join made stay index arrays."""
+    pairs = alignment.pairs
+    joined = pairs if isinstance(pairs, KeyPairs) else None
+    rest = joined.rest if joined is not None else tuple(pairs)
+    first = len(joined.rows_a) if joined is not None else 0
+    n = first + len(rest) + len(alignment.only_a) + len(alignment.only_b)
+    dtype = np.int32 if max(len(va_list), len(vb_list)) < (1 << 31) else np.int64
+    hows: dict[str, int] = {}
+    shown: dict[int, str] = {}
+    how = np.full(n, -1, np.int8)
+    if joined is not None and n == first:  # every entry a key pair (diff X X): the join's arrays
+        how[:] = hows.setdefault(HOW_KEY, len(hows))
+        return DiffRows(va_list, vb_list, joined.rows_a.astype(dtype, copy=False),
+                        joined.rows_b.astype(dtype, copy=False), how, list(hows), shown)
+    pos_a = np.full(n, -1, dtype)
+    pos_b = np.full(n, -1, dtype)
+    if joined is not None:
+        pos_a[:first] = joined.rows_a
+        pos_b[:first] = joined.rows_b
+        how[:first] = hows.setdefault(HOW_KEY, len(hows))
+    j = first
+    for p in rest:
+        pos_a[j], pos_b[j] = p.a.index, p.b.index
+        how[j] = hows.setdefault(p.how, len(hows))
+        if p.name != p.a.name:
+            shown[j] = p.name
+        j += 1
+    for x in alignment.only_a:
+        pos_a[j] = x.index
+        j += 1
+    for y in alignment.only_b:
+        pos_b[j] = y.index
+        j += 1
+    return DiffRows(va_list, vb_list, pos_a, pos_b, how, list(hows), shown)
 
 
-def _entries(alignment: Match) -> list[_Entry]:
-    out: list[_Entry] = [(p.name, p.a.ref, p.b.ref, p.how) for p in alignment.pairs]
-    out += [(x.name, x.ref, None, None) for x in alignment.only_a]
-    out += [(y.name, None, y.ref, None) for y in alignment.only_b]
-    return out
+def _read_order(rows: DiffRows, ca: Checkpoint, cb: Checkpoint) -> Any:
+    """The entries in the order A's bytes lie on disk (B's for variables only B has), then by key
+    (None: in that order already): each entry's storage order kept as a row of ints where it is
+    one (a sort without a tuple per variable), else as tuples."""
+    n = len(rows.pos_a)
+    a, b, pos_a, pos_b = rows.a, rows.b, rows.pos_a, rows.pos_b
+
+    def variable(j: int) -> tuple[Variable, Checkpoint]:
+        pa = int(pos_a[j])
+        return (a[pa], ca) if pa >= 0 else (b[int(pos_b[j])], cb)
+
+    def key(j: int) -> tuple:
+        v, c = variable(j)
+        return (c.storage_order(v), v.key)
+
+    columns: Any = None
+    for first in range(0, n, _ROWS_AT_ONCE):
+        block = slice(first, first + _ROWS_AT_ONCE)
+        places = [ca.storage_order(a[pa]) if pa >= 0 else cb.storage_order(b[pb])
+                  for pa, pb in zip(pos_a[block].tolist(), pos_b[block].tolist())]
+        if columns is None:
+            columns = np.empty((n, len(places[0])), np.int64)
+        width = columns.shape[1]
+        if not all(len(place) == width and all(type(x) is int for x in place) for place in places):
+            return np.asarray(sorted(range(n), key=key), np.int64)  # not ints: sorted as tuples
+        try:
+            columns[block] = np.array(places, np.int64).reshape(len(places), width)
+        except OverflowError:
+            return np.asarray(sorted(range(n), key=key), np.int64)
+    if columns is None:
+        return None
+    if columns.shape[1] and n > 1:  # in order already (each place after the one before): as they are
+        after = np.zeros(n - 1, bool)
+        tied = np.ones(n - 1, bool)
+        for c in range(columns.shape[1]):
+            x = columns[:, c]
+            after |= tied & (x[1:] > x[:-1])
+            tied &= x[1:] == x[:-1]
+        if after.all():
+            return None
+        del after, tied
+    order = np.lexsort(columns.T[::-1]) if columns.shape[1] else np.arange(n, dtype=np.int64)
+    placed = columns[order]
+    del columns
+    tied = (placed[1:] == placed[:-1]).all(axis=1) if n > 1 else np.zeros(0, bool)
+    del placed
+    if tied.any():  # the same place: by key (stable), run by run
+        edges = np.flatnonzero(np.diff(np.concatenate(([0], tied.astype(np.int8), [0]))))
+        for start, stop in zip(edges[::2].tolist(), edges[1::2].tolist()):
+            run = order[start:stop + 1].tolist()
+            order[start:stop + 1] = sorted(run, key=lambda j: variable(j)[0].key)
+    return order
 
 
-def _read_order(ca: Checkpoint, cb: Checkpoint) -> Callable[[_Entry], tuple]:
-    """Entries in the order A's bytes lie on disk (B's for variables only B has)."""
+def _in_order(rows: DiffRows, order: Any) -> DiffRows:
+    """``rows``' entries permuted to ``order`` (None: as they are), one column at a time."""
+    if order is None:
+        return rows
+    if rows.shown:
+        inverse = np.empty(len(order), np.int64)
+        inverse[order] = np.arange(len(order))
+        rows.shown = {int(inverse[j]): name for j, name in rows.shown.items()}
+    same = rows.pos_b is rows.pos_a
+    rows.pos_a = rows.pos_a[order]
+    rows.pos_b = rows.pos_a if same else rows.pos_b[order]
+    rows.how = rows.how[order]
+    return rows
 
-    def key(entry: _Entry) -> tuple:
-        _, va, vb, _ = entry
-        return (ca.storage_order(va), va.key) if va is not None else (cb.storage_order(vb), vb.key)
 
-    return key
+def _variables(ckpt: Checkpoint, role: str | None) -> Sequence[Variable]:
+    """``ckpt``'s variables of ``role`` (all for None), in order: a table stays a table (a view)."""
+    table = ckpt.variables
+    if isinstance(table, VariableTable):
+        if role is None:
+            return table
+        codes = [i for i, r in enumerate(table.roles) if r == role]
+        rows = table.positions()
+        return table.view(rows[np.isin(table.role_codes[rows], codes)])
+    return ckpt.filter(role=role)
 
 
 def diff(
@@ -374,17 +825,21 @@ def diff(
         # The same path twice is opened once: a directory resolves to one checkpoint, even while
         # another process rotates checkpoints in it.
         cb = ca if _same_path(a, b) else mark_optimizer(_open(b, opened), optimizer_pattern)
-        va_list = ca.filter(role=role)
-        vb_list = va_list if cb is ca else cb.filter(role=role)  # X X: one list (a table makes new objects)
+        va_list = _variables(ca, role)
+        vb_list = va_list if cb is ca else _variables(cb, role)  # X X: one list (a table makes new objects)
         keras = all(KERAS_LAYOUT in capabilities(c.format) for c in (ca, cb))
         alignment = align(va_list, vb_list, same_format=ca.format == cb.format, mapping=rules, layout=layout, keras=keras)
         notes = _notes(ca, cb, alignment, optimizer_pattern)
+        method = alignment.method
         if role is not None and not va_list and not vb_list:
             notes.append(f"neither checkpoint has {role}-role variables")
-        entries = sorted(_entries(alignment), key=_read_order(ca, cb))
-        fits, layout_notes = _layout_fits(entries, layout)
+        rows = _entry_rows(alignment, va_list, vb_list)
+        del alignment
+        rows = _in_order(rows, _read_order(rows, ca, cb))
+        fits, layout_notes = _layout_fits(rows, layout)
         notes += layout_notes
-        results = _compare(entries, ca, cb, fits, float(atol), float(rtol), progress)
+        _compare(rows, ca, cb, fits, float(atol), float(rtol), progress)
+        rows.sort()
         return DiffReport(
             a=ca.path,
             b=cb.path,
@@ -393,8 +848,8 @@ def diff(
             atol=float(atol),
             rtol=float(rtol),
             role=role,
-            alignment=alignment.method,
-            variables=tuple(sorted(results, key=_sort_key)),
+            alignment=method,
+            variables=rows,
             notes=tuple(notes),
             mapping=rules_text(mapping),
             layout=layout.describe(),
@@ -426,44 +881,78 @@ def _notes(ca: Checkpoint, cb: Checkpoint, alignment: Match, optimizer_pattern: 
     return notes
 
 
-def _layout_fits(entries: list[_Entry], layout: Layout) -> tuple[dict[str, tuple[Variable, Any]], list[str]]:
+def _pairs(rows: DiffRows) -> Iterator[tuple[Variable, Variable]]:
+    """The variables of every entry both sides have."""
+    for first in range(0, len(rows.pos_a), _ROWS_AT_ONCE):
+        block = slice(first, first + _ROWS_AT_ONCE)
+        for pa, pb in zip(rows.pos_a[block].tolist(), rows.pos_b[block].tolist()):
+            if pa >= 0 and pb >= 0:
+                yield rows.a[pa], rows.b[pb]
+
+
+def _layout_fits(rows: DiffRows, layout: Layout) -> tuple[dict[str, tuple[Variable, Any]], list[str]]:
     """The pairs whose values the layout rules rearrange (A's key -> (A's variable, the fit))
     and the notes: what was rearranged, and how many pairs fit the rules only with A and B
     swapped."""
     notes: list[str] = []
-    fits = {va.key: (va, f) for _, va, vb, _ in entries if va is not None and vb is not None
-            and (f := pair_fit(va, vb, layout)) is not None}
+    if layout.plain:  # no rule: nothing to rearrange
+        return {}, notes
+    fits = {va.key: (va, f) for va, vb in _pairs(rows) if (f := pair_fit(va, vb, layout)) is not None}
     if fits:
         notes.append(_layout_note(fits))
-    backwards = sum(1 for _, va, vb, _ in entries if va is not None and vb is not None and fits_reversed(va, vb, layout))
+    backwards = sum(1 for va, vb in _pairs(rows) if fits_reversed(va, vb, layout))
     if backwards:
         notes.append(f"{backwards} pair(s) fit the layout rules the other way round: the rules describe A's"
                      " layout (A is the PyTorch side, B the Keras one); swap A and B")
     return fits, notes
 
 
-def _compare(entries: list[_Entry], ca: Checkpoint, cb: Checkpoint, fits: dict[str, tuple[Variable, Any]],
-             atol: float, rtol: float, progress: Progress | None) -> list[VariableDiff]:
-    """Every entry compared, in read order (A's values rearranged where they fit the layout
-    rules). Two batches of variables are compared at a time when both formats allow
-    concurrent reads (each variable is compared whole by one thread, so its numbers do not
-    depend on the threads); results and progress come in read order."""
-    source_a = RearrangedSource(ca, fits) if fits else ca
+def _entries(rows: DiffRows) -> Iterator[_Entry]:
+    """Each entry's index, variables and how it was paired, in read order (made as the comparing
+    threads ask for them)."""
+    hows = rows.hows
+    a, b = rows.a, rows.b
+    for first in range(0, len(rows.pos_a), _ROWS_AT_ONCE):  # a block of positions at a time: no list of a million
+        block = slice(first, first + _ROWS_AT_ONCE)
+        for j, pa, pb, how in zip(range(first, first + _ROWS_AT_ONCE), rows.pos_a[block].tolist(),
+                                  rows.pos_b[block].tolist(), rows.how[block].tolist()):
+            va = a[pa] if pa >= 0 else None
+            vb = (va if b is a and pb == pa else b[pb]) if pb >= 0 else None  # X X: one variable
+            yield (j, va, vb, hows[how] if how >= 0 else None)
 
-    def batch(group: list[_Entry]) -> list[VariableDiff]:
-        return [_diff_one(name, how, source_a, va, cb, vb, atol, rtol, fits) for name, va, vb, how in group]
+
+def _compare(rows: DiffRows, ca: Checkpoint, cb: Checkpoint, fits: dict[str, tuple[Variable, Any]],
+             atol: float, rtol: float, progress: Progress | None) -> None:
+    """Every entry compared, in read order (A's values rearranged where they fit the layout
+    rules), its results kept in ``rows``. Two batches of variables are compared at a time when
+    both formats allow concurrent reads (each variable is compared whole by one thread, so its
+    numbers do not depend on the threads); results and progress come in read order."""
+    source_a = RearrangedSource(ca, fits) if fits else ca
+    shown = rows.shown
+
+    def batch(group: list[_Entry]) -> list[tuple[int, VariableDiff]]:
+        return [(j, _diff_one(_name(shown.get(j), va, vb), how, source_a, va, cb, vb, atol, rtol, fits))
+                for j, va, vb, how in group]
 
     workers = None if _concurrent(ca) and _concurrent(cb) else 1
-    results: list[VariableDiff] = []
-    for rows in ordered_map(batch, _batches(entries), workers=workers, ahead=BATCHES_AHEAD):
-        for row in rows:
-            results.append(row)
+    total = len(rows.pos_a)
+    done = 0
+    for results in ordered_map(batch, _batches(_entries(rows)), workers=workers, ahead=BATCHES_AHEAD):
+        for j, row in results:
+            rows.store(j, row)
+            done += 1
             if progress is not None:
-                progress(len(results), len(entries), row)
-    return results
+                progress(done, total, row)
 
 
-def _batches(entries: list[_Entry]) -> Iterator[list[_Entry]]:
+def _name(shown: str | None, va: Variable | None, vb: Variable | None) -> str:
+    """The name an entry was aligned on: ``shown``, else its own (A's, else B's)."""
+    if shown is not None:
+        return shown
+    return va.name if va is not None else vb.name  # type: ignore[union-attr]
+
+
+def _batches(entries: Iterable[_Entry]) -> Iterator[list[_Entry]]:
     """Consecutive entries in groups of about :data:`BATCH_BYTES` (at most
     :data:`BATCH_VARIABLES`): one hand-off between threads per group, not per variable."""
     group: list[_Entry] = []

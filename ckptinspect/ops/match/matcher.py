@@ -139,7 +139,9 @@ class Match:
     """The result of :func:`match`.
 
     Attributes:
-        pairs: Every pair, in the order the stages made them.
+        pairs: Every pair, in the order the stages made them (a tuple, or, where :func:`align`
+            joined two :class:`~ckptinspect.VariableTable` sides on their keys, a
+            :class:`~ckptinspect.ops.match.columns.KeyPairs` sequence making each pair when asked).
         only_a: Items of A no stage paired, in A's order.
         only_b: Items of B no stage paired, in B's order.
         ambiguous: What the stages refused to guess.
@@ -147,7 +149,7 @@ class Match:
         method: For ``diff``: ``key`` or ``name`` (see :func:`align`); empty otherwise.
     """
 
-    pairs: tuple[Pair, ...]
+    pairs: Sequence[Pair]
     only_a: tuple[Item, ...]
     only_b: tuple[Item, ...]
     ambiguous: tuple[Ambiguity, ...] = ()
@@ -161,6 +163,9 @@ class Match:
 
     def count(self, how: str) -> int:
         """The number of pairs made ``how``."""
+        counted = getattr(self.pairs, "count_how", None)
+        if counted is not None:
+            return counted(how)
         return sum(1 for p in self.pairs if p.how == how)
 
 
@@ -393,9 +398,13 @@ def align(
         UsageError: Bad mapping rules.
     """
     rules = parse_mapping(mapping)
+    names = DIFF_NAME_STAGES if keras else NAME_STAGES
+    plain = layout is None or layout.plain
+    if plain and same_format and not rules and not keras and isinstance(a, m.VariableTable) \
+            and isinstance(b, m.VariableTable):
+        return _with_unaligned_note(_align_tables(a, b))
     ia = list(a) if all(isinstance(x, Item) for x in a) else items(a)
     ib = list(b) if all(isinstance(y, Item) for y in b) else items(b)
-    names = DIFF_NAME_STAGES if keras else NAME_STAGES
     if layout is not None and not layout.plain:
         stages = (*NAME_STAGES, layer_stage(layout))
         result = dataclasses.replace(match(ia, ib, stages, rules=rules), method=ALIGN_NAME)
@@ -419,6 +428,11 @@ def align(
         result = dataclasses.replace(result, notes=(*extra, *result.notes), method=method)
     else:
         result = dataclasses.replace(match(ia, ib, names, rules=rules), method=ALIGN_NAME)
+    return _with_unaligned_note(result)
+
+
+def _with_unaligned_note(result: Match) -> Match:
+    """``result`` with a last note naming what could not be aligned (when both sides have some)."""
     if result.only_a and result.only_b:
         ex_a, ex_b = min(x.name for x in result.only_a), min(y.name for y in result.only_b)
         result = dataclasses.replace(result, notes=(*result.notes, (
@@ -426,3 +440,32 @@ def align(
             f" B '{ex_b}'); they are listed as removed/added: rename A's names with --map 'REGEX=REPLACEMENT'"
         )))
     return result
+
+
+def _align_tables(a: m.VariableTable, b: m.VariableTable) -> Match:
+    """:func:`align` of two :class:`~ckptinspect.VariableTable` sides of the same format, without
+    ``--map``, layout rules or Keras' layout: the ``key`` stage is a join on the packed keys
+    (:func:`~ckptinspect.ops.match.columns.key_join`), only what it leaves goes through the name
+    stages as :class:`Item` records. The same pairs, ``how``, notes, ``method`` and order as the
+    record path."""
+    from .columns import KeyPairs, items_at, key_join, keys_are_plain_names  # noqa: PLC0415 - numpy
+
+    rows_a, rows_b, free_a, free_b = key_join(a, b)
+    rest = match(items_at(a, free_a), items_at(b, free_b), NAME_STAGES)
+    del free_a, free_b
+    by_key = len(rows_a)
+    result = dataclasses.replace(rest, pairs=KeyPairs(a, b, rows_a, rows_b, rest.pairs))
+    method = ALIGN_NAME if result.matched and not by_key else ALIGN_KEY
+    extra: list[str] = []
+    if by_key and result.matched > by_key:
+        extra.append(f"{result.matched - by_key} pair(s) whose keys differ aligned by readable name")
+    elif not by_key and result.matched:
+        extra.append(f"keys differ (0 shared); aligned by readable name instead ({result.matched} pairs)")
+    # By name alone the stages pair what they pair after the key stage when every key is a name
+    # that normalises to itself (pairing by that name is pairing by key): no second run then.
+    if result.matched < min(len(a), len(b)) and by_key and not (keys_are_plain_names(a) and keys_are_plain_names(b)):
+        by_name = match(items(a), items(b), NAME_STAGES)
+        if by_name.matched > result.matched:
+            result, method = by_name, ALIGN_NAME
+            extra = [f"keys differ ({by_key} shared); aligned by readable name instead ({by_name.matched} pairs)"]
+    return dataclasses.replace(result, notes=(*extra, *result.notes), method=method)

@@ -1,0 +1,158 @@
+"""diff's results as columns (DiffRows): the rows made when asked are the rows the report held,
+in the same order, with the same summary, layers and verdict; a diff of tables holds no object
+per variable."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import pathlib
+import tracemalloc
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import ckptinspect
+from ckptinspect.cli import app
+from ckptinspect.formats import _bulk
+from ckptinspect.formats.safetensors import compact
+from ckptinspect.model import Variable, VariableTable
+from ckptinspect.ops.diff import operation
+from ckptinspect.ops.diff.operation import DiffReport, DiffRows, VariableDiff
+
+safetensors_numpy = pytest.importorskip("safetensors.numpy")
+runner = CliRunner()
+
+# Table order before the columns: status, then movement, then max_abs_diff, then name.
+_RANK = {"changed": 0, "dtype_mismatch": 1, "shape_mismatch": 2, "removed": 3, "added": 4, "equal": 5}
+
+
+def _eager_key(v: VariableDiff) -> tuple:
+    return (_RANK[v.status], -v.movement, -(v.max_abs_diff or 0.0), v.name)
+
+
+def _columns(monkeypatch, on: bool) -> None:
+    monkeypatch.setattr(compact, "COMPACT_MIN_BYTES", 0 if on else 1 << 62)
+    monkeypatch.setattr(_bulk, "COMPACT_MIN_VARIABLES", 0 if on else 1 << 62)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory) -> tuple[pathlib.Path, pathlib.Path]:
+    """Two .safetensors written by the safetensors library: B changes some values (NaN, Inf, a
+    zero moved away from), a shape and a dtype, drops some names and adds others (non-ASCII)."""
+    rng = np.random.default_rng(3)
+    leaf = ["caf\u00e9", "w", "w", "w", "w", "w", "w"]
+    a = {f"blk{i // 40}/{leaf[i % 7]}{i}": rng.standard_normal((i % 4 + 1, 3)).astype(np.float32)
+         for i in range(400)}
+    a["top"] = np.zeros(3, np.float32)
+    b = {k: v.copy() for k, v in a.items()}
+    keys = list(a)
+    for i in range(0, 400, 9):
+        b[keys[i]] += np.float32(rng.random() * (i % 5))
+    b[keys[3]][0, 0] = np.nan
+    b[keys[4]][0, 1] = np.inf
+    b["top"][1] = 1.0
+    b[keys[5]] = np.zeros((9,), np.float32)
+    b[keys[6]] = b[keys[6]].astype(np.float64)
+    for i in range(10, 400, 37):
+        del b[keys[i]]
+    for j in range(6):
+        b[f"new/\u4e2d{j}"] = np.full((2,), j, np.float32)
+    folder = tmp_path_factory.mktemp("diffcolumns")
+    safetensors_numpy.save_file(a, str(folder / "a.safetensors"))
+    safetensors_numpy.save_file(b, str(folder / "b.safetensors"))
+    return folder / "a.safetensors", folder / "b.safetensors"
+
+
+@pytest.mark.parametrize("patterns", [255, 0], ids=["patterns", "blocks"])
+def test_rows_from_columns_are_the_rows_sorted_as_before(pair, monkeypatch, patterns):
+    _columns(monkeypatch, True)
+    monkeypatch.setattr(operation, "_PATTERNS", patterns)  # 0: every entry's numbers in the blocks
+    report = ckptinspect.diff(*pair)
+    assert isinstance(report.variables, DiffRows)
+    rows = list(report.variables)
+    assert len({v.status for v in rows}) == 6  # every status is there
+    assert rows == sorted(rows, key=_eager_key)
+    eager = DiffReport(**{f.name: getattr(report, f.name) for f in dataclasses.fields(DiffReport) if f.name != "variables"},
+                       variables=tuple(rows))
+    assert eager.variables == report.variables and report.variables == tuple(rows)
+    assert eager.to_dict() == report.to_dict()
+    assert report.variables[-1] == rows[-1] and report.variables[2:5] == tuple(rows[2:5])
+    counts = {s: sum(v.status == s for v in rows) for s in eager.summary}
+    assert report.summary == counts and report.verdict == eager.verdict and report.layers == eager.layers
+    assert report.has_nonfinite and not report.identical
+
+
+def test_layers_from_columns_are_the_layers_of_the_rows(pair, monkeypatch):
+    _columns(monkeypatch, True)
+    report = ckptinspect.diff(*pair)
+    groups: dict[str, list[VariableDiff]] = {}
+    for v in report.variables:
+        groups.setdefault(v.layer, []).append(v)
+    for s in report.layers:
+        members = groups.pop(s.layer)
+        rels = [v.rel_l2 for v in members if v.differs and v.rel_l2 is not None]
+        abss = [v.max_abs_diff for v in members if v.differs and v.max_abs_diff is not None]
+        assert (s.variables, s.changed) == (len(members), sum(v.differs for v in members))
+        assert s.max_rel_l2 == (max(rels) if rels else None) and s.max_abs_diff == (max(abss) if abss else None)
+    assert not groups
+
+
+@pytest.mark.parametrize("fmt", ["table", "json", "csv"])
+@pytest.mark.parametrize("order", ["ab", "ba", "aa"])
+def test_the_output_of_tables_is_the_output_of_tuples(pair, monkeypatch, fmt, order):
+    """The columns path (VariableTables, the key join) writes what the tuple path writes."""
+    a, b = {"ab": pair, "ba": pair[::-1], "aa": (pair[0], pair[0])}[order]
+    outputs = []
+    for on in (False, True):
+        _columns(monkeypatch, on)
+        result = runner.invoke(app, ["diff", str(a), str(b), "--format", fmt])
+        outputs.append((result.exit_code, result.output))
+    assert outputs[0] == outputs[1]
+    assert outputs[1][0] == (0 if order == "aa" else 1)
+
+
+def test_a_role_keeps_the_table(pair, monkeypatch):
+    _columns(monkeypatch, True)
+    with ckptinspect.open(pair[0]) as ca, ckptinspect.open(pair[1]) as cb:
+        assert isinstance(ca.variables, VariableTable)
+        for role in ("model", "optimizer"):
+            report = ckptinspect.diff(ca, cb, role=role)
+            tuples = ckptinspect.diff(dataclasses.replace(ca, variables=tuple(ca.variables)),
+                                      dataclasses.replace(cb, variables=tuple(cb.variables)), role=role)
+            assert report.to_dict() == tuples.to_dict()
+
+
+def test_nan_inf_none_and_big_counts_survive_the_columns():
+    x, y = Variable("x", "x", (2,), "float32", 8), Variable("y", "y", (), "int8", 1, role="optimizer")
+    rows = (VariableDiff("x", "x", "x", "changed", "x", "x", "model", "key", (2,), (2,), "float32", "float32",
+                         max_abs_diff=math.inf, rel_l2=None, cosine=float("nan"), num_different=3 << 33, nan_a=0),
+            VariableDiff("y", "y", None, "removed", "y", None, "optimizer", None, (), None, "int8", None))
+    made = DiffRows((x, y), (x,), np.array([0, 1]), np.array([0, -1]), np.array([0, -1], np.int8), ("key",), {})
+    for j, v in enumerate(rows):
+        made.store(j, v)
+    got = list(made)
+    assert got[1] == rows[1] and got[0].num_different == 3 << 33 and got[0].rel_l2 is None
+    assert math.isnan(got[0].cosine) and got[0].max_abs_diff == math.inf and got[0].nan_a == 0
+    assert dataclasses.replace(got[0], cosine=None) == dataclasses.replace(rows[0], cosine=None)
+
+
+@pytest.mark.slow
+def test_a_diff_of_many_tensors_holds_no_row_per_tensor(tmp_path, monkeypatch):
+    n = 40_000
+    path = tmp_path / "many.safetensors"
+    safetensors_numpy.save_file({f"l{i // 1000}.e{i % 1000}": np.full((1,), i % 97, np.float32) for i in range(n)},
+                                str(path))
+    _columns(monkeypatch, True)
+    with ckptinspect.open(path) as ckpt:
+        tracemalloc.start()
+        try:
+            report = ckptinspect.diff(ckpt, ckpt)
+            held, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert report.identical and len(report.variables) == n
+    # a VariableDiff a tensor is ~270 bytes, the matcher's Items and Pairs ~500: the columns ~100
+    assert held < 150 * n, held
+    assert peak < 400 * n, peak
