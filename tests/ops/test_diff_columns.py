@@ -15,8 +15,8 @@ from click.testing import CliRunner
 
 import ckptinspect
 from ckptinspect.cli import app
-from ckptinspect.formats import _bulk
-from ckptinspect.formats.safetensors import compact
+from columns_switch import use_columns
+from ckptinspect.formats.safetensors import file as safetensors_file
 from ckptinspect.model import Variable, VariableTable
 from ckptinspect.ops.diff import operation
 from ckptinspect.ops.diff.operation import DiffReport, DiffRows, VariableDiff
@@ -33,8 +33,7 @@ def _eager_key(v: VariableDiff) -> tuple:
 
 
 def _columns(monkeypatch, on: bool) -> None:
-    monkeypatch.setattr(compact, "COMPACT_MIN_BYTES", 0 if on else 1 << 62)
-    monkeypatch.setattr(_bulk, "COMPACT_MIN_VARIABLES", 0 if on else 1 << 62)
+    use_columns(monkeypatch, safetensors_file, on)
 
 
 @pytest.fixture(scope="module")
