@@ -47,7 +47,7 @@ as an :class:`Ambiguity` with a note. The records and the per-variable stages li
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from ... import model as m
 from ...formats import ATTRIBUTES_MARK
@@ -409,22 +409,10 @@ def align(
         stages = (*NAME_STAGES, layer_stage(layout))
         result = dataclasses.replace(match(ia, ib, stages, rules=rules), method=ALIGN_NAME)
     elif same_format and not rules:
-        result = match(ia, ib, stages_for(key=True))
-        by_key = result.count(HOW_KEY)
-        method = ALIGN_NAME if result.matched and not by_key else ALIGN_KEY
-        extra: list[str] = []
-        chosen = (KEY, *names)
-        if by_key and result.matched > by_key:
-            extra.append(f"{result.matched - by_key} pair(s) whose keys differ aligned by readable name")
-        elif not by_key and result.matched:
-            extra.append(f"keys differ (0 shared); aligned by readable name instead ({result.matched} pairs)")
-        if result.matched < min(len(ia), len(ib)) and by_key:
-            by_name = match(ia, ib, NAME_STAGES)
-            if by_name.matched > result.matched:
-                result, method, chosen = by_name, ALIGN_NAME, names
-                extra = [f"keys differ ({by_key} shared); aligned by readable name instead ({by_name.matched} pairs)"]
+        result, method, extra, by_name = _key_or_name(match(ia, ib, stages_for(key=True)), min(len(ia), len(ib)),
+                                                      lambda: match(ia, ib, NAME_STAGES))
         if keras and result.only_a and result.only_b:  # the same pipeline again, with Keras' layout last
-            result = match(ia, ib, chosen)
+            result = match(ia, ib, names if by_name else (KEY, *names))
         result = dataclasses.replace(result, notes=(*extra, *result.notes), method=method)
     else:
         result = dataclasses.replace(match(ia, ib, names, rules=rules), method=ALIGN_NAME)
@@ -453,19 +441,31 @@ def _align_tables(a: m.VariableTable, b: m.VariableTable) -> Match:
     rows_a, rows_b, free_a, free_b = key_join(a, b)
     rest = match(items_at(a, free_a), items_at(b, free_b), NAME_STAGES)
     del free_a, free_b
-    by_key = len(rows_a)
-    result = dataclasses.replace(rest, pairs=KeyPairs(a, b, rows_a, rows_b, rest.pairs))
+    # By name alone the stages pair what they pair after the key stage when every key is a name
+    # that normalises to itself (pairing by that name is pairing by key): no second run then.
+    plain = keys_are_plain_names(a) and keys_are_plain_names(b)
+    result, method, extra, _ = _key_or_name(dataclasses.replace(rest, pairs=KeyPairs(a, b, rows_a, rows_b, rest.pairs)),
+                                            min(len(a), len(b)), lambda: None if plain else match(items(a), items(b), NAME_STAGES))
+    return dataclasses.replace(result, notes=(*extra, *result.notes), method=method)
+
+
+def _key_or_name(result: Match, smaller: int, by_name: Callable[[], Match | None]) -> tuple[Match, str, list[str], bool]:
+    """diff's choice between the key stage followed by the name stages (``result``) and the name
+    stages alone (``by_name()``, run only when keys left something of the smaller side unpaired;
+    None: known to pair no more): the one that pairs more, keys first on a tie.
+
+    Returns:
+        (the alignment, its method, its first notes, whether it is the name stages alone).
+    """
+    by_key = result.count(HOW_KEY)
     method = ALIGN_NAME if result.matched and not by_key else ALIGN_KEY
     extra: list[str] = []
     if by_key and result.matched > by_key:
         extra.append(f"{result.matched - by_key} pair(s) whose keys differ aligned by readable name")
     elif not by_key and result.matched:
         extra.append(f"keys differ (0 shared); aligned by readable name instead ({result.matched} pairs)")
-    # By name alone the stages pair what they pair after the key stage when every key is a name
-    # that normalises to itself (pairing by that name is pairing by key): no second run then.
-    if result.matched < min(len(a), len(b)) and by_key and not (keys_are_plain_names(a) and keys_are_plain_names(b)):
-        by_name = match(items(a), items(b), NAME_STAGES)
-        if by_name.matched > result.matched:
-            result, method = by_name, ALIGN_NAME
-            extra = [f"keys differ ({by_key} shared); aligned by readable name instead ({by_name.matched} pairs)"]
-    return dataclasses.replace(result, notes=(*extra, *result.notes), method=method)
+    if result.matched < smaller and by_key:
+        alt = by_name()
+        if alt is not None and alt.matched > result.matched:
+            return alt, ALIGN_NAME, [f"keys differ ({by_key} shared); aligned by readable name instead ({alt.matched} pairs)"], True
+    return result, method, extra, False
