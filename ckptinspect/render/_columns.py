@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from .. import model as m
-from ._core import COLUMN_GAP, display_width, escape_controls, human_bytes, to_json
+from ._core import COLUMN_GAP, display_width, escape_controls, to_json
 
 __all__ = ["plain_names", "table_chunks", "json_chunks"]
 
@@ -121,22 +121,27 @@ def _name_spans(ends: Any, rows: Any) -> tuple[Any, Any]:
 _SPAN_ROWS = 1 << 16  # rows measured at a time for the names' column width
 
 
-def json_chunks(doc: dict[str, Any], items: Iterable[dict[str, Any]], per_chunk: int = 4096) -> Iterator[str]:
-    """``to_json(doc)`` with ``items`` as its last key's list (``doc`` holds it empty), written a
-    few thousand items at a time, each as ``json.dumps(..., indent=2)`` places it two levels deep."""
+def json_chunks(doc: dict[str, Any], items: Iterable[dict[str, Any]], key: str = "variables",
+                per_chunk: int = 4096) -> Iterator[str]:
+    """``to_json(doc)`` with ``items`` as the list of its top-level ``key`` (``doc`` holds it
+    empty, at any place), written a few thousand items at a time, each as
+    ``json.dumps(..., indent=2)`` places it two levels deep: a million of them never held."""
     text = to_json(doc)
-    empty = "[]\n}"
-    if not text.endswith(empty):  # pragma: no cover - the list is the document's last key
-        raise ValueError("the streamed list must be the document's last key")
-    head = text[: -len(empty)]
+    # The empty list's line: a top-level key is the only text after a newline and two spaces
+    # (strings escape their newlines and quotes, nested keys are indented further).
+    marker = f'\n  {to_json(key)}: []'
+    head, found, tail = text.partition(marker)
+    if not found:  # pragma: no cover - a caller's document always has its list
+        raise ValueError(f"the document has no empty {key!r} list")
+    opening = marker[:-1] + "\n"
     batch: list[str] = []
     started = False
     for item in items:
         batch.append("    " + to_json(item).replace("\n", "\n    "))
         if len(batch) >= per_chunk:
-            yield (",\n" if started else head + "[\n") + ",\n".join(batch)
+            yield (",\n" if started else head + opening) + ",\n".join(batch)
             started, batch = True, []
     if batch:
-        yield (",\n" if started else head + "[\n") + ",\n".join(batch)
+        yield (",\n" if started else head + opening) + ",\n".join(batch)
         started = True
-    yield "\n  ]\n}" if started else text
+    yield ("\n  ]" + tail) if started else text

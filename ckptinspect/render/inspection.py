@@ -20,7 +20,6 @@ from ._core import (
     render,
     render_chunks,
     terminal_width,
-    to_json,
 )
 from ._columns import json_chunks, plain_names, table_chunks
 
@@ -53,7 +52,8 @@ def diff_chunks(report, fmt: OutputFormat, width: int | None = AUTO, *, hide_equ
         return "-" if x is None else f"{x}/{y}"
 
     if fmt == OutputFormat.json:  # the document, its variables written a few thousand at a time
-        yield from _diff_json(report.to_dict(variables=False), (v.to_dict() for v in shown_variables()))
+        yield from json_chunks(report.to_dict(variables=False), (v.to_dict() for v in shown_variables()))
+        yield "\n"
         return
     table = fmt == OutputFormat.table
 
@@ -97,27 +97,6 @@ def diff_chunks(report, fmt: OutputFormat, width: int | None = AUTO, *, hide_equ
                              names_first=True)
 
 
-_VARIABLES = '\n  "variables": []'  # where the variables go in the document's text (strings escape their quotes)
-
-
-def _diff_json(doc: dict[str, Any], variables: Iterable[dict[str, Any]], per_chunk: int = 4096) -> Iterator[str]:
-    """``to_json(doc)`` with ``variables`` as its (empty) ``variables`` list, each written as
-    ``json.dumps(..., indent=2)`` places it two levels deep: a million of them never held."""
-    text = to_json(doc) + "\n"
-    head, found, tail = text.partition(_VARIABLES)
-    if not found:  # pragma: no cover - the document always has its variables key
-        raise ValueError("the diff document has no variables list")
-    batch: list[str] = []
-    started = False
-    for item in variables:
-        batch.append("    " + to_json(item).replace("\n", "\n    "))
-        if len(batch) >= per_chunk:
-            yield (",\n" if started else head + '\n  "variables": [\n') + ",\n".join(batch)
-            started, batch = True, []
-    if batch:
-        yield (",\n" if started else head + '\n  "variables": [\n') + ",\n".join(batch)
-        started = True
-    yield ("\n  ]" + tail) if started else head + _VARIABLES + tail
 
 
 def _diff_header(report) -> list[str]:
