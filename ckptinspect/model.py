@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence, TypeVar
 
 from .errors import CheckpointNotFoundError
 
@@ -25,6 +25,7 @@ __all__ = [
     "SliceInfo",
     "Variable",
     "VariableTable",
+    "LazySequence",
     "RetainedCheckpoint",
     "Checkpoint",
     "TensorSource",
@@ -170,7 +171,35 @@ class Variable:
         }
 
 
-class VariableTable(Sequence[Variable]):
+T = TypeVar("T")
+
+
+class LazySequence(Sequence[T]):
+    """A sequence whose items are made when asked, from columns behind it (:class:`VariableTable`,
+    diff's rows, the matcher's key pairs): equal to any sequence of equal items (a tuple, a list),
+    unhashable as a list is, and its positions checked one way (:meth:`_position`)."""
+
+    __slots__ = ()
+    _ITEM = "item"  # what an IndexError calls an item
+
+    def _position(self, i: int) -> int:
+        """``i`` as a position (a negative one counts from the end); IndexError outside."""
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"{self._ITEM} index out of range")
+        return i
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class VariableTable(LazySequence[Variable]):
     """Many variables kept as columns: a checkpoint of a million tensors without a million objects.
 
     A ``Sequence[Variable]`` (what :attr:`Checkpoint.variables` may hold instead of a tuple): each
@@ -191,6 +220,7 @@ class VariableTable(Sequence[Variable]):
         keys, key_ends: The keys, packed as the names; None when every key is its name.
     """
 
+    _ITEM = "variable"
     __slots__ = ("names", "name_ends", "shapes", "shape_codes", "dtypes", "dtype_codes", "nbytes", "roles",
                  "role_codes", "shards", "shard_codes", "keys", "key_ends", "rows", "_index")
 
@@ -244,11 +274,7 @@ class VariableTable(Sequence[Variable]):
         return len(self.name_ends) if self.rows is None else len(self.rows)
 
     def _row(self, i: int) -> int:
-        n = len(self)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError("variable index out of range")
+        i = self._position(i)
         return i if self.rows is None else int(self.rows[i])
 
     @staticmethod
@@ -282,13 +308,6 @@ class VariableTable(Sequence[Variable]):
         if self.rows is None:
             return map(variable, range(len(self.name_ends)))
         return map(variable, self.rows.tolist())
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence) or isinstance(other, str):
-            return NotImplemented
-        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
-
-    __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return f"<VariableTable of {len(self)} variables>"

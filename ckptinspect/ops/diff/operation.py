@@ -28,7 +28,7 @@ import numpy as np
 from ..._parallel import ordered_map
 from ...errors import UsageError
 from ...formats import capabilities
-from ...model import ROLES, Checkpoint, Variable, VariableTable
+from ...model import ROLES, Checkpoint, LazySequence, Variable, VariableTable
 from .compare import (
     BLOCK_BYTES,
     CHUNK_ELEMENTS,
@@ -210,7 +210,7 @@ def _index_dtype(n: int) -> Any:
     return np.int32 if n <= _INT32_MAX else np.int64
 
 
-class DiffRows(Sequence[VariableDiff]):
+class DiffRows(LazySequence[VariableDiff]):
     """diff's per-variable results as columns, in the report's order: each :class:`VariableDiff`
     is made when asked (a diff of a million variables holds no million objects).
 
@@ -231,6 +231,8 @@ class DiffRows(Sequence[VariableDiff]):
         hows: The ``matched_by`` values the codes stand for.
         shown: Entry -> the name it was aligned on, where that is not its own name (A's, else B's).
     """
+
+    _ITEM = "variable"
 
     def __init__(self, a: Sequence[Variable], b: Sequence[Variable], pos_a: Any, pos_b: Any, how: Any,
                  hows: Sequence[str], shown: Mapping[int, str]):
@@ -375,24 +377,12 @@ class DiffRows(Sequence[VariableDiff]):
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
             return tuple(self._entries(self.order[i]))
-        n = len(self)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError("variable index out of range")
-        return self.entry(int(self.order[i]))
+        return self.entry(int(self.order[self._position(i)]))
 
     def __iter__(self) -> Iterator[VariableDiff]:
         order = self.order
         for first in range(0, len(order), _ROWS_AT_ONCE):
             yield from self._entries(order[first:first + _ROWS_AT_ONCE])
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence) or isinstance(other, str):
-            return NotImplemented
-        return len(self) == len(other) and all(x == y for x, y in zip(self, other))
-
-    __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return f"<DiffRows of {len(self)} variables>"

@@ -186,7 +186,7 @@ def keys_are_plain_names(table: m.VariableTable) -> bool:
     return not (buf[start[filled]] == slash).any() and not (buf[stop[filled] - 1] == slash).any()
 
 
-class KeyPairs(Sequence[Pair]):
+class KeyPairs(m.LazySequence[Pair]):
     """The pairs of :func:`key_join` (A's positions ``rows_a``, B's ``rows_b``), each
     :class:`Pair` made when asked, then ``rest``: the pairs later stages made.
 
@@ -197,6 +197,8 @@ class KeyPairs(Sequence[Pair]):
         rows_b: B's partner of each.
         rest: The later stages' pairs, in order.
     """
+
+    _ITEM = "pair"
 
     def __init__(self, a: Sequence[Any], b: Sequence[Any], rows_a: Any, rows_b: Any, rest: Sequence[Pair] = ()):
         self.a, self.b = a, b
@@ -221,22 +223,10 @@ class KeyPairs(Sequence[Pair]):
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
             return tuple(self._pair(j) for j in range(*i.indices(len(self))))
-        n = len(self)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError("pair index out of range")
-        return self._pair(i)
+        return self._pair(self._position(i))
 
     def __iter__(self) -> Iterator[Pair]:
         return map(self._pair, range(len(self)))
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence) or isinstance(other, str):
-            return NotImplemented
-        return len(self) == len(other) and all(x == y for x, y in zip(self, other))
-
-    __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return f"<KeyPairs: {len(self.rows_a)} by key, {len(self.rest)} more>"
