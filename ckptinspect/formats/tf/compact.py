@@ -172,6 +172,72 @@ class _Columns:
             code = known[value] = len(known)
         return code
 
+    def _shape_code(self, raw: bytes) -> int:
+        """The code of a ``TensorShapeProto``'s bytes (a new one parsed and added)."""
+        code = self.shape_codes.get(raw)
+        if code is None:
+            self.shape_values.append(_shape(raw))
+            code = self.shape_codes[raw] = len(self.shape_codes)
+        return code
+
+    def _any_order(self, block: bytes, pos: int, vend: int) -> tuple[int, int, int, int, int, int]:
+        """An entry's fields, each at most once, in any order (what the writers' order in
+        :meth:`block` does not take): ``(dtype, shape code, shard, offset, size, crc32c)``, the
+        crc32c ``_NO_CRC`` when the entry stores none."""
+        seen = 0
+        dtype = shard = offset = size = 0
+        crc = _NO_CRC
+        shape = 0
+        while pos < vend:
+            tag = block[pos]
+            pos += 1
+            if tag == _TAG_CRC:
+                if seen & 64 or pos + 4 > vend:
+                    raise _NotCompact
+                seen |= 64
+                crc = int.from_bytes(block[pos:pos + 4], "little")
+                pos += 4
+                continue
+            if tag == _TAG_SHAPE:
+                if seen & 4:
+                    raise _NotCompact
+                seen |= 4
+                n, pos = _varint(block, pos, vend)
+                if pos + n > vend:
+                    raise _NotCompact
+                raw = block[pos:pos + n]
+                pos += n
+                shape = self._shape_code(raw)
+                continue
+            b = block[pos] if pos < vend else 0x80
+            if b < 0x80:
+                number = b
+                pos += 1
+            else:
+                number, pos = _varint(block, pos, vend)
+            if tag == _TAG_OFFSET:
+                bit = 16
+                offset = number
+            elif tag == _TAG_SIZE:
+                bit = 32
+                size = number
+            elif tag == _TAG_DTYPE:
+                bit = 2
+                dtype = number
+            elif tag == _TAG_SHARD:
+                bit = 8
+                shard = number
+            else:  # slices=7, or a field not declared
+                raise _NotCompact
+            if seen & bit or (bit in (2, 8) and number >= _INT32_LIMIT):
+                raise _NotCompact
+            seen |= bit
+        if pos != vend:
+            raise _NotCompact
+        if not seen & 4:
+            shape = self._shape_code(b"")  # no shape field: a scalar
+        return dtype, shape, shard, offset, size, crc
+
     def block(self, block: bytes) -> None:
         """Every entry of one data block into the columns."""
         limit = block_limit(block)
@@ -213,7 +279,7 @@ class _Columns:
             if key[0] == 0:  # a stored slice's key
                 raise _NotCompact
             # the writers' order first (dtype, shape, [shard], [offset], size, crc32c; one-byte dtype,
-            # shape length and shard), else each field at most once in any order (_fields)
+            # shape length and shard), else each field at most once in any order (_any_order)
             if (pos + 4 < vend and block[pos] == _TAG_DTYPE and block[pos + 2] == _TAG_SHAPE
                     and not (block[pos + 1] | block[pos + 3]) & 0x80):
                 dtype = block[pos + 1]
@@ -221,8 +287,7 @@ class _Columns:
                 raw = block[pos + 4:at]
                 shape = shape_codes.get(raw)
                 if shape is None:
-                    self.shape_values.append(_shape(raw))
-                    shape = shape_codes[raw] = len(shape_codes)
+                    shape = self._shape_code(raw)
                 shard = offset = 0
                 if at + 1 < vend and block[at] == _TAG_SHARD and block[at + 1] < 0x80:
                     shard = block[at + 1]
@@ -245,67 +310,8 @@ class _Columns:
                         add_crc(int.from_bytes(block[at + 1:vend], "little"))
                         pos = vend
                         continue
-            # the entry: each field at most once, in any order
-            seen = 0
-            dtype = shard = offset = size = 0
-            crc = _NO_CRC
-            shape = 0
-            while pos < vend:
-                tag = block[pos]
-                pos += 1
-                if tag == _TAG_CRC:
-                    if seen & 64 or pos + 4 > vend:
-                        raise _NotCompact
-                    seen |= 64
-                    crc = int.from_bytes(block[pos:pos + 4], "little")
-                    pos += 4
-                    continue
-                if tag == _TAG_SHAPE:
-                    if seen & 4:
-                        raise _NotCompact
-                    seen |= 4
-                    n, pos = _varint(block, pos, vend)
-                    if pos + n > vend:
-                        raise _NotCompact
-                    raw = block[pos:pos + n]
-                    pos += n
-                    code = shape_codes.get(raw)
-                    if code is None:
-                        self.shape_values.append(_shape(raw))
-                        code = shape_codes[raw] = len(shape_codes)
-                    shape = code
-                    continue
-                b = block[pos] if pos < vend else 0x80
-                if b < 0x80:
-                    number = b
-                    pos += 1
-                else:
-                    number, pos = _varint(block, pos, vend)
-                if tag == _TAG_OFFSET:
-                    bit = 16
-                    offset = number
-                elif tag == _TAG_SIZE:
-                    bit = 32
-                    size = number
-                elif tag == _TAG_DTYPE:
-                    bit = 2
-                    dtype = number
-                elif tag == _TAG_SHARD:
-                    bit = 8
-                    shard = number
-                else:  # slices=7, or a field not declared
-                    raise _NotCompact
-                if seen & bit or (bit in (2, 8) and number >= _INT32_LIMIT):
-                    raise _NotCompact
-                seen |= bit
-            if pos != vend:
-                raise _NotCompact
-            if not seen & 4:
-                code = shape_codes.get(b"")
-                if code is None:
-                    self.shape_values.append(())
-                    code = shape_codes[b""] = len(shape_codes)
-                shape = code
+            dtype, shape, shard, offset, size, crc = self._any_order(block, pos, vend)
+            pos = vend
             keys_out(key)
             written += len(key)
             add_end(written)
