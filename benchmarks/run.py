@@ -279,6 +279,22 @@ print("changed", changed)
 
 NUMPY_FLOOR_LABEL = "numpy floor (raw bytes + numpy, 1 thread)"
 
+# The floor of any Python tool that compares two files: the interpreter started, numpy imported
+# (on one BLAS thread, as ckptinspect runs), both files read whole in 1 MiB blocks, nothing
+# compared. Many small datasets (issue 28) are measured beside it: what is left above it is the
+# listing and the comparison.
+PYTHON_READ_FLOOR = """import os
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+import numpy
+buf = memoryview(bytearray(1 << 20))
+for p in {paths!r}:
+    fd, off = os.open(p, os.O_RDONLY), 0
+    while n := os.preadv(fd, [buf], off):
+        off += n
+    os.close(fd)
+"""
+PYTHON_READ_FLOOR_LABEL = "Python floor (start, import numpy, read both files)"
+
 
 def py(code: str) -> list[str]:
     return [PY, "-c", code]
@@ -437,6 +453,7 @@ def many_pairs(work: pathlib.Path, h5ls: str | None, h5diff: str | None) -> list
             Pair(f"diff-kw3-{n}", "diff", f"compare two Keras 3 .weights.h5 of {size} (every 4th dataset changed)", [
                 c.Tool("ckptinspect diff", [*CKPT, "diff", a, b], ok_codes=(1,), ours=True),
                 c.Tool("h5diff -d 0.01", ["h5diff", "-d", "0.01", a, b], ok_codes=(0, 1), missing=h5diff),
+                c.Tool(PYTHON_READ_FLOOR_LABEL, py(PYTHON_READ_FLOOR.format(paths=[a, b]))),
             ]),
         ]
     run = bench_many.quarters_path(work)
@@ -900,6 +917,11 @@ def many_targets(results: dict[str, dict[str, Any]]) -> list[list[str]]:
     add(f"diff >= 1.5x faster than h5diff -d 0.01 (Keras 3 .weights.h5, {main:,} datasets x 100 KB; issue 28)",
         f"{h.median / d.median:.2f}x ({d.median:.3f} s vs {h.median:.3f} s)" if d and h else None,
         h.median >= 1.5 * d.median if d and h else None)
+    f = med(results, f"diff-kw3-{main}", PYTHON_READ_FLOOR_LABEL)
+    add("(context) that diff's budget (h5diff's time / 1.5) against the Python floor (start, import numpy, read both "
+        "files, nothing compared)",
+        f"budget {h.median / 1.5:.3f} s, floor {f.median:.3f} s ({f.median / (h.median / 1.5):.0%} of it), "
+        f"ckptinspect {d.median - f.median:.3f} s above the floor" if d and h and f else None, None)
     a, b = med(results, f"ls-kw3-{main}", "ckptinspect ls"), med(results, f"ls-kw3-{main}", "h5ls -r")
     add(f"ls within 2x of h5ls -r (Keras 3 .weights.h5, {main:,} datasets; issue 28)",
         f"{a.median / b.median:.2f}x h5ls's time ({a.median:.3f} s vs {b.median:.3f} s)" if a and b else None,
