@@ -126,7 +126,8 @@ def test_generation_is_cached(run, tmp_path):
     assert not (tmp_path / "R.md").exists()
     again = subprocess.run([sys.executable, str(RUN), "--size-mb", "2", "--variables", "20", "--rounds", "1", "--warmup", "0",
                             "--only", "ls-h5", "--scale", "", "--work", str(work), "--results", str(tmp_path / "R.md"),
-                            "--plot", str(tmp_path / "p.png")], capture_output=True, text=True, timeout=120)
+                            "--plot", str(tmp_path / "p.png"), "--ratio-plot", str(tmp_path / "r.png")],
+                           capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "generating" not in again.stderr
     rows = {r["tool"]: r for r in _section((tmp_path / "R.md").read_text(), "ls-h5")}
