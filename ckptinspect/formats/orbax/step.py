@@ -453,15 +453,16 @@ class OrbaxSource(m.BaseSource):
             _fs.check_regular(full)
             stream = FileWindow(open(full, "rb"), ref.offset + offset, nbytes)  # noqa: SIM115 - closed below
         got = 0
+        buffer = memoryview(bytearray(min(piece, whole)))  # decoded into in place: one buffer a chunk
         try:
             with zstandard.ZstdDecompressor().stream_reader(stream, read_size=read_size, closefd=False) as reader:
                 while got < whole:
-                    data = reader.read(min(piece, whole - got))
-                    if not data:
+                    n = reader.readinto(buffer[: min(piece, whole - got)])
+                    if not n:
                         break
                     if got < want:
-                        yield data[: want - got]
-                    got += len(data)
+                        yield buffer[: min(n, want - got)]
+                    got += n
                 if got != whole or reader.read(1):
                     raise CorruptCheckpointError(f"{where}: a chunk decodes to {got}{'+' if got == whole else ''} bytes,"
                                                  f" its shape says {whole}")
