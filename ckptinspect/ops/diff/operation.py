@@ -253,6 +253,7 @@ class DiffRows(LazySequence[VariableDiff]):
         self._made: tuple[VariableDiff, ...] | None = None  # rows given whole (DiffRows.of)
         self.order: Any = np.arange(n, dtype=_index_dtype(n))
         self._layers: tuple[LayerDiff, ...] | None = None
+        self._moved: tuple[tuple[LayerDiff, ...], int] | None = None
 
     @classmethod
     def of(cls, rows: Iterable[VariableDiff]) -> DiffRows:
@@ -431,7 +432,7 @@ class DiffRows(LazySequence[VariableDiff]):
         for j in range(n):
             packed += name(j).encode("utf-8", "surrogatepass")
             ends[j] = len(packed)
-        start = np.concatenate(([0], ends[:-1])).astype(np.int64)
+        start = np.concatenate(([0], ends[:-1]))[:n].astype(np.int64)  # no entry: no start
         return bytes(packed), start, ends - start
 
     def name_ranks(self) -> Any:
@@ -462,6 +463,16 @@ class DiffRows(LazySequence[VariableDiff]):
         if self._layers is None:
             self._layers = _layers_of(self)
         return self._layers
+
+    def moved_layers(self) -> tuple[tuple[LayerDiff, ...], int]:
+        """The leading part of :meth:`layers` whose layers have changed variables, and how many
+        layers there are: what the table shows, without an object per unchanged layer."""
+        if self._layers is not None:
+            return tuple(s for s in self._layers if s.changed), len(self._layers)
+        if self._moved is None:
+            columns = _LayerColumns(self)
+            self._moved = (tuple(columns.moved()), len(columns))
+        return self._moved
 
 
 _Fields = tuple[str, str, tuple[int, ...], str, str]  # key, name, shape, dtype, role
@@ -499,43 +510,92 @@ def _texts(buf: bytes, ends: Any, rows: Any) -> list[str]:
     return [buf[i:j].decode("utf-8", "surrogatepass") for i, j in zip(start.tolist(), stop.tolist())]
 
 
-def _layers_of(rows: DiffRows) -> tuple[LayerDiff, ...]:
-    n = len(rows.pos_a)
-    codes = np.empty(n, np.int32)
-    seen: dict[bytes, int] = {}
-    packed, starts, lengths = rows._packed_names()
-    for first in range(0, n, _ROWS_AT_ONCE):  # a layer is the bytes before the last "/" (UTF-8 keeps it whole)
+class _LayerColumns:
+    """Every layer's numbers in columns (a layer is the bytes of a name before its last "/";
+    UTF-8 keeps it whole), and each layer's name where one of its entries' names starts: no
+    object per layer until one is shown."""
+
+    def __init__(self, rows: DiffRows):
+        self.packed, starts, lengths = rows._packed_names()
+        codes, self.first, self.cut = _layer_codes(self.packed, starts, lengths)
+        self.start = starts[self.first]
+        del starts, lengths
+        k = len(self.first)
+        differs = rows.status != _EQUAL_CODE
+        self.variables = np.bincount(codes, minlength=k)
+        self.changed = np.bincount(codes[differs], minlength=k)
+        self.best = {}
+        for field in ("rel_l2", "max_abs_diff"):
+            values, present = rows.column(field)
+            chosen = differs & present
+            top = np.full(k, -np.inf)
+            np.maximum.at(top, codes[chosen], values[chosen])
+            present = np.zeros(k, bool)
+            present[codes[chosen]] = True
+            self.best[field] = (top, present)
+
+    def __len__(self) -> int:
+        return len(self.first)
+
+    def name(self, c: int) -> str:
+        start = int(self.start[c])
+        return self.packed[start:start + int(self.cut[c])].decode("utf-8", "surrogatepass")
+
+    def layer(self, c: int) -> LayerDiff:
+        rel, abs_ = self.best["rel_l2"], self.best["max_abs_diff"]
+        return LayerDiff(layer=self.name(c), variables=int(self.variables[c]), changed=int(self.changed[c]),
+                         max_rel_l2=float(rel[0][c]) if rel[1][c] else None,
+                         max_abs_diff=float(abs_[0][c]) if abs_[1][c] else None)
+
+    def moved(self) -> list[LayerDiff]:
+        """The layers some of whose variables differ, the most movement first (as :func:`_layers_of`)."""
+        out = [self.layer(c) for c in np.flatnonzero(self.changed).tolist()]
+        out.sort(key=lambda s: (-(s.max_rel_l2 or 0.0), -s.changed, s.layer))
+        return out
+
+
+def _layer_codes(packed: bytes, starts: Any, lengths: Any) -> tuple[Any, Any, Any]:
+    """Each entry's layer code, each layer's first entry and its name's length in bytes: the
+    layers told apart by their bytes' hashes, each entry's checked against its layer's first
+    (a collision: a dict of the layers' bytes instead)."""
+    n = len(starts)
+    hashes = np.empty(n, np.int64)
+    cut = np.empty(n, np.int64)
+    for first in range(0, n, _ROWS_AT_ONCE):
         block = slice(first, first + _ROWS_AT_ONCE)
-        at = starts[block].tolist()
-        for j, (s, size) in enumerate(zip(at, lengths[block].tolist()), first):
-            layer = packed[s:s + size].rpartition(b"/")[0]
-            code = seen.get(layer)
-            if code is None:
-                code = seen[layer] = len(seen)
-            codes[j] = code
-    del starts, lengths
-    known = {layer.decode("utf-8", "surrogatepass"): code for layer, code in seen.items()}
-    k = len(known)
-    differs = rows.status != _EQUAL_CODE
-    variables = np.bincount(codes, minlength=k)
-    changed = np.bincount(codes[differs], minlength=k)
-    best = {}
-    for field in ("rel_l2", "max_abs_diff"):
-        values, present = rows.column(field)
-        chosen = differs & present
-        top = np.full(k, -np.inf)
-        np.maximum.at(top, codes[chosen], values[chosen])
-        present = np.zeros(k, bool)
-        present[codes[chosen]] = True
-        best[field] = (top, present)
-    out = [
-        LayerDiff(layer=layer, variables=int(variables[c]), changed=int(changed[c]),
-                  max_rel_l2=float(best["rel_l2"][0][c]) if best["rel_l2"][1][c] else None,
-                  max_abs_diff=float(best["max_abs_diff"][0][c]) if best["max_abs_diff"][1][c] else None)
-        for layer, c in known.items()
-    ]
-    out.sort(key=lambda s: (0 if s.changed else 1, -(s.max_rel_l2 or 0.0), -s.changed, s.layer))
-    return tuple(out)
+        cuts = [max(packed.rfind(b"/", s, s + size), s) - s
+                for s, size in zip(starts[block].tolist(), lengths[block].tolist())]
+        cut[block] = cuts
+        hashes[block] = [hash(packed[s:s + c]) for s, c in zip(starts[block].tolist(), cuts)]
+    _, firsts, codes = np.unique(hashes, return_index=True, return_inverse=True)
+    del hashes
+    codes = codes.reshape(-1).astype(np.int32)
+    cut_of_layer = cut[firsts]
+    same = bool((cut == cut_of_layer[codes]).all())
+    for first in range(0, n, _ROWS_AT_ONCE):
+        if not same:
+            break
+        block = slice(first, first + _ROWS_AT_ONCE)
+        reps = starts[firsts[codes[block]]].tolist()
+        same = all(packed[s:s + c] == packed[r:r + c]
+                   for s, c, r in zip(starts[block].tolist(), cut[block].tolist(), reps))
+    if same:
+        return codes, firsts, cut_of_layer
+    seen: dict[bytes, int] = {}
+    for j, (s, c) in enumerate(zip(starts.tolist(), cut.tolist())):
+        codes[j] = seen.setdefault(packed[s:s + c], len(seen))
+    firsts = np.full(len(seen), n, np.int64)
+    np.minimum.at(firsts, codes, np.arange(n))
+    return codes, firsts, cut[firsts]
+
+
+def _layers_of(rows: DiffRows) -> tuple[LayerDiff, ...]:
+    """Every layer, the moved ones first (:meth:`_LayerColumns.moved`), then the others by name."""
+    columns = _LayerColumns(rows)
+    moved = columns.moved()
+    still = [columns.layer(c) for c in np.flatnonzero(columns.changed == 0).tolist()]
+    still.sort(key=lambda s: s.layer)
+    return (*moved, *still)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -597,6 +657,12 @@ class DiffReport:
     def layers(self) -> tuple[LayerDiff, ...]:
         """Per-layer summaries, layers with the most movement first."""
         return self.variables.layers()  # type: ignore[attr-defined]
+
+    @property
+    def moved_layers(self) -> tuple[tuple[LayerDiff, ...], int]:
+        """The layers with changed variables (the start of :attr:`layers`) and how many layers
+        there are, without the unchanged layers' summaries (the table's footer)."""
+        return self.variables.moved_layers()  # type: ignore[attr-defined]
 
     @property
     def verdict(self) -> str:
