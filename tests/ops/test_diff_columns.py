@@ -219,3 +219,19 @@ def test_the_table_footer_lists_the_moved_layers_and_counts_the_others(layered, 
     moved = ckptinspect.diff(*layered).moved_layers[0]
     assert [line.split()[0] for line in footer[2:7]] == [s.layer for s in moved]
     assert footer[7] == "36 layers unchanged" and footer[8:] == ["", "5 of 121 variables differ: 5 changed (atol=0, rtol=0)"]
+
+
+@pytest.mark.parametrize("names", [
+    [f"n{i:03d}" for i in range(40)],  # in order, over many blocks
+    [f"n{i:03d}" for i in (0, 1, 2, 4, 3, 5, 6, 7, 8)],  # out of order only where two blocks of 4 meet
+    ["", "a", "a/b", "ab", "\u00e9", "\u4e2d", "z"] * 3,  # empty, nested, non-ASCII, repeated
+    [f"{'x' * (i % 7)}{i % 5}" for i in range(30)],
+])
+def test_name_ranks_are_python_s_order(monkeypatch, names):
+    """Checked in order a few rows at a time (the blocks overlap by a row), else sorted whole:
+    each entry's place is its place in Python's sort of the names (ties by entry)."""
+    monkeypatch.setattr(operation, "_ROWS_AT_ONCE", 4)
+    rows = DiffRows.of(VariableDiff(n, n, n, "equal") for n in names)
+    expected = np.empty(len(names), np.int64)
+    expected[sorted(range(len(names)), key=lambda j: names[j])] = np.arange(len(names))
+    assert rows.name_ranks().tolist() == expected.tolist()

@@ -441,15 +441,13 @@ class DiffRows(LazySequence[VariableDiff]):
         packed, starts, lengths = self._packed_names()
         widest = int(lengths.max()) if n else 0
         if widest and n * widest <= _NAME_SORT_BYTES and b"\0" not in packed:
-            fixed = np.zeros((n, widest), np.uint8)
             buf = np.frombuffer(packed, np.uint8)
-            for column in range(widest):  # UTF-8 bytes sort as their code points do
-                has = lengths > column
-                fixed[has, column] = buf[starts[has] + column]
-            del starts, lengths
-            keys = fixed.view(f"S{widest}").reshape(-1)
-            if bool((keys[1:] >= keys[:-1]).all()):  # in order already
+            if all(_names_in_order(buf, starts[max(first - 1, 0):first + _ROWS_AT_ONCE],
+                                   lengths[max(first - 1, 0):first + _ROWS_AT_ONCE])
+                   for first in range(0, n, _ROWS_AT_ONCE)):  # in order already (no matrix of every name)
                 return np.arange(n, dtype=_index_dtype(n))
+            keys = _fixed_names(buf, starts, lengths)
+            del starts, lengths
             by_name = np.argsort(keys, kind="stable")
         else:
             del starts, lengths
@@ -497,6 +495,23 @@ def _side_block(side: Sequence[Variable], positions: Any) -> list[_Fields | None
         v = side[p]
         out[i] = (v.key, v.name, tuple(v.shape), v.dtype, v.role)
     return out
+
+
+def _fixed_names(buf: Any, starts: Any, lengths: Any) -> Any:
+    """Names (no NUL in them) as fixed-width bytes (numpy ``S``), which sort as UTF-8 bytes, as
+    their code points do."""
+    widest = max(int(lengths.max()) if len(lengths) else 0, 1)  # S0 is no type: empty names as one NUL
+    fixed = np.zeros((len(starts), widest), np.uint8)
+    for column in range(widest):
+        has = lengths > column
+        fixed[has, column] = buf[starts[has] + column]
+    return fixed.view(f"S{widest}").reshape(-1)
+
+
+def _names_in_order(buf: Any, starts: Any, lengths: Any) -> bool:
+    """Whether the names (no NUL in them) are in order, each at most the next."""
+    keys = _fixed_names(buf, starts, lengths)
+    return bool((keys[1:] >= keys[:-1]).all())
 
 
 def _bounds(ends: Any, rows: Any) -> tuple[Any, Any]:
