@@ -575,16 +575,23 @@ def _layer_codes(packed: bytes, starts: Any, lengths: Any) -> tuple[Any, Any, An
     (a collision: a dict of the layers' bytes instead)."""
     n = len(starts)
     hashes = np.empty(n, np.int64)
-    cut = np.empty(n, np.int64)
+    cut = np.empty(n, np.int32 if n and int(lengths.max()) <= _INT32_MAX else np.int64)
     for first in range(0, n, _ROWS_AT_ONCE):
         block = slice(first, first + _ROWS_AT_ONCE)
         cuts = [max(packed.rfind(b"/", s, s + size), s) - s
                 for s, size in zip(starts[block].tolist(), lengths[block].tolist())]
         cut[block] = cuts
         hashes[block] = [hash(packed[s:s + c]) for s, c in zip(starts[block].tolist(), cuts)]
-    _, firsts, codes = np.unique(hashes, return_index=True, return_inverse=True)
+    order = np.argsort(hashes, kind="stable")  # np.unique's work, with fewer columns of every entry's
+    hashes = hashes[order]
+    new = np.empty(n, bool)
+    new[:1] = True
+    np.not_equal(hashes[1:], hashes[:-1], out=new[1:])
     del hashes
-    codes = codes.reshape(-1).astype(np.int32)
+    codes = np.empty(n, np.int32)
+    codes[order] = np.cumsum(new, dtype=np.int32) - 1
+    firsts = order[new]  # the first entry of each layer (the sort is stable)
+    del order, new
     cut_of_layer = cut[firsts]
     same = bool((cut == cut_of_layer[codes]).all())
     for first in range(0, n, _ROWS_AT_ONCE):
