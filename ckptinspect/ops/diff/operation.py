@@ -405,17 +405,22 @@ class DiffRows(LazySequence[VariableDiff]):
         """Order the rows as the report shows them: status (changed first, equal last), then
         movement, largest ``max_abs_diff``, name (a stable sort: read order breaks ties)."""
         status = self.status
-        equal = status == _EQUAL_CODE
         rel, has_rel = self.column("rel_l2")
         mabs, has_abs = self.column("max_abs_diff")
-        mismatch = self.column("nonfinite_mismatch")[0] > 0
         movement = np.where(has_rel, rel, np.where(has_abs & (mabs != 0), np.inf, 0.0))
-        movement = np.where(mismatch, np.inf, movement)
-        movement[equal] = 0.0
-        del equal, mismatch
+        del rel, has_rel
+        movement[self.column("nonfinite_mismatch")[0] > 0] = np.inf
+        movement[status == _EQUAL_CODE] = 0.0
         biggest = np.where(has_abs, mabs, 0.0)
+        del mabs, has_abs
+        np.negative(movement, out=movement)
+        np.negative(biggest, out=biggest)
         ranks = self.name_ranks()
-        self.order = np.lexsort((ranks, -biggest, -movement, _RANK_OF_CODE[status])).astype(_index_dtype(len(status)))
+        # lexsort is stable: a key of one value, or names already in entry order, orders nothing
+        keys = [k for k in (ranks, biggest, movement, _RANK_OF_CODE[status]) if not _orders_nothing(k, k is ranks)]
+        del ranks, biggest, movement
+        n = len(status)
+        self.order = np.lexsort(keys).astype(_index_dtype(n)) if keys else np.arange(n, dtype=_index_dtype(n))
 
     def _packed_names(self) -> tuple[bytes, Any, Any]:
         """Every entry's name as UTF-8 in one buffer: the buffer, each name's start and length (a
@@ -495,6 +500,14 @@ def _side_block(side: Sequence[Variable], positions: Any) -> list[_Fields | None
         v = side[p]
         out[i] = (v.key, v.name, tuple(v.shape), v.dtype, v.role)
     return out
+
+
+def _orders_nothing(key: Any, rising: bool) -> bool:
+    """Whether a sort key leaves a stable sort's order as it is: every value the same, or (when
+    ``rising`` may be so) each value above the one before."""
+    if len(key) < 2:
+        return True
+    return bool((key[1:] > key[:-1]).all()) if rising else bool((key == key[0]).all())
 
 
 def _fixed_names(buf: Any, starts: Any, lengths: Any) -> Any:
