@@ -545,39 +545,47 @@ class _LayerColumns:
 
     def __init__(self, rows: DiffRows):
         self.packed, starts, lengths = rows._packed_names()
-        codes, self.first, self.cut = _layer_codes(self.packed, starts, lengths)
-        self.start = starts[self.first]
-        del starts, lengths
-        k = len(self.first)
-        differs = rows.status != _EQUAL_CODE
+        codes, first, self.cut = _layer_codes(self.packed, starts, lengths)
+        self.start = starts[first]
+        del starts, lengths, first
+        k = len(self.cut)
         self.variables = np.bincount(codes, minlength=k)
-        self.changed = np.bincount(codes[differs], minlength=k)
+        differs = np.flatnonzero(rows.status != _EQUAL_CODE)  # the entries that differ, and their layers
+        codes = codes[differs]
+        self.changed = np.bincount(codes, minlength=k)
+        self.moved_codes = np.flatnonzero(self.changed)  # the layers with changes (their numbers below)
+        at = np.searchsorted(self.moved_codes, codes)
+        del codes
         self.best = {}
         for field in ("rel_l2", "max_abs_diff"):
-            values, present = rows.column(field)
-            chosen = differs & present
-            top = np.full(k, -np.inf)
-            np.maximum.at(top, codes[chosen], values[chosen])
-            present = np.zeros(k, bool)
-            present[codes[chosen]] = True
+            top = np.full(len(self.moved_codes), -np.inf)
+            present = np.zeros(len(self.moved_codes), bool)
+            if len(differs):
+                values, has = rows.column(field)
+                values, has = values[differs], has[differs]
+                np.maximum.at(top, at[has], values[has])
+                present[at[has]] = True
             self.best[field] = (top, present)
 
     def __len__(self) -> int:
-        return len(self.first)
+        return len(self.cut)
 
     def name(self, c: int) -> str:
         start = int(self.start[c])
         return self.packed[start:start + int(self.cut[c])].decode("utf-8", "surrogatepass")
 
     def layer(self, c: int) -> LayerDiff:
+        """Layer ``c``'s summary (the largest movements: of its variables that differ)."""
+        i = int(np.searchsorted(self.moved_codes, c))
+        moved = i < len(self.moved_codes) and int(self.moved_codes[i]) == c
         rel, abs_ = self.best["rel_l2"], self.best["max_abs_diff"]
         return LayerDiff(layer=self.name(c), variables=int(self.variables[c]), changed=int(self.changed[c]),
-                         max_rel_l2=float(rel[0][c]) if rel[1][c] else None,
-                         max_abs_diff=float(abs_[0][c]) if abs_[1][c] else None)
+                         max_rel_l2=float(rel[0][i]) if moved and rel[1][i] else None,
+                         max_abs_diff=float(abs_[0][i]) if moved and abs_[1][i] else None)
 
     def moved(self) -> list[LayerDiff]:
         """The layers some of whose variables differ, the most movement first (as :func:`_layers_of`)."""
-        out = [self.layer(c) for c in np.flatnonzero(self.changed).tolist()]
+        out = [self.layer(c) for c in self.moved_codes.tolist()]
         out.sort(key=lambda s: (-(s.max_rel_l2 or 0.0), -s.changed, s.layer))
         return out
 
