@@ -405,6 +405,7 @@ class DiffRows(LazySequence[VariableDiff]):
         """Order the rows as the report shows them: status (changed first, equal last), then
         movement, largest ``max_abs_diff``, name (a stable sort: read order breaks ties)."""
         status = self.status
+        ranks = self.name_ranks()  # first: its own columns gone before the numbers' are made
         rel, has_rel = self.column("rel_l2")
         mabs, has_abs = self.column("max_abs_diff")
         movement = np.where(has_rel, rel, np.where(has_abs & (mabs != 0), np.inf, 0.0))
@@ -415,7 +416,6 @@ class DiffRows(LazySequence[VariableDiff]):
         del mabs, has_abs
         np.negative(movement, out=movement)
         np.negative(biggest, out=biggest)
-        ranks = self.name_ranks()
         # lexsort is stable: a key of one value, or names already in entry order, orders nothing
         keys = [k for k in (ranks, biggest, movement, _RANK_OF_CODE[status]) if not _orders_nothing(k, k is ranks)]
         del ranks, biggest, movement
@@ -429,7 +429,9 @@ class DiffRows(LazySequence[VariableDiff]):
         if not self.shown and isinstance(a, VariableTable) and bool((self.pos_a >= 0).all()):
             rows = self.pos_a if a.rows is None else a.rows[self.pos_a]
             start, stop = _bounds(a.name_ends, rows)
-            return a.names, start, stop - start
+            del rows
+            stop -= start  # the lengths (no third column)
+            return a.names, start, stop
         n = len(self.pos_a)
         packed = bytearray()
         ends = np.empty(n, np.int64)
@@ -529,7 +531,9 @@ def _names_in_order(buf: Any, starts: Any, lengths: Any) -> bool:
 
 def _bounds(ends: Any, rows: Any) -> tuple[Any, Any]:
     """Start and end offsets of ``rows`` in a packed buffer with ``ends``."""
-    return np.where(rows > 0, ends[np.maximum(rows - 1, 0)], 0), ends[rows]
+    start = ends[np.maximum(rows - 1, 0)]
+    start[rows == 0] = 0
+    return start, ends[rows]
 
 
 def _texts(buf: bytes, ends: Any, rows: Any) -> list[str]:
