@@ -311,7 +311,7 @@ class DiffRows(LazySequence[VariableDiff]):
         c = _NUMBERS.index(field)
         pattern_values = np.array([0.0 if p[c] is None else float(p[c]) for p in self._patterns] + [0.0])
         pattern_present = np.array([p[c] is not None for p in self._patterns] + [False])
-        codes = self.kind.astype(np.int32) - 1  # kind 0: -1, the last (filled below)
+        codes = np.subtract(self.kind, 1, dtype=np.int16)  # kind 0: -1, the last (filled below)
         values, present = pattern_values[codes], pattern_present[codes]
         del codes
         for block, (floats, counts) in self._blocks.items():
@@ -406,14 +406,13 @@ class DiffRows(LazySequence[VariableDiff]):
         movement, largest ``max_abs_diff``, name (a stable sort: read order breaks ties)."""
         status = self.status
         ranks = self.name_ranks()  # first: its own columns gone before the numbers' are made
-        rel, has_rel = self.column("rel_l2")
-        mabs, has_abs = self.column("max_abs_diff")
-        movement = np.where(has_rel, rel, np.where(has_abs & (mabs != 0), np.inf, 0.0))
-        del rel, has_rel
+        # the columns are 0 where a number is None: movement and biggest made in place in them
+        movement, has_rel = self.column("rel_l2")
+        biggest = self.column("max_abs_diff")[0]
+        movement[~has_rel & (biggest != 0)] = np.inf
+        del has_rel
         movement[self.column("nonfinite_mismatch")[0] > 0] = np.inf
         movement[status == _EQUAL_CODE] = 0.0
-        biggest = np.where(has_abs, mabs, 0.0)
-        del mabs, has_abs
         np.negative(movement, out=movement)
         np.negative(biggest, out=biggest)
         # lexsort is stable: a key of one value, or names already in entry order, orders nothing
@@ -548,10 +547,7 @@ class _LayerColumns:
     object per layer until one is shown."""
 
     def __init__(self, rows: DiffRows):
-        self.packed, starts, lengths = rows._packed_names()
-        codes, first, self.cut = _layer_codes(self.packed, starts, lengths)
-        self.start = starts[first]
-        del starts, lengths, first
+        self.packed, codes, self.start, self.cut = _layer_codes(rows)
         k = len(self.cut)
         self.variables = np.bincount(codes, minlength=k)
         differs = np.flatnonzero(rows.status != _EQUAL_CODE)  # the entries that differ, and their layers
@@ -594,10 +590,12 @@ class _LayerColumns:
         return out
 
 
-def _layer_codes(packed: bytes, starts: Any, lengths: Any) -> tuple[Any, Any, Any]:
-    """Each entry's layer code, each layer's first entry and its name's length in bytes: the
-    layers told apart by their bytes' hashes, each entry's checked against its layer's first
-    (a collision: a dict of the layers' bytes instead)."""
+def _layer_codes(rows: DiffRows) -> tuple[bytes, Any, Any, Any]:
+    """The entries' names packed (:meth:`DiffRows._packed_names`), each entry's layer code, and
+    where each layer's name starts in them and its length in bytes: the layers told apart by
+    their bytes' hashes, each entry's checked against its layer's first (a collision: a dict of
+    the layers' bytes instead)."""
+    packed, starts, lengths = rows._packed_names()
     n = len(starts)
     hashes = np.empty(n, np.int64)
     cut = np.empty(n, np.int32 if n and int(lengths.max()) <= _INT32_MAX else np.int64)
@@ -607,8 +605,9 @@ def _layer_codes(packed: bytes, starts: Any, lengths: Any) -> tuple[Any, Any, An
                 for s, size in zip(starts[block].tolist(), lengths[block].tolist())]
         cut[block] = cuts
         hashes[block] = [hash(packed[s:s + c]) for s, c in zip(starts[block].tolist(), cuts)]
+    del lengths
     order = np.argsort(hashes, kind="stable")  # np.unique's work, with fewer columns of every entry's
-    hashes = hashes[order]
+    hashes.sort()  # in place: as hashes[order]
     new = np.empty(n, bool)
     new[:1] = True
     np.not_equal(hashes[1:], hashes[:-1], out=new[1:])
@@ -626,14 +625,14 @@ def _layer_codes(packed: bytes, starts: Any, lengths: Any) -> tuple[Any, Any, An
         reps = starts[firsts[codes[block]]].tolist()
         same = all(packed[s:s + c] == packed[r:r + c]
                    for s, c, r in zip(starts[block].tolist(), cut[block].tolist(), reps))
-    if same:
-        return codes, firsts, cut_of_layer
-    seen: dict[bytes, int] = {}
-    for j, (s, c) in enumerate(zip(starts.tolist(), cut.tolist())):
-        codes[j] = seen.setdefault(packed[s:s + c], len(seen))
-    firsts = np.full(len(seen), n, np.int64)
-    np.minimum.at(firsts, codes, np.arange(n))
-    return codes, firsts, cut[firsts]
+    if not same:
+        seen: dict[bytes, int] = {}
+        for j, (s, c) in enumerate(zip(starts.tolist(), cut.tolist())):
+            codes[j] = seen.setdefault(packed[s:s + c], len(seen))
+        firsts = np.full(len(seen), n, np.int64)
+        np.minimum.at(firsts, codes, np.arange(n))
+        cut_of_layer = cut[firsts]
+    return packed, codes, starts[firsts], cut_of_layer
 
 
 def _layers_of(rows: DiffRows) -> tuple[LayerDiff, ...]:
