@@ -85,7 +85,7 @@ CHUNK_BYTES = 8 << 20  # bytes read (and checksummed) at a time when checking
 # (CKPTINSPECT_WORKERS, as diff, scan and average; google-crc32c and reads release the GIL),
 # in batches of about BATCH_BYTES.
 BATCH_BYTES = 8 << 20
-BATCH_ITEMS = 1024  # and at most this many runs a batch (100,000 tiny tensors are not one batch)
+BATCH_ITEMS = 256  # and at most this many runs a batch (100,000 tiny tensors: few runs in flight at once)
 _UINT32_MAX = 0xFFFFFFFF
 READ_CHUNK_BYTES = 64 << 20  # bytes read (and checksummed) per positioned read of a whole value
 # What TensorFlow's reader returns for the dtypes numpy and the model's table do not name:
