@@ -20,11 +20,14 @@ __all__ = ["plain_names", "table_chunks", "json_chunks"]
 BLOCK_BYTES = 256 << 10  # bytes of text laid out at once (its gather indexes take ~30x that)
 _SPACE, _NEWLINE = 0x20, 0x0A
 _PRINTABLE_ASCII = bytes(range(0x20, 0x7F))
+_CHECK_BYTES = 1 << 18  # names checked at a time by plain_names
 
 
 def plain_names(table: m.VariableTable) -> bool:
     """Whether every name of ``table`` is printable ASCII (a cell shown as it is, its width its length)."""
-    return not table.names.translate(None, _PRINTABLE_ASCII)  # what is left once they are deleted (no mask per byte)
+    names = table.names
+    return not any(names[at:at + _CHECK_BYTES].translate(None, _PRINTABLE_ASCII)  # what is left once they are deleted
+                   for at in range(0, len(names), _CHECK_BYTES))  # a piece at a time: no copy of all the names
 
 
 def _texts(values: Sequence[str]) -> Any:
@@ -57,20 +60,21 @@ def table_chunks(headers: Sequence[str], table: m.VariableTable,
 
     rows = table.positions()
     ends = table.name_ends
-    columns = []
+    spans = [slice(at, at + _SPAN_ROWS) for at in range(0, len(rows), _SPAN_ROWS)]
+    columns = []  # each row's codes are made a block at a time, here and below: no column of every row's
     for codes_of, text_of in cells:
-        codes = codes_of(rows)
         if callable(text_of):  # any values: their distinct ones, and each row's index into them
-            distinct, codes = np.unique(codes, return_inverse=True)
-            codes = codes.reshape(-1).astype(np.int32)
+            distinct = _distinct(np.concatenate([_distinct(codes_of(rows[span])) for span in spans])) if spans \
+                else _distinct(codes_of(rows))
+            codes_of = _indexes_into(distinct, codes_of)
             text_of = [text_of(v) for v in distinct.tolist()]
         texts, lengths = _texts(text_of)
-        columns.append((codes, texts, lengths))
-    content = [max((int(_name_spans(ends, rows[at:at + _SPAN_ROWS])[1].max())
-                    for at in range(0, len(rows), _SPAN_ROWS)), default=0)]
-    for codes, _, lengths in columns:  # the widest text shown (not every code is)
+        columns.append((codes_of, texts, lengths))
+    content = [max((int(_name_spans(ends, rows[span])[1].max()) for span in spans), default=0)]
+    for codes_of, _, lengths in columns:  # the widest text shown (not every code is)
         shown = np.zeros(len(lengths), bool)
-        shown[codes] = True
+        for span in spans:
+            shown[codes_of(rows[span])] = True
         content.append(int(lengths[shown].max()) if shown.any() else 0)
     headers = [escape_controls(h) for h in headers]
     widths = [max(display_width(h) + 2, c) for h, c in zip(headers, content)]
@@ -99,15 +103,32 @@ def table_chunks(headers: Sequence[str], table: m.VariableTable,
             del j
             out.reshape(-1)[dest] = buf[src]
             del src, dest
-        for (inverse, texts, _), offset, width in zip(columns, offsets[1:], widths[1:]):
+        codes = None
+        for (codes_of, texts, _), offset, width in zip(columns, offsets[1:], widths[1:]):
+            codes = codes_of(rows[chosen])
             shown = min(width, texts.shape[1])  # texts of codes no row shows may be wider
-            out[:, offset : offset + shown] = texts[inverse[chosen], :shown]
-        last_inverse, _, last_lengths = columns[-1]
-        ends_at = offsets[-1] + last_lengths[last_inverse[chosen]]  # the last cell ends the line
+            out[:, offset : offset + shown] = texts[codes, :shown]
+        last_lengths = columns[-1][2]
+        ends_at = offsets[-1] + last_lengths[codes]  # the last cell ends the line
         out[np.arange(k), ends_at] = _NEWLINE
         keep = np.arange(line)[None, :] <= ends_at[:, None]
         text = out[keep].tobytes().decode("ascii")
         yield "\n" + text[:-1]  # lines joined by newlines, as the table's text
+
+
+def _distinct(values: Any) -> Any:
+    """The distinct values, sorted (np.unique's, without its import of numpy.ma)."""
+    import numpy as np  # noqa: PLC0415
+
+    out = np.sort(values)
+    return out[np.concatenate(([True], out[1:] != out[:-1]))] if len(out) else out
+
+
+def _indexes_into(distinct: Any, values_of: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``codes(rows)``: each row's index into ``distinct`` (sorted; every value of the rows in it)."""
+    import numpy as np  # noqa: PLC0415
+
+    return lambda rows: np.searchsorted(distinct, values_of(rows)).astype(np.int32)
 
 
 def _name_spans(ends: Any, rows: Any) -> tuple[Any, Any]:

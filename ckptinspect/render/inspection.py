@@ -91,7 +91,7 @@ def diff_chunks(report, fmt: OutputFormat, width: int | None = AUTO, *, hide_equ
                              ("diff_elems", "differing")]
     if report.has_nonfinite:
         columns += [("nan", "nan a/b"), ("inf", "inf a/b")]
-    footer = [*_diff_layers(report.layers, width), "", report.verdict]
+    footer = [*_diff_layers(*report.moved_layers, width), "", report.verdict]
     yield from render_chunks(fmt, doc={}, rows=rows, columns=columns, header=header, footer=footer, width=width,
                              squeeze=["shown_name"], optional=["diff_elems", "dtype", "cos", "shape"],
                              names_first=True)
@@ -111,12 +111,11 @@ def _diff_header(report) -> list[str]:
     ]
 
 
-def _diff_layers(layers, width: int | None) -> list[str]:
+def _diff_layers(moved, count: int, width: int | None) -> list[str]:
     """The layers block below diff's table (none when the report has no layers): the layers that
-    moved, then how many did not."""
-    if not layers:
+    moved (``moved``, of ``count`` layers), then how many did not."""
+    if not count:
         return []
-    moved = [s for s in layers if s.changed]
     lines = ["", "layers:"]
     if moved:
         lines += _table_lines(
@@ -125,9 +124,9 @@ def _diff_layers(layers, width: int | None) -> list[str]:
               fmt_float(s.max_abs_diff)] for s in moved],
             width=width, squeeze=[0],
         )
-    unchanged = len(layers) - len(moved)
+    unchanged = count - len(moved)
     lines.append(f"{unchanged} layer{'s' if unchanged != 1 else ''} unchanged" if moved else
-                 f"all {len(layers)} layer{'s' if len(layers) != 1 else ''} unchanged")
+                 f"all {count} layer{'s' if count != 1 else ''} unchanged")
     return lines
 
 

@@ -240,3 +240,37 @@ def test_text_written_in_blocks_is_the_text_written_whole(written, monkeypatch, 
     whole = _cli(*args, "--format", fmt)
     monkeypatch.setattr(_core, "LINES_PER_CHUNK", lines)
     assert _cli(*args, "--format", fmt) == whole and whole[1]
+
+
+@pytest.mark.parametrize("span", [7, 1 << 16])
+def test_the_table_renderer_in_small_blocks_writes_what_simple_table_writes(written, monkeypatch, span):
+    """Each column's codes made a few rows at a time (sizes: distinct values found block by block),
+    lines written a few at a time: the bytes simple_table writes."""
+    from ckptinspect.render import _columns as columns
+    from ckptinspect.render._core import human_bytes
+
+    _columns(monkeypatch, True)
+    monkeypatch.setattr(columns, "_SPAN_ROWS", span)
+    monkeypatch.setattr(columns, "BLOCK_BYTES", 300)
+    with ckptinspect.open(written) as ckpt:
+        table = ckpt.variables.view(np.array([r for r in range(3000) if ckpt.variables.name_of(r).isascii()
+                                              and ckpt.variables.name_of(r).isprintable()][::-3]))
+        text = "".join(columns.table_chunks(["name", "size", "role"], table, [
+            (lambda rows: table.nbytes[rows], human_bytes),
+            (lambda rows: table.role_codes[rows], list(table.roles))]))
+        assert len({v.nbytes for v in table}) > 3
+        assert text == simple_table(["name", "size", "role"], [[v.name, human_bytes(v.nbytes), v.role] for v in table])
+
+
+@pytest.mark.parametrize("odd", [None, "\x1b", "\u00e9", "\x7f"])
+@pytest.mark.parametrize("at", [0, 5, 39])
+def test_plain_names_looks_at_every_piece(monkeypatch, odd, at):
+    from ckptinspect.render import _columns as columns
+
+    monkeypatch.setattr(columns, "_CHECK_BYTES", 16)
+    names = [f"layer{i:02d}/w" for i in range(40)]
+    if odd is not None:
+        names[at] = names[at][:3] + odd + names[at][3:]
+    table = m.VariableTable.from_variables(m.Variable(key=n, name=n, shape=(1,), dtype="float32", nbytes=4)
+                                           for n in names)
+    assert columns.plain_names(table) is (odd is None)

@@ -202,6 +202,29 @@ def test_verify_of_many_finds_damaged_bytes_as_before(many, tmp_path, monkeypatc
     assert damage["kind"] == "checksum" and damage["key"] == "layer_0029/w17"
 
 
+def test_verify_of_runs_out_of_key_order_is_as_before(many, tmp_path, monkeypatch):
+    """Two entries of one size trading places in the data file (offsets and checksums swapped in
+    the index): the file order is no longer the key order, and verify, on the columns, reads in
+    file order what the record path reads: no damage, then the same two damaged, in the same order."""
+    from bundle_craft import edit_entry
+
+    prefix = _copy(many, tmp_path / "swapped")
+    first, last = _scan(many).get("layer_0000/w00"), _scan(many).get("layer_0029/w16")
+    assert first.size == last.size and first.offset < last.offset
+    edit_entry(prefix, b"layer_0000/w00", offset=last.offset, crc32c=last.crc32c)
+    edit_entry(prefix, b"layer_0029/w16", offset=first.offset, crc32c=first.crc32c)
+    before, after = _both(monkeypatch, lambda: _cli("verify", prefix, "--format", "json"))
+    assert before[0] == 0 and after == before
+    data = pathlib.Path(f"{prefix}.data-00000-of-00001")
+    raw = bytearray(data.read_bytes())
+    for offset in (first.offset, last.offset, _scan(many).get("layer_0010/w00").offset):
+        raw[offset] ^= 0x40
+    data.write_bytes(bytes(raw))
+    before, after = _both(monkeypatch, lambda: _cli("verify", prefix, "--format", "json"))
+    damaged = [d["key"] for d in json.loads(after[1])["checkpoints"][0]["damaged"]]
+    assert before[0] != 0 and after == before and len(damaged) == 3
+
+
 def test_a_giant_index_takes_less_than_three_times_its_bytes(tmp_path, monkeypatch):
     """What the columns hold, traced by Python's allocators (not the machine's speed): well under
     three times the index file, against ~20x for the entries."""

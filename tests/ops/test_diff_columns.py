@@ -98,6 +98,60 @@ def test_layers_from_columns_are_the_layers_of_the_rows(pair, monkeypatch):
     assert not groups
 
 
+def _former_layer_order(s) -> tuple:
+    """The layers' order before the columns: moved first, the most movement first, then by name."""
+    return (0 if s.changed else 1, -(s.max_rel_l2 or 0.0), -s.changed, s.layer)
+
+
+@pytest.fixture(scope="module")
+def layered(tmp_path_factory) -> tuple[pathlib.Path, pathlib.Path]:
+    """Two .safetensors (the safetensors library) of 40 layers, some nested in others and one
+    name without a "/", where B changes variables of 5 layers."""
+    rng = np.random.default_rng(5)
+    a = {f"m/l{i % 20}/{'in/' * (i % 40 >= 20)}v{i}": rng.standard_normal(4).astype(np.float32) for i in range(120)}
+    a["bias"] = np.ones(2, np.float32)
+    b = {k: v.copy() for k, v in a.items()}
+    for k in list(b)[3:120:24]:
+        b[k] += np.float32(0.5)
+    folder = tmp_path_factory.mktemp("difflayers")
+    safetensors_numpy.save_file(a, str(folder / "a.safetensors"))
+    safetensors_numpy.save_file(b, str(folder / "b.safetensors"))
+    return folder / "a.safetensors", folder / "b.safetensors"
+
+
+@pytest.mark.parametrize("collide", [False, True], ids=["hashes", "collisions"])
+@pytest.mark.parametrize("files", ["pair", "layered"])
+def test_layers_are_in_order_and_the_moved_ones_lead(request, monkeypatch, collide, files):
+    """Layers told apart by hashes (or, every hash colliding, by their bytes) come in the former
+    order; moved_layers is their moved part and their count, with no summary of the others made."""
+    _columns(monkeypatch, True)
+    pair = request.getfixturevalue(files)
+    before = ckptinspect.diff(*pair).layers
+    if collide:  # every layer's hash the same: the check sees it and the bytes decide
+        monkeypatch.setattr(operation, "hash", lambda _: 7, raising=False)
+    report = ckptinspect.diff(*pair)
+    moved, count = report.moved_layers
+    layers = report.layers
+    assert layers == before and list(layers) == sorted(layers, key=_former_layer_order)
+    assert len({s.layer for s in layers}) == len(layers) >= len(moved) > 3
+    if files == "layered":
+        assert (len(layers), len(moved)) == (41, 5) and "" in {s.layer for s in layers}
+    assert (moved, count) == (tuple(s for s in layers if s.changed), len(layers)) == report.moved_layers
+    rows = list(report.variables)
+    eager = DiffReport(**{f.name: getattr(report, f.name) for f in dataclasses.fields(DiffReport) if f.name != "variables"},
+                       variables=tuple(rows))  # names packed from the rows, not a table's buffer
+    assert eager.moved_layers == (moved, count) and eager.layers == layers
+
+
+def test_moved_layers_of_no_rows_and_of_names_without_a_slash():
+    v = VariableDiff("top", "top", "top", "changed", name_a="top", name_b="top", role="model", matched_by="key",
+                     shape_a=(2,), shape_b=(2,), dtype_a="float32", dtype_b="float32", max_abs_diff=1.0,
+                     rel_l2=0.5, cosine=0.9, num_different=1)
+    assert DiffReport("a", "b", "f", "f", 0.0, 0.0, None, "key", ()).moved_layers == ((), 0)
+    moved, count = DiffReport("a", "b", "f", "f", 0.0, 0.0, None, "key", (v,)).moved_layers
+    assert count == 1 and [(s.layer, s.variables, s.changed, s.max_rel_l2) for s in moved] == [("", 1, 1, 0.5)]
+
+
 @pytest.mark.parametrize("fmt", ["table", "json", "csv"])
 @pytest.mark.parametrize("order", ["ab", "ba", "aa"])
 def test_the_output_of_tables_is_the_output_of_tuples(pair, monkeypatch, fmt, order):
@@ -155,3 +209,29 @@ def test_a_diff_of_many_tensors_holds_no_row_per_tensor(tmp_path, monkeypatch):
     # a VariableDiff a tensor is ~270 bytes, the matcher's Items and Pairs ~500: the columns ~100
     assert held < 150 * n, held
     assert peak < 400 * n, peak
+
+
+def test_the_table_footer_lists_the_moved_layers_and_counts_the_others(layered, monkeypatch):
+    _columns(monkeypatch, True)
+    result = runner.invoke(app, ["diff", *map(str, layered)])
+    assert result.exit_code == 1
+    footer = result.output.split("\nlayers:\n", 1)[1].splitlines()
+    moved = ckptinspect.diff(*layered).moved_layers[0]
+    assert [line.split()[0] for line in footer[2:7]] == [s.layer for s in moved]
+    assert footer[7] == "36 layers unchanged" and footer[8:] == ["", "5 of 121 variables differ: 5 changed (atol=0, rtol=0)"]
+
+
+@pytest.mark.parametrize("names", [
+    [f"n{i:03d}" for i in range(40)],  # in order, over many blocks
+    [f"n{i:03d}" for i in (0, 1, 2, 4, 3, 5, 6, 7, 8)],  # out of order only where two blocks of 4 meet
+    ["", "a", "a/b", "ab", "\u00e9", "\u4e2d", "z"] * 3,  # empty, nested, non-ASCII, repeated
+    [f"{'x' * (i % 7)}{i % 5}" for i in range(30)],
+])
+def test_name_ranks_are_python_s_order(monkeypatch, names):
+    """Checked in order a few rows at a time (the blocks overlap by a row), else sorted whole:
+    each entry's place is its place in Python's sort of the names (ties by entry)."""
+    monkeypatch.setattr(operation, "_ROWS_AT_ONCE", 4)
+    rows = DiffRows.of(VariableDiff(n, n, n, "equal") for n in names)
+    expected = np.empty(len(names), np.int64)
+    expected[sorted(range(len(names)), key=lambda j: names[j])] = np.arange(len(names))
+    assert rows.name_ranks().tolist() == expected.tolist()

@@ -46,6 +46,7 @@ _INT32_LIMIT = 1 << 31
 _INT64_LIMIT = 1 << 63
 _NO_CRC = -1
 _RECENT_ENTRIES = 4096
+_NBYTES_ROWS = 1 << 12  # rows whose (dtype, shape) pairs variable_nbytes looks up at a time
 
 # BundleEntryProto tags (field << 3 | wire type) and the bit each sets in ``seen``.
 _TAG_DTYPE, _TAG_SHAPE, _TAG_SHARD, _TAG_OFFSET, _TAG_SIZE, _TAG_CRC = 0x08, 0x12, 0x18, 0x20, 0x28, 0x35
@@ -372,6 +373,14 @@ def _scan(read: TableSource) -> CompactIndex:
     )
 
 
+def _distinct(values: Any) -> Any:
+    """The distinct values, sorted (np.unique's, without its import of numpy.ma)."""
+    import numpy as np  # noqa: PLC0415
+
+    out = np.sort(values)
+    return out[np.concatenate(([True], out[1:] != out[:-1]))] if len(out) else out
+
+
 def _by_code(known: dict[int, int]) -> tuple[int, ...]:
     """The values of a dense coding, in code order."""
     out = [0] * len(known)
@@ -545,9 +554,13 @@ class CompactIndex:
 
         if not len(self):
             return self.sizes
-        # once per (dtype, shape) pair present (not per pair possible: many shapes x many dtypes)
-        pairs, inverse = np.unique(self.dtype_codes.astype(np.int64) * len(self.shapes) + self.shape_codes,
-                                   return_inverse=True)
+        # once per (dtype, shape) pair present (not per pair possible: many shapes x many dtypes),
+        # the rows' pairs made a block at a time (no sort of every row's)
+        def pairs_of(block: slice) -> Any:
+            return self.dtype_codes[block].astype(np.int64) * len(self.shapes) + self.shape_codes[block]
+
+        blocks = [slice(at, at + _NBYTES_ROWS) for at in range(0, len(self), _NBYTES_ROWS)]
+        pairs = _distinct(np.concatenate([_distinct(pairs_of(block)) for block in blocks]))
         per = np.full(len(pairs), -1, np.int64)
         for i, pair in enumerate(pairs.tolist()):
             item = m.ITEMSIZE.get(self.dtype_names[pair // len(self.shapes)])
@@ -560,8 +573,9 @@ class CompactIndex:
             if n >= _INT64_LIMIT:
                 raise OverflowError("a variable's size exceeds int64")
             per[i] = n
-        out = per[inverse.reshape(-1)]
-        del inverse
+        out = np.empty(len(self), np.int64)
+        for block in blocks:
+            out[block] = per[np.searchsorted(pairs, pairs_of(block))]
         stored = out < 0
         if stored.any():
             out[stored] = self.sizes[stored]

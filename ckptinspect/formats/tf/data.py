@@ -85,7 +85,7 @@ CHUNK_BYTES = 8 << 20  # bytes read (and checksummed) at a time when checking
 # (CKPTINSPECT_WORKERS, as diff, scan and average; google-crc32c and reads release the GIL),
 # in batches of about BATCH_BYTES.
 BATCH_BYTES = 8 << 20
-BATCH_ITEMS = 1024  # and at most this many runs a batch (100,000 tiny tensors are not one batch)
+BATCH_ITEMS = 256  # and at most this many runs a batch (100,000 tiny tensors: few runs in flight at once)
 _UINT32_MAX = 0xFFFFFFFF
 READ_CHUNK_BYTES = 64 << 20  # bytes read (and checksummed) per positioned read of a whole value
 # What TensorFlow's reader returns for the dtypes numpy and the model's table do not name:
@@ -492,6 +492,13 @@ class _ColumnItems(Sequence[_Item]):
 
         self._index, self._names = index, names
         rows = np.flatnonzero(index.problem_codes == 0)  # the others are reported by the index parser
+        if len(index.shard_numbers) <= 1:  # one shard: in file order already when the offsets never fall
+            offsets = index.offsets[rows]
+            ordered = bool((offsets[1:] >= offsets[:-1]).all())
+            del offsets
+            if ordered:  # ties: rows rise with keys, as the sort below leaves them
+                self._rows = rows
+                return
         shards = np.asarray(index.shard_numbers, np.int64)[index.shard_codes[rows]] if len(rows) else rows
         self._rows = rows[np.lexsort((rows, index.offsets[rows], shards))]  # rows rise with keys
 
@@ -519,9 +526,11 @@ class _ColumnItems(Sequence[_Item]):
         import numpy as np  # noqa: PLC0415
 
         index, rows = self._index, self._rows
-        ends = index.offsets[rows] + index.sizes[rows]
-        codes = index.shard_codes[rows]
-        return {index.shard_numbers[c]: int(ends[codes == c].max()) for c in np.unique(codes).tolist()}
+        top = np.full(len(index.shard_numbers), -1, np.int64)
+        for start in range(0, len(rows), _ROWS_AT_A_TIME):  # a block of rows at a time
+            chosen = rows[start:start + _ROWS_AT_A_TIME]
+            np.maximum.at(top, index.shard_codes[chosen], index.offsets[chosen] + index.sizes[chosen])
+        return {index.shard_numbers[c]: int(top[c]) for c in np.flatnonzero(top >= 0).tolist()}
 
 
 _ROWS_AT_A_TIME = 4096

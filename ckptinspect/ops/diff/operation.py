@@ -253,6 +253,7 @@ class DiffRows(LazySequence[VariableDiff]):
         self._made: tuple[VariableDiff, ...] | None = None  # rows given whole (DiffRows.of)
         self.order: Any = np.arange(n, dtype=_index_dtype(n))
         self._layers: tuple[LayerDiff, ...] | None = None
+        self._moved: tuple[tuple[LayerDiff, ...], int] | None = None
 
     @classmethod
     def of(cls, rows: Iterable[VariableDiff]) -> DiffRows:
@@ -310,7 +311,7 @@ class DiffRows(LazySequence[VariableDiff]):
         c = _NUMBERS.index(field)
         pattern_values = np.array([0.0 if p[c] is None else float(p[c]) for p in self._patterns] + [0.0])
         pattern_present = np.array([p[c] is not None for p in self._patterns] + [False])
-        codes = self.kind.astype(np.int32) - 1  # kind 0: -1, the last (filled below)
+        codes = np.subtract(self.kind, 1, dtype=np.int16)  # kind 0: -1, the last (filled below)
         values, present = pattern_values[codes], pattern_present[codes]
         del codes
         for block, (floats, counts) in self._blocks.items():
@@ -404,17 +405,21 @@ class DiffRows(LazySequence[VariableDiff]):
         """Order the rows as the report shows them: status (changed first, equal last), then
         movement, largest ``max_abs_diff``, name (a stable sort: read order breaks ties)."""
         status = self.status
-        equal = status == _EQUAL_CODE
-        rel, has_rel = self.column("rel_l2")
-        mabs, has_abs = self.column("max_abs_diff")
-        mismatch = self.column("nonfinite_mismatch")[0] > 0
-        movement = np.where(has_rel, rel, np.where(has_abs & (mabs != 0), np.inf, 0.0))
-        movement = np.where(mismatch, np.inf, movement)
-        movement[equal] = 0.0
-        del equal, mismatch
-        biggest = np.where(has_abs, mabs, 0.0)
-        ranks = self.name_ranks()
-        self.order = np.lexsort((ranks, -biggest, -movement, _RANK_OF_CODE[status])).astype(_index_dtype(len(status)))
+        ranks = self.name_ranks()  # first: its own columns gone before the numbers' are made
+        # the columns are 0 where a number is None: movement and biggest made in place in them
+        movement, has_rel = self.column("rel_l2")
+        biggest = self.column("max_abs_diff")[0]
+        movement[~has_rel & (biggest != 0)] = np.inf
+        del has_rel
+        movement[self.column("nonfinite_mismatch")[0] > 0] = np.inf
+        movement[status == _EQUAL_CODE] = 0.0
+        np.negative(movement, out=movement)
+        np.negative(biggest, out=biggest)
+        # lexsort is stable: a key of one value, or names already in entry order, orders nothing
+        keys = [k for k in (ranks, biggest, movement, _RANK_OF_CODE[status]) if not _orders_nothing(k, k is ranks)]
+        del ranks, biggest, movement
+        n = len(status)
+        self.order = np.lexsort(keys).astype(_index_dtype(n)) if keys else np.arange(n, dtype=_index_dtype(n))
 
     def _packed_names(self) -> tuple[bytes, Any, Any]:
         """Every entry's name as UTF-8 in one buffer: the buffer, each name's start and length (a
@@ -423,7 +428,9 @@ class DiffRows(LazySequence[VariableDiff]):
         if not self.shown and isinstance(a, VariableTable) and bool((self.pos_a >= 0).all()):
             rows = self.pos_a if a.rows is None else a.rows[self.pos_a]
             start, stop = _bounds(a.name_ends, rows)
-            return a.names, start, stop - start
+            del rows
+            stop -= start  # the lengths (no third column)
+            return a.names, start, stop
         n = len(self.pos_a)
         packed = bytearray()
         ends = np.empty(n, np.int64)
@@ -431,7 +438,7 @@ class DiffRows(LazySequence[VariableDiff]):
         for j in range(n):
             packed += name(j).encode("utf-8", "surrogatepass")
             ends[j] = len(packed)
-        start = np.concatenate(([0], ends[:-1])).astype(np.int64)
+        start = np.concatenate(([0], ends[:-1]))[:n].astype(np.int64)  # no entry: no start
         return bytes(packed), start, ends - start
 
     def name_ranks(self) -> Any:
@@ -440,15 +447,13 @@ class DiffRows(LazySequence[VariableDiff]):
         packed, starts, lengths = self._packed_names()
         widest = int(lengths.max()) if n else 0
         if widest and n * widest <= _NAME_SORT_BYTES and b"\0" not in packed:
-            fixed = np.zeros((n, widest), np.uint8)
             buf = np.frombuffer(packed, np.uint8)
-            for column in range(widest):  # UTF-8 bytes sort as their code points do
-                has = lengths > column
-                fixed[has, column] = buf[starts[has] + column]
-            del starts, lengths
-            keys = fixed.view(f"S{widest}").reshape(-1)
-            if bool((keys[1:] >= keys[:-1]).all()):  # in order already
+            if all(_names_in_order(buf, starts[max(first - 1, 0):first + _ROWS_AT_ONCE],
+                                   lengths[max(first - 1, 0):first + _ROWS_AT_ONCE])
+                   for first in range(0, n, _ROWS_AT_ONCE)):  # in order already (no matrix of every name)
                 return np.arange(n, dtype=_index_dtype(n))
+            keys = _fixed_names(buf, starts, lengths)
+            del starts, lengths
             by_name = np.argsort(keys, kind="stable")
         else:
             del starts, lengths
@@ -462,6 +467,16 @@ class DiffRows(LazySequence[VariableDiff]):
         if self._layers is None:
             self._layers = _layers_of(self)
         return self._layers
+
+    def moved_layers(self) -> tuple[tuple[LayerDiff, ...], int]:
+        """The leading part of :meth:`layers` whose layers have changed variables, and how many
+        layers there are: what the table shows, without an object per unchanged layer."""
+        if self._layers is not None:
+            return tuple(s for s in self._layers if s.changed), len(self._layers)
+        if self._moved is None:
+            columns = _LayerColumns(self)
+            self._moved = (tuple(columns.moved()), len(columns))
+        return self._moved
 
 
 _Fields = tuple[str, str, tuple[int, ...], str, str]  # key, name, shape, dtype, role
@@ -488,9 +503,36 @@ def _side_block(side: Sequence[Variable], positions: Any) -> list[_Fields | None
     return out
 
 
+def _orders_nothing(key: Any, rising: bool) -> bool:
+    """Whether a sort key leaves a stable sort's order as it is: every value the same, or (when
+    ``rising`` may be so) each value above the one before."""
+    if len(key) < 2:
+        return True
+    return bool((key[1:] > key[:-1]).all()) if rising else bool((key == key[0]).all())
+
+
+def _fixed_names(buf: Any, starts: Any, lengths: Any) -> Any:
+    """Names (no NUL in them) as fixed-width bytes (numpy ``S``), which sort as UTF-8 bytes, as
+    their code points do."""
+    widest = max(int(lengths.max()) if len(lengths) else 0, 1)  # S0 is no type: empty names as one NUL
+    fixed = np.zeros((len(starts), widest), np.uint8)
+    for column in range(widest):
+        has = lengths > column
+        fixed[has, column] = buf[starts[has] + column]
+    return fixed.view(f"S{widest}").reshape(-1)
+
+
+def _names_in_order(buf: Any, starts: Any, lengths: Any) -> bool:
+    """Whether the names (no NUL in them) are in order, each at most the next."""
+    keys = _fixed_names(buf, starts, lengths)
+    return bool((keys[1:] >= keys[:-1]).all())
+
+
 def _bounds(ends: Any, rows: Any) -> tuple[Any, Any]:
     """Start and end offsets of ``rows`` in a packed buffer with ``ends``."""
-    return np.where(rows > 0, ends[np.maximum(rows - 1, 0)], 0), ends[rows]
+    start = ends[np.maximum(rows - 1, 0)]
+    start[rows == 0] = 0
+    return start, ends[rows]
 
 
 def _texts(buf: bytes, ends: Any, rows: Any) -> list[str]:
@@ -499,43 +541,107 @@ def _texts(buf: bytes, ends: Any, rows: Any) -> list[str]:
     return [buf[i:j].decode("utf-8", "surrogatepass") for i, j in zip(start.tolist(), stop.tolist())]
 
 
-def _layers_of(rows: DiffRows) -> tuple[LayerDiff, ...]:
-    n = len(rows.pos_a)
-    codes = np.empty(n, np.int32)
-    seen: dict[bytes, int] = {}
+class _LayerColumns:
+    """Every layer's numbers in columns (a layer is the bytes of a name before its last "/";
+    UTF-8 keeps it whole), and each layer's name where one of its entries' names starts: no
+    object per layer until one is shown."""
+
+    def __init__(self, rows: DiffRows):
+        self.packed, codes, self.start, self.cut = _layer_codes(rows)
+        k = len(self.cut)
+        self.variables = np.bincount(codes, minlength=k)
+        differs = np.flatnonzero(rows.status != _EQUAL_CODE)  # the entries that differ, and their layers
+        codes = codes[differs]
+        self.changed = np.bincount(codes, minlength=k)
+        self.moved_codes = np.flatnonzero(self.changed)  # the layers with changes (their numbers below)
+        at = np.searchsorted(self.moved_codes, codes)
+        del codes
+        self.best = {}
+        for field in ("rel_l2", "max_abs_diff"):
+            top = np.full(len(self.moved_codes), -np.inf)
+            present = np.zeros(len(self.moved_codes), bool)
+            if len(differs):
+                values, has = rows.column(field)
+                values, has = values[differs], has[differs]
+                np.maximum.at(top, at[has], values[has])
+                present[at[has]] = True
+            self.best[field] = (top, present)
+
+    def __len__(self) -> int:
+        return len(self.cut)
+
+    def name(self, c: int) -> str:
+        start = int(self.start[c])
+        return self.packed[start:start + int(self.cut[c])].decode("utf-8", "surrogatepass")
+
+    def layer(self, c: int) -> LayerDiff:
+        """Layer ``c``'s summary (the largest movements: of its variables that differ)."""
+        i = int(np.searchsorted(self.moved_codes, c))
+        moved = i < len(self.moved_codes) and int(self.moved_codes[i]) == c
+        rel, abs_ = self.best["rel_l2"], self.best["max_abs_diff"]
+        return LayerDiff(layer=self.name(c), variables=int(self.variables[c]), changed=int(self.changed[c]),
+                         max_rel_l2=float(rel[0][i]) if moved and rel[1][i] else None,
+                         max_abs_diff=float(abs_[0][i]) if moved and abs_[1][i] else None)
+
+    def moved(self) -> list[LayerDiff]:
+        """The layers some of whose variables differ, the most movement first (as :func:`_layers_of`)."""
+        out = [self.layer(c) for c in self.moved_codes.tolist()]
+        out.sort(key=lambda s: (-(s.max_rel_l2 or 0.0), -s.changed, s.layer))
+        return out
+
+
+def _layer_codes(rows: DiffRows) -> tuple[bytes, Any, Any, Any]:
+    """The entries' names packed (:meth:`DiffRows._packed_names`), each entry's layer code, and
+    where each layer's name starts in them and its length in bytes: the layers told apart by
+    their bytes' hashes, each entry's checked against its layer's first (a collision: a dict of
+    the layers' bytes instead)."""
     packed, starts, lengths = rows._packed_names()
-    for first in range(0, n, _ROWS_AT_ONCE):  # a layer is the bytes before the last "/" (UTF-8 keeps it whole)
+    n = len(starts)
+    hashes = np.empty(n, np.int64)
+    cut = np.empty(n, np.int32 if n and int(lengths.max()) <= _INT32_MAX else np.int64)
+    for first in range(0, n, _ROWS_AT_ONCE):
         block = slice(first, first + _ROWS_AT_ONCE)
-        at = starts[block].tolist()
-        for j, (s, size) in enumerate(zip(at, lengths[block].tolist()), first):
-            layer = packed[s:s + size].rpartition(b"/")[0]
-            code = seen.get(layer)
-            if code is None:
-                code = seen[layer] = len(seen)
-            codes[j] = code
-    del starts, lengths
-    known = {layer.decode("utf-8", "surrogatepass"): code for layer, code in seen.items()}
-    k = len(known)
-    differs = rows.status != _EQUAL_CODE
-    variables = np.bincount(codes, minlength=k)
-    changed = np.bincount(codes[differs], minlength=k)
-    best = {}
-    for field in ("rel_l2", "max_abs_diff"):
-        values, present = rows.column(field)
-        chosen = differs & present
-        top = np.full(k, -np.inf)
-        np.maximum.at(top, codes[chosen], values[chosen])
-        present = np.zeros(k, bool)
-        present[codes[chosen]] = True
-        best[field] = (top, present)
-    out = [
-        LayerDiff(layer=layer, variables=int(variables[c]), changed=int(changed[c]),
-                  max_rel_l2=float(best["rel_l2"][0][c]) if best["rel_l2"][1][c] else None,
-                  max_abs_diff=float(best["max_abs_diff"][0][c]) if best["max_abs_diff"][1][c] else None)
-        for layer, c in known.items()
-    ]
-    out.sort(key=lambda s: (0 if s.changed else 1, -(s.max_rel_l2 or 0.0), -s.changed, s.layer))
-    return tuple(out)
+        cuts = [max(packed.rfind(b"/", s, s + size), s) - s
+                for s, size in zip(starts[block].tolist(), lengths[block].tolist())]
+        cut[block] = cuts
+        hashes[block] = [hash(packed[s:s + c]) for s, c in zip(starts[block].tolist(), cuts)]
+    del lengths
+    order = np.argsort(hashes, kind="stable")  # np.unique's work, with fewer columns of every entry's
+    hashes.sort()  # in place: as hashes[order]
+    new = np.empty(n, bool)
+    new[:1] = True
+    np.not_equal(hashes[1:], hashes[:-1], out=new[1:])
+    del hashes
+    codes = np.empty(n, np.int32)
+    codes[order] = np.cumsum(new, dtype=np.int32) - 1
+    firsts = order[new]  # the first entry of each layer (the sort is stable)
+    del order, new
+    cut_of_layer = cut[firsts]
+    same = bool((cut == cut_of_layer[codes]).all())
+    for first in range(0, n, _ROWS_AT_ONCE):
+        if not same:
+            break
+        block = slice(first, first + _ROWS_AT_ONCE)
+        reps = starts[firsts[codes[block]]].tolist()
+        same = all(packed[s:s + c] == packed[r:r + c]
+                   for s, c, r in zip(starts[block].tolist(), cut[block].tolist(), reps))
+    if not same:
+        seen: dict[bytes, int] = {}
+        for j, (s, c) in enumerate(zip(starts.tolist(), cut.tolist())):
+            codes[j] = seen.setdefault(packed[s:s + c], len(seen))
+        firsts = np.full(len(seen), n, np.int64)
+        np.minimum.at(firsts, codes, np.arange(n))
+        cut_of_layer = cut[firsts]
+    return packed, codes, starts[firsts], cut_of_layer
+
+
+def _layers_of(rows: DiffRows) -> tuple[LayerDiff, ...]:
+    """Every layer, the moved ones first (:meth:`_LayerColumns.moved`), then the others by name."""
+    columns = _LayerColumns(rows)
+    moved = columns.moved()
+    still = [columns.layer(c) for c in np.flatnonzero(columns.changed == 0).tolist()]
+    still.sort(key=lambda s: s.layer)
+    return (*moved, *still)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -597,6 +703,12 @@ class DiffReport:
     def layers(self) -> tuple[LayerDiff, ...]:
         """Per-layer summaries, layers with the most movement first."""
         return self.variables.layers()  # type: ignore[attr-defined]
+
+    @property
+    def moved_layers(self) -> tuple[tuple[LayerDiff, ...], int]:
+        """The layers with changed variables (the start of :attr:`layers`) and how many layers
+        there are, without the unchanged layers' summaries (the table's footer)."""
+        return self.variables.moved_layers()  # type: ignore[attr-defined]
 
     @property
     def verdict(self) -> str:

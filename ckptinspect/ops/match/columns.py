@@ -23,7 +23,7 @@ from .stages import HOW_KEY, Item, Pair
 
 __all__ = ["KeyPairs", "key_join", "items_at", "keys_are_plain_names"]
 
-CHUNK = 1 << 16  # keys hashed and compared this many at a time (no list of a million ints)
+CHUNK = 1 << 12  # keys hashed and compared this many at a time (no list of many ints, no big gather)
 
 
 def _key_columns(table: m.VariableTable) -> tuple[bytes, Any]:
