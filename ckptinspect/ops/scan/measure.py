@@ -48,7 +48,7 @@ AHEAD_PER_WORKER = 8
 # A chain goes to the threads when one of its values holds at least this many bytes; the others
 # are measured in the calling thread. A small value's read, checksum and sums each release the
 # GIL for microseconds: too short for a second thread to use, while each hand-over of the GIL
-# between threads costs about as much. Measured on 5-checkpoint runs of 200 MB (medians of 7,
+# between threads costs about as much. Measured on 5-checkpoint runs of 200 MB (medians of 5-7,
 # two threads vs one): 100 KB values 1.16-1.3 s vs 0.96 s, 200 KB 0.78 vs 0.57, 256 KB 0.67 vs
 # 0.52, 512 KB even (two threads: 20-35% more CPU), 1 MB 0.42 vs 0.49, 2 MB 0.43 vs 0.54, 16 MB 0.53
 # vs 0.70.
