@@ -236,3 +236,17 @@ def test_what_is_kept_for_the_check_goes_with_the_checkpoint(tmp_path):
     ref, key = opened()
     gc.collect()
     assert ref() is None and key not in bundle._OPENED  # noqa: SLF001
+
+
+def test_a_remote_bundle_keeps_nothing_for_the_check(tmp_path, monkeypatch):
+    """Nothing is kept (so nothing read again) for a remote checkpoint: its reads are requests."""
+    from ckptinspect.formats.tf import bundle
+
+    prefix = _copy(tmp_path)
+    monkeypatch.setattr(bundle._fs, "is_remote", lambda p: True)  # noqa: SLF001
+    monkeypatch.setattr(bundle, "_graph_bytes", lambda *a: pytest.fail("read for the check"))
+    ckpt = bundle.open_bundle(prefix)
+    try:
+        assert id(ckpt.source._index) not in bundle._OPENED  # noqa: SLF001
+    finally:
+        ckpt.close()

@@ -525,10 +525,12 @@ def open_bundle(
     if _fs.isdir(prefix + INDEX_SUFFIX):
         raise NotACheckpointError(f"{prefix}{INDEX_SUFFIX}: is a directory, not an index file")
     index = read_index(prefix)
-    try:
-        graph: bytes | None | bool = _graph_bytes(prefix, index)
-    except (CkptError, OSError):
-        graph = False  # unreadable: build_variables says so, nothing is kept for the check
+    graph: bytes | None | bool = False  # False: nothing kept for the check (a remote bundle: no extra requests)
+    if not _fs.is_remote(prefix):
+        try:
+            graph = _graph_bytes(prefix, index)
+        except (CkptError, OSError):
+            pass  # unreadable: build_variables says so
     variables, info = build_variables(prefix, index)
     candidates = step_candidates(prefix, index, variables)
     step, source = training_step(candidates)
