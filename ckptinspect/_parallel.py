@@ -15,7 +15,7 @@ import os
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, TypeVar
 
 if TYPE_CHECKING:  # the pool is imported when one is started (`ls` of a TF bundle reaches this module, never a pool)
-    from concurrent.futures import Future
+    from concurrent.futures import Future, ThreadPoolExecutor
 
 __all__ = ["WORKERS", "ordered_map"]
 
@@ -43,7 +43,8 @@ def _default_workers() -> int:
 WORKERS = _default_workers()
 
 
-def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int | None = None, ahead: int | None = None) -> Iterator[R]:
+def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int | None = None, ahead: int | None = None,
+                inline: Callable[[T], bool] | None = None) -> Iterator[R]:
     """``fn`` of every item, computed by up to ``workers`` threads, yielded in input order.
 
     The items are drawn from ``items`` in the calling thread, lazily: at most ``ahead`` of
@@ -58,6 +59,10 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int | None = 
         workers: Threads (default :data:`WORKERS`); 1 computes each item in the calling
             thread when it is yielded, with no pool.
         ahead: Items in flight at most (default ``2 * workers``).
+        inline: Items it is true of are computed in the calling thread when their turn comes
+            (no hand-over to a thread), while the threads work on the other items drawn ahead
+            of them; the pool starts with the first item it is false of. None: every item
+            goes to the threads.
 
     Yields:
         ``fn(item)`` for each item, in order.
@@ -67,11 +72,10 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int | None = 
         for item in items:
             yield fn(item)
         return
-    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415 - see TYPE_CHECKING above
-
     limit = max(workers, ahead if ahead is not None else 2 * workers)
-    in_flight: collections.deque[Future[R]] = collections.deque()
-    pool = ThreadPoolExecutor(workers, thread_name_prefix="ckptinspect")
+    # each item in flight: its future, or (None, the item) when the calling thread computes it
+    in_flight: collections.deque[tuple[Future[R] | None, T | None]] = collections.deque()
+    pool: ThreadPoolExecutor | None = None
     try:
         source = iter(items)
         exhausted = False
@@ -82,9 +86,18 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int | None = 
                 except StopIteration:
                     exhausted = True
                     break
-                in_flight.append(pool.submit(fn, item))
+                if inline is not None and inline(item):
+                    in_flight.append((None, item))
+                    continue
+                if pool is None:
+                    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415 - see TYPE_CHECKING above
+
+                    pool = ThreadPoolExecutor(workers, thread_name_prefix="ckptinspect")
+                in_flight.append((pool.submit(fn, item), None))
             if not in_flight:
                 return
-            yield in_flight.popleft().result()
+            future, item = in_flight.popleft()
+            yield fn(item) if future is None else future.result()  # type: ignore[arg-type]
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)

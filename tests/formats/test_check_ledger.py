@@ -159,3 +159,94 @@ def test_other_reads_leave_no_verdict(tmp_path):
         _flip(prefix + ".data-00000-of-00001", item.offset)
         seen = prepare_check(prefix)[1].run(seen=ckpt)
     assert [d.key for d in seen.damaged] == [item.key]
+
+
+def _plan(prefix: str):
+    """verify's plan as (key, name, slice) of each run, its damage and step."""
+    check = prepare_check(prefix)[1]
+    return [(it.key, it.name, it.slice) for it in check.items], [(d.key, d.name) for d in check.damaged], check.step
+
+
+def _counting_builds(monkeypatch) -> list[str]:
+    from ckptinspect.formats.tf import bundle
+
+    built = []
+    real = bundle.build_variables
+
+    def counting(prefix, index):
+        built.append(prefix)
+        return real(prefix, index)
+
+    monkeypatch.setattr(bundle, "build_variables", counting)
+    return built
+
+
+def test_the_check_of_an_open_checkpoint_takes_its_variables(tmp_path, monkeypatch):
+    """scan opens a checkpoint, reads it, then plans verify's check of it: the plan takes the
+    variables the open checkpoint built (same index object, prefix and object graph bytes)
+    instead of building them a second time; the plan is the one built afresh."""
+    from ckptinspect.formats.tf import bundle
+
+    prefix = _copy(tmp_path)
+    with open_checkpoint(prefix) as ckpt:
+        assert ckpt.info["kind"] == "tf2-object"  # names from the object graph
+        built = _counting_builds(monkeypatch)
+        taken = _plan(prefix)
+        assert built == []
+        with monkeypatch.context() as patch:
+            patch.setattr(bundle, "_remembered", lambda *a: None)
+            assert _plan(prefix) == taken
+        assert built == [prefix]
+    assert taken[0] and all(name for _, name, _ in taken[0])
+
+
+def test_an_object_graph_changed_since_the_open_is_read_again(tmp_path, monkeypatch):
+    """The names come from the object graph in the data file: bytes changed there since the
+    checkpoint was opened (its index the same) make the plan build the variables again."""
+    from ckptinspect.formats.tf import bundle
+
+    prefix = _copy(tmp_path)
+    graph = next(it for it in prepare_check(prefix)[1].items if it.key == "_CHECKPOINTABLE_OBJECT_GRAPH")
+    with open_checkpoint(prefix) as ckpt:
+        built = _counting_builds(monkeypatch)
+        _flip(prefix + ".data-00000-of-00001", graph.offset + graph.size // 2)
+        changed = _plan(prefix)
+        assert built == [prefix]
+        with monkeypatch.context() as patch:
+            patch.setattr(bundle, "_remembered", lambda *a: None)
+            assert _plan(prefix) == changed
+        assert ckpt.variables
+
+
+def test_what_is_kept_for_the_check_goes_with_the_checkpoint(tmp_path):
+    import gc
+    import weakref
+
+    from ckptinspect.formats.tf import bundle
+
+    prefix = _copy(tmp_path)
+
+    def opened() -> tuple[weakref.ref, int]:
+        ckpt = open_checkpoint(prefix)
+        index = ckpt.source._index  # noqa: SLF001 - the object the variables are kept by
+        assert id(index) in bundle._OPENED  # noqa: SLF001
+        ckpt.close()
+        return weakref.ref(index), id(index)
+
+    ref, key = opened()
+    gc.collect()
+    assert ref() is None and key not in bundle._OPENED  # noqa: SLF001
+
+
+def test_a_remote_bundle_keeps_nothing_for_the_check(tmp_path, monkeypatch):
+    """Nothing is kept (so nothing read again) for a remote checkpoint: its reads are requests."""
+    from ckptinspect.formats.tf import bundle
+
+    prefix = _copy(tmp_path)
+    monkeypatch.setattr(bundle._fs, "is_remote", lambda p: True)  # noqa: SLF001
+    monkeypatch.setattr(bundle, "_graph_bytes", lambda *a: pytest.fail("read for the check"))
+    ckpt = bundle.open_bundle(prefix)
+    try:
+        assert id(ckpt.source._index) not in bundle._OPENED  # noqa: SLF001
+    finally:
+        ckpt.close()

@@ -83,3 +83,56 @@ def test_float_sums_merged_in_order_give_the_same_bits_with_any_worker_count():
         return s
 
     assert total(1) == total(2) == total(3)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_inline_items_are_computed_in_the_calling_thread_in_order(workers):
+    """Items the ``inline`` predicate is true of (here the even ones) are computed by the calling
+    thread, the others by the pool's threads; the results still come in input order."""
+    where = {}
+
+    def fn(i):
+        where[i] = threading.current_thread().name
+        time.sleep(0.001 * (i % 3))
+        return i * 10
+
+    out = list(ordered_map(fn, range(12), workers=workers, inline=lambda i: i % 2 == 0))
+    assert out == [i * 10 for i in range(12)]
+    me = threading.current_thread().name
+    assert all(where[i] == me for i in range(0, 12, 2))
+    if workers > 1:
+        assert all(where[i] != me and where[i].startswith("ckptinspect") for i in range(1, 12, 2))
+
+
+def test_no_pool_is_started_when_every_item_is_inline(monkeypatch):
+    import concurrent.futures
+
+    started = []
+    real = concurrent.futures.ThreadPoolExecutor
+
+    class Counting(real):
+        def __init__(self, *a, **kw):
+            started.append(a)
+            super().__init__(*a, **kw)
+
+    monkeypatch.setattr(concurrent.futures, "ThreadPoolExecutor", Counting)
+    assert list(ordered_map(lambda i: i + 1, range(5), workers=2, inline=lambda i: True)) == [1, 2, 3, 4, 5]
+    assert started == []
+    assert list(ordered_map(lambda i: i + 1, range(5), workers=2, inline=lambda i: i == 3)) == [1, 2, 3, 4, 5]
+    assert started == [(2,)]
+
+
+def test_an_inline_error_is_raised_at_its_position_and_the_threads_are_joined():
+    before = threading.active_count()
+
+    def fn(i):
+        if i == 4:
+            raise ValueError("item 4")
+        return i
+
+    seen = []
+    with pytest.raises(ValueError, match="item 4"):
+        for r in ordered_map(fn, range(10), workers=2, ahead=4, inline=lambda i: i % 4 == 0):
+            seen.append(r)
+    assert seen == [0, 1, 2, 3]
+    assert threading.active_count() == before

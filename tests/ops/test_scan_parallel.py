@@ -86,8 +86,11 @@ def small_blocks(monkeypatch):
     monkeypatch.setattr(scan_measure, "LOCKSTEP_BLOCK_CHUNKS", 3)
 
 
-def _scan(path, monkeypatch, workers: int, **kw) -> dict:
+def _scan(path, monkeypatch, workers: int, threaded_from: int = 0, **kw) -> dict:
+    """The report as JSON; with several workers, the chains with a value of ``threaded_from``
+    bytes or more go to the threads (default: every chain, whatever its size)."""
     monkeypatch.setattr(_parallel, "WORKERS", workers)
+    monkeypatch.setattr(scan_measure, "THREAD_MIN_BYTES", threaded_from)
     return ckptinspect.scan(str(path), **kw).to_dict()
 
 
@@ -117,6 +120,78 @@ def test_one_or_two_workers_same_bits(run, monkeypatch, request, blocks):
     assert one["first_nonfinite"]["number"] == NAN_FROM and one["first_nonfinite"]["variables"] == ["nanvar"]
 
 
+# the run's values by size: "wide" 5,600 bytes, "moving" 4,800, "partial" 4,000, the others 2,000 or less
+LARGE = {"wide", "moving", "partial"}
+LARGE_FROM = 4000
+
+
+def _chain_threads(monkeypatch) -> dict[str, set[str]]:
+    """Record which thread measures each key's chain (by variable name)."""
+    threads: dict[str, set[str]] = {}
+    real = scan_measure._chain
+
+    def chain(key, window, *rest):
+        name = window[0][1][key].name if key in window[0][1] else key
+        threads.setdefault(name, set()).add(threading.current_thread().name)
+        return real(key, window, *rest)
+
+    monkeypatch.setattr(scan_measure, "_chain", chain)
+    return threads
+
+
+def test_small_chains_are_measured_in_the_calling_thread_large_ones_by_the_threads(run, monkeypatch):
+    """The policy: a chain with a value of THREAD_MIN_BYTES or more goes to the threads, the
+    others stay in the calling thread; the report is the one-thread report's bits."""
+    one = _scan(run, monkeypatch, 1)
+    threads = _chain_threads(monkeypatch)
+    two = _scan(run, monkeypatch, 2, threaded_from=LARGE_FROM)
+    _same_bits(one, two)
+    main = threading.main_thread().name
+    assert {n for n, t in threads.items() if t != {main}} == LARGE
+    assert all(t.startswith("ckptinspect") for n in LARGE for t in threads[n])
+    assert {"frozen", "nanvar", "count", "flags", "zeros"} <= {n for n, t in threads.items() if t == {main}}
+
+
+def test_a_run_of_small_values_starts_no_thread(run, monkeypatch):
+    """Every value under THREAD_MIN_BYTES: no pool is started, not by the measuring nor by the
+    verify check fed by scan's reads (every verdict known, nothing left to read)."""
+    import concurrent.futures
+
+    started = []
+    real = concurrent.futures.ThreadPoolExecutor
+
+    class Counting(real):
+        def __init__(self, *a, **kw):
+            started.append(a)
+            super().__init__(*a, **kw)
+
+    monkeypatch.setattr(concurrent.futures, "ThreadPoolExecutor", Counting)
+    report = _scan(run, monkeypatch, 2, threaded_from=scan_measure.THREAD_MIN_BYTES)
+    assert [s["status"] for s in report["steps"]] == ["intact"] * len(STEPS)
+    assert started == []
+    _scan(run, monkeypatch, 2, threaded_from=LARGE_FROM)  # and the spy sees a pool when there is one
+    assert started
+
+
+def test_tasks_mark_the_chains_of_large_values_for_the_threads(run, monkeypatch):
+    ckpts = [open_checkpoint(str(p)[: -len(".index")]) for p in sorted(run.glob("ckpt-*.index"))]
+    try:
+        window = [(c, {v.key: v for v in c.variables}) for c in ckpts]
+        keys = list(window[0][1])
+        names = {k: window[0][1][k].name for k in keys}
+        largest = {k: max(by[k].size * m.ITEMSIZE[by[k].dtype] for _, by in window if k in by) for k in keys}
+        monkeypatch.setattr(scan_measure, "THREAD_MIN_BYTES", LARGE_FROM)
+        tasks = list(scan_measure._tasks(keys, window))
+        assert [k for t in tasks for k in t.keys] == keys
+        threaded = [t.keys for t in tasks if t.threaded]
+        assert all(len(t) == 1 for t in threaded)
+        assert {names[t[0]] for t in threaded} == LARGE
+        assert all(largest[k] < LARGE_FROM for t in tasks if not t.threaded for k in t.keys)
+    finally:
+        for c in ckpts:
+            c.close()
+
+
 @pytest.mark.parametrize("task_bytes", [1, 1 << 40])
 def test_tasks_of_one_or_of_every_chain_same_bits(run, monkeypatch, task_bytes):
     """Small chains go to a thread in runs of consecutive keys (TASK_BYTES): one chain per task
@@ -134,7 +209,7 @@ def test_tasks_keep_key_order_and_their_bound(run, monkeypatch):
         held = {k: sum(by[k].size * m.ITEMSIZE[by[k].dtype] for _, by in window if k in by) for k in keys}
         bound = sorted(held.values())[len(held) // 2]  # some keys over it: alone in their task
         monkeypatch.setattr(scan_measure, "TASK_BYTES", bound)
-        tasks = list(scan_measure._tasks(keys, window))
+        tasks = [t.keys for t in scan_measure._tasks(keys, window)]
         assert [k for t in tasks for k in t] == keys
         assert all(len(t) == 1 or sum(held[k] for k in t) <= bound for t in tasks)
         assert any(len(t) > 1 for t in tasks) and any(held[t[0]] > bound for t in tasks if len(t) == 1)

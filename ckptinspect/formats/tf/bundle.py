@@ -15,7 +15,8 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
-from typing import TYPE_CHECKING, Callable, Iterator
+import weakref
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from ... import model as m
 from ...errors import (
@@ -460,6 +461,54 @@ def _huge(boxes) -> bool:
     return any(hi >= 1 << 62 for b in boxes for _, hi in b)
 
 
+# The variables of the bundles open now, for verify's plan of the same checkpoint (``scan``
+# opens each checkpoint, reads it, then checks it): by index object (read_index gives the same
+# object for the same bytes while a checkpoint holds it), with the rest of what their names and
+# roles depend on: the prefix and a TF2 bundle's object graph, as bytes. The plan takes them only
+# when all three are the same; nothing is kept beyond what the open checkpoint holds anyway.
+_OPENED: dict[int, tuple[weakref.ref, str, bytes | None, Any]] = {}
+
+
+def _graph_bytes(prefix: str, index: BundleIndex | CompactIndex) -> bytes | None:
+    """The object graph's stored bytes (None: a name-based bundle, which has none).
+
+    Raises:
+        CkptError, OSError: They cannot be read (the variables are then built as ever).
+    """
+    if isinstance(index, CompactIndex):
+        row = index.graph_row()
+        entry = None if row is None else index.entry_at(row)
+    else:
+        entry = next((e for e in index.entries if e.key == OBJECT_GRAPH_KEY), None)
+    if entry is None:
+        return None
+    return read_raw(prefix, index.num_shards, entry, limit=MAX_OBJECT_GRAPH_BYTES)
+
+
+def _remember(prefix: str, index: BundleIndex | CompactIndex, graph: bytes | None, variables: Any) -> None:
+    """Keep an open bundle's variables for its check, built with ``graph`` read before (and read
+    again now: the same bytes, or nothing is kept)."""
+    try:
+        if _graph_bytes(prefix, index) != graph:
+            return
+    except (CkptError, OSError):
+        return
+    key = id(index)
+    _OPENED[key] = (weakref.ref(index, lambda _, key=key: _OPENED.pop(key, None)), prefix, graph, variables)
+
+
+def _remembered(prefix: str, index: BundleIndex | CompactIndex) -> Any:
+    """The variables an open checkpoint of this prefix built from this index and the object
+    graph its data holds now, or None."""
+    held = _OPENED.get(id(index))
+    if held is None or held[0]() is not index or held[1] != prefix:
+        return None
+    try:
+        return held[3] if _graph_bytes(prefix, index) == held[2] else None
+    except (CkptError, OSError):
+        return None
+
+
 def open_bundle(
     prefix: str,
     *,
@@ -476,6 +525,12 @@ def open_bundle(
     if _fs.isdir(prefix + INDEX_SUFFIX):
         raise NotACheckpointError(f"{prefix}{INDEX_SUFFIX}: is a directory, not an index file")
     index = read_index(prefix)
+    graph: bytes | None | bool = False  # False: nothing kept for the check (a remote bundle: no extra requests)
+    if not _fs.is_remote(prefix):
+        try:
+            graph = _graph_bytes(prefix, index)
+        except (CkptError, OSError):
+            pass  # unreadable: build_variables says so
     variables, info = build_variables(prefix, index)
     candidates = step_candidates(prefix, index, variables)
     step, source = training_step(candidates)
@@ -483,11 +538,14 @@ def open_bundle(
         info["step_candidates"] = candidates
     if extra_info:
         info.update(extra_info)
+    # 100,000 variables: columns, not objects (a compact index's table shares its columns)
+    held = variables if isinstance(variables, m.VariableTable) else compact_variables(variables)
+    if graph is not False and (held is variables or isinstance(held, tuple)):  # what build_variables gives
+        _remember(prefix, index, graph, held)  # type: ignore[arg-type]
     return m.Checkpoint(
         path=prefix,
         format=format,
-        # 100,000 variables: columns, not objects (a compact index's table shares its columns)
-        variables=variables if isinstance(variables, m.VariableTable) else compact_variables(variables),
+        variables=held,
         step=step,
         step_source=source,
         num_shards=index.num_shards,
@@ -513,7 +571,9 @@ def check_bundle(prefix: str, *, format: str = m.FORMAT_TF_BUNDLE) -> tf_data.Bu
     except CorruptCheckpointError as e:
         return tf_data.damaged_check(prefix, format, step, str(e))
     try:
-        variables, _ = build_variables(prefix, index)
+        variables = _remembered(prefix, index)  # an open checkpoint's (scan checks what it read)
+        if variables is None:
+            variables, _ = build_variables(prefix, index)
         if isinstance(variables, m.VariableTable) and variables.keys is None:  # every name is its key
             names = {key: key for key in unreadable_entries(index)}
         else:

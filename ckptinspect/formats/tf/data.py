@@ -86,6 +86,9 @@ CHUNK_BYTES = 8 << 20  # bytes read (and checksummed) at a time when checking
 # in batches of about BATCH_BYTES.
 BATCH_BYTES = 8 << 20
 BATCH_ITEMS = 256  # and at most this many runs a batch (100,000 tiny tensors: few runs in flight at once)
+# A batch reading less than this (what scan's reads left: a TF2 object graph) is checked in the
+# calling thread: handing it to a thread costs more than reading it.
+INLINE_BYTES = 64 << 10
 _UINT32_MAX = 0xFFFFFFFF
 READ_CHUNK_BYTES = 64 << 20  # bytes read (and checksummed) per positioned read of a whole value
 # What TensorFlow's reader returns for the dtypes numpy and the model's table do not name:
@@ -692,7 +695,10 @@ class BundleCheck:
             return [(it, path, pre if f is None else _checked(f, it)) for it, path, pre, f in work]
 
         batches = self._batches(handles, parallel, ledger if isinstance(ledger, Ledger) else None)
-        results = _parallel.ordered_map(check, batches, workers=workers if parallel else 1, ahead=workers + 1)
+        # a batch with (almost) nothing left to read (verdicts known from scan's reads, or damage) is
+        # no work for a thread
+        results = _parallel.ordered_map(check, batches, workers=workers if parallel else 1, ahead=workers + 1,
+                                        inline=_little_to_read)
         try:
             with contextlib.closing(results):  # the threads are done before the shards close
                 for checked in results:
@@ -749,6 +755,11 @@ class BundleCheck:
                 batch, batch_bytes = [], 0
         if batch:
             yield batch
+
+
+def _little_to_read(work: list[tuple[_Item, str, Any, Any]]) -> bool:
+    """Whether a batch reads under :data:`INLINE_BYTES` (checked in the calling thread)."""
+    return sum(it.size for it, _, _, f in work if f is not None) < INLINE_BYTES
 
 
 def _open_shard(path: str) -> Any:

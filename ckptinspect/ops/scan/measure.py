@@ -5,7 +5,8 @@ measured against the previous step's value of the same key (:mod:`.scan_stats`).
 independent, so up to :data:`ckptinspect._parallel.WORKERS` threads measure them at once
 (:func:`ckptinspect._parallel.ordered_map`); each thread computes a chain alone, in a fixed
 order, and the results come back in key order: the report is the same, bit for bit, whatever
-the number of threads.
+the number of threads. Only chains of large values go to the threads (:data:`THREAD_MIN_BYTES`):
+the others are measured in the calling thread, between the large ones' results.
 
 A chain whose values are all plain runs of bytes of local TF bundles is read *in lockstep*
 (:func:`ckptinspect.formats.stream_blocks`: positioned reads, crc32c checked, no TensorFlow,
@@ -32,7 +33,8 @@ from ...formats import stream_blocks
 from . import stats as scan_stats
 from .stats import Accumulator, Buffers, Measured, Sums, measure_value
 
-__all__ = ["STATS_DTYPES", "LOCKSTEP_BLOCK_CHUNKS", "LOCKSTEP_BUDGET_BYTES", "TASK_BYTES", "Outcome", "measure_chains"]
+__all__ = ["STATS_DTYPES", "LOCKSTEP_BLOCK_CHUNKS", "LOCKSTEP_BUDGET_BYTES", "TASK_BYTES", "THREAD_MIN_BYTES", "Outcome",
+           "measure_chains"]
 
 STATS_DTYPES = m.INTEGER_DTYPES | m.FLOAT_DTYPES | {"bool"}
 # Lockstep reads: blocks of LOCKSTEP_BLOCK_CHUNKS chunks (1 MiB of float32), one per step of
@@ -43,9 +45,16 @@ LOCKSTEP_BUDGET_BYTES = 64 << 20
 # Chains submitted ahead of the one being merged: a long chain (a large tensor) does not stall
 # the other thread. A chain waiting holds nothing; its results are a few numbers.
 AHEAD_PER_WORKER = 8
-# Consecutive chains of small tensors go to a thread together, up to this many bytes through the
-# window (a tensor of 100 KB in 5 checkpoints: 8 chains a task): a task's hand-over between
-# threads costs more than measuring a small tensor. A larger chain is a task of its own.
+# A chain goes to the threads when one of its values holds at least this many bytes; the others
+# are measured in the calling thread. A small value's read, checksum and sums each release the
+# GIL for microseconds: too short for a second thread to use, while each hand-over of the GIL
+# between threads costs about as much. Measured on 5-checkpoint runs of 200 MB (medians of 5-7,
+# two threads vs one): 100 KB values 1.16-1.3 s vs 0.96 s, 200 KB 0.78 vs 0.57, 256 KB 0.67 vs
+# 0.52, 512 KB even (two threads: 20-35% more CPU; the 1 GB a, b, a, b, a run 2.17-2.27 vs 2.30,
+# so 512 KB values stay with the threads), 1 MB 0.42 vs 0.49, 2 MB 0.43 vs 0.54, 16 MB 0.53 vs 0.70.
+THREAD_MIN_BYTES = 512 << 10
+# Consecutive chains of small tensors are one task, up to this many bytes through the window (a
+# tensor of 100 KB in 5 checkpoints: 8 chains a task). A chain of the threads is a task of its own.
 TASK_BYTES = 4 << 20
 
 
@@ -65,6 +74,19 @@ class Outcome(NamedTuple):
     selected: bool
     sums: Sums | None = None
     error: str | None = None
+
+
+class Task(NamedTuple):
+    """Consecutive keys measured together (:func:`_tasks`).
+
+    Attributes:
+        keys: The keys, in order.
+        threaded: Measured by a thread (one key, a value of :data:`THREAD_MIN_BYTES` or more);
+            else in the calling thread.
+    """
+
+    keys: list[str]
+    threaded: bool
 
 
 class _Member(NamedTuple):
@@ -262,32 +284,43 @@ def measure_chains(keys: Iterable[str], window: Sequence[tuple[m.Checkpoint, dic
     local = threading.local()  # per call: the work buffers go when the call ends, whatever thread held them
     lock = threading.Lock()
 
-    def run(task: list[str]) -> list[list[Outcome]]:
+    def run(task: Task) -> list[list[Outcome]]:
         buffers = getattr(local, "buffers", None)
         if buffers is None:
             buffers = local.buffers = Buffers(chunk)
-        return [_chain(key, window, role, buffers, lock) for key in task]
+        return [_chain(key, window, role, buffers, lock) for key in task.keys]
 
     workers = _parallel.WORKERS
-    for done in _parallel.ordered_map(run, _tasks(keys, window), workers, AHEAD_PER_WORKER * workers):
+    for done in _parallel.ordered_map(run, _tasks(keys, window), workers, AHEAD_PER_WORKER * workers,
+                                      inline=_in_calling_thread):
         yield from done
 
 
-def _tasks(keys: Iterable[str], window: Sequence[tuple[m.Checkpoint, dict[str, m.Variable]]]) -> Iterator[list[str]]:
-    """The keys in order, in runs of consecutive keys of at most :data:`TASK_BYTES` through the
-    window (one key alone when it holds more)."""
+def _in_calling_thread(task: Task) -> bool:
+    return not task.threaded
+
+
+def _tasks(keys: Iterable[str], window: Sequence[tuple[m.Checkpoint, dict[str, m.Variable]]]) -> Iterator[Task]:
+    """The keys in order: a key with a value of :data:`THREAD_MIN_BYTES` or more alone, for the
+    threads; the others in runs of consecutive keys of at most :data:`TASK_BYTES` through the
+    window (one key alone when it holds more), for the calling thread."""
     task: list[str] = []
     held = 0
     for key in keys:
-        nbytes = 0
+        nbytes = largest = 0
         for _, by_key in window:
             var = by_key.get(key)
             if var is not None:
-                nbytes += var.size * m.ITEMSIZE.get(var.dtype, 8)
-        if task and held + nbytes > TASK_BYTES:
-            yield task
+                size = var.size * m.ITEMSIZE.get(var.dtype, 8)
+                nbytes += size
+                largest = max(largest, size)
+        if task and (largest >= THREAD_MIN_BYTES or held + nbytes > TASK_BYTES):
+            yield Task(task, False)
             task, held = [], 0
+        if largest >= THREAD_MIN_BYTES:
+            yield Task([key], True)
+            continue
         task.append(key)
         held += nbytes
     if task:
-        yield task
+        yield Task(task, False)
