@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from ckptinspect._parallel import ordered_map
+from pool_spy import count_pools  # noqa: E402 - tests/helpers is on sys.path
 
 
 @pytest.mark.parametrize("workers", [1, 2, 4])
@@ -105,17 +106,7 @@ def test_inline_items_are_computed_in_the_calling_thread_in_order(workers):
 
 
 def test_no_pool_is_started_when_every_item_is_inline(monkeypatch):
-    import concurrent.futures
-
-    started = []
-    real = concurrent.futures.ThreadPoolExecutor
-
-    class Counting(real):
-        def __init__(self, *a, **kw):
-            started.append(a)
-            super().__init__(*a, **kw)
-
-    monkeypatch.setattr(concurrent.futures, "ThreadPoolExecutor", Counting)
+    started = count_pools(monkeypatch)
     assert list(ordered_map(lambda i: i + 1, range(5), workers=2, inline=lambda i: True)) == [1, 2, 3, 4, 5]
     assert started == []
     assert list(ordered_map(lambda i: i + 1, range(5), workers=2, inline=lambda i: i == 3)) == [1, 2, 3, 4, 5]

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import ckptinspect
+from pool_spy import count_pools  # noqa: E402 - tests/helpers is on sys.path
 from scan_precision import scan_close  # noqa: E402 - tests/helpers is on sys.path
 from ckptinspect import _parallel
 from ckptinspect import model as m
@@ -155,17 +156,7 @@ def test_small_chains_are_measured_in_the_calling_thread_large_ones_by_the_threa
 def test_a_run_of_small_values_starts_no_thread(run, monkeypatch):
     """Every value under THREAD_MIN_BYTES: no pool is started, not by the measuring nor by the
     verify check fed by scan's reads (every verdict known, nothing left to read)."""
-    import concurrent.futures
-
-    started = []
-    real = concurrent.futures.ThreadPoolExecutor
-
-    class Counting(real):
-        def __init__(self, *a, **kw):
-            started.append(a)
-            super().__init__(*a, **kw)
-
-    monkeypatch.setattr(concurrent.futures, "ThreadPoolExecutor", Counting)
+    started = count_pools(monkeypatch)
     report = _scan(run, monkeypatch, 2, threaded_from=scan_measure.THREAD_MIN_BYTES)
     assert [s["status"] for s in report["steps"]] == ["intact"] * len(STEPS)
     assert started == []
