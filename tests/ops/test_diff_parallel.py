@@ -31,6 +31,7 @@ from ckptinspect.errors import CorruptCheckpointError
 from ckptinspect.formats.tf.index import read_index
 from ckptinspect.ops.diff import compare as cmp
 from ckptinspect.ops.diff import operation as d
+from pool_spy import count_pools  # noqa: E402 - tests/helpers is on sys.path
 
 tf = pytest.importorskip("tensorflow")
 h5py = pytest.importorskip("h5py")
@@ -210,7 +211,9 @@ def test_numbers_match_numpy_on_the_values_read_back(pairs, monkeypatch, kind):
 
 def test_two_variables_are_compared_at_a_time(pairs, monkeypatch):
     """With two workers, two threads are inside the comparison at once (each of the first two
-    calls waits for the other: one thread alone would break the barrier)."""
+    calls waits for the other: one thread alone would break the barrier). Every batch goes to
+    the threads here (the small ones' policy is the next test's)."""
+    monkeypatch.setattr(d, "THREAD_MIN_BYTES", 0)
     barrier = threading.Barrier(2, timeout=20)
     threads = set()
     calls = []
@@ -230,6 +233,32 @@ def test_two_variables_are_compared_at_a_time(pairs, monkeypatch):
         threads.clear()
         _diff(monkeypatch, 2, *pairs[kind])
         assert len(threads) == 2, kind
+
+
+def test_batches_of_small_values_only_are_compared_in_the_calling_thread(pairs, monkeypatch, tmp_path):
+    """The policy: a batch goes to the threads only when one of its values holds
+    ``_parallel.THREAD_MIN_BYTES`` or more. Small values only: no pool is started and every
+    comparison runs in the calling thread; the pair of mixed sizes starts one pool. Same bits
+    either way (the test above)."""
+    a, b = pairs["values"]
+    small_a = {k: v for k, v in a.items() if v.nbytes < _parallel.THREAD_MIN_BYTES and v.dtype.kind != "c"}
+    assert 40 < len(small_a) < len(a) - 5  # small ones and large ones
+    _write_weights_h5(tmp_path / "a.weights.h5", small_a)
+    _write_weights_h5(tmp_path / "b.weights.h5", {k: b[k] for k in small_a})
+    threads = set()
+    real = d.compare_variables
+
+    def spy(*args, **kw):
+        threads.add(threading.current_thread().name)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(d, "compare_variables", spy)
+    started = count_pools(monkeypatch)
+    report = _diff(monkeypatch, 2, str(tmp_path / "a.weights.h5"), str(tmp_path / "b.weights.h5"))
+    assert report.summary["changed"] > 5
+    assert started == [] and threads == {threading.current_thread().name}
+    _diff(monkeypatch, 2, *pairs["h5"])
+    assert len(started) == 1 and len(threads) > 1
 
 
 def test_sources_say_whether_they_read_concurrently(pairs, tmp_path):

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, overloa
 
 import numpy as np
 
-from ..._parallel import ordered_map
+from ..._parallel import THREAD_MIN_BYTES, ordered_map
 from ...errors import UsageError
 from ...formats import capabilities
 from ...model import ROLES, Checkpoint, LazySequence, Variable, VariableTable
@@ -70,7 +70,9 @@ __all__ = [
 
 # Variables are handed to the comparing threads in batches of consecutive ones, about
 # BATCH_BYTES (or BATCH_VARIABLES) each, at most BATCHES_AHEAD batches in flight (threads go on
-# with the next batches while a large tensor is compared; only the results wait).
+# with the next batches while a large tensor is compared; only the results wait). A batch whose
+# values are all under ckptinspect._parallel.THREAD_MIN_BYTES is compared in the calling thread
+# (faster there: the measurements are beside that constant).
 BATCH_BYTES = 16 << 20
 BATCH_VARIABLES = 256
 BATCHES_AHEAD = 4
@@ -1028,7 +1030,8 @@ def _compare(rows: DiffRows, ca: Checkpoint, cb: Checkpoint, fits: dict[str, tup
     """Every entry compared, in read order (A's values rearranged where they fit the layout
     rules), its results kept in ``rows``. Two batches of variables are compared at a time when
     both formats allow concurrent reads (each variable is compared whole by one thread, so its
-    numbers do not depend on the threads); results and progress come in read order."""
+    numbers do not depend on the threads); results and progress come in read order. A batch of
+    small values only is compared in the calling thread (:func:`_small`)."""
     source_a = RearrangedSource(ca, fits) if fits else ca
     shown = rows.shown
 
@@ -1039,7 +1042,7 @@ def _compare(rows: DiffRows, ca: Checkpoint, cb: Checkpoint, fits: dict[str, tup
     workers = None if _concurrent(ca) and _concurrent(cb) else 1
     total = len(rows.pos_a)
     done = 0
-    for results in ordered_map(batch, _batches(_entries(rows)), workers=workers, ahead=BATCHES_AHEAD):
+    for results in ordered_map(batch, _batches(_entries(rows)), workers=workers, ahead=BATCHES_AHEAD, inline=_small):
         for j, row in results:
             rows.store(j, row)
             done += 1
@@ -1068,6 +1071,12 @@ def _batches(entries: Iterable[_Entry]) -> Iterator[list[_Entry]]:
             group, nbytes = [], 0
     if group:
         yield group
+
+
+def _small(group: list[_Entry]) -> bool:
+    """Whether every value of the batch is under :data:`ckptinspect._parallel.THREAD_MIN_BYTES`."""
+    return all((va is None or va.nbytes < THREAD_MIN_BYTES) and (vb is None or vb.nbytes < THREAD_MIN_BYTES)
+               for _, va, vb, _ in group)
 
 
 def _concurrent(ckpt: Checkpoint) -> bool:

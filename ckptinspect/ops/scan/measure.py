@@ -46,13 +46,10 @@ LOCKSTEP_BUDGET_BYTES = 64 << 20
 # the other thread. A chain waiting holds nothing; its results are a few numbers.
 AHEAD_PER_WORKER = 8
 # A chain goes to the threads when one of its values holds at least this many bytes; the others
-# are measured in the calling thread. A small value's read, checksum and sums each release the
-# GIL for microseconds: too short for a second thread to use, while each hand-over of the GIL
-# between threads costs about as much. Measured on 5-checkpoint runs of 200 MB (medians of 5-7,
-# two threads vs one): 100 KB values 1.16-1.3 s vs 0.96 s, 200 KB 0.78 vs 0.57, 256 KB 0.67 vs
-# 0.52, 512 KB even (two threads: 20-35% more CPU; the 1 GB a, b, a, b, a run 2.17-2.27 vs 2.30,
-# so 512 KB values stay with the threads), 1 MB 0.42 vs 0.49, 2 MB 0.43 vs 0.54, 16 MB 0.53 vs 0.70.
-THREAD_MIN_BYTES = 512 << 10
+# are measured in the calling thread (the measurements: ckptinspect._parallel.THREAD_MIN_BYTES).
+# At 512 KB two threads took 20-35% more CPU for the same time, and the 1 GB a, b, a, b, a run
+# 2.17-2.27 s vs 2.30 with one, so chains of 512 KB values stay with the threads.
+THREAD_MIN_BYTES = _parallel.THREAD_MIN_BYTES
 # Consecutive chains of small tensors are one task, up to this many bytes through the window (a
 # tensor of 100 KB in 5 checkpoints: 8 chains a task). A chain of the threads is a task of its own.
 TASK_BYTES = 4 << 20
