@@ -458,8 +458,26 @@ def drop_cache(paths: Iterable[str]) -> int:
     return total
 
 
+# The launcher every timed tool runs under. A child's ``ru_maxrss`` starts at the memory of the
+# process that spawned it (Linux carries the old address space's high-water mark across exec,
+# and a fork or vfork starts from the parent's pages), so a tool spawned by this process would
+# report at least this process's own peak (~30 MiB, more after a big allocation). The launcher,
+# a bare interpreter (-I -S: ~9 MiB), spawns the tool, waits for it and writes the tool's own
+# wall time, peak and exit status to a pipe: peaks are the tool's, with a floor of ~9 MiB.
+_LAUNCHER = r"""
+import os, sys, time
+fd = int(sys.argv[1])
+os.set_inheritable(fd, False)
+start = time.perf_counter()
+pid = os.posix_spawnp(sys.argv[2], sys.argv[2:], os.environ)
+_, status, usage = os.wait4(pid, 0)
+elapsed = time.perf_counter() - start
+os.write(fd, b"%r %d %d" % (elapsed, usage.ru_maxrss, os.waitstatus_to_exitcode(status)))
+"""
+
+
 def run_timed(cmd: Sequence[str], env: dict[str, str] | None = None, cwd: str | None = None, ok_codes: Iterable[int] = (0,)) -> tuple[float, int, int]:
-    """Run one command to completion as a child process.
+    """Run one command to completion as a child process, under :data:`_LAUNCHER`.
 
     Args:
         cmd: The argv; stdout is discarded, stderr kept for the error message.
@@ -468,25 +486,37 @@ def run_timed(cmd: Sequence[str], env: dict[str, str] | None = None, cwd: str | 
         ok_codes: Exit codes that count as success.
 
     Returns:
-        ``(wall seconds, peak RSS of the child in bytes, exit code)``; the peak is
-        ``ru_maxrss`` from ``os.wait4`` (the child, and the largest of its waited-for children).
+        ``(wall seconds, peak RSS of the command in bytes, exit code)``: the wall time from its
+        spawn to its exit and its ``ru_maxrss`` (the command, and the largest of its waited-for
+        children), as the launcher measured them.
 
     Raises:
-        ToolFailed: The exit code is not in ``ok_codes``.
+        ToolFailed: The exit code is not in ``ok_codes``, or the launcher reported nothing.
     """
-    with open(os.devnull, "wb") as devnull:
-        start = time.perf_counter()
-        proc = subprocess.Popen(list(cmd), stdout=devnull, stderr=subprocess.PIPE, env=env, cwd=cwd)
-        # Read stderr while it runs, or a chatty child blocks on a full pipe.
-        err = proc.stderr.read()
-        _, status, usage = os.wait4(proc.pid, 0)
-        elapsed = time.perf_counter() - start
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        proc.stderr.close()
-    if proc.returncode not in tuple(ok_codes):
-        text = err.decode(errors="replace")
-        raise ToolFailed(f"exit {proc.returncode}: {' '.join(cmd)}\n{text[-3000:]}")
-    return elapsed, usage.ru_maxrss * 1024, proc.returncode
+    read_end, write_end = os.pipe()
+    try:
+        with open(os.devnull, "wb") as devnull:
+            proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _LAUNCHER, str(write_end), *cmd], stdout=devnull,
+                                    stderr=subprocess.PIPE, env=env, cwd=cwd, pass_fds=(write_end,))
+            os.close(write_end)
+            write_end = -1
+            err = proc.stderr.read()  # read while it runs, or a chatty child blocks on a full pipe
+            proc.wait()
+            proc.stderr.close()
+        with os.fdopen(read_end, "rb") as report:
+            read_end = -1
+            fields = report.read().split()
+    finally:
+        for fd in (read_end, write_end):
+            if fd >= 0:
+                os.close(fd)
+    text = err.decode(errors="replace")
+    if len(fields) != 3:
+        raise ToolFailed(f"the launcher reported nothing (exit {proc.returncode}): {' '.join(cmd)}\n{text[-3000:]}")
+    elapsed, peak_kib, code = float(fields[0]), int(fields[1]), int(fields[2])
+    if code not in tuple(ok_codes):
+        raise ToolFailed(f"exit {code}: {' '.join(cmd)}\n{text[-3000:]}")
+    return elapsed, peak_kib * 1024, code
 
 
 def time_tools(tools: Sequence[Tool], rounds: int, warmup: int, env: dict[str, str], cwd: str) -> dict[str, Measurement | str]:

@@ -8,7 +8,8 @@ chain with its Adam state as a TF bundle, single-shard and multi-shard, as legac
 ``.weights.h5``, and a perturbed copy), then times each pair as whole processes (the ckptinspect
 command and its alternatives alternating, the order reversed every round, after untimed warm-up
 runs that leave the page cache warm), and records the median wall time, the spread (max - min)
-and the peak RSS of each child (``ru_maxrss`` from ``os.wait4``). A scale series times ``ls``,
+and the peak RSS of each tool (``ru_maxrss`` from ``os.wait4``, taken by a bare launcher process so
+that it is the tool's own, floor ~9 MiB: see ``_common.run_timed``). A scale series times ``ls``,
 ``ls --stats``, ``diff`` (TF bundles and .h5), ``verify``, ``scan``, ``average`` and ``extract`` (and
 their TensorFlow or read-once counterparts) against checkpoint size and plots it
 to ``benchmarks/scale.png`` (needs matplotlib: ``pip install -e .[bench]``). The object storage rows
@@ -1160,7 +1161,8 @@ def write_results(path: pathlib.Path, args: argparse.Namespace, info: dict[str, 
         "Every tool runs as a whole process (interpreter start and imports included), the tools of a",
         f"pair alternating, the order reversed each round; {args.warmup} untimed warm-up run(s) per tool first",
         f"(page cache warm), then {args.rounds} timed round(s): the median wall time, the spread (max - min) and",
-        "the largest peak RSS of the child (`ru_maxrss` from `os.wait4`). Ratio: the tool's median over",
+        "the largest peak RSS of the tool (`ru_maxrss` from `os.wait4`, taken by a bare launcher process:",
+        "the tool's own peak, not this process's, with a floor of ~9 MiB). Ratio: the tool's median over",
         "ckptinspect's (above 1 means ckptinspect is faster). ckptinspect's bytecode is compiled first, as",
         "`pip install` does (an editable install under `PYTHONDONTWRITEBYTECODE=1` would compile it on every run).",
         "",
