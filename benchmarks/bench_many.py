@@ -149,6 +149,11 @@ TF_INDEX_VARIABLES = 100_000
 # The giant files' memory baseline: the same command on a file of this many entries from the same
 # generator (the interpreter, the imports and the command's fixed buffers, without the entries).
 BASELINE_ENTRIES = 100
+# A TF index read into columns from about 1 MiB or 20,000 variables on (COMPACT_MIN_BYTES,
+# COMPACT_MIN_VARIABLES); the 100-entry baseline takes the record path and never imports numpy
+# (~14 MiB). The TF index's memory target is judged between two files on the columns path: the
+# peak's growth from this many variables to TF_INDEX_VARIABLES against 3x the index's growth.
+TF_SAME_PATH_VARIABLES = 25_000
 TF_MANY_GENERATE = r"""
 import sys, numpy as np, tensorflow as tf
 n, prefix = int(sys.argv[1]), sys.argv[2]
@@ -217,6 +222,7 @@ def ensure(pair_ids: set[str], work: pathlib.Path, log=print) -> None:
     if any(p.endswith("giant-tf") for p in pair_ids):
         giant_tf_index(work, log=log)
         giant_tf_index(work, BASELINE_ENTRIES, log=log)
+        giant_tf_index(work, TF_SAME_PATH_VARIABLES, log=log)
 
 
 if __name__ == "__main__":
