@@ -13,11 +13,15 @@ Two steps of about 1 GB each (16 float32 kernels of 4096x4096 and their biases, 
   (``PyTreeCheckpointer().metadata``, with its JAX import) and against a tensorstore-only listing
   (every ``zarr.json`` read through the OCDBT kvstore);
 * comparing: ``ckptinspect diff STEP1 STEP2`` against restoring both with orbax and comparing in
-  numpy.
+  numpy;
+* statistics: ``ckptinspect ls --stats STEP`` against restoring with orbax, and against reading
+  every array through tensorstore, then min, max, mean, std, NaN and Inf counts in numpy.
 
-Targets (issue 24): ``ls`` at least 10x the orbax script, ``diff`` at least 3x, peak under 200 MiB.
+Targets (issue 24): ``ls`` at least 10x the orbax script, ``diff`` at least 3x, peak under 200 MiB;
+the statistics are a context row (issue 28).
 
-``benchmarks/run.py`` times the same commands as its pairs ``ls-orbax`` and ``diff-orbax`` when
+``benchmarks/run.py`` times the same commands as its pairs ``ls-orbax``, ``diff-orbax`` and
+``ls-stats-orbax`` when
 ``$CKPTINSPECT_ORBAX_PYTHON`` names a Python with jax and orbax-checkpoint (the steps are written
 once into its work folder, ``orbax_1gb/``); without it the rows are reported as not installed.
 """
@@ -58,6 +62,32 @@ for (p, x), (_, y) in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree_util.
     x, y = np.asarray(x), np.asarray(y)
     print(jax.tree_util.keystr(p), float(np.max(np.abs(x.astype(np.float64) - y))) if x.size else 0.0)
 """
+
+# The figures of `ls --stats` (min, max, mean, std, NaN and Inf counts), the means and stds in float64.
+STATS_LINE = """
+    print(NAME, x.shape, x.min() if x.size else None, x.max() if x.size else None, x.mean(dtype=np.float64),
+          x.std(dtype=np.float64), int(np.isnan(x).sum()), int(np.isinf(x).sum()))
+"""
+
+ORBAX_STATS = """
+import os, sys
+import numpy as np, jax
+import orbax.checkpoint as ocp
+tree = ocp.PyTreeCheckpointer().restore(os.path.join(os.path.abspath(sys.argv[1]), "pytree"))
+for p, x in jax.tree_util.tree_leaves_with_path(tree):
+    x = np.asarray(x)
+""" + STATS_LINE.replace("NAME", "jax.tree_util.keystr(p)")
+
+TS_STATS = """
+import os, sys
+import numpy as np
+import tensorstore as ts
+base = "file://" + os.path.abspath(sys.argv[1]) + "/pytree/"
+kv = ts.KvStore.open({"driver": "ocdbt", "base": base}).result()
+for name in sorted(k.decode()[:-10] for k in kv.list().result() if k.endswith(b"/zarr.json")):
+    spec = {"driver": "zarr3", "kvstore": {"driver": "ocdbt", "base": base, "path": name + "/"}}
+    x = ts.open(spec).result().read().result()
+""" + STATS_LINE.replace("NAME", "name")
 
 TS_LS = """
 import json, os, sys
@@ -106,14 +136,18 @@ def commands(directory: str, orbax_python: str) -> dict[str, list[tuple[str, lis
                ("tensorstore-only listing", [sys.executable, "-c", TS_LS, s1])],
         "diff": [("ckptinspect diff", [*me, "diff", s1, s2]),
                  ("orbax restore both + numpy", [orbax_python, "-c", ORBAX_DIFF, s1, s2])],
+        "ls-stats": [("ckptinspect ls --stats", [*me, "ls", "--stats", s1]),
+                     ("orbax restore + numpy statistics", [orbax_python, "-c", ORBAX_STATS, s1]),
+                     ("tensorstore read + numpy statistics", [sys.executable, "-c", TS_STATS, s1])],
     }
 
 
 # -- benchmarks/run.py's rows (its pairs ls-orbax and diff-orbax) ----------------------------------
-PAIR_IDS = ("ls-orbax", "diff-orbax")
+PAIR_IDS = ("ls-orbax", "diff-orbax", "ls-stats-orbax")
 TITLES = {
     "ls-orbax": "list a 1 GB Keras-tree Orbax step (16 float32 4096x4096 kernels, one chunk each)",
     "diff-orbax": "compare two 1 GB Orbax steps (every kernel changed)",
+    "ls-stats-orbax": "per-tensor min/max/mean/std/NaN/Inf of a 1 GB Orbax step",
 }
 ORBAX_PYTHON_ENV = "CKPTINSPECT_ORBAX_PYTHON"
 ORBAX_MISSING = f"no Python with jax and orbax-checkpoint ({ORBAX_PYTHON_ENV}=/path/to/python)"

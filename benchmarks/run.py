@@ -973,7 +973,8 @@ def many_targets(results: dict[str, dict[str, Any]]) -> list[list[str]]:
 
 
 def orbax_targets(results: dict[str, dict[str, Any]]) -> list[list[str]]:
-    """Issue 24's targets on two 1 GB Orbax steps: against orbax's own scripts (with their JAX import)."""
+    """Issue 24's targets on two 1 GB Orbax steps: against orbax's own scripts (with their JAX import);
+    ``ls --stats`` beside orbax's and tensorstore's reads as context (issue 28)."""
     rows: list[list[str]] = []
     for pid, ours, peer, factor in (("ls-orbax", "ckptinspect ls", "orbax metadata API script", 10),
                                     ("diff-orbax", "ckptinspect diff", "orbax restore both + numpy", 3)):
@@ -986,6 +987,12 @@ def orbax_targets(results: dict[str, dict[str, Any]]) -> list[list[str]]:
     rows.append(_verdict("ls and diff of 1 GB Orbax steps under 200 MiB peak (issue 24)",
                          ", ".join(f"{pid}: {mib(m.peak)} MiB" for pid, m in peaks) if peaks else None,
                          all(m.peak < 200 * MIB for _, m in peaks) if peaks else None))
+    stats = med(results, "ls-stats-orbax", "ckptinspect ls --stats")
+    for peer in ("orbax restore + numpy statistics", "tensorstore read + numpy statistics"):
+        y = med(results, "ls-stats-orbax", peer)
+        rows.append(_verdict(f"(context) ls --stats of a 1 GB Orbax step vs {peer} (issue 28)",
+                             f"{y.median / stats.median:.2f}x ({stats.median:.3f} s, {mib(stats.peak)} MiB vs "
+                             f"{y.median:.3f} s, {mib(y.peak)} MiB)" if stats and y else None, None))
     return rows
 
 
@@ -1298,7 +1305,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", help="comma-separated pair ids or patterns: ls, ls-sharded, ls-h5, ls-weights-h5, ls-stats, diff, "
                     "diff-h5, extract, extract-weights-h5, transplant, transplant-weights-h5, average, verify, verify-sharded, ls-safetensors, "
                     "ls-pt, ls-kw3-N, diff-kw3-N (N: 100, 2000, 20000), scan-quarters, {ls,verify,diff}-giant-{safetensors,tf}, "
-                    "{ls,diff,verify,scan}-cold, scan, ls-remote-{tf,safetensors,pt,h5,npz}, diff-remote-{tf,safetensors}; ls*, diff*...")
+                    "{ls,diff,verify,scan}-cold, scan, ls-orbax, diff-orbax, ls-stats-orbax, ls-remote-{tf,safetensors,pt,h5,npz}, "
+                    "diff-remote-{tf,safetensors}; ls*, diff*...")
     ap.add_argument("--scale", default="100,1024,4096", help="checkpoint sizes (MB) of the scale series; '' for none")
     ap.add_argument("--scale-rounds", type=int, help="timed runs per tool in the scale series (default: --rounds)")
     ap.add_argument("--scale-baselines", action=argparse.BooleanOptionalAction, default=True, help="time TensorFlow in the scale series too")
