@@ -142,7 +142,7 @@ def commands(directory: str, orbax_python: str) -> dict[str, list[tuple[str, lis
     }
 
 
-# -- benchmarks/run.py's rows (its pairs ls-orbax and diff-orbax) ----------------------------------
+# -- benchmarks/run.py's rows (its pairs ls-orbax, diff-orbax and ls-stats-orbax) -----------------
 PAIR_IDS = ("ls-orbax", "diff-orbax", "ls-stats-orbax")
 TITLES = {
     "ls-orbax": "list a 1 GB Keras-tree Orbax step (16 float32 4096x4096 kernels, one chunk each)",

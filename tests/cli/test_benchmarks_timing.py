@@ -41,7 +41,7 @@ def test_the_peak_is_the_tools_own_not_the_timing_process(common):
 def test_wall_time_and_exit_codes(common):
     elapsed, _, code = common.run_timed([sys.executable, "-I", "-S", "-c", "import time, sys; time.sleep(0.2); sys.exit(3)"],
                                         ok_codes=(3,))
-    assert code == 3 and 0.2 <= elapsed < 30
+    assert code == 3 and elapsed >= 0.2  # the tool's own time, its sleep included
     with pytest.raises(common.ToolFailed, match="exit 3"):
         common.run_timed([sys.executable, "-I", "-S", "-c", "import sys; sys.exit(3)"])
     with pytest.raises(common.ToolFailed, match="launcher reported nothing"):

@@ -239,7 +239,7 @@ def test_batches_of_small_values_only_are_compared_in_the_calling_thread(pairs, 
     """The policy: a batch goes to the threads only when one of its values holds
     ``_parallel.THREAD_MIN_BYTES`` or more. Small values only: no pool is started and every
     comparison runs in the calling thread; the pair of mixed sizes starts one pool. Same bits
-    either way (the test above)."""
+    either way (``test_one_and_two_workers_give_the_same_bits``)."""
     a, b = pairs["values"]
     small_a = {k: v for k, v in a.items() if v.nbytes < _parallel.THREAD_MIN_BYTES and v.dtype.kind != "c"}
     assert 40 < len(small_a) < len(a) - 5  # small ones and large ones
