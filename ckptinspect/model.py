@@ -44,6 +44,7 @@ __all__ = [
     "numpy_dtype",
     "display_name",
     "role_totals",
+    "distinct_values",
 ]
 
 ROLE_MODEL = "model"
@@ -399,6 +400,20 @@ class VariableTable(LazySequence[Variable]):
                 out[role]["nbytes"] += sum(nbytes[codes == code].tolist())
         out["all"] = {"count": len(rows), "nbytes": sum(nbytes.tolist())}
         return out
+
+
+def distinct_values(values_of: Callable[[slice], Any], n: int, block_rows: int) -> Any:
+    """The distinct values, sorted, of ``values_of(rows)`` over ``n`` rows taken ``block_rows`` at
+    a time: ``np.unique``'s result without a sort of every row's value at once, nor its import of
+    ``numpy.ma``. ``values_of(slice(0, 0))`` gives the empty result its dtype."""
+    import numpy as np  # noqa: PLC0415
+
+    def sorted_once(values: Any) -> Any:
+        out = np.sort(values)
+        return out[np.concatenate(([True], out[1:] != out[:-1]))] if len(out) else out
+
+    blocks = [slice(at, at + block_rows) for at in range(0, n, block_rows)] or [slice(0, 0)]
+    return sorted_once(np.concatenate([sorted_once(values_of(block)) for block in blocks]))
 
 
 _SORT_BUFFER_BYTES = 64 << 20  # names sorted as fixed-width bytes up to this much, else one by one

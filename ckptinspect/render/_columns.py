@@ -64,8 +64,7 @@ def table_chunks(headers: Sequence[str], table: m.VariableTable,
     columns = []  # each row's codes are made a block at a time, here and below: no column of every row's
     for codes_of, text_of in cells:
         if callable(text_of):  # any values: their distinct ones, and each row's index into them
-            distinct = _distinct(np.concatenate([_distinct(codes_of(rows[span])) for span in spans])) if spans \
-                else _distinct(codes_of(rows))
+            distinct = m.distinct_values(lambda span, values_of=codes_of: values_of(rows[span]), len(rows), _SPAN_ROWS)
             codes_of = _indexes_into(distinct, codes_of)
             text_of = [text_of(v) for v in distinct.tolist()]
         texts, lengths = _texts(text_of)
@@ -114,14 +113,6 @@ def table_chunks(headers: Sequence[str], table: m.VariableTable,
         keep = np.arange(line)[None, :] <= ends_at[:, None]
         text = out[keep].tobytes().decode("ascii")
         yield "\n" + text[:-1]  # lines joined by newlines, as the table's text
-
-
-def _distinct(values: Any) -> Any:
-    """The distinct values, sorted (np.unique's, without its import of numpy.ma)."""
-    import numpy as np  # noqa: PLC0415
-
-    out = np.sort(values)
-    return out[np.concatenate(([True], out[1:] != out[:-1]))] if len(out) else out
 
 
 def _indexes_into(distinct: Any, values_of: Callable[[Any], Any]) -> Callable[[Any], Any]:

@@ -373,14 +373,6 @@ def _scan(read: TableSource) -> CompactIndex:
     )
 
 
-def _distinct(values: Any) -> Any:
-    """The distinct values, sorted (np.unique's, without its import of numpy.ma)."""
-    import numpy as np  # noqa: PLC0415
-
-    out = np.sort(values)
-    return out[np.concatenate(([True], out[1:] != out[:-1]))] if len(out) else out
-
-
 def _by_code(known: dict[int, int]) -> tuple[int, ...]:
     """The values of a dense coding, in code order."""
     out = [0] * len(known)
@@ -559,8 +551,7 @@ class CompactIndex:
         def pairs_of(block: slice) -> Any:
             return self.dtype_codes[block].astype(np.int64) * len(self.shapes) + self.shape_codes[block]
 
-        blocks = [slice(at, at + _NBYTES_ROWS) for at in range(0, len(self), _NBYTES_ROWS)]
-        pairs = _distinct(np.concatenate([_distinct(pairs_of(block)) for block in blocks]))
+        pairs = m.distinct_values(pairs_of, len(self), _NBYTES_ROWS)
         per = np.full(len(pairs), -1, np.int64)
         for i, pair in enumerate(pairs.tolist()):
             item = m.ITEMSIZE.get(self.dtype_names[pair // len(self.shapes)])
@@ -574,7 +565,8 @@ class CompactIndex:
                 raise OverflowError("a variable's size exceeds int64")
             per[i] = n
         out = np.empty(len(self), np.int64)
-        for block in blocks:
+        for at in range(0, len(self), _NBYTES_ROWS):
+            block = slice(at, at + _NBYTES_ROWS)
             out[block] = per[np.searchsorted(pairs, pairs_of(block))]
         stored = out < 0
         if stored.any():
