@@ -267,11 +267,7 @@ class _Columns:
             pos += non_shared
             vend = pos + value_len
             if self.num_shards is None:  # the header: the empty key, first
-                if key_in_block or self.started:
-                    raise _NotCompact
-                self.started = True
-                key = key_in_block
-                self.num_shards = _header(block[pos:vend])
+                key = self._start(key_in_block, block[pos:vend])
                 pos = vend
                 continue
             if key_in_block <= key:
@@ -311,22 +307,36 @@ class _Columns:
                         add_crc(int.from_bytes(block[at + 1:vend], "little"))
                         pos = vend
                         continue
-            dtype, shape, shard, offset, size, crc = self._any_order(block, pos, vend)
+            written = self._add_any_order(key, written, block, pos, vend)
             pos = vend
-            keys_out(key)
-            written += len(key)
-            add_end(written)
-            add_dtype(self._code(dtype_index, dtype))
-            add_shape(shape)
-            add_shard(self._code(shard_index, shard))
-            add_offset(offset)
-            add_size(size)
-            if crc == _NO_CRC:
-                self.no_crc.add(len(self.crcs))
-                crc = 0
-            add_crc(crc)
         self.key = key
         self.written = written
+
+    def _start(self, key: bytes, value: bytes) -> bytes:
+        """The header entry, which must come first with the empty key: the number of shards."""
+        if key or self.started:
+            raise _NotCompact
+        self.started = True
+        self.num_shards = _header(value)
+        return key
+
+    def _add_any_order(self, key: bytes, written: int, block: bytes, pos: int, vend: int) -> int:
+        """One entry whose fields are not in the writers' order (:meth:`_any_order`) into the
+        columns (the fast path in :meth:`block` adds the others); the key bytes written so far."""
+        dtype, shape, shard, offset, size, crc = self._any_order(block, pos, vend)
+        self.keys.write(key)
+        written += len(key)
+        self.key_ends.append(written)
+        self.dtypes.append(self._code(self.dtype_index, dtype))
+        self.shapes.append(shape)
+        self.shards.append(self._code(self.shard_index, shard))
+        self.offsets.append(offset)
+        self.sizes.append(size)
+        if crc == _NO_CRC:
+            self.no_crc.add(len(self.crcs))
+            crc = 0
+        self.crcs.append(crc)
+        return written
 
 
 def scan_index(read: TableSource, path: str) -> CompactIndex | None:
