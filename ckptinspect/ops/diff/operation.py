@@ -43,7 +43,7 @@ from .compare import (
 )
 from ..layout_view import RearrangedSource, fits_reversed, pair_fit
 from ..match.layouts import CONV_HWIO, Layout
-from ..match.mapping import parse_mapping, rules_text
+from ..match.mapping import Rules, parse_mapping, rules_text
 from ..roles import OPTIMIZER_PATTERN_INFO, mark_optimizer, optimizer_regex
 from ..match.columns import KeyPairs
 from ..match.matcher import ALIGN_KEY, ALIGN_NAME, HOW_KEY, Match, align, normalize_name
@@ -929,17 +929,7 @@ def diff(
         # The same path twice is opened once: a directory resolves to one checkpoint, even while
         # another process rotates checkpoints in it.
         cb = ca if _same_path(a, b) else mark_optimizer(_open(b, opened), optimizer_pattern)
-        va_list = _variables(ca, role)
-        vb_list = va_list if cb is ca else _variables(cb, role)  # X X: one list (a table makes new objects)
-        keras = all(KERAS_LAYOUT in capabilities(c.format) for c in (ca, cb))
-        alignment = align(va_list, vb_list, same_format=ca.format == cb.format, mapping=rules, layout=layout, keras=keras)
-        notes = _notes(ca, cb, alignment, optimizer_pattern)
-        method = alignment.method
-        if role is not None and not va_list and not vb_list:
-            notes.append(f"neither checkpoint has {role}-role variables")
-        rows = _entry_rows(alignment, va_list, vb_list)
-        del alignment
-        rows = _in_order(rows, _read_order(rows, ca, cb))
+        rows, method, notes = _aligned_rows(ca, cb, role, rules, layout, optimizer_pattern)
         fits, layout_notes = _layout_fits(rows, layout)
         notes += layout_notes
         _compare(rows, ca, cb, fits, float(atol), float(rtol), progress)
@@ -961,6 +951,23 @@ def diff(
     finally:
         for c in opened:
             c.close()
+
+
+def _aligned_rows(ca: Checkpoint, cb: Checkpoint, role: str | None, rules: Rules, layout: Layout,
+                  optimizer_pattern: str | None) -> tuple[DiffRows, str, list[str]]:
+    """Both sides' variables (of ``role``) paired by the matcher into rows in read order, how
+    they were aligned, and the notes so far."""
+    va_list = _variables(ca, role)
+    vb_list = va_list if cb is ca else _variables(cb, role)  # X X: one list (a table makes new objects)
+    keras = all(KERAS_LAYOUT in capabilities(c.format) for c in (ca, cb))
+    alignment = align(va_list, vb_list, same_format=ca.format == cb.format, mapping=rules, layout=layout, keras=keras)
+    notes = _notes(ca, cb, alignment, optimizer_pattern)
+    if role is not None and not va_list and not vb_list:
+        notes.append(f"neither checkpoint has {role}-role variables")
+    rows = _entry_rows(alignment, va_list, vb_list)
+    method = alignment.method
+    del alignment
+    return _in_order(rows, _read_order(rows, ca, cb)), method, notes
 
 
 def _check_arguments(atol: float, rtol: float, role: str | None) -> None:
